@@ -1,0 +1,1 @@
+"""rlrig's per-node entrypoint: launcher detection -> node spec -> preflight -> cluster -> command."""

@@ -1,0 +1,33 @@
+"""Environment every node and every Ray worker must see: a .env file plus RLRIG_ENV_* variables.
+
+It must be in place before `ray start`: Ray workers inherit the raylet's environment, and
+settings such as VLLM_ATTENTION_BACKEND are read when the worker imports the engine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+from .errors import RigError
+
+PREFIX = "RLRIG_ENV_"
+
+
+def cluster_env(env: Mapping[str, str], env_file: str | None) -> dict[str, str]:
+    """The .env file's values, then RLRIG_ENV_FOO=bar as FOO=bar (which wins)."""
+    out: dict[str, str] = {}
+    if env_file:
+        path = Path(env_file)
+        if not path.is_file():
+            raise RigError(f"--env-file {env_file} does not exist; create it or drop the option")
+        from dotenv import dotenv_values
+
+        out.update({k: v for k, v in dotenv_values(path).items() if v is not None})
+    out.update({k[len(PREFIX):]: v for k, v in env.items() if k.startswith(PREFIX) and len(k) > len(PREFIX)})
+    return out
+
+
+def default_env_file(cwd: Path | None = None) -> str | None:
+    path = (cwd or Path.cwd()) / ".env"
+    return str(path) if path.is_file() else None

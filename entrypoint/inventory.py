@@ -1,0 +1,124 @@
+"""What this machine has, read once, so that every preflight check can be fed a fake one in tests."""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .addresses import Interface, local_interfaces
+
+
+@dataclass
+class Gpu:
+    index: int
+    uuid: str
+    vendor: str  # "nvidia" | "amd"
+
+
+@dataclass
+class Inventory:
+    gpus: list[Gpu] = field(default_factory=list)
+    gpu_probe: str = ""  # which library answered, or why none did
+    interfaces: list[Interface] = field(default_factory=list)
+    sysfs_root: Path = Path("/sys")
+    shm_bytes: int | None = None  # free space in /dev/shm
+    memory_bytes: int = 0  # available memory
+    nofile_soft: int = 0
+    nofile_hard: int = 0
+    temp_free_bytes: int | None = None
+    cpu_count: int = 1
+
+
+def probe_nvidia() -> tuple[list[Gpu], str]:
+    try:
+        import pynvml
+    except ImportError:
+        return [], "pynvml not installed"
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:  # NVMLError_LibraryNotFound / DriverNotLoaded on machines without GPUs
+        return [], f"NVML unavailable ({e})"
+    try:
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
+            gpus.append(Gpu(i, uuid.decode() if isinstance(uuid, bytes) else uuid, "nvidia"))
+        return gpus, "NVML"
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def probe_amd() -> tuple[list[Gpu], str]:
+    try:
+        import amdsmi
+    except ImportError:
+        return [], "amdsmi not installed"
+    try:
+        amdsmi.amdsmi_init()
+        handles = amdsmi.amdsmi_get_processor_handles()
+        gpus = [Gpu(i, str(amdsmi.amdsmi_get_gpu_device_uuid(h)), "amd") for i, h in enumerate(handles)]
+        amdsmi.amdsmi_shut_down()
+        return gpus, "amdsmi"
+    except Exception as e:
+        return [], f"amdsmi unavailable ({e})"
+
+
+def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """CPUs allowed by a cgroup quota (v2 cpu.max or v1 cfs quota), None when unlimited."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return None if quota <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
+
+
+def usable_cpus() -> int:
+    """min(affinity mask, cgroup quota): Ray reads os.cpu_count(), which overcounts under Slurm."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = cgroup_cpu_limit()
+    if quota:
+        n = min(n, max(1, int(quota)))
+    return n
+
+
+def _free_bytes(path: str) -> int | None:
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
+
+
+def collect(temp_dir: str) -> Inventory:
+    import psutil
+
+    gpus, probe = probe_nvidia()
+    if not gpus:
+        amd, amd_probe = probe_amd()
+        if amd:
+            gpus, probe = amd, amd_probe
+        else:
+            probe = f"{probe}; {amd_probe}"
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return Inventory(
+        gpus=gpus,
+        gpu_probe=probe,
+        interfaces=local_interfaces(),
+        shm_bytes=_free_bytes("/dev/shm") if os.path.isdir("/dev/shm") else None,
+        memory_bytes=psutil.virtual_memory().available,
+        nofile_soft=soft,
+        nofile_hard=hard,
+        temp_free_bytes=_free_bytes(temp_dir),
+        cpu_count=usable_cpus(),
+    )

@@ -1,0 +1,33 @@
+"""What one node knows about its place in the job, before anything is validated or started."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+DEFAULT_RAY_PORT = 6379
+
+
+@dataclass
+class NodeSpec:
+    launcher: str
+    node_rank: int
+    nnodes: int
+    head_host: str  # as the launcher gave it: a name or an address
+    port: int = DEFAULT_RAY_PORT
+    head_address: str = ""  # resolved IP, filled by addresses.resolve_spec
+    node_ip: str = ""  # source address of the route to the head
+    interface: str = ""  # interface that carries node_ip
+    gpus_allotted: int | None = None  # what the launcher says this node got; None = not said
+    cpus_allotted: int | None = None
+    job_id: str = ""
+    node_ip_hint: str = ""  # an address the launcher says is this node's
+    existing_ray: str = ""  # a Ray cluster that is already there (KubeRay, RAY_ADDRESS)
+    ray_start_args: list[str] = field(default_factory=list)  # launcher-specific `ray start` flags
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def is_head(self) -> bool:
+        return self.node_rank == 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,105 @@
+"""Owning every process rlrig starts, so that teardown leaves nothing behind.
+
+`ray start` spawns daemons that outlive their parent. Marking this process a child subreaper
+makes those orphans our descendants, so one sweep of our process tree finds them all, without
+`ray stop` (which kills every Ray process on the machine, other jobs' included).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import time
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def terminate_group(proc: subprocess.Popen, grace: float = 5.0) -> int | None:
+    """SIGTERM a child's process group, SIGKILL it after `grace` seconds."""
+    if proc.poll() is not None:
+        return proc.returncode
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            return proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+    return proc.poll()
+
+
+def sweep_descendants(grace: float = 5.0) -> int:
+    """TERM then KILL everything below this process; returns how many were left to kill."""
+    import psutil
+
+    me = psutil.Process()
+    procs = me.children(recursive=True)
+    if not procs:
+        return 0
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+    # Orphans re-parented to us after the first listing (a raylet's workers) are reaped here.
+    late = me.children(recursive=True)
+    for p in late:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(late, timeout=5)
+    _reap()
+    return len(alive) + len(late)
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+class Stop(Exception):
+    """A signal asked us to stop; carries the exit code (128 + signal number)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.code = 128 + signum
+
+
+def install_stop_handlers() -> None:
+    def handler(signum, frame):
+        # Ignore repeats so teardown itself is not interrupted.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise Stop(signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def sleep_until(deadline: float, step: float) -> None:
+    time.sleep(max(0.0, min(step, deadline - time.monotonic())))

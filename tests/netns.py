@@ -1,0 +1,83 @@
+"""Test hosts in network namespaces on one bridge: several "nodes" with their own addresses.
+
+Everything is named with a per-run prefix and removed by name; nothing is killed by pattern.
+The subnet 10.213.<n>.0/24 stays on this machine: the bridge has no uplink and no route out.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from dataclasses import dataclass, field
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
+
+
+def available() -> str | None:
+    """None when namespaces can be made here, else the reason they cannot."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if not shutil.which("ip"):
+        return "iproute2 (`ip`) is not installed"
+    probe = f"rlp{uuid.uuid4().hex[:6]}"
+    r = _ip("netns", "add", probe, check=False)
+    if r.returncode != 0:
+        return f"`ip netns add` failed: {r.stderr.strip()}"
+    _ip("netns", "del", probe, check=False)
+    return None
+
+
+@dataclass
+class Netns:
+    n: int
+    subnet: int = 213
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex[:5])
+    names: list[str] = field(default_factory=list)
+
+    @property
+    def bridge(self) -> str:
+        return f"rlb{self.tag}"
+
+    def ip(self, i: int) -> str:
+        return f"10.{self.subnet}.0.{i + 1}"
+
+    @property
+    def bridge_ip(self) -> str:
+        return f"10.{self.subnet}.0.254"
+
+    def __enter__(self) -> "Netns":
+        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("addr", "add", f"{self.bridge_ip}/24", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+        for i in range(self.n):
+            name = f"rln{self.tag}{i}"
+            self.names.append(name)
+            _ip("netns", "add", name)
+            host_end, ns_end = f"rlv{self.tag}{i}", f"rlp{self.tag}{i}"
+            _ip("link", "add", host_end, "type", "veth", "peer", "name", ns_end)
+            _ip("link", "set", host_end, "master", self.bridge, "up")
+            _ip("link", "set", ns_end, "netns", name)
+            self.run_in(i, ["ip", "link", "set", "lo", "up"])
+            self.run_in(i, ["ip", "link", "set", ns_end, "name", "eth0"])
+            self.run_in(i, ["ip", "addr", "add", f"{self.ip(i)}/24", "dev", "eth0"])
+            self.run_in(i, ["ip", "link", "set", "eth0", "up"])
+        return self
+
+    def prefix(self, i: int) -> list[str]:
+        return ["ip", "netns", "exec", self.names[i]]
+
+    def run_in(self, i: int, cmd: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run(self.prefix(i) + cmd, check=True, capture_output=True, text=True)
+
+    def cut(self, i: int) -> None:
+        """Take node i off the network, as a dead host looks to the others."""
+        _ip("link", "set", f"rlv{self.tag}{i}", "down")
+
+    def __exit__(self, *exc) -> None:
+        for name in self.names:
+            _ip("netns", "del", name, check=False)
+        _ip("link", "del", self.bridge, check=False)

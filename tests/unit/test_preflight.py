@@ -1,0 +1,143 @@
+"""Every preflight branch on a made-up machine: inventory in, checks out."""
+
+from pathlib import Path
+
+import pytest
+
+from rlrig.entrypoint import preflight
+from rlrig.entrypoint.addresses import Interface
+from rlrig.entrypoint.inventory import Gpu, Inventory
+from rlrig.entrypoint.nodespec import NodeSpec
+
+GiB = 1024**3
+UUIDS = ["GPU-11111111-2222-3333-4444-555555555555", "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"]
+
+
+def machine(n_gpus=2, **kw) -> Inventory:
+    base = dict(
+        gpus=[Gpu(i, UUIDS[i % 2] if i < 2 else f"GPU-{i:08d}-0000-0000-0000-000000000000", "nvidia") for i in range(n_gpus)],
+        gpu_probe="NVML",
+        interfaces=[Interface("lo", [("127.0.0.1", 8)]), Interface("eth0", [("10.0.0.2", 24)]),
+                    Interface("ib0", [("10.9.0.2", 24)]), Interface("docker0", [("172.17.0.1", 16)])],
+        shm_bytes=64 * GiB, memory_bytes=100 * GiB, nofile_soft=65536, nofile_hard=65536, temp_free_bytes=100 * GiB,
+        cpu_count=32,
+    )
+    base.update(kw)
+    return Inventory(**base)
+
+
+def spec(**kw) -> NodeSpec:
+    base = dict(launcher="dstack", node_rank=1, nnodes=2, head_host="10.0.0.1", head_address="10.0.0.1",
+                node_ip="10.0.0.2", interface="eth0")
+    base.update(kw)
+    return NodeSpec(**base)
+
+
+def run(env=None, inv=None, sp=None, container=False):
+    return preflight.run(sp or spec(), env or {}, inv or machine(), containerized=container)
+
+
+def status(pf, name):
+    return [c for c in pf.checks if c.name == name][-1]
+
+
+FAILS = [
+    # (id, env, inventory changes, spec changes, failing check, words in its message)
+    ("duplicate ids", {"CUDA_VISIBLE_DEVICES": "0,1,0,1"}, {}, {}, "CUDA_VISIBLE_DEVICES", "more than once"),
+    ("not an id", {"CUDA_VISIBLE_DEVICES": "0,gpu1"}, {}, {}, "CUDA_VISIBLE_DEVICES", "neither a GPU index nor a GPU UUID"),
+    ("index beyond", {"CUDA_VISIBLE_DEVICES": "0,4"}, {}, {}, "CUDA_VISIBLE_DEVICES", "index 4 but this node has 2"),
+    ("unknown uuid", {"CUDA_VISIBLE_DEVICES": "GPU-99999999-2222-3333-4444-555555555555"}, {}, {}, "CUDA_VISIBLE_DEVICES",
+     "not a GPU on this node"),
+    ("hip duplicate", {"HIP_VISIBLE_DEVICES": "1,1"}, {}, {}, "HIP_VISIBLE_DEVICES", "more than once"),
+    ("hip vs cuda", {"CUDA_VISIBLE_DEVICES": "0,1", "HIP_VISIBLE_DEVICES": "1"}, {}, {}, "HIP_VISIBLE_DEVICES", "disagrees"),
+    ("rocr with hip", {"ROCR_VISIBLE_DEVICES": "0", "HIP_VISIBLE_DEVICES": "0"}, {}, {}, "ROCR_VISIBLE_DEVICES",
+     "unset ROCR_VISIBLE_DEVICES"),
+    ("fewer than allotted", {"CUDA_VISIBLE_DEVICES": "0"}, {}, {"gpus_allotted": 2}, "gpus", "allotted 2 GPU(s)"),
+    ("no gpus but allotted", {}, {"gpus": []}, {"gpus_allotted": 8}, "gpus", "--gpus all"),
+    ("nccl no match", {"NCCL_SOCKET_IFNAME": "ens"}, {}, {}, "NCCL_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME=eth0"),
+    ("nccl excludes all", {"NCCL_SOCKET_IFNAME": "^eth,ib,docker"}, {}, {}, "NCCL_SOCKET_IFNAME", "matches no interface"),
+    ("nccl exact miss", {"NCCL_SOCKET_IFNAME": "=eth"}, {}, {}, "NCCL_SOCKET_IFNAME", "matches no interface"),
+    ("gloo caret", {"GLOO_SOCKET_IFNAME": "^docker0"}, {}, {}, "GLOO_SOCKET_IFNAME", "no '^' exclusion"),
+    ("gloo prefix", {"GLOO_SOCKET_IFNAME": "eth"}, {}, {}, "GLOO_SOCKET_IFNAME", "no interface named eth"),
+    ("ib hca no devices", {"NCCL_IB_HCA": "mlx5_0"}, {}, {}, "NCCL_IB_HCA", "NCCL_IB_DISABLE=1"),
+    ("shm tiny", {}, {"shm_bytes": 64 * 1024**2}, {}, "/dev/shm", "--shm-size"),
+    ("nofile tiny", {}, {"nofile_soft": 256}, {}, "ulimit -n", "ulimit -n 65536"),
+    ("temp full", {}, {"temp_free_bytes": 100 * 1024**2}, {}, "temp dir", "RAY_TMPDIR"),
+]
+
+
+@pytest.mark.parametrize("env,inv,sp,name,words", [r[1:] for r in FAILS], ids=[r[0] for r in FAILS])
+def test_failures(env, inv, sp, name, words):
+    pf = run(env, machine(**inv), spec(**sp))
+    check = status(pf, name)
+    assert check.status == "fail", pf.checks
+    assert words in check.message
+    assert name.split()[0].lstrip("/") in check.message or name in ("gpus", "temp dir")
+
+
+def test_ib_hca_missing_device(tmp_path: Path):
+    (tmp_path / "class" / "infiniband" / "mlx5_0").mkdir(parents=True)
+    pf = run({"NCCL_IB_HCA": "mlx5_1:1"}, machine(sysfs_root=tmp_path))
+    assert status(pf, "NCCL_IB_HCA").status == "fail"
+    pf = run({"NCCL_IB_HCA": "mlx5"}, machine(sysfs_root=tmp_path))
+    assert status(pf, "NCCL_IB_HCA").status == "pass"
+    pf = run({"NCCL_IB_HCA": "=mlx5_0:1"}, machine(sysfs_root=tmp_path))
+    assert status(pf, "NCCL_IB_HCA").status == "pass"
+
+
+WARNS = [
+    ("more than allotted", {}, {}, {"gpus_allotted": 1}, "gpus"),
+    ("nccl other iface", {"NCCL_SOCKET_IFNAME": "ib"}, {}, {}, "NCCL_SOCKET_IFNAME"),
+    ("shm small", {}, {"shm_bytes": 2 * GiB}, {}, "/dev/shm"),
+    ("nofile low", {}, {"nofile_soft": 4096}, {}, "ulimit -n"),
+    ("temp low", {}, {"temp_free_bytes": 5 * GiB}, {}, "temp dir"),
+]
+
+
+@pytest.mark.parametrize("env,inv,sp,name", [r[1:] for r in WARNS], ids=[r[0] for r in WARNS])
+def test_warnings_do_not_fail(env, inv, sp, name):
+    pf = run(env, machine(**inv), spec(**sp))
+    assert status(pf, name).status == "warn"
+    assert not pf.failed
+
+
+def test_good_node_passes_and_sets_socket_ifnames():
+    pf = run({"CUDA_VISIBLE_DEVICES": "1,0"})
+    assert not pf.failed
+    assert pf.num_gpus == 2
+    assert pf.env_updates == {"NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"}
+
+
+def test_uuids_and_exclusions_pass():
+    pf = run({"CUDA_VISIBLE_DEVICES": UUIDS[1], "NCCL_SOCKET_IFNAME": "^docker,lo", "GLOO_SOCKET_IFNAME": "eth0"})
+    assert not pf.failed and pf.num_gpus == 1
+    assert "NCCL_SOCKET_IFNAME" not in pf.env_updates
+
+
+def test_single_node_sets_nothing():
+    pf = run({}, sp=spec(nnodes=1, node_rank=0, head_address="127.0.0.1", node_ip="127.0.0.1", interface="lo"))
+    assert pf.env_updates == {}
+
+
+def test_cpu_count_follows_allocation():
+    assert run(sp=spec(cpus_allotted=8)).num_cpus == 8
+    assert run(inv=machine(cpu_count=4)).num_cpus == 4
+
+
+def test_object_store_capped_by_shm():
+    pf = run(inv=machine(shm_bytes=2 * GiB))
+    assert pf.object_store_bytes == int(2 * GiB * 0.8)
+
+
+@pytest.mark.parametrize("node_ip,head,container,expect", [
+    ("172.17.0.3", "10.0.0.1", True, "fail"),   # docker0 bridge, head elsewhere
+    ("172.18.0.3", "172.18.0.2", True, "pass"),  # compose network: head on the same bridge
+    ("172.17.0.3", "10.0.0.1", False, "pass"),  # bare metal with a 172.17 address
+    ("10.0.0.2", "10.0.0.1", True, "pass"),     # host networking
+])
+def test_bridge_address(node_ip, head, container, expect):
+    inv = machine(interfaces=[Interface("eth0", [(node_ip, 16)])])
+    pf = run({}, inv, spec(node_ip=node_ip, head_address=head), container=container)
+    assert status(pf, "node_ip").status == expect
+    if expect == "fail":
+        assert "--network host" in status(pf, "node_ip").message
