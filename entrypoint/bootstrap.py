@@ -22,7 +22,7 @@ def prepare(env: Mapping[str, str] | None = None, launcher: str | None = None, t
     spec = launchers.detect(env, launcher)
     if spec.existing_ray:
         return Node(spec, preflight.Preflight(), "")
-    inv = inventory.collect(raystart.temp_dir(spec, env, temp_override))
-    addresses.resolve_spec(spec, inv.interfaces)
     temp = raystart.temp_dir(spec, env, temp_override)
-    return Node(spec, preflight.run(spec, env, inv), temp)
+    inv = inventory.collect(temp)
+    addresses.resolve_spec(spec, inv.interfaces)
+    return Node(spec, preflight.run(spec, env, inv, temp_dir=temp), temp)

@@ -184,7 +184,7 @@ def check_network(spec: NodeSpec, env: Mapping[str, str], inv: Inventory, pf: Pr
                 pf.add(var, PASS, f"{var} unset: set to {spec.interface}, the interface of the route to the head")
 
 
-def in_container(sysfs_root_files: Mapping[str, bool] | None = None) -> bool:
+def in_container() -> bool:
     import os
 
     return any(os.path.exists(p) for p in ("/.dockerenv", "/run/.containerenv")) or bool(os.environ.get("APPTAINER_CONTAINER"))
@@ -238,8 +238,20 @@ def check_resources(spec: NodeSpec, inv: Inventory, pf: Preflight) -> None:
             pf.add("temp dir", PASS, f"{free:.0f} GiB free")
 
 
-def run(spec: NodeSpec, env: Mapping[str, str], inv: Inventory, containerized: bool | None = None) -> Preflight:
+# Ray puts Unix sockets at <temp>/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store (64 bytes
+# after <temp>), and a socket path may be at most 107 bytes.
+TEMP_DIR_MAX = 107 - 64
+
+
+def check_temp_dir(temp_dir: str, pf: Preflight) -> None:
+    if len(temp_dir) > TEMP_DIR_MAX:
+        pf.add("temp dir path", FAIL, f"Ray temp dir {temp_dir} is {len(temp_dir)} characters; Ray's socket paths below it "
+               f"would pass the 107-byte limit. Set RAY_TMPDIR (or --temp-dir) to a path of at most {TEMP_DIR_MAX - 20} characters")
+
+
+def run(spec: NodeSpec, env: Mapping[str, str], inv: Inventory, containerized: bool | None = None, temp_dir: str = "") -> Preflight:
     pf = Preflight()
+    check_temp_dir(temp_dir, pf)
     check_gpus(spec, env, inv, pf)
     check_network(spec, env, inv, pf)
     check_reachability(spec, inv, pf, in_container() if containerized is None else containerized)

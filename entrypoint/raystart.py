@@ -37,7 +37,7 @@ def temp_dir(spec: NodeSpec, env: Mapping[str, str], override: str | None) -> st
     if override:
         return override
     base = env.get("RAY_TMPDIR") or "/tmp"
-    job = (spec.job_id or f"p{os.getpid()}").replace("/", "_")[:24]
+    job = (spec.job_id or f"p{os.getpid()}").replace("/", "_")[:16]
     return str(Path(base) / f"rlrig-{os.getuid()}" / f"{job}-n{spec.node_rank}")
 
 

@@ -141,3 +141,9 @@ def test_bridge_address(node_ip, head, container, expect):
     assert status(pf, "node_ip").status == expect
     if expect == "fail":
         assert "--network host" in status(pf, "node_ip").message
+
+
+def test_temp_dir_too_long_for_sockets():
+    pf = preflight.run(spec(), {}, machine(), containerized=False, temp_dir="/tmp/" + "x" * 60)
+    assert status(pf, "temp dir path").status == "fail"
+    assert "RAY_TMPDIR" in status(pf, "temp dir path").message
