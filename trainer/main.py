@@ -1,0 +1,264 @@
+"""The PPO/GRPO driver: `rlrig train KEY=VALUE ...` runs this on the head under the Ray cluster."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+from . import checkpoint
+from .config import ConfigError, parse_overrides
+
+
+def say(msg: str) -> None:
+    print(f"rlrig.train: {msg}", file=sys.stderr, flush=True)
+
+
+class Sampler:
+    """Epoch-shuffled prompt order with a position that checkpoints can restore."""
+
+    def __init__(self, n: int, batch: int, seed: int, shuffle: bool):
+        self.n, self.batch, self.seed, self.shuffle = n, batch, seed, shuffle
+        self.epoch, self.pos = 0, 0
+
+    def order(self) -> list[int]:
+        idx = list(range(self.n))
+        if self.shuffle:
+            random.Random(self.seed + self.epoch).shuffle(idx)
+        return idx
+
+    def next(self) -> list[int]:
+        if self.pos + self.batch > self.n:
+            self.epoch, self.pos = self.epoch + 1, 0
+        out = self.order()[self.pos:self.pos + self.batch]
+        self.pos += self.batch
+        return out
+
+    def steps_per_epoch(self) -> int:
+        return self.n // self.batch
+
+
+class MetricsLog:
+    def __init__(self, cfg, path: Path):
+        self.path, self.loggers = path, cfg.trainer.logger
+        self.tb = self.wandb = None
+        if "tensorboard" in self.loggers:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(path.parent / "tensorboard"))
+        if "wandb" in self.loggers:
+            if cfg.trainer.wandb_proxy:  # applies to wandb only, never to Ray or the data loaders
+                os.environ["WANDB_HTTP_PROXY"] = os.environ["WANDB_HTTPS_PROXY"] = cfg.trainer.wandb_proxy
+            import wandb
+
+            self.wandb = wandb.init(project=cfg.trainer.project_name, name=cfg.trainer.experiment_name, config=cfg.to_dict())
+
+    def log(self, step: int, metrics: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(metrics) + "\n")
+        if self.tb:
+            for k, v in metrics.items():
+                self.tb.add_scalar(k, v, step)
+        if self.wandb:
+            self.wandb.log(metrics, step=step)
+
+
+def load_rows(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
+    from .data import arithmetic_rows, load_dataset, tokenize_prompts
+
+    d = cfg.data
+    train = load_dataset(d.train_files) if d.train_files else arithmetic_rows(2048, "train", seed=d.seed)
+    val = load_dataset(d.val_files) if d.val_files else (arithmetic_rows(128, "test", seed=d.seed + 1) if not d.train_files else [])
+    tok = lambda rows: tokenize_prompts(rows, tokenizer, d.max_prompt_length, d.truncation, d.filter_overlong_prompts)
+    return tok(train), (tok(val) if val else [])
+
+
+def make_workers(cfg, model_path: str):
+    import ray
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from .worker import Worker, node_address
+
+    t = cfg.trainer
+    use_gpu = t.device == "cuda" or (t.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
+    cfg.trainer.device = "cuda" if use_gpu else "cpu"
+    bundle = {"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 1}
+    labelled = {n["Labels"].get("rlrig.io/node-rank") for n in ray.nodes() if n["Alive"]} - {None}
+    pgs = []
+    for node in range(t.nnodes):
+        # One placement group per node, packed: the cluster's node-rank label pins it to node `node`.
+        selector = [{"rlrig.io/node-rank": str(node)}] * t.n_gpus_per_node if len(labelled) >= t.nnodes > 1 else None
+        pgs.append(placement_group([bundle] * t.n_gpus_per_node, strategy="STRICT_PACK", bundle_label_selector=selector))
+    ready, _ = ray.wait([pg.ready() for pg in pgs], num_returns=len(pgs), timeout=120)
+    if len(ready) < len(pgs):
+        raise ConfigError(f"the cluster cannot place trainer.nnodes={t.nnodes} x trainer.n_gpus_per_node={t.n_gpus_per_node} "
+                          f"workers of {bundle}; it has {ray.cluster_resources()} over {len(ray.nodes())} node(s)")
+    remote = ray.remote(Worker)
+    world = t.nnodes * t.n_gpus_per_node
+    opts = lambda pg, i: dict(num_cpus=1, num_gpus=1 if use_gpu else 0,
+                               scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i))
+    master = ray.get(ray.remote(node_address).options(**opts(pgs[0], 0)).remote())
+    workers = [remote.options(**opts(pgs[r // t.n_gpus_per_node], r % t.n_gpus_per_node)).remote(cfg.to_dict(), r, world, master, model_path)
+               for r in range(world)]
+    return workers
+
+
+def shard(rows: list, parts: int) -> list[list]:
+    size = len(rows) // parts
+    return [rows[i * size:(i + 1) * size] for i in range(parts)]
+
+
+def mean_metrics(results: list[dict]) -> dict:
+    keys = set().union(*results)
+    out = {}
+    for k in keys:
+        vals = [r[k] for r in results if k in r]
+        if k.endswith("/max"):
+            out[k] = max(vals)
+        elif k.endswith("/min"):
+            out[k] = min(vals)
+        elif k.startswith("timing_s/") or k == "perf/total_num_tokens":
+            out[k] = max(vals) if k.startswith("timing_s/") else sum(vals)
+        else:
+            out[k] = sum(vals) / len(vals)
+    return out
+
+
+def validate_rows(workers, val_rows) -> dict:
+    import ray
+
+    if not val_rows:
+        return {}
+    parts = shard(val_rows, len(workers)) if len(val_rows) >= len(workers) else [val_rows] + [[] for _ in workers[1:]]
+    scores = sum(ray.get([w.evaluate.remote(p) for w, p in zip(workers, parts) if p]), [])
+    by_source: dict[str, list[float]] = {}
+    for r, s in zip([r for p in parts for r in p], scores):
+        by_source.setdefault(r["data_source"], []).append(s)
+    return {f"val-core/{src}/reward/mean@1": sum(v) / len(v) for src, v in by_source.items()}
+
+
+def progress(step: int, total: int, m: dict, started: float, first_step: int) -> None:
+    done = step - first_step + 1
+    per = (time.monotonic() - started) / done
+    eta = per * (total - step)
+    width = 24
+    fill = int(width * step / total)
+    print(f"\r[{'#' * fill}{'.' * (width - fill)}] step {step}/{total} score {m['critic/score/mean']:.3f} "
+          f"{m['timing_s/step']:.2f}s/step ETA {int(eta // 60)}m{int(eta % 60):02d}s", end="" if sys.stderr.isatty() else "\n",
+          file=sys.stderr, flush=True)
+
+
+def train(cfg) -> int:
+    import ray
+
+    from . import core_algos
+    from .tiny_model import ensure_tiny_model
+
+    model_path = cfg.actor_rollout_ref.model.path or ensure_tiny_model()
+    if cfg.ray_kwargs.ray_init.num_cpus is not None and not os.environ.get("RAY_ADDRESS"):
+        ray.init(num_cpus=cfg.ray_kwargs.ray_init.num_cpus)
+    else:
+        ray.init(log_to_driver=True)
+    from transformers import AutoTokenizer
+
+    kw = {"gguf_file": cfg.actor_rollout_ref.model.gguf_file} if cfg.actor_rollout_ref.model.gguf_file else {}
+    tokenizer = AutoTokenizer.from_pretrained(model_path, **kw)
+    train_rows, val_rows = load_rows(cfg, tokenizer)
+    t = cfg.trainer
+    sampler = Sampler(len(train_rows), cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle)
+    if sampler.steps_per_epoch() < 1:
+        raise ConfigError(f"data.train_batch_size={cfg.data.train_batch_size} is larger than the {len(train_rows)} training prompts")
+    total = t.total_training_steps or sampler.steps_per_epoch() * t.total_epochs
+    out = Path(t.default_local_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint.clean_partial(str(out))
+    kl_ctrl = core_algos.kl_controller(cfg.algorithm.kl_ctrl)
+    say(f"model {model_path}; {len(train_rows)} prompts; {total} steps; {t.nnodes}x{t.n_gpus_per_node} workers; rollout {cfg.actor_rollout_ref.rollout.name}")
+    workers = make_workers(cfg, model_path)
+    say("workers on " + ", ".join(ray.get([w.node_ip.remote() for w in workers])))
+    step = 0
+    resume = None
+    if t.resume_mode == "resume_path":
+        resume = Path(t.resume_from_path)
+    elif t.resume_mode == "auto":
+        resume = checkpoint.latest(str(out))
+    if resume is not None:
+        state, rngs, ts = checkpoint.load(resume)
+        ray.get([w.load.remote(state, rngs[i] if i < len(rngs) else None) for i, w in enumerate(workers)])
+        step, sampler.epoch, sampler.pos, kl_ctrl.value = ts["global_step"], ts["epoch"], ts["pos"], ts["kl_coef"]
+        say(f"resumed from {resume} at step {step}")
+    elif (out / "metrics.jsonl").exists():
+        (out / "metrics.jsonl").unlink()  # a fresh run starts a fresh log
+    log = MetricsLog(cfg, out / "metrics.jsonl")
+    if t.val_before_train and step == 0 and val_rows:
+        m = validate_rows(workers, val_rows)
+        say(f"validation before training: {m}")
+        log.log(0, {"training/global_step": 0, **m})
+    started, first = time.monotonic(), step + 1
+    while step < total:
+        step += 1
+        t0 = time.perf_counter()
+        batch = [train_rows[i] for i in sampler.next()]
+        results = ray.get([w.step.remote(p, kl_ctrl.value) for w, p in zip(workers, shard(batch, len(workers)))])
+        m = mean_metrics(results)
+        if "actor/reward_kl_penalty" in m:
+            kl_ctrl.update(m["actor/reward_kl_penalty"], cfg.data.train_batch_size)
+            m["actor/reward_kl_penalty_coeff"] = kl_ctrl.value
+        if t.test_freq > 0 and (step % t.test_freq == 0 or step == total):
+            tv = time.perf_counter()
+            m.update(validate_rows(workers, val_rows))
+            m["timing_s/testing"] = time.perf_counter() - tv
+        if t.save_freq > 0 and (step % t.save_freq == 0 or step == total):
+            ts0 = time.perf_counter()
+            save_checkpoint(workers, out, step, sampler, kl_ctrl, model_path)
+            m["timing_s/save_checkpoint"] = time.perf_counter() - ts0
+        dt = time.perf_counter() - t0
+        m.update({"training/global_step": step, "training/epoch": sampler.epoch, "timing_s/step": dt,
+                  "perf/time_per_step": dt, "perf/throughput": m["perf/total_num_tokens"] / (dt * len(workers)),
+                  "perf/cpu_memory_used_gb": _rss_gb()})
+        log.log(step, m)
+        progress(step, total, m, started, first)
+    ray.get([w.shutdown.remote() for w in workers])
+    if cfg.ray_kwargs.timeline_json_file:
+        ray.timeline(filename=cfg.ray_kwargs.timeline_json_file)
+    say(f"done: {step} steps; metrics in {out / 'metrics.jsonl'}")
+    return 0
+
+
+def save_checkpoint(workers, out: Path, step: int, sampler: Sampler, kl_ctrl, model_path: str) -> None:
+    import ray
+
+    state = ray.get(workers[0].state.remote())
+    rngs = ray.get([w.rng_state.remote() for w in workers])
+    checkpoint.save(str(out), step, state, rngs, {"global_step": step, "epoch": sampler.epoch, "pos": sampler.pos,
+                                                  "kl_coef": kl_ctrl.value, "model_path": model_path})
+
+
+def _rss_gb() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 1024**3
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    print_only = "--print-config" in argv
+    overrides = [a for a in argv if a != "--print-config"]
+    try:
+        cfg = parse_overrides(overrides)
+        if print_only:
+            print(json.dumps(cfg.to_dict(), indent=2))
+            return 0
+        return train(cfg)
+    except (ConfigError, FileNotFoundError, ValueError, AttributeError) as e:
+        print(f"rlrig: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

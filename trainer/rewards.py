@@ -1,0 +1,48 @@
+"""Rule-based rewards chosen by data_source, and user functions loaded from a file."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+from typing import Callable
+
+STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
+FLEXIBLE = re.compile(r"(\-?[0-9\.\,]+)")
+
+
+def extract_solution(text: str, method: str = "strict") -> str | None:
+    """verl's GSM8K extraction: last 300 characters, last `#### N` (strict) or last number (flexible)."""
+    text = text[-300:]
+    if method == "strict":
+        found = STRICT.findall(text)
+        return found[-1].replace(",", "").replace("$", "") if found else None
+    found = [x for x in FLEXIBLE.findall(text) if x not in ("", ".")]
+    return found[-1] if found else None
+
+
+def gsm8k_score(solution: str, ground_truth: str, method: str = "strict", format_score: float = 0.0, score: float = 1.0) -> float:
+    answer = extract_solution(solution, method)
+    if answer is None:
+        return 0.0
+    return score if answer == str(ground_truth) else format_score
+
+
+def default_compute_score(data_source: str, solution: str, ground_truth: str, extra_info=None) -> float:
+    if data_source in ("openai/gsm8k", "rlrig/arithmetic"):
+        return gsm8k_score(solution, ground_truth)
+    raise ValueError(f"no rule-based reward for data_source {data_source!r}; set custom_reward_function.path and .name")
+
+
+def load_reward_fn(path: str | None, name: str) -> Callable:
+    if not path:
+        return default_compute_score
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"custom_reward_function.path={path} does not exist")
+    spec = importlib.util.spec_from_file_location("rlrig_user_reward", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, name):
+        raise AttributeError(f"custom_reward_function.name={name} is not defined in {path}")
+    return getattr(module, name)

@@ -1,0 +1,83 @@
+"""Rollout engines behind one interface, chosen by actor_rollout_ref.rollout.name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Rollout:
+    """A batch of sampled sequences: left-padded prompts followed by right-padded responses."""
+
+    input_ids: torch.Tensor  # [B, P + R]
+    attention_mask: torch.Tensor  # [B, P + R]
+    response_mask: torch.Tensor  # [B, R]: 1 up to and including EOS
+    prompt_len: int
+    engine_logp: torch.Tensor | None = None  # [B, R] log-probs the engine reported, when it does
+
+
+class RolloutEngine:
+    """What a rollout backend implements. `sync_weights` is called after every optimizer step."""
+
+    def generate(self, prompts: list[list[int]], n: int, greedy: bool = False) -> Rollout:
+        raise NotImplementedError
+
+    def sync_weights(self, model) -> None:
+        raise NotImplementedError
+
+
+def response_mask_from(responses: torch.Tensor, eos_id: int) -> torch.Tensor:
+    # 1 on every token up to and including the first EOS
+    is_eos = (responses == eos_id).int()
+    after_eos = (is_eos.cumsum(-1) - is_eos) > 0
+    return (~after_eos).long()
+
+
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    return ids, mask
+
+
+class HFRollout(RolloutEngine):
+    """transformers' generate on the actor's own module: always in sync, no copy needed."""
+
+    def __init__(self, model, tokenizer, cfg, max_response_length: int):
+        self.model, self.tok, self.cfg, self.max_new = model, tokenizer, cfg, max_response_length
+
+    @torch.no_grad()
+    def generate(self, prompts, n, greedy=False):
+        expanded = [p for p in prompts for _ in range(n)]
+        ids, mask = left_pad(expanded, self.tok.pad_token_id)
+        was_training = self.model.training
+        self.model.eval()
+        sample = self.cfg.do_sample and not greedy
+        out = self.model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=self.max_new, do_sample=sample,
+            temperature=self.cfg.temperature if sample else None, top_p=self.cfg.top_p if sample else None,
+            top_k=0 if sample else None,
+            eos_token_id=self.tok.eos_token_id, pad_token_id=self.tok.pad_token_id,
+        )
+        self.model.train(was_training)
+        responses = out[:, ids.shape[1]:]
+        if responses.shape[1] < self.max_new:  # all sequences stopped early: pad to a fixed width
+            pad = torch.full((responses.shape[0], self.max_new - responses.shape[1]), self.tok.pad_token_id)
+            responses = torch.cat([responses, pad], 1)
+        rmask = response_mask_from(responses, self.tok.eos_token_id)
+        responses = responses.masked_fill(rmask == 0, self.tok.pad_token_id)
+        return Rollout(torch.cat([ids, responses], 1), torch.cat([mask, rmask], 1), rmask, ids.shape[1])
+
+    def sync_weights(self, model) -> None:
+        pass  # generates with the training module itself
+
+
+def make_engine(name: str, model, tokenizer, cfg, max_response_length: int) -> RolloutEngine:
+    if name == "hf":
+        return HFRollout(model, tokenizer, cfg, max_response_length)
+    raise ValueError(f"actor_rollout_ref.rollout.name={name} is not available in this version; use hf")

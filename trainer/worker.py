@@ -1,0 +1,246 @@
+"""One training worker per device: actor, rollout and reference colocated (verl's hybrid engine).
+
+Workers train data parallel: each holds a shard of the prompts, and DDP averages gradients over
+all of them with torch.distributed (Gloo on CPU, NCCL on GPU), across nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from . import core_algos as algos
+from .rewards import load_reward_fn
+from .rollout import make_engine
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def node_address() -> tuple[str, int]:
+    import ray
+
+    return ray.util.get_node_ip_address(), free_port()
+
+
+def token_logprobs(model, input_ids, attention_mask, prompt_len, with_entropy=False):
+    """Log-probs of the response tokens under the model; position ids respect left padding."""
+    pos = (attention_mask.cumsum(-1) - 1).clamp_min(0)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).logits
+    logits = logits[:, prompt_len - 1:-1].float()
+    targets = input_ids[:, prompt_len:]
+    logp = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return (logp, algos.entropy_from_logits(logits)) if with_entropy else (logp, None)
+
+
+class Worker:
+    def __init__(self, cfg_dict: dict, rank: int, world: int, master: tuple[str, int], model_path: str):
+        from .config import from_dict
+
+        self.cfg = from_dict(cfg_dict)
+        self.rank, self.world = rank, world
+        seed = self.cfg.trainer.seed + rank
+        random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
+        torch.set_num_threads(1)
+        dev = self.cfg.trainer.device
+        self.device = torch.device("cuda" if dev == "cuda" or (dev == "auto" and torch.cuda.is_available()) else "cpu")
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        os.environ.setdefault("MASTER_ADDR", master[0])
+        dist.init_process_group(backend, init_method=f"tcp://{master[0]}:{master[1]}", rank=rank, world_size=world,
+                                timeout=timedelta(minutes=10))
+        self._load(model_path)
+
+    def node_ip(self) -> str:
+        import ray
+
+        return ray.util.get_node_ip_address()
+
+    def _load(self, path: str):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        a = self.cfg.actor_rollout_ref
+        kw = {"gguf_file": a.model.gguf_file} if a.model.gguf_file else {}
+        self.tok = AutoTokenizer.from_pretrained(path, **kw)
+        self.tok.padding_side = "left"
+        if self.tok.pad_token_id is None:
+            self.tok.pad_token = self.tok.eos_token
+        module = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, **kw).to(self.device)
+        if a.model.enable_gradient_checkpointing:
+            module.gradient_checkpointing_enable()
+        if a.actor.strategy == "fsdp":
+            raise NotImplementedError("actor_rollout_ref.actor.strategy=fsdp is not in this version; use ddp")
+        self.module = module
+        self.model = torch.nn.parallel.DistributedDataParallel(module, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        self.opt = torch.optim.AdamW(module.parameters(), lr=a.actor.optim.lr, weight_decay=a.actor.optim.weight_decay)
+        need_ref = a.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward
+        self.ref = None
+        if need_ref:
+            self.ref = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, **kw).to(self.device).eval()
+            self.ref.requires_grad_(False)
+        self.critic = None
+        if self.cfg.algorithm.adv_estimator == "gae":
+            from transformers import AutoModelForTokenClassification
+
+            cpath = self.cfg.critic.model.path or path
+            critic = AutoModelForTokenClassification.from_pretrained(cpath, num_labels=1, torch_dtype=torch.float32, **kw).to(self.device)
+            self.critic = torch.nn.parallel.DistributedDataParallel(critic)
+            self.critic_opt = torch.optim.AdamW(critic.parameters(), lr=self.cfg.critic.optim.lr)
+        self.engine = make_engine(a.rollout.name, module, self.tok, a.rollout, self.cfg.data.max_response_length)
+        self.reward_fn = load_reward_fn(self.cfg.custom_reward_function.path, self.cfg.custom_reward_function.name)
+
+    def _values(self, batch, grad: bool):
+        pos = (batch.attention_mask.cumsum(-1) - 1).clamp_min(0)
+        with torch.set_grad_enabled(grad):
+            v = self.critic(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=pos).logits.squeeze(-1)
+        return v[:, batch.prompt_len - 1:-1]
+
+    def score(self, rows, rollout, n):
+        texts = self.tok.batch_decode(rollout.input_ids[:, rollout.prompt_len:], skip_special_tokens=True)
+        out = []
+        for i, text in enumerate(texts):
+            r = rows[i // n]
+            out.append(float(self.reward_fn(r["data_source"], text, r["reward_model"]["ground_truth"], r.get("extra_info"))))
+        return torch.tensor(out), texts
+
+    def evaluate(self, rows) -> list[float]:
+        ro = self.engine.generate([r["input_ids"] for r in rows], 1, greedy=True)
+        return self.score(rows, ro, 1)[0].tolist()
+
+    def step(self, rows, kl_coef: float) -> dict:
+        cfg, a = self.cfg, self.cfg.actor_rollout_ref
+        n = a.rollout.n
+        import time
+
+        t0 = time.perf_counter()
+        ro = self.engine.generate([r["input_ids"] for r in rows], n)
+        t_gen = time.perf_counter()
+        scores, _ = self.score(rows, ro, n)
+        mask = ro.response_mask.float()
+        last = (mask.sum(-1).long() - 1).clamp_min(0)
+        token_scores = torch.zeros_like(mask)
+        token_scores[torch.arange(len(scores)), last] = scores  # outcome reward on the last response token
+        t_reward = time.perf_counter()
+        with torch.no_grad():
+            old_logp, _ = token_logprobs(self.module, ro.input_ids, ro.attention_mask, ro.prompt_len)
+            ref_logp = token_logprobs(self.ref, ro.input_ids, ro.attention_mask, ro.prompt_len)[0] if self.ref is not None else None
+        t_logp = time.perf_counter()
+        metrics = {}
+        rewards = token_scores
+        if cfg.algorithm.use_kl_in_reward:
+            rewards, kl_mean = algos.apply_kl_in_reward(token_scores, old_logp, ref_logp, mask, kl_coef, cfg.algorithm.kl_penalty)
+            metrics["actor/reward_kl_penalty"] = kl_mean
+        index = [i // n for i in range(len(scores))]
+        est = cfg.algorithm.adv_estimator
+        values = returns = None
+        if est == "gae":
+            values = self._values(ro, grad=False).detach() * mask
+            adv, returns = algos.gae_advantages(rewards, values, mask, cfg.algorithm.gamma, cfg.algorithm.lam)
+        elif est == "grpo":
+            adv, returns = algos.grpo_advantages(rewards.sum(-1), mask, index, cfg.algorithm.norm_adv_by_std_in_grpo)
+        elif est == "rloo":
+            adv, returns = algos.rloo_advantages(rewards.sum(-1), mask, index)
+        else:
+            adv, returns = algos.reinforce_pp_advantages(rewards, mask, cfg.algorithm.gamma)
+        t_adv = time.perf_counter()
+        metrics.update(self._update(ro, mask, old_logp, ref_logp, adv, values, returns))
+        t_upd = time.perf_counter()
+        lengths = mask.sum(-1)
+        metrics.update({
+            "critic/score/mean": scores.mean().item(), "critic/score/max": scores.max().item(), "critic/score/min": scores.min().item(),
+            "critic/rewards/mean": rewards.sum(-1).mean().item(), "critic/advantages/mean": algos.masked_mean(adv, mask).item(),
+            "response_length/mean": lengths.mean().item(), "response_length/max": lengths.max().item(),
+            "response_length/min": lengths.min().item(),
+            "response_length/clip_ratio": (lengths >= cfg.data.max_response_length).float().mean().item(),
+            "timing_s/gen": t_gen - t0, "timing_s/reward": t_reward - t_gen, "timing_s/old_log_prob": t_logp - t_reward,
+            "timing_s/adv": t_adv - t_logp, "timing_s/update_actor": t_upd - t_adv,
+            "perf/total_num_tokens": float(ro.attention_mask.sum().item()),
+        })
+        if values is not None:
+            metrics["critic/vf_explained_var"] = algos.explained_variance(values, returns, mask)
+        return metrics
+
+    def _update(self, ro, mask, old_logp, ref_logp, adv, values, returns) -> dict:
+        a = self.cfg.actor_rollout_ref.actor
+        rows = ro.input_ids.shape[0]
+        mini = a.ppo_mini_batch_size * self.cfg.actor_rollout_ref.rollout.n // self.world
+        micro = min(a.ppo_micro_batch_size_per_gpu or mini, mini)
+        lo = a.clip_ratio_low if a.clip_ratio_low is not None else a.clip_ratio
+        hi = a.clip_ratio_high if a.clip_ratio_high is not None else a.clip_ratio
+        stats: dict[str, list[float]] = {}
+        for _ in range(a.ppo_epochs):
+            for start in range(0, rows, mini):
+                self.opt.zero_grad()
+                if self.critic is not None:
+                    self.critic_opt.zero_grad()
+                for ms in range(start, min(start + mini, rows), micro):
+                    sl = slice(ms, ms + micro)
+                    m = mask[sl]
+                    logp, ent = token_logprobs(self.model, ro.input_ids[sl], ro.attention_mask[sl], ro.prompt_len, with_entropy=True)
+                    pg, clipfrac, ppo_kl = algos.policy_loss(old_logp[sl], logp, adv[sl], m, lo, hi, a.clip_ratio_c, a.loss_agg_mode)
+                    entropy = algos.agg_loss(ent, m, a.loss_agg_mode)
+                    loss = pg - a.entropy_coeff * entropy
+                    if a.use_kl_loss:
+                        kl = algos.agg_loss(algos.kl_penalty(logp, ref_logp[sl], a.kl_loss_type), m, a.loss_agg_mode)
+                        loss = loss + a.kl_loss_coef * kl
+                        stats.setdefault("actor/kl_loss", []).append(kl.item())
+                    (loss * micro / mini).backward()
+                    for k, v in (("actor/pg_loss", pg), ("actor/pg_clipfrac", clipfrac), ("actor/ppo_kl", ppo_kl), ("actor/entropy", entropy)):
+                        stats.setdefault(k, []).append(v.item())
+                    if self.critic is not None:
+                        v = self._values(type(ro)(ro.input_ids[sl], ro.attention_mask[sl], ro.response_mask[sl], ro.prompt_len), grad=True)
+                        vf, vclip = algos.value_loss(v, values[sl], returns[sl], m, self.cfg.critic.cliprange_value)
+                        (vf * micro / mini).backward()
+                        stats.setdefault("critic/vf_loss", []).append(vf.item())
+                        stats.setdefault("critic/vf_clipfrac", []).append(vclip.item())
+                gn = torch.nn.utils.clip_grad_norm_(self.module.parameters(), a.optim.clip_grad)
+                stats.setdefault("actor/grad_norm", []).append(float(gn))
+                self.opt.step()
+                if self.critic is not None:
+                    cgn = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.critic.optim.clip_grad)
+                    stats.setdefault("critic/grad_norm", []).append(float(cgn))
+                    self.critic_opt.step()
+        self.engine.sync_weights(self.module)
+        out = {k: float(np.mean(v)) for k, v in stats.items()}
+        out["actor/lr"] = a.optim.lr
+        return out
+
+    # --- checkpoints: rank 0 writes (DDP keeps every replica identical), every rank reads ---
+    def state(self) -> dict | None:
+        if self.rank != 0:
+            return None
+        st = {"model": self.module.state_dict(), "optim": self.opt.state_dict()}
+        if self.critic is not None:
+            st["critic"] = self.critic.module.state_dict()
+            st["critic_optim"] = self.critic_opt.state_dict()
+        return st
+
+    def rng_state(self) -> dict:
+        return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+    def load(self, state: dict, rng: dict | None) -> None:
+        self.module.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optim"])
+        if self.critic is not None and "critic" in state:
+            self.critic.module.load_state_dict(state["critic"])
+            self.critic_opt.load_state_dict(state["critic_optim"])
+        if rng:
+            torch.set_rng_state(rng["torch"]), np.random.set_state(rng["numpy"]), random.setstate(rng["python"])
+
+    def save_hf(self, out_dir: str) -> None:
+        if self.rank == 0:
+            self.module.save_pretrained(out_dir, safe_serialization=True)
+            self.tok.save_pretrained(out_dir)
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
