@@ -81,7 +81,7 @@ def launch(args, cmd: list[str]) -> int:
     from .raystart import start_env
 
     ray_env = start_env(env, cluster, pf, auth.ray_auth_env(token), node.temp_dir)
-    opts = lifecycle.Options(wait_timeout=args.timeout, dashboard_host=args.dashboard_host, temp_dir=node.temp_dir)
+    opts = lifecycle.Options(wait_timeout=args.timeout, dashboard_host=args.dashboard_host)
     lifecycle.say(f"token from {source}")
     return lifecycle.main(spec, pf, cmd, ray_env, cluster, opts)
 

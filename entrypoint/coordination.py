@@ -49,7 +49,7 @@ def version_mismatches(facts: dict[int, dict]) -> list[str]:
 
 
 class Kv:
-    def __init__(self, address: str, connect_timeout: float = 5.0):
+    def __init__(self, address: str):
         from ray._raylet import GcsClient
 
         self.client = GcsClient(address=address)

@@ -16,7 +16,7 @@ from typing import Mapping
 
 from .errors import RigError
 from .hostlist import HostlistError, expand_hostlist
-from .nodespec import DEFAULT_RAY_PORT, NodeSpec
+from .nodespec import NodeSpec
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int | None:
@@ -27,12 +27,6 @@ def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int |
         return int(raw.strip())
     except ValueError:
         raise RigError(f"{name}={raw!r} is not an integer; unset it or set a whole number") from None
-
-
-def _required(value, what: str, fix: str):
-    if value is None or value == "":
-        raise RigError(f"{what} is not known; {fix}")
-    return value
 
 
 def _unique(seq) -> list[str]:
@@ -358,29 +352,25 @@ LAUNCHERS: list[type[Launcher]] = [
 BY_NAME = {cls.name: cls for cls in LAUNCHERS}
 
 
+# RLRIG_* variable -> (NodeSpec field, is it an integer)
+EXPLICIT = {
+    "RLRIG_NODE_RANK": ("node_rank", True),
+    "RLRIG_NNODES": ("nnodes", True),
+    "RLRIG_HEAD_ADDRESS": ("head_host", False),
+    "RLRIG_NODE_IP": ("node_ip_hint", False),
+    "RLRIG_NUM_GPUS": ("gpus_allotted", True),
+    "RLRIG_NUM_CPUS": ("cpus_allotted", True),
+    "RLRIG_JOB_ID": ("job_id", False),
+    "RLRIG_RAY_PORT": ("port", True),
+}
+
+
 def _apply_explicit(spec: NodeSpec, env: Mapping[str, str]) -> NodeSpec:
     """RLRIG_* variables win over whatever the launcher said."""
-    rank = _int(env, "RLRIG_NODE_RANK")
-    if rank is not None:
-        spec.node_rank = rank
-    nnodes = _int(env, "RLRIG_NNODES")
-    if nnodes is not None:
-        spec.nnodes = nnodes
-    if env.get("RLRIG_HEAD_ADDRESS"):
-        spec.head_host = env["RLRIG_HEAD_ADDRESS"].strip()
-    if env.get("RLRIG_NODE_IP"):
-        spec.node_ip_hint = env["RLRIG_NODE_IP"].strip()
-    gpus = _int(env, "RLRIG_NUM_GPUS")
-    if gpus is not None:
-        spec.gpus_allotted = gpus
-    cpus = _int(env, "RLRIG_NUM_CPUS")
-    if cpus is not None:
-        spec.cpus_allotted = cpus
-    if env.get("RLRIG_JOB_ID"):
-        spec.job_id = env["RLRIG_JOB_ID"]
-    port = _int(env, "RLRIG_RAY_PORT")
-    if port is not None:
-        spec.port = port
+    for var, (attr, is_int) in EXPLICIT.items():
+        value = _int(env, var) if is_int else (env.get(var) or "").strip() or None
+        if value is not None:
+            setattr(spec, attr, value)
     return spec
 
 
@@ -428,5 +418,5 @@ def detect(env: Mapping[str, str] | None = None, launcher: str | None = None, ho
         if spec.nnodes == 1:
             spec.head_host = "127.0.0.1"
         else:
-            _required(None, f"{spec.launcher}: the head node's address", "set RLRIG_HEAD_ADDRESS=<head host or IP>")
+            raise RigError(f"{spec.launcher}: the head node's address is not known; set RLRIG_HEAD_ADDRESS=<head host or IP>")
     return spec

@@ -34,7 +34,6 @@ class Options:
     wait_timeout: float = 300.0  # head: for all nodes to join; worker: for the head to come up
     head_loss_timeout: float = 30.0  # worker: GCS unreachable this long = head lost
     dashboard_host: str = "127.0.0.1"
-    temp_dir: str | None = None
 
 
 class NodeLost(RigError):
@@ -145,7 +144,7 @@ def run_head(spec: NodeSpec, pf: Preflight, cmd: list[str], ray_env: dict[str, s
         deadline = t0 + opts.wait_timeout
         kv = _connect_kv(address, ray_proc, deadline, "head")
         kv.put("env", cluster)
-        kv.put(f"node/0", coordination.node_facts(0, spec.node_ip, pf.num_gpus))
+        kv.put("node/0", coordination.node_facts(0, spec.node_ip, pf.num_gpus))
         nodes = wait_for_nodes(kv, spec, ray_proc, deadline)
         mism = coordination.version_mismatches(kv.facts())
         if mism:
@@ -197,7 +196,10 @@ def run_worker(spec: NodeSpec, pf: Preflight, ray_env: dict[str, str], opts: Opt
                 if time.monotonic() - last_ok > opts.head_loss_timeout:
                     raise NodeLost(f"lost the head {address}: no answer for {opts.head_loss_timeout:.0f}s")
             if code is not None:
-                kv.put(f"ack/{spec.node_rank}", True)
+                try:
+                    kv.put(f"ack/{spec.node_rank}", True)
+                except Exception:
+                    pass  # the head did not wait for us; nothing is lost
                 say(f"head finished with code {code}; stopping")
                 return int(code)
             time.sleep(0.5)

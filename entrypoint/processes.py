@@ -48,28 +48,26 @@ def sweep_descendants(grace: float = 5.0) -> int:
     procs = me.children(recursive=True)
     if not procs:
         return 0
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
+    _signal_all(procs, "terminate")
     _, alive = psutil.wait_procs(procs, timeout=grace)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
+    _signal_all(alive, "kill")
     psutil.wait_procs(alive, timeout=5)
     # Orphans re-parented to us after the first listing (a raylet's workers) are reaped here.
     late = me.children(recursive=True)
-    for p in late:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
+    _signal_all(late, "kill")
     psutil.wait_procs(late, timeout=5)
     _reap()
     return len(alive) + len(late)
+
+
+def _signal_all(procs, how: str) -> None:
+    import psutil
+
+    for p in procs:
+        try:
+            getattr(p, how)()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def _reap() -> None:

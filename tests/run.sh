@@ -7,9 +7,12 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip
+pip_install() {  # quiet unless it fails
+  .venv/bin/python -m pip install -q "$@" >.venv/pip.log 2>&1 || { tail -40 .venv/pip.log; exit 1; }
+}
+pip_install --upgrade pip
 # torch first and pinned: a CPU build where one is at hand, rather than an unpinned multi-GB CUDA download.
-.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[test]"
+.venv/bin/python -c "import torch" 2>/dev/null || pip_install "torch==2.13.0"
+pip_install -e ".[test]"
 export PATH="$PWD/.venv/bin:$PATH"
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -13,8 +13,6 @@ print("NODES", len(alive), flush=True)
 
 @ray.remote(num_cpus=0)
 def probe():
-    import socket
-
     return os.environ.get("FROM_HEAD_ENV"), os.environ.get("GLOO_SOCKET_IFNAME"), ray.util.get_node_ip_address()
 
 

@@ -31,11 +31,16 @@ def test_three_nodes_form_one_secure_cluster(cluster_hosts):
     assert codes == [7, 7, 7], [n.output for n in nodes]
 
 
-def test_worker_loss_stops_the_head(cluster_hosts):
+def sleeping_pair(cluster_hosts, run: str):
+    """Two nodes running a long command; returns (namespaces, head, worker) once it runs."""
     ns = cluster_hosts(2)
-    head = cluster_hosts.start(ns, 0, dstack_env(ns, 0, "itw"), ["run", "--", "sleep", "600"])
-    worker = cluster_hosts.start(ns, 1, dstack_env(ns, 1, "itw"), ["run", "--", "sleep", "600"])
+    head, worker = (cluster_hosts.start(ns, i, dstack_env(ns, i, run), ["run", "--", "sleep", "600"]) for i in range(2))
     head.wait_for("running: sleep", 120)
+    return ns, head, worker
+
+
+def test_worker_loss_stops_the_head(cluster_hosts):
+    ns, head, worker = sleeping_pair(cluster_hosts, "itw")
     t0 = time.monotonic()
     ns.cut(1)
     code = head.wait(60)
@@ -49,10 +54,7 @@ def test_worker_loss_stops_the_head(cluster_hosts):
 
 
 def test_head_loss_stops_workers(cluster_hosts):
-    ns = cluster_hosts(2)
-    head = cluster_hosts.start(ns, 0, dstack_env(ns, 0, "ith"), ["run", "--", "sleep", "600"])
-    worker = cluster_hosts.start(ns, 1, dstack_env(ns, 1, "ith"), ["run", "--", "sleep", "600"])
-    head.wait_for("running: sleep", 120)
+    ns, head, worker = sleeping_pair(cluster_hosts, "ith")
     t0 = time.monotonic()
     ns.cut(0)
     code = worker.wait(90)
