@@ -111,8 +111,7 @@ class KubeRay(Launcher):
             node_rank=0,
             nnodes=1,
             head_host="",
-            existing_ray=env.get("RAY_ADDRESS") or "auto",
-            notes=["the KubeRay operator runs Ray here; rlrig starts nothing and runs the command"],
+            existing_ray=env.get("RAY_ADDRESS") or "auto",  # the operator started Ray: start nothing
         )
 
 

@@ -23,7 +23,6 @@ class NodeSpec:
     node_ip_hint: str = ""  # an address the launcher says is this node's
     existing_ray: str = ""  # a Ray cluster that is already there (KubeRay, RAY_ADDRESS)
     ray_start_args: list[str] = field(default_factory=list)  # launcher-specific `ray start` flags
-    notes: list[str] = field(default_factory=list)
 
     @property
     def is_head(self) -> bool:

@@ -6,9 +6,9 @@ all of them with torch.distributed (Gloo on CPU, NCCL on GPU), across nodes.
 
 from __future__ import annotations
 
-import os
 import random
 import socket
+import time
 from datetime import timedelta
 
 import numpy as np
@@ -54,7 +54,6 @@ class Worker:
         dev = self.cfg.trainer.device
         self.device = torch.device("cuda" if dev == "cuda" or (dev == "auto" and torch.cuda.is_available()) else "cpu")
         backend = "nccl" if self.device.type == "cuda" else "gloo"
-        os.environ.setdefault("MASTER_ADDR", master[0])
         dist.init_process_group(backend, init_method=f"tcp://{master[0]}:{master[1]}", rank=rank, world_size=world,
                                 timeout=timedelta(minutes=10))
         self._load(model_path)
@@ -118,8 +117,6 @@ class Worker:
     def step(self, rows, kl_coef: float) -> dict:
         cfg, a = self.cfg, self.cfg.actor_rollout_ref
         n = a.rollout.n
-        import time
-
         t0 = time.perf_counter()
         ro = self.engine.generate([r["input_ids"] for r in rows], n)
         t_gen = time.perf_counter()
