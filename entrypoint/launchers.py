@@ -178,7 +178,9 @@ class Slurm(Launcher):
 
     @classmethod
     def detect(cls, env):
-        return bool(env.get("SLURM_JOB_ID") and (env.get("SLURM_NTASKS") or env.get("SLURM_STEP_ID")))
+        # A batch script of `sbatch -N2` has neither SLURM_NTASKS nor SLURM_STEP_ID (seen on slurm-wlm 22.05):
+        # the job id alone must count, or rlrig would start a lone local cluster there.
+        return bool(env.get("SLURM_JOB_ID"))
 
     @classmethod
     def spec(cls, env, hostname):

@@ -93,3 +93,15 @@ def cluster_hosts():
 def dstack_env(ns: netns.Netns, i: int, run: str) -> dict[str, str]:
     return {"DSTACK_NODE_RANK": str(i), "DSTACK_NODES_NUM": str(ns.n), "DSTACK_MASTER_NODE_IP": ns.ip(0),
             "DSTACK_NODES_IPS": "\n".join(ns.ip(j) for j in range(ns.n)), "DSTACK_RUN_NAME": run}
+
+
+@pytest.fixture
+def slurm_cluster():
+    """A real two-node Slurm on namespace hosts; skips only where Slurm cannot be started here."""
+    import slurm
+
+    why = slurm.available()
+    if why:
+        pytest.skip(f"a real Slurm needs: {why}")
+    with slurm.Slurm(2) as s:
+        yield s

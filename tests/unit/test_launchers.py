@@ -96,6 +96,9 @@ BAD = [
                                   "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_NODELIST": "n[1-2]"}, None, "exactly one per node"),
     ("slurm bad hostlist", {"SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NODELIST": "n[1-"},
      None, "SLURM_JOB_NODELIST"),
+    # as `sbatch -N 2` really sets it: no SLURM_NTASKS, no SLURM_STEP_ID
+    ("slurm sbatch -N2 script", {"SLURM_JOB_ID": "1", "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2", "SLURM_NODEID": "0",
+                                 "SLURM_TASKS_PER_NODE": "1(x2)", "SLURM_JOB_NODELIST": "n[1-2]"}, None, "srun --ntasks-per-node=1"),
     ("mpi two ranks per node", {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"},
      None, "ppr:1:node"),
     ("torchrun nproc", {"TORCHELASTIC_RUN_ID": "x", "LOCAL_WORLD_SIZE": "8", "WORLD_SIZE": "16", "GROUP_RANK": "0"}, None,
