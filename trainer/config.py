@@ -85,6 +85,9 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.5
     enforce_eager: bool = True
     free_cache_engine: bool = True
+    dtype: str = "auto"  # auto: bfloat16 on GPU, float32 (the actor's own) on CPU
+    max_num_seqs: int | None = None
+    cpu_kvcache_space_gb: float = 1.0  # rlrig: vLLM's CPU KV cache per engine (VLLM_CPU_KVCACHE_SPACE)
 
 
 @dataclass
@@ -263,7 +266,7 @@ def set_key(cfg: Config, key: str, raw: str) -> None:
 # `rlrig train` with no model: the tiny offline model on the offline arithmetic data, sized to
 # learn visibly on 2 CPU cores in a few minutes. Any override given by the user comes after these.
 EMBEDDED = [
-    "algorithm.adv_estimator=grpo",
+    "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.name=auto",
     "data.train_batch_size=32", "data.max_prompt_length=16", "data.max_response_length=8",
     "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
     "actor_rollout_ref.actor.optim.lr=5e-4", "actor_rollout_ref.actor.use_kl_loss=True",
@@ -299,7 +302,7 @@ def validate(cfg: Config) -> None:
         "data.truncation": (d.truncation, ("error", "left", "right")),
         "trainer.resume_mode": (t.resume_mode, ("auto", "disable", "resume_path")),
         "trainer.device": (t.device, ("auto", "cuda", "cpu")),
-        "actor_rollout_ref.rollout.name": (r.name, ("hf", "vllm", "sglang")),
+        "actor_rollout_ref.rollout.name": (r.name, ("hf", "vllm", "sglang", "auto")),
         "actor_rollout_ref.actor.strategy": (a.strategy, ("ddp", "fsdp")),
     }
     for key, (value, allowed) in choices.items():

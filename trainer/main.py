@@ -117,9 +117,9 @@ def mean_metrics(results: list[dict]) -> dict:
     out = {}
     for k in keys:
         vals = [r[k] for r in results if k in r]
-        if k.endswith("/max"):
+        if k.endswith(("/max", "_max")):
             out[k] = max(vals)
-        elif k.endswith("/min"):
+        elif k.endswith(("/min", "_min")):
             out[k] = min(vals)
         elif k.startswith("timing_s/"):  # workers run in parallel: the step waits for the slowest
             out[k] = max(vals)
@@ -182,6 +182,11 @@ def train(cfg) -> int:
     say(f"model {model_path}; {len(train_rows)} prompts; {total} steps; {t.nnodes}x{t.n_gpus_per_node} workers; rollout {cfg.actor_rollout_ref.rollout.name}")
     workers = make_workers(cfg, model_path)
     say("workers on " + ", ".join(ray.get([w.node_ip.remote() for w in workers])))
+    engines = ray.get([w.engine_name.remote() for w in workers])
+    errors = [err for _, err in engines if err]
+    if errors:
+        raise ConfigError(errors[0])
+    say(f"rollout engine: {', '.join(sorted({name for name, _ in engines}))}")
     step = 0
     resume = None
     if t.resume_mode == "resume_path":

@@ -19,7 +19,10 @@ class Rollout:
 
 
 class RolloutEngine:
-    """What a rollout backend implements. `sync_weights` is called after every optimizer step."""
+    """What a rollout backend implements. `sync_weights` is called after every optimizer step and
+    after a checkpoint is loaded; it must hand the engine the weights in memory, never via disk."""
+
+    name = "?"
 
     def generate(self, prompts: list[list[int]], n: int, greedy: bool = False) -> Rollout:
         raise NotImplementedError
@@ -35,6 +38,29 @@ def response_mask_from(responses: torch.Tensor, eos_id: int) -> torch.Tensor:
     return (~after_eos).long()
 
 
+def pack_responses(prompts: list[list[int]], n: int, responses: list[list[int]], logprobs: list[list[float]] | None,
+                   max_new: int, pad_id: int, eos_id: int) -> Rollout:
+    """An engine's token lists (prompt i's samples at rows i*n .. i*n+n-1) as a padded Rollout."""
+    expanded = [p for p in prompts for _ in range(n)]
+    if len(responses) != len(expanded):
+        raise ValueError(f"engine returned {len(responses)} sequences for {len(expanded)} requested")
+    ids, mask = left_pad(expanded, pad_id)
+    resp = torch.full((len(responses), max_new), pad_id, dtype=torch.long)
+    logp = torch.zeros((len(responses), max_new)) if logprobs is not None else None
+    for i, r in enumerate(responses):
+        r = r[:max_new]
+        resp[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+        if logp is not None:
+            logp[i, :len(r)] = torch.tensor(logprobs[i][:len(r)])
+    rmask = response_mask_from(resp, eos_id)
+    lengths = torch.tensor([len(r) for r in responses]).clamp_max(max_new)
+    rmask = rmask * (torch.arange(max_new)[None, :] < lengths[:, None])  # padding after a length stop is not a response
+    resp = resp.masked_fill(rmask == 0, pad_id)
+    if logp is not None:
+        logp = logp * rmask
+    return Rollout(torch.cat([ids, resp], 1), torch.cat([mask, rmask], 1), rmask, ids.shape[1], logp)
+
+
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
@@ -47,6 +73,8 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
 
 class HFRollout(RolloutEngine):
     """transformers' generate on the actor's own module: always in sync, no copy needed."""
+
+    name = "hf"
 
     def __init__(self, model, tokenizer, cfg, max_response_length: int):
         self.model, self.tok, self.cfg, self.max_new = model, tokenizer, cfg, max_response_length
@@ -77,7 +105,31 @@ class HFRollout(RolloutEngine):
         pass  # generates with the training module itself
 
 
-def make_engine(name: str, model, tokenizer, cfg, max_response_length: int) -> RolloutEngine:
+class EngineUnavailable(RuntimeError):
+    """The engine's package is missing or cannot run here; the message says how to fix it."""
+
+
+def make_engine(name: str, model, tokenizer, cfg, max_response_length: int, *, model_path: str = "",
+                max_prompt_length: int = 0, device: str = "cpu", seed: int = 0) -> RolloutEngine:
     if name == "hf":
         return HFRollout(model, tokenizer, cfg, max_response_length)
-    raise ValueError(f"actor_rollout_ref.rollout.name={name} is not available in this version; use hf")
+    common = dict(model_path=model_path, tokenizer=tokenizer, cfg=cfg, max_response_length=max_response_length,
+                  max_prompt_length=max_prompt_length, device=device, seed=seed)
+    if name == "vllm":
+        from .vllm_rollout import VLLMRollout
+
+        return VLLMRollout(**common)
+    if name == "sglang":
+        from .sglang_rollout import SGLangRollout
+
+        return SGLangRollout(**common)
+    if name == "auto":
+        # the embedded default: vLLM where it is installed and starts, else transformers
+        try:
+            from .vllm_rollout import VLLMRollout
+
+            return VLLMRollout(**common)
+        except EngineUnavailable as e:
+            print(f"rlrig: rollout engine auto -> hf ({e})", flush=True)
+            return HFRollout(model, tokenizer, cfg, max_response_length)
+    raise ValueError(f"actor_rollout_ref.rollout.name={name}: use hf, vllm, sglang or auto")

