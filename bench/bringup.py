@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -66,11 +67,14 @@ def wait(pred, timeout: float, what: str, nodes: list[Node]) -> float:
     while time.monotonic() < deadline:
         if pred():
             return time.monotonic()
-        if nodes and nodes[0].proc.poll() is not None:
+        dead = [i for i, node in enumerate(nodes) if node.proc.poll() is not None]
+        if dead:
             break
         time.sleep(0.01)
-    tail = "".join(nodes[0].lines[-30:])
-    raise RuntimeError(f"{what} did not happen (head exited or {timeout}s passed); head output:\n{tail}")
+    else:
+        dead = [0]
+    tail = "".join(nodes[dead[0]].lines[-30:])
+    raise RuntimeError(f"{what} did not happen (node {dead[0]} exited or {timeout}s passed); its output:\n{tail}")
 
 
 class Run:
@@ -99,7 +103,9 @@ class Run:
 
     def ray_start(self, i: int) -> Node:
         ip = self.ns.ip(i)
-        common = ["--block", "--num-cpus=1", "--num-gpus=0", f"--node-ip-address={ip}", "--disable-usage-stats"]
+        # each node its own --temp-dir, as on separate hosts: a worker otherwise takes the head's (shared here)
+        common = ["--block", "--num-cpus=1", "--num-gpus=0", f"--node-ip-address={ip}", "--disable-usage-stats",
+                  f"--temp-dir={self.tmp / f'n{i}' / 'ray'}"]
         if i == 0:
             return self.start(i, ["ray", "start", "--head", f"--port={PORT}", "--dashboard-host=127.0.0.1", *common])
         return self.start(i, ["ray", "start", f"--address={self.ns.ip(0)}:{PORT}", *common])
@@ -129,9 +135,12 @@ class Run:
             self.start(i, [str(BIN / "rlrig"), "run", "--", *self.cmd], env)
 
     def symmetric(self):
+        # its default 30 s wait for nodes is too short for 8 Ray nodes on 2 cores; a user would raise it too
+        slow_ok = {"RAY_SYMMETRIC_RUN_CLUSTER_WAIT_TIMEOUT": "300"}
         for i in range(self.n):
             self.start(i, ["ray", "symmetric-run", "--address", f"{self.ns.ip(0)}:{PORT}", "--min-nodes", str(self.n),
-                           "--num-cpus=1", "--num-gpus=0", "--disable-usage-stats", "--", *self.cmd])
+                           "--num-cpus=1", "--num-gpus=0", "--disable-usage-stats", f"--temp-dir={self.tmp / f'n{i}' / 'ray'}",
+                           "--", *self.cmd], slow_ok)
 
     def sleeps(self):
         self.ray_start(0)
@@ -164,6 +173,8 @@ def main(argv=None) -> int:
     if not shutil.which("unshare"):
         print("bench/bringup.py needs `unshare` (util-linux)", file=sys.stderr)
         return 2
+    # a killed bench must still remove its namespaces (the `with` blocks): SIGTERM unwinds like Ctrl-C
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     table: dict[tuple[int, str], float] = {}
     for n in args.n:
         for method in args.methods:

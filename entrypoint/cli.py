@@ -103,7 +103,7 @@ def cmd_train(args) -> int:
 def cmd_token(args) -> int:
     from .auth import new_token
 
-    print(new_token())
+    print(f"RLRIG_CLUSTER_TOKEN={new_token()}" if args.env else new_token())
     return 0
 
 
@@ -128,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_train)
 
     k = sub.add_parser("token", help="print a new random cluster token")
+    k.add_argument("--env", action="store_true", help="as a RLRIG_CLUSTER_TOKEN=... line for a .env file")
     k.set_defaults(func=cmd_token)
 
     try:

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Build one variant of the rlrig image with its pinned base and packages.
+#   docker/build.sh cpu|cuda|rocm [more build args]     (ENGINE=podman to use podman)
+# Offline CPU builds: put wheels in docker/wheels/ and pass
+#   --build-arg PIP_ARGS="--no-index --find-links /tmp/wheels" --build-arg BASE_IMAGE=localhost/debian-base:bookworm
+set -euo pipefail
+cd "$(dirname "$0")/.."
+variant=${1:?usage: docker/build.sh cpu|cuda|rocm [build args]}
+shift
+engine=${ENGINE:-docker}
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+case "$variant" in
+  cpu)
+    args=(--build-arg BASE_IMAGE=docker.io/library/debian:bookworm-slim
+          --build-arg PRE_PACKAGES="torch==2.13.0"
+          --build-arg PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu"
+          --build-arg RLRIG_EXTRAS="tensorboard") ;;
+  cuda)
+    args=(--build-arg BASE_IMAGE=docker.io/nvidia/cuda:12.9.1-cudnn-runtime-ubuntu24.04
+          --build-arg PRE_PACKAGES="vllm==0.32.0"
+          --build-arg PIP_ARGS=""
+          --build-arg RLRIG_EXTRAS="tensorboard,wandb") ;;
+  rocm)
+    args=(--build-arg BASE_IMAGE=docker.io/rocm/vllm:rocm6.4.1_vllm_0.10.1_20250909
+          --build-arg PRE_PACKAGES="amdsmi==6.4.1"
+          --build-arg PIP_ARGS=""
+          --build-arg RLRIG_EXTRAS="tensorboard,wandb"
+          --build-arg NOSET_HIP=1) ;;
+  *) echo "docker/build.sh: unknown variant '$variant'; use cpu, cuda or rocm" >&2; exit 2 ;;
+esac
+mkdir -p docker/wheels
+exec "$engine" build -f docker/Dockerfile --build-arg VARIANT="$variant" --build-arg RLRIG_VERSION="$version" \
+  "${args[@]}" -t "rlrig:$version-$variant" -t "rlrig:$variant" "$@" .
