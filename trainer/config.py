@@ -87,7 +87,7 @@ class RolloutConfig:
     free_cache_engine: bool = True
     dtype: str = "auto"  # auto: bfloat16 on GPU, float32 (the actor's own) on CPU
     max_num_seqs: int | None = None
-    cpu_kvcache_space_gb: float = 1.0  # rlrig: vLLM's CPU KV cache per engine (VLLM_CPU_KVCACHE_SPACE)
+    cpu_kvcache_space_gb: int = 1  # rlrig: vLLM's CPU KV cache per engine (VLLM_CPU_KVCACHE_SPACE)
 
 
 @dataclass

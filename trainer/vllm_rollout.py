@@ -84,6 +84,9 @@ class VLLMRollout(RolloutEngine):
 
     def sync_weights(self, model) -> None:
         self._wake(tags=["weights"])
-        state = model.state_dict()
-        self.llm.apply_model(lambda m: m.load_weights(state.items()))
+        # the engine core is in this process: the iterator hands over the actor's tensors themselves.
+        # reload_weights (not the model's bare load_weights) redoes vLLM's post-load processing, e.g.
+        # the CPU backend's repacked linear weights, which load_weights alone cannot write into.
+        weights = iter(model.state_dict().items())
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights

