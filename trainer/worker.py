@@ -79,7 +79,16 @@ class Worker:
         return self.engine.name, None
 
     def _load(self, path: str):
+        import os
+
         from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from .tiny_model import cache_dir, ensure_tiny_model
+
+        if not os.path.exists(path) and os.path.abspath(path) == str(cache_dir()):
+            # the embedded model is built where it is used (deterministic; DDP then broadcasts rank 0's
+            # weights), so a node without the head's filesystem, e.g. a second container, still has it
+            ensure_tiny_model()
 
         a = self.cfg.actor_rollout_ref
         kw = {"gguf_file": a.model.gguf_file} if a.model.gguf_file else {}
