@@ -125,7 +125,8 @@ class Worker:
         except EngineUnavailable as e:  # reported by engine_name(): one line for the driver, not a dead actor
             self.engine, self.engine_error = None, str(e)
             return
-        self.engine.sync_weights(module)  # the engine loaded from disk; from here on only memory
+        # DDP just broadcast rank 0's weights, which this node's copy on disk need not equal
+        self.engine.sync_weights(module)
         self.reward_fn = load_reward_fn(self.cfg.custom_reward_function.path, self.cfg.custom_reward_function.name)
 
     def _values(self, batch, grad: bool):
