@@ -42,6 +42,19 @@ def token_logprobs(model, input_ids, attention_mask, prompt_len, with_entropy=Fa
     return (logp, algos.entropy_from_logits(logits)) if with_entropy else (logp, None)
 
 
+def ensure_local_embedded_model(path: str) -> None:
+    """The embedded model is built where it is used (deterministic; DDP then broadcasts rank 0's
+    weights), so a node without the head's filesystem, e.g. a second container, still has it. It must
+    run before torch.distributed starts: transformers' save_pretrained then writes only on rank 0, and
+    another rank's node would get the tokenizer without the model (seen with compose)."""
+    import os
+
+    from .tiny_model import cache_dir, ensure_tiny_model
+
+    if not os.path.exists(path) and os.path.abspath(path) == str(cache_dir()):
+        ensure_tiny_model()
+
+
 def probs_diff(engine_logp, actor_logp, mask) -> dict:
     """verl's rollout-vs-actor check: |p_engine - p_actor| per response token, after the last sync."""
     diff = (engine_logp.exp() - actor_logp.exp()).abs()[mask > 0]
@@ -63,6 +76,7 @@ class Worker:
         dev = self.cfg.trainer.device
         self.device = torch.device("cuda" if dev == "cuda" or (dev == "auto" and torch.cuda.is_available()) else "cpu")
         backend = "nccl" if self.device.type == "cuda" else "gloo"
+        ensure_local_embedded_model(model_path)  # before the process group: see there
         dist.init_process_group(backend, init_method=f"tcp://{master[0]}:{master[1]}", rank=rank, world_size=world,
                                 timeout=timedelta(minutes=10))
         self._load(model_path)
@@ -79,16 +93,7 @@ class Worker:
         return self.engine.name, None
 
     def _load(self, path: str):
-        import os
-
         from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        from .tiny_model import cache_dir, ensure_tiny_model
-
-        if not os.path.exists(path) and os.path.abspath(path) == str(cache_dir()):
-            # the embedded model is built where it is used (deterministic; DDP then broadcasts rank 0's
-            # weights), so a node without the head's filesystem, e.g. a second container, still has it
-            ensure_tiny_model()
 
         a = self.cfg.actor_rollout_ref
         kw = {"gguf_file": a.model.gguf_file} if a.model.gguf_file else {}
