@@ -24,15 +24,14 @@ import os
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import netns  # noqa: E402
+from nodeproc import NodeProc  # noqa: E402
 
 TOKEN = "b" * 64
 PORT = 6379
@@ -44,29 +43,12 @@ class SleepsTooShort(RuntimeError):
     """The fixed sleeps ran out before the nodes were up: the failure the seed scripts are known for."""
 
 
-class Node:
-    """One process tree in its own network and PID namespace; killing it ends the whole namespace."""
-
-    def __init__(self, ns: netns.Netns, i: int, cmd: list[str], env: dict[str, str]):
-        wrapped = ns.prefix(i) + ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGKILL", *cmd]
-        self.lines: list[str] = []
-        self.proc = subprocess.Popen(wrapped, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    def saw(self, text: str) -> bool:
-        return any(text in line for line in self.lines)
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(30)
+def node(ns: netns.Netns, i: int, cmd: list[str], env: dict[str, str]) -> NodeProc:
+    """One process tree in its own network and PID namespace; ending it ends the whole namespace."""
+    return NodeProc(ns.prefix(i) + ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGKILL", *cmd], env)
 
 
-def wait(pred, timeout: float, what: str, nodes: list[Node]) -> float:
+def wait(pred, timeout: float, what: str, nodes: list[NodeProc]) -> float:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if pred():
@@ -77,7 +59,7 @@ def wait(pred, timeout: float, what: str, nodes: list[Node]) -> float:
         time.sleep(0.01)
     else:
         dead = [0]
-    tail = "".join(nodes[dead[0]].lines[-30:])
+    tail = "\n".join(nodes[dead[0]].lines[-30:])
     raise RuntimeError(f"{what} did not happen (node {dead[0]} exited or {timeout}s passed); its output:\n{tail}")
 
 
@@ -91,7 +73,7 @@ class Run:
         self.tmp = Path(tempfile.mkdtemp(prefix="rb", dir="/tmp"))
         self.marker = self.tmp / "cmd_started"
         self.cmd = ["sh", "-c", f"date +%s.%N > {self.marker}"]
-        self.nodes: list[Node] = []
+        self.nodes: list[NodeProc] = []
 
     def env(self, i: int) -> dict[str, str]:
         env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": TOKEN, "RLRIG_CLUSTER_TOKEN": TOKEN,
@@ -100,12 +82,12 @@ class Run:
         env.pop("RAY_ADDRESS", None)
         return env
 
-    def start(self, i: int, cmd: list[str], extra: dict[str, str] | None = None) -> Node:
-        node = Node(self.ns, i, cmd, {**self.env(i), **(extra or {})})
-        self.nodes.append(node)
-        return node
+    def start(self, i: int, cmd: list[str], extra: dict[str, str] | None = None) -> NodeProc:
+        proc = node(self.ns, i, cmd, {**self.env(i), **(extra or {})})
+        self.nodes.append(proc)
+        return proc
 
-    def ray_start(self, i: int) -> Node:
+    def ray_start(self, i: int) -> NodeProc:
         ip = self.ns.ip(i)
         # each node its own --temp-dir, as on separate hosts: a worker otherwise takes the head's (shared here)
         common = ["--block", "--num-cpus=1", "--num-gpus=0", f"--node-ip-address={ip}", "--disable-usage-stats",
@@ -128,8 +110,8 @@ class Run:
                     return float(self.marker.read_text()) - wall0
                 return time.monotonic() - t0
             finally:
-                for node in self.nodes:
-                    node.kill()
+                for proc in self.nodes:
+                    proc.kill()
                 shutil.rmtree(self.tmp, ignore_errors=True)
 
     def rlrig(self):
@@ -153,7 +135,7 @@ class Run:
             self.ray_start(i)
             time.sleep(5)
         # the scripts start the command blind: check afterwards that the nodes had really joined
-        started = [node for node in self.nodes if node.saw(STARTED)]
+        started = [proc for proc in self.nodes if proc.saw(STARTED)]
         if len(started) != self.n:
             raise SleepsTooShort(f"sleeps: only {len(started)}/{self.n} nodes were up when the command started")
 

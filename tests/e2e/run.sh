@@ -56,7 +56,7 @@ export RLRIG_NOFILE=$hard
 # this machine refuses container rlimits above its own: nproc above 4096 fails in runc here
 export RLRIG_STEPS=4 RLRIG_BATCH=8 RLRIG_TEST_FREQ=2 RLRIG_NPROC=4096
 set +e
-(cd "$work" && timeout 900 "$OLDPWD/.venv/bin/podman-compose" -p rlrige2e up --abort-on-container-exit) >"$work/up.log" 2>&1
+(cd "$work" && timeout 900 "$OLDPWD/.venv/bin/podman-compose" -p rlrige2e up) >"$work/up.log" 2>&1
 code=$?
 set -e
 grep -E "rlrig|exited with code" "$work/up.log" | tail -20 || true

@@ -1,62 +1,16 @@
 import os
 import shutil
 import tempfile
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import netns  # noqa: E402
+from nodeproc import NodeProc  # noqa: E402
 
 TOKEN = "a" * 64
-
-
-class NodeProc:
-    """One `rlrig` entrypoint in a namespace, with its output collected line by line."""
-
-    def __init__(self, cmd: list[str], env: dict[str, str]):
-        self.lines: list[str] = []
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    @property
-    def output(self) -> str:
-        return "\n".join(self.lines)
-
-    def wait_for(self, text: str, timeout: float) -> float:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if any(text in line for line in self.lines):
-                return time.monotonic()
-            if self.proc.poll() is not None:
-                self.thread.join(2)
-                if any(text in line for line in self.lines):
-                    return time.monotonic()
-                raise AssertionError(f"exited {self.proc.returncode} before {text!r}:\n{self.output}")
-            time.sleep(0.1)
-        raise AssertionError(f"no {text!r} within {timeout}s:\n{self.output}")
-
-    def wait(self, timeout: float) -> int:
-        code = self.proc.wait(timeout=timeout)
-        self.thread.join(5)
-        return code
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
 
 
 @pytest.fixture
