@@ -51,12 +51,13 @@ def cmd_export(args) -> int:
     if not base:
         print("rlrig: error: the checkpoint does not name its base model; pass --base MODEL_DIR", file=sys.stderr)
         return 2
-    model = AutoModelForCausalLM.from_pretrained(base, torch_dtype=torch.float32)
+    kw = {"gguf_file": ts["gguf_file"]} if ts.get("gguf_file") and not args.base else {}
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, **kw)
     model.load_state_dict(state["model"])
     out = Path(args.out)
     tmp = out.with_name(out.name + ".tmp")
     model.save_pretrained(tmp, safe_serialization=True)
-    AutoTokenizer.from_pretrained(base).save_pretrained(tmp)
+    AutoTokenizer.from_pretrained(base, **kw).save_pretrained(tmp)
     if out.exists():
         import shutil
 

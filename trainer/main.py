@@ -221,7 +221,7 @@ def train(cfg) -> int:
             m["timing_s/testing"] = time.perf_counter() - tv
         if t.save_freq > 0 and (step % t.save_freq == 0 or step == total):
             ts0 = time.perf_counter()
-            save_checkpoint(workers, out, step, sampler, kl_ctrl, model_path)
+            save_checkpoint(workers, out, step, sampler, kl_ctrl, model_path, cfg.actor_rollout_ref.model.gguf_file)
             m["timing_s/save_checkpoint"] = time.perf_counter() - ts0
         dt = time.perf_counter() - t0
         m.update({"training/global_step": step, "training/epoch": sampler.epoch, "timing_s/step": dt,
@@ -236,13 +236,14 @@ def train(cfg) -> int:
     return 0
 
 
-def save_checkpoint(workers, out: Path, step: int, sampler: Sampler, kl_ctrl, model_path: str) -> None:
+def save_checkpoint(workers, out: Path, step: int, sampler: Sampler, kl_ctrl, model_path: str, gguf_file: str) -> None:
     import ray
 
-    state = ray.get(workers[0].state.remote())
+    state = ray.get([w.state.remote() for w in workers])[0]  # under FSDP gathering the state is a collective
     rngs = ray.get([w.rng_state.remote() for w in workers])
     checkpoint.save(str(out), step, state, rngs, {"global_step": step, "epoch": sampler.epoch, "pos": sampler.pos,
-                                                  "kl_coef": kl_ctrl.value, "model_path": model_path})
+                                                  "kl_coef": kl_ctrl.value, "model_path": model_path,
+                                                  "gguf_file": gguf_file})
 
 
 def _rss_gb() -> float:

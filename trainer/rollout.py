@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -20,14 +21,16 @@ class Rollout:
 
 class RolloutEngine:
     """What a rollout backend implements. `sync_weights` is called after every optimizer step and
-    after a checkpoint is loaded; it must hand the engine the weights in memory, never via disk."""
+    after a checkpoint is loaded with the actor's (name, full tensor) pairs; it must hand the engine
+    the weights in memory, never via disk, and consume the whole iterator (under FSDP each item is
+    a collective all ranks take part in)."""
 
     name = "?"
 
     def generate(self, prompts: list[list[int]], n: int, greedy: bool = False) -> Rollout:
         raise NotImplementedError
 
-    def sync_weights(self, model) -> None:
+    def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         raise NotImplementedError
 
 
@@ -72,7 +75,8 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
 
 
 class HFRollout(RolloutEngine):
-    """transformers' generate on the actor's own module: always in sync, no copy needed."""
+    """transformers' generate on the actor's module (DDP: the very one, so syncing copies nothing) or,
+    under FSDP, on a full copy of it that sync_weights refreshes."""
 
     name = "hf"
 
@@ -101,8 +105,12 @@ class HFRollout(RolloutEngine):
         responses = responses.masked_fill(rmask == 0, self.tok.pad_token_id)
         return Rollout(torch.cat([ids, responses], 1), torch.cat([mask, rmask], 1), rmask, ids.shape[1])
 
-    def sync_weights(self, model) -> None:
-        pass  # generates with the training module itself
+    @torch.no_grad()
+    def sync_weights(self, weights):
+        own = self.model.state_dict()
+        for name, t in weights:
+            if own[name].data_ptr() != t.data_ptr():  # the same storage when generating with the actor itself
+                own[name].copy_(t)
 
 
 class EngineUnavailable(RuntimeError):

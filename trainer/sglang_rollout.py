@@ -61,8 +61,8 @@ class SGLangRollout(RolloutEngine):
             self.released = True
         return pack_responses(prompts, n, tokens, logps, self.max_new, self.tok.pad_token_id, self.tok.eos_token_id)
 
-    def sync_weights(self, model) -> None:
+    def sync_weights(self, weights) -> None:
         if self.released:
             self.engine.resume_memory_occupation()
             self.released = False
-        self.engine.update_weights_from_tensor(named_tensors=list(model.state_dict().items()), flush_cache=True)
+        self.engine.update_weights_from_tensor(named_tensors=list(weights), flush_cache=True)

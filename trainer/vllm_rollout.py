@@ -82,11 +82,10 @@ class VLLMRollout(RolloutEngine):
             self.asleep = True
         return pack_responses(prompts, n, responses, logps, self.max_new, self.tok.pad_token_id, self.tok.eos_token_id)
 
-    def sync_weights(self, model) -> None:
+    def sync_weights(self, weights) -> None:
         self._wake(tags=["weights"])
         # the engine core is in this process: the iterator hands over the actor's tensors themselves.
         # reload_weights (not the model's bare load_weights) redoes vLLM's post-load processing, e.g.
         # the CPU backend's repacked linear weights, which load_weights alone cannot write into.
-        weights = iter(model.state_dict().items())
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights

@@ -1,11 +1,12 @@
 """One training worker per device: actor, rollout and reference colocated (verl's hybrid engine).
 
-Workers train data parallel: each holds a shard of the prompts, and DDP averages gradients over
-all of them with torch.distributed (Gloo on CPU, NCCL on GPU), across nodes.
+Workers train data parallel: each holds a shard of the prompts, and DDP or FSDP (actor.strategy)
+averages gradients over all of them with torch.distributed (Gloo on CPU, NCCL on GPU), across nodes.
 """
 
 from __future__ import annotations
 
+import copy
 import random
 import socket
 import time
@@ -16,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from . import core_algos as algos
+from . import parallel
 from .rewards import load_reward_fn
 from .rollout import EngineUnavailable, make_engine
 
@@ -101,37 +103,44 @@ class Worker:
         self.tok.padding_side = "left"
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
-        module = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, **kw).to(self.device)
+        module = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kw).to(self.device)
         if a.model.enable_gradient_checkpointing:
             module.gradient_checkpointing_enable()
-        if a.actor.strategy == "fsdp":
-            raise NotImplementedError("actor_rollout_ref.actor.strategy=fsdp is not in this version; use ddp")
+        strategy = a.actor.strategy
+        # transformers' generate cannot run on a sharded module (ranks would step out of lockstep at
+        # EOS), so under FSDP the hf engine generates with its own full copy, refreshed by sync_weights
+        gen_module = copy.deepcopy(module) if strategy == "fsdp" and a.rollout.name in ("hf", "auto") else module
+        self.model = parallel.wrap(module, strategy, self.device)
         self.module = module
-        self.model = torch.nn.parallel.DistributedDataParallel(module, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         self.opt = torch.optim.AdamW(module.parameters(), lr=a.actor.optim.lr, weight_decay=a.actor.optim.weight_decay)
         need_ref = a.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward
         self.ref = None
         if need_ref:
-            self.ref = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, **kw).to(self.device).eval()
+            self.ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kw).to(self.device).eval()
             self.ref.requires_grad_(False)
+            if strategy == "fsdp":
+                parallel.fsdp_shard(self.ref)
         self.critic = None
         if self.cfg.algorithm.adv_estimator == "gae":
             from transformers import AutoModelForTokenClassification
 
             cpath = self.cfg.critic.model.path or path
-            critic = AutoModelForTokenClassification.from_pretrained(cpath, num_labels=1, torch_dtype=torch.float32, **kw).to(self.device)
-            self.critic = torch.nn.parallel.DistributedDataParallel(critic)
+            critic = AutoModelForTokenClassification.from_pretrained(cpath, num_labels=1, dtype=torch.float32, **kw).to(self.device)
+            self.critic_module = critic
+            self.critic = parallel.wrap(critic, strategy, self.device)
             self.critic_opt = torch.optim.AdamW(critic.parameters(), lr=self.cfg.critic.optim.lr)
         self.engine_error = None
         try:
-            self.engine = make_engine(a.rollout.name, module, self.tok, a.rollout, self.cfg.data.max_response_length,
+            self.engine = make_engine(a.rollout.name, gen_module, self.tok, a.rollout, self.cfg.data.max_response_length,
                                       model_path=path, max_prompt_length=self.cfg.data.max_prompt_length,
                                       device=self.device.type, seed=self.cfg.trainer.seed + self.rank)
         except EngineUnavailable as e:  # reported by engine_name(): one line for the driver, not a dead actor
             self.engine, self.engine_error = None, str(e)
             return
-        # DDP just broadcast rank 0's weights, which this node's copy on disk need not equal
-        self.engine.sync_weights(module)
+        if gen_module is not module:
+            del gen_module  # vLLM built its own copy from disk
+        # the wrapper just broadcast rank 0's weights, which this node's copy on disk need not equal
+        self.engine.sync_weights(parallel.full_tensors(module))
         self.reward_fn = load_reward_fn(self.cfg.custom_reward_function.path, self.cfg.custom_reward_function.name)
 
     def _values(self, batch, grad: bool):
@@ -238,45 +247,33 @@ class Worker:
                         (vf * micro / mini).backward()
                         stats.setdefault("critic/vf_loss", []).append(vf.item())
                         stats.setdefault("critic/vf_clipfrac", []).append(vclip.item())
-                gn = torch.nn.utils.clip_grad_norm_(self.module.parameters(), a.optim.clip_grad)
-                stats.setdefault("actor/grad_norm", []).append(float(gn))
+                stats.setdefault("actor/grad_norm", []).append(parallel.grad_norm(self.module, a.optim.clip_grad))
                 self.opt.step()
                 if self.critic is not None:
-                    cgn = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.critic.optim.clip_grad)
-                    stats.setdefault("critic/grad_norm", []).append(float(cgn))
+                    stats.setdefault("critic/grad_norm", []).append(parallel.grad_norm(self.critic_module, self.cfg.critic.optim.clip_grad))
                     self.critic_opt.step()
-        self.engine.sync_weights(self.module)
+        self.engine.sync_weights(parallel.full_tensors(self.module))
         out = {k: float(np.mean(v)) for k, v in stats.items()}
         out["actor/lr"] = a.optim.lr
         return out
 
-    # --- checkpoints: rank 0 writes (DDP keeps every replica identical), every rank reads ---
+    # --- checkpoints: full tensors by name; every rank gathers (a collective), rank 0 returns them ---
     def state(self) -> dict | None:
-        if self.rank != 0:
-            return None
-        st = {"model": self.module.state_dict(), "optim": self.opt.state_dict()}
+        st = dict(zip(("model", "optim"), parallel.gather_state(self.module, self.opt)))
         if self.critic is not None:
-            st["critic"] = self.critic.module.state_dict()
-            st["critic_optim"] = self.critic_opt.state_dict()
-        return st
+            st.update(zip(("critic", "critic_optim"), parallel.gather_state(self.critic_module, self.critic_opt)))
+        return st if self.rank == 0 else None
 
     def rng_state(self) -> dict:
         return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
 
     def load(self, state: dict, rng: dict | None) -> None:
-        self.module.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optim"])
+        parallel.load_state(self.module, self.opt, state["model"], state["optim"])
         if self.critic is not None and "critic" in state:
-            self.critic.module.load_state_dict(state["critic"])
-            self.critic_opt.load_state_dict(state["critic_optim"])
+            parallel.load_state(self.critic_module, self.critic_opt, state["critic"], state["critic_optim"])
         if rng:
             torch.set_rng_state(rng["torch"]), np.random.set_state(rng["numpy"]), random.setstate(rng["python"])
-        self.engine.sync_weights(self.module)
-
-    def save_hf(self, out_dir: str) -> None:
-        if self.rank == 0:
-            self.module.save_pretrained(out_dir, safe_serialization=True)
-            self.tok.save_pretrained(out_dir)
+        self.engine.sync_weights(parallel.full_tensors(self.module))
 
     def shutdown(self) -> None:
         if dist.is_initialized():

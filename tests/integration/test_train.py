@@ -53,13 +53,44 @@ def test_bad_data_file_is_one_line(tmp_path):
     assert r.returncode == 2 and "did you mean data.train_batch_size" in r.stderr
 
 
-def test_two_nodes_train_together(cluster_hosts, tmp_path):
+def test_two_nodes_train_stop_and_resume(cluster_hosts, tmp_path):
     ns = cluster_hosts(2)
     run = tmp_path / "run2"
-    args = ["train", *TINY, "trainer.total_training_steps=3", "trainer.nnodes=2", "trainer.n_gpus_per_node=1",
-            f"trainer.default_local_dir={run}"]
-    nodes = [cluster_hosts.start(ns, i, {**dstack_env(ns, i, "tr2"), "HOME": str(Path.home())}, args) for i in range(2)]
-    codes = [n.wait(600) for n in nodes]
-    assert codes == [0, 0], nodes[0].output[-4000:]
-    assert f"workers on {ns.ip(0)}, {ns.ip(1)}" in nodes[0].output, nodes[0].output[-3000:]
+
+    def train_on_both(tag, *extra):
+        args = ["train", *TINY, "trainer.nnodes=2", "trainer.n_gpus_per_node=1", f"trainer.default_local_dir={run}", *extra]
+        nodes = [cluster_hosts.start(ns, i, {**dstack_env(ns, i, tag), "HOME": str(Path.home())}, args) for i in range(2)]
+        codes = [n.wait(600) for n in nodes]
+        assert codes == [0, 0], nodes[0].output[-4000:]
+        assert f"workers on {ns.ip(0)}, {ns.ip(1)}" in nodes[0].output, nodes[0].output[-3000:]
+        return nodes[0].output
+
+    train_on_both("tr2", "trainer.total_training_steps=3")
     assert [m["training/global_step"] for m in metrics(run)] == [1, 2, 3]
+    # a second job on the same two nodes picks up the step-3 checkpoint, this time sharded with FSDP
+    out = train_on_both("tr2b", "trainer.total_training_steps=5", "actor_rollout_ref.actor.strategy=fsdp")
+    assert "resumed from" in out and "at step 3" in out, out[-3000:]
+    assert [m["training/global_step"] for m in metrics(run)] == [1, 2, 3, 4, 5]
+    assert (run / "latest_checkpointed_iteration.txt").read_text() == "5"
+
+
+def test_fsdp_trains_like_ddp_and_resumes_either_way(tmp_path):
+    """Same seeds, same data: FSDP's sharded step must equal DDP's, and checkpoints (full tensors by
+    name) must move between the strategies."""
+    two = [*TINY, "trainer.n_gpus_per_node=2", "trainer.test_freq=0"]
+    keys = ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/kl_loss")
+    runs = {}
+    for strategy in ("ddp", "fsdp"):
+        runs[strategy] = tmp_path / strategy
+        r = rlrig("train", *two, "trainer.total_training_steps=2", f"actor_rollout_ref.actor.strategy={strategy}",
+                  f"trainer.default_local_dir={runs[strategy]}")
+        assert r.returncode == 0, r.stderr[-3000:]
+    ddp, fsdp = metrics(runs["ddp"]), metrics(runs["fsdp"])
+    for a, b in zip(ddp, fsdp):
+        assert [a[k] for k in keys] == pytest.approx([b[k] for k in keys], rel=1e-4, abs=1e-6)
+    for saved, other in (("ddp", "fsdp"), ("fsdp", "ddp")):
+        r = rlrig("train", *two, "trainer.total_training_steps=3", f"actor_rollout_ref.actor.strategy={other}",
+                  f"trainer.default_local_dir={runs[saved]}")
+        assert r.returncode == 0 and "resumed from" in r.stderr, r.stderr[-3000:]
+    third = [metrics(runs[s])[2] for s in ("ddp", "fsdp")]
+    assert [third[0][k] for k in keys] == pytest.approx([third[1][k] for k in keys], rel=1e-4, abs=1e-6)

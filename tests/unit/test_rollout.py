@@ -106,3 +106,15 @@ def test_probs_diff():
     assert math.isclose(m["training/rollout_probs_diff_max"], 0.25, rel_tol=1e-5)
     assert math.isclose(m["training/rollout_probs_diff_mean"], 0.125, rel_tol=1e-5)
     assert math.isclose(m["training/rollout_probs_diff_std"], 0.125, rel_tol=1e-5)
+
+
+def test_hf_sync_refreshes_a_separate_copy_and_skips_the_shared_module():
+    # under FSDP the hf engine generates with its own full copy; under DDP with the actor itself
+    actor, copy = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        actor.weight.fill_(1.0)
+    rollout.HFRollout(copy, None, None, 4).sync_weights(actor.state_dict().items())
+    assert torch.equal(copy.weight, actor.weight) and torch.equal(copy.bias, actor.bias)
+    shared = rollout.HFRollout(actor, None, None, 4)
+    shared.sync_weights(actor.state_dict().items())  # copying a tensor onto itself: nothing to do
+    assert torch.equal(actor.weight, torch.ones(2, 3))

@@ -40,7 +40,7 @@ def test_engine_logprobs_match_the_actor_after_each_sync(tiny, engine):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     try:
         for step in range(3):
-            engine.sync_weights(model)
+            engine.sync_weights(model.state_dict().items())
             ro = engine.generate(prompts(tok), 4)
             assert ro.input_ids.shape[0] == 12 and ro.engine_logp is not None and ro.response_mask.sum() > 0
             assert max_prob_diff(model, ro) < TOL, step
@@ -52,24 +52,24 @@ def test_engine_logprobs_match_the_actor_after_each_sync(tiny, engine):
             assert max_prob_diff(model, ro) > TOL, step
     finally:
         model.load_state_dict(saved)
-        engine.sync_weights(model)
+        engine.sync_weights(model.state_dict().items())
 
 
 def test_a_deliberate_weight_change_moves_the_output(tiny, engine):
     _, tok, model = tiny
-    engine.sync_weights(model)
+    engine.sync_weights(model.state_dict().items())
     before = engine.generate(prompts(tok), 1, greedy=True)
     forced = 5
     with torch.no_grad():
         saved = model.lm_head.weight[forced].clone()
         model.lm_head.weight[forced] += 50.0 * model.model.norm.weight.sign()
     try:
-        engine.sync_weights(model)
+        engine.sync_weights(model.state_dict().items())
         after = engine.generate(prompts(tok), 1, greedy=True)
     finally:
         with torch.no_grad():
             model.lm_head.weight[forced] = saved
-        engine.sync_weights(model)
+        engine.sync_weights(model.state_dict().items())
     resp = after.input_ids[:, after.prompt_len:]
     assert not torch.equal(before.input_ids, after.input_ids)
     assert (resp == forced).all(), resp
