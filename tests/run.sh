@@ -20,7 +20,7 @@ make_venv() {  # torch first and pinned: a CPU build where one is at hand, not a
 }
 
 make_venv .venv
-pip_install .venv -e ".[test]"
+pip_install .venv -e ".[test,smollm2]"
 # SkyPilot's own YAML parser, in a venv of its own: it pins click below what transformers' hub client needs
 if [ ! -x .venv-sky/bin/python ]; then
   "$PY" -m venv .venv-sky

@@ -12,7 +12,8 @@ def cmd_data(args) -> int:
 
     out = Path(args.out)
     if args.dataset == "arithmetic":
-        train, test = arithmetic_rows(args.train_size, "train", 1), arithmetic_rows(args.test_size, "test", 2)
+        kw = dict(max_operand=args.max_operand, instruct=args.instruct)
+        train, test = arithmetic_rows(args.train_size, "train", 1, **kw), arithmetic_rows(args.test_size, "test", 2, **kw)
     elif args.from_file:
         records = read_records(args.from_file)
         missing = {"question", "answer"} - set(records[0]) if records else {"question", "answer"}
@@ -39,7 +40,7 @@ def cmd_data(args) -> int:
 def cmd_export(args) -> int:
     """A checkpoint to a Hugging Face model directory (safetensors)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from . import checkpoint
 
@@ -52,7 +53,9 @@ def cmd_export(args) -> int:
         print("rlrig: error: the checkpoint does not name its base model; pass --base MODEL_DIR", file=sys.stderr)
         return 2
     kw = {"gguf_file": ts["gguf_file"]} if ts.get("gguf_file") and not args.base else {}
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, **kw)
+    # the architecture from the base, the weights all from the checkpoint: from_config, since a model
+    # read from GGUF stays marked as quantized and transformers refuses to save it
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base, **kw), dtype=torch.float32)
     model.load_state_dict(state["model"])
     out = Path(args.out)
     tmp = out.with_name(out.name + ".tmp")
@@ -101,6 +104,9 @@ def add_subcommands(sub) -> None:
     d.add_argument("--from", dest="from_file", help="gsm8k: a local file with GSM8K's question/answer columns")
     d.add_argument("--train-size", type=int, default=2048)
     d.add_argument("--test-size", type=int, default=128)
+    d.add_argument("--max-operand", type=int, default=9, help="arithmetic: largest operand")
+    d.add_argument("--instruct", action="store_true",
+                   help="arithmetic: ask in words with GSM8K's instruction (for pretrained chat models)")
     d.set_defaults(func=cmd_data)
     e = sub.add_parser("export", help="write a checkpoint as a Hugging Face model (safetensors)")
     e.add_argument("checkpoint", help="a global_step_N directory or the run directory (latest)")

@@ -263,23 +263,9 @@ def set_key(cfg: Config, key: str, raw: str) -> None:
     setattr(obj, leaf, _coerce(parse_literal(raw), hint, key))
 
 
-# `rlrig train` with no model: the tiny offline model on the offline arithmetic data, sized to
-# learn visibly on 2 CPU cores in a few minutes. Any override given by the user comes after these.
-EMBEDDED = [
-    "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.name=auto",
-    "data.train_batch_size=32", "data.max_prompt_length=16", "data.max_response_length=8",
-    "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
-    "actor_rollout_ref.actor.optim.lr=5e-4", "actor_rollout_ref.actor.use_kl_loss=True",
-    "trainer.total_training_steps=200", "trainer.device=cpu", "trainer.n_gpus_per_node=2",
-    "trainer.test_freq=50", "trainer.val_before_train=True", "trainer.save_freq=50",
-    "trainer.experiment_name=embedded", "trainer.default_local_dir=outputs/embedded",
-]
-
-
 def parse_overrides(overrides: list[str]) -> Config:
+    """Overrides applied in order onto verl's defaults (a preset's, if any, come first: see presets.py)."""
     cfg = Config()
-    if not any(o.lstrip("+").startswith("actor_rollout_ref.model.path=") for o in overrides):
-        overrides = EMBEDDED + list(overrides)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not KEY=VALUE")

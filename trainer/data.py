@@ -18,13 +18,14 @@ def _row(data_source: str, content: str, answer: str, split: str, index: int, qu
     }
 
 
-def arithmetic_rows(n: int, split: str, seed: int, max_operand: int = 9) -> list[dict]:
-    """Single-digit sums `a+b=`; the answer is written `#### a+b` as in GSM8K."""
+def arithmetic_rows(n: int, split: str, seed: int, max_operand: int = 9, instruct: bool = False) -> list[dict]:
+    """Sums `a+b=`; the answer is written `#### a+b` as in GSM8K. `instruct` asks in words with GSM8K's
+    instruction, for a pretrained chat model (the bare form suits the embedded model's tiny alphabet)."""
     rng = random.Random(seed)
     rows = []
     for i in range(n):
         a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
-        q = f"{a}+{b}="
+        q = f"What is {a} + {b}? {GSM8K_SUFFIX}" if instruct else f"{a}+{b}="
         rows.append(_row("rlrig/arithmetic", q, str(a + b), split, i, q, f"#### {a + b}"))
     return rows
 

