@@ -10,7 +10,8 @@ whole batch (AdamW, the same lr), on the same CPU cores.
 - floor: one process, no Ray and no torch.distributed, calling the same kernels rlrig's worker calls
   (transformers generate, the log-prob pass, core_algos) in a loop, torch on all cores.
 
-Per method: --steps steps, the first --warmup dropped; seconds per step is the median of the rest;
+Per method and run: --steps steps, the first --warmup dropped; seconds per step is the median of the
+rest; runs are interleaved --repeats times and the table shows the median run;
 tokens/s is verl's perf/throughput, (prompt + response tokens of the step) / seconds, here per
 machine rather than per device since all three share the same cores. Last line: the two ratios.
 Targets: rlrig at least 1.5x TRL's tokens/s and within 1.15x of the floor's seconds per step.
@@ -87,12 +88,12 @@ def run_floor(a) -> list[tuple[float, float]]:
                                for i, t in enumerate(texts)])
         mask = ro.response_mask.float()
         with torch.no_grad():
-            old = token_logprobs(policy, ro.input_ids, ro.attention_mask, ro.prompt_len)[0]
             ref_logp = token_logprobs(ref, ro.input_ids, ro.attention_mask, ro.prompt_len)[0]
         adv, _ = algos.grpo_advantages(scores, mask, [i // a.n for i in range(len(scores))], True)
         opt.zero_grad()
-        logp, ent = token_logprobs(policy, ro.input_ids, ro.attention_mask, ro.prompt_len, with_entropy=True)
-        pg, _, _ = algos.policy_loss(old, logp, adv, mask, 0.2, 0.2, 3.0, "token-mean")
+        logp, ent = token_logprobs(policy, ro.input_ids, ro.attention_mask, ro.prompt_len, with_entropy=True, entropy_grad=False)
+        # one optimizer step over the whole batch: on-policy, the old log-probs are these (as in rlrig and TRL)
+        pg, _, _ = algos.policy_loss(logp.detach(), logp, adv, mask, 0.2, 0.2, 3.0, "token-mean")
         kl = algos.agg_loss(algos.kl_penalty(logp, ref_logp, "low_var_kl"), mask, "token-mean")
         (pg + KL_COEF * kl).backward()
         torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
@@ -167,6 +168,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batch", type=int, default=32, help="prompts a step")
     ap.add_argument("--n", type=int, default=8, help="samples a prompt")
     ap.add_argument("--response-len", type=int, default=8)
@@ -186,11 +188,15 @@ def main(argv=None) -> int:
     from rlrig.trainer.tiny_model import ensure_tiny_model
 
     ensure_tiny_model()
-    results = {}
-    for name, fn in (("rlrig", lambda: run_rlrig(a)), ("TRL", lambda: child("trl", a)), ("floor", lambda: child("floor", a))):
-        results[name] = summary(fn(), a.warmup)
-        print(f"  {name:>5}: {results[name][0]:.3f} s/step, {results[name][1]:.0f} tokens/s", file=sys.stderr, flush=True)
-    print(f"\n{a.batch} prompts x {a.n} samples, {a.response_len} new tokens, median of steps {a.warmup + 1}..{a.steps}")
+    runs: dict[str, list[tuple[float, float]]] = {"rlrig": [], "TRL": [], "floor": []}
+    for rep in range(a.repeats):  # interleaved, so a slow spell of the machine hits every method alike
+        for name, fn in (("rlrig", lambda: run_rlrig(a)), ("TRL", lambda: child("trl", a)), ("floor", lambda: child("floor", a))):
+            runs[name].append(summary(fn(), a.warmup))
+            print(f"  run {rep + 1} {name:>5}: {runs[name][-1][0]:.3f} s/step, {runs[name][-1][1]:.0f} tokens/s",
+                  file=sys.stderr, flush=True)
+    results = {name: (statistics.median(s for s, _ in r), statistics.median(t for _, t in r)) for name, r in runs.items()}
+    print(f"\n{a.batch} prompts x {a.n} samples, {a.response_len} new tokens; per run the median of steps "
+          f"{a.warmup + 1}..{a.steps}, then the median of {a.repeats} runs")
     print(f"{'method':>6} {'s/step':>8} {'tokens/s':>9}")
     for name, (secs, tps) in results.items():
         print(f"{name:>6} {secs:8.3f} {tps:9.0f}")

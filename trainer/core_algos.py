@@ -138,10 +138,9 @@ def value_loss(values, old_values, returns, mask, clip: float, agg="token-mean")
     return loss, masked_mean((l2 > l1).float(), mask)
 
 
-def entropy_from_logits(logits):
-    # H = logsumexp(z) - sum softmax(z) z
-    p = torch.softmax(logits, -1)
-    return torch.logsumexp(logits, -1) - (p * logits).sum(-1)
+def entropy_from_logprobs(logp):
+    # H = -sum exp(log p) log p, from a log_softmax already at hand
+    return -(logp.exp() * logp).sum(-1)
 
 
 class FixedKLController:

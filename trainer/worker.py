@@ -34,14 +34,20 @@ def node_address() -> tuple[str, int]:
     return ray.util.get_node_ip_address(), free_port()
 
 
-def token_logprobs(model, input_ids, attention_mask, prompt_len, with_entropy=False):
-    """Log-probs of the response tokens under the model; position ids respect left padding."""
+def token_logprobs(model, input_ids, attention_mask, prompt_len, with_entropy=False, entropy_grad=True):
+    """Log-probs of the response tokens under the model; position ids respect left padding. The
+    entropy is only a metric unless entropy_coeff != 0: then `entropy_grad=False` keeps it out of
+    the backward pass."""
     pos = (attention_mask.cumsum(-1) - 1).clamp_min(0)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).logits
     logits = logits[:, prompt_len - 1:-1].float()
     targets = input_ids[:, prompt_len:]
-    logp = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return (logp, algos.entropy_from_logits(logits)) if with_entropy else (logp, None)
+    logp_all = torch.log_softmax(logits, -1)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if not with_entropy:
+        return logp, None
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        return logp, algos.entropy_from_logprobs(logp_all)
 
 
 def ensure_local_embedded_model(path: str) -> None:
@@ -173,13 +179,15 @@ class Worker:
         token_scores = torch.zeros_like(mask)
         token_scores[torch.arange(len(scores)), last] = scores  # outcome reward on the last response token
         t_reward = time.perf_counter()
+        # On-policy (one epoch, one mini batch, so one optimizer step after all the forwards) the
+        # update's own first forward yields these log-probs: skip the extra pass, as verl and TRL do
+        on_policy = (a.actor.ppo_epochs == 1 and a.actor.ppo_mini_batch_size * n // self.world >= len(ro.input_ids)
+                     and not cfg.algorithm.use_kl_in_reward)
         with torch.no_grad():
-            old_logp, _ = token_logprobs(self.module, ro.input_ids, ro.attention_mask, ro.prompt_len)
+            old_logp = None if on_policy else token_logprobs(self.module, ro.input_ids, ro.attention_mask, ro.prompt_len)[0]
             ref_logp = token_logprobs(self.ref, ro.input_ids, ro.attention_mask, ro.prompt_len)[0] if self.ref is not None else None
         t_logp = time.perf_counter()
         metrics = {}
-        if ro.engine_logp is not None:
-            metrics.update(probs_diff(ro.engine_logp, old_logp, mask))
         rewards = token_scores
         if cfg.algorithm.use_kl_in_reward:
             rewards, kl_mean = algos.apply_kl_in_reward(token_scores, old_logp, ref_logp, mask, kl_coef, cfg.algorithm.kl_penalty)
@@ -197,8 +205,11 @@ class Worker:
         else:
             adv, returns = algos.reinforce_pp_advantages(rewards, mask, cfg.algorithm.gamma)
         t_adv = time.perf_counter()
-        metrics.update(self._update(ro, mask, old_logp, ref_logp, adv, values, returns))
+        update, actor_logp = self._update(ro, mask, old_logp, ref_logp, adv, values, returns)
+        metrics.update(update)
         t_upd = time.perf_counter()
+        if ro.engine_logp is not None:
+            metrics.update(probs_diff(ro.engine_logp, actor_logp, mask))
         lengths = mask.sum(-1)
         metrics.update({
             "critic/score/mean": scores.mean().item(), "critic/score/max": scores.max().item(), "critic/score/min": scores.min().item(),
@@ -214,7 +225,9 @@ class Worker:
             metrics["critic/vf_explained_var"] = algos.explained_variance(values, returns, mask)
         return metrics
 
-    def _update(self, ro, mask, old_logp, ref_logp, adv, values, returns) -> dict:
+    def _update(self, ro, mask, old_logp, ref_logp, adv, values, returns) -> tuple[dict, torch.Tensor]:
+        """The PPO epochs; returns the stats and the log-probs before the first optimizer step (old_logp,
+        or when it is None, on-policy, those of the first forwards)."""
         a = self.cfg.actor_rollout_ref.actor
         rows = ro.input_ids.shape[0]
         mini = a.ppo_mini_batch_size * self.cfg.actor_rollout_ref.rollout.n // self.world
@@ -222,6 +235,7 @@ class Worker:
         lo = a.clip_ratio_low if a.clip_ratio_low is not None else a.clip_ratio
         hi = a.clip_ratio_high if a.clip_ratio_high is not None else a.clip_ratio
         stats: dict[str, list[float]] = {}
+        first: list[torch.Tensor] = []
         for _ in range(a.ppo_epochs):
             for start in range(0, rows, mini):
                 self.opt.zero_grad()
@@ -230,8 +244,12 @@ class Worker:
                 for ms in range(start, min(start + mini, rows), micro):
                     sl = slice(ms, ms + micro)
                     m = mask[sl]
-                    logp, ent = token_logprobs(self.model, ro.input_ids[sl], ro.attention_mask[sl], ro.prompt_len, with_entropy=True)
-                    pg, clipfrac, ppo_kl = algos.policy_loss(old_logp[sl], logp, adv[sl], m, lo, hi, a.clip_ratio_c, a.loss_agg_mode)
+                    logp, ent = token_logprobs(self.model, ro.input_ids[sl], ro.attention_mask[sl], ro.prompt_len, with_entropy=True,
+                                             entropy_grad=a.entropy_coeff != 0)
+                    if old_logp is None:
+                        first.append(logp.detach())
+                    old = old_logp[sl] if old_logp is not None else first[-1]
+                    pg, clipfrac, ppo_kl = algos.policy_loss(old, logp, adv[sl], m, lo, hi, a.clip_ratio_c, a.loss_agg_mode)
                     entropy = algos.agg_loss(ent, m, a.loss_agg_mode)
                     loss = pg - a.entropy_coeff * entropy
                     if a.use_kl_loss:
@@ -255,7 +273,7 @@ class Worker:
         self.engine.sync_weights(parallel.full_tensors(self.module))
         out = {k: float(np.mean(v)) for k, v in stats.items()}
         out["actor/lr"] = a.optim.lr
-        return out
+        return out, (old_logp if old_logp is not None else torch.cat(first))
 
     # --- checkpoints: full tensors by name; every rank gathers (a collective), rank 0 returns them ---
     def state(self) -> dict | None:

@@ -100,8 +100,12 @@ def test_agg_modes(mode, value):
     close(A.agg_loss(loss, mask, mode), value)
 
 
-def test_entropy_uniform():
-    close(A.entropy_from_logits(torch.zeros(1, 4)), [math.log(4)])
+@pytest.mark.parametrize("logits,entropy", [
+    ([0.0, 0.0, 0.0, 0.0], math.log(4)),  # uniform over 4
+    ([0.0, math.log(3)], -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))),  # p = 1/4, 3/4: 0.5623
+])
+def test_entropy(logits, entropy):
+    close(A.entropy_from_logprobs(torch.log_softmax(torch.tensor([logits]), -1)), [entropy])
 
 
 def test_adaptive_kl_controller():
