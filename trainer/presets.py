@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from pathlib import Path
 
 from .config import ConfigError
 
@@ -41,8 +40,9 @@ def instruct_arithmetic_files() -> tuple[str, str]:
     """Sums up to 20 + 20 asked in words with GSM8K's instruction, written once as parquet (as `rlrig data
     arithmetic --instruct` would) so the run reads them like any user's data files."""
     from .data import arithmetic_rows, write_parquet
+    from .tiny_model import cache_dir
 
-    root = Path(os.environ.get("RLRIG_CACHE", Path.home() / ".cache" / "rlrig")) / "data" / "arithmetic-instruct-v1"
+    root = cache_dir().parent / "data" / "arithmetic-instruct-v2"
     train, test = root / "train.parquet", root / "test.parquet"
     if not (train.is_file() and test.is_file()):
         root.mkdir(parents=True, exist_ok=True)

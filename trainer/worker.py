@@ -35,9 +35,8 @@ def node_address() -> tuple[str, int]:
 
 
 def token_logprobs(model, input_ids, attention_mask, prompt_len, with_entropy=False, entropy_grad=True):
-    """Log-probs of the response tokens under the model; position ids respect left padding. The
-    entropy is only a metric unless entropy_coeff != 0: then `entropy_grad=False` keeps it out of
-    the backward pass."""
+    """Log-probs of the response tokens under the model; position ids respect left padding. With
+    entropy_coeff 0 the entropy is only a metric: `entropy_grad=False` keeps it out of the backward pass."""
     pos = (attention_mask.cumsum(-1) - 1).clamp_min(0)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).logits
     logits = logits[:, prompt_len - 1:-1].float()

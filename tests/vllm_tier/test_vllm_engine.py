@@ -75,11 +75,16 @@ def test_a_deliberate_weight_change_moves_the_output(tiny, engine):
     assert (resp == forced).all(), resp
 
 
-def test_training_with_vllm_rollout_logs_probs_diff(tmp_path):
+@pytest.mark.parametrize("extra", [
+    [],  # DDP, two mini batches: old log-probs from their own pass
+    # FSDP: the engine gets all-gathered tensors; one mini batch: old log-probs from the update's forward
+    ["actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.actor.ppo_mini_batch_size=32"],
+], ids=["ddp", "fsdp-on-policy"])
+def test_training_with_vllm_rollout_logs_probs_diff(tmp_path, extra):
     run = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", "train", "actor_rollout_ref.rollout.name=vllm",
                         "trainer.total_training_steps=4", "trainer.val_before_train=False", "trainer.test_freq=2",
-                        f"trainer.default_local_dir={run}"], capture_output=True, text=True, timeout=600)
+                        f"trainer.default_local_dir={run}", *extra], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     assert "rollout engine: vllm" in r.stderr + r.stdout
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
