@@ -1,11 +1,8 @@
 """Rollout speed: transformers (hf) vs vLLM on the same model, prompts and sampling, in one run.
 
-The model: a randomly initialised Qwen2 of 8 layers x 512 with a 32k vocabulary (the embedded
-character tokenizer padded with unused tokens; about 47M parameters), built offline and cached. The
-embedded 2-layer x 128 model is too small to say anything about engines: its whole batch decodes in a
-few milliseconds a token either way. With an LLM-sized vocabulary a random model almost never
-samples EOS, so responses run to the length limit, as in reasoning RL where generation is most of
-the step; with the 21-token embedded vocabulary it stopped after ~20 tokens and training dominated.
+The model: a randomly initialised Qwen2 of 8 layers x 512 (about 30M parameters; the embedded
+tokenizer), built offline and cached. The embedded 2-layer x 128 model is too small to say anything
+about engines: its whole batch decodes in a few milliseconds a token either way.
 
 Part 1, generation: tokens/s of each engine generating for the same prompts (median of --reps).
 Part 2, the whole PPO step: `rlrig train` with rollout.name=hf and =vllm, same config; median
@@ -29,14 +26,14 @@ from pathlib import Path
 
 def bench_model() -> str:
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from rlrig.trainer.tiny_model import build_tokenizer, cache_dir
+    from rlrig.trainer.tiny_model import cache_dir, ensure_tiny_model
 
-    path = cache_dir().parent / "bench-qwen2-l8-h512-v32k"
+    path = cache_dir().parent / "bench-qwen2-l8-h512"
     if (path / "config.json").exists():
         return str(path)
-    tok = build_tokenizer(extra_tokens=32000 - len(build_tokenizer()))
+    tok = AutoTokenizer.from_pretrained(ensure_tiny_model())
     torch.manual_seed(0)
     cfg = Qwen2Config(vocab_size=len(tok), hidden_size=512, intermediate_size=2048, num_hidden_layers=8,
                       num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=512, tie_word_embeddings=True,
@@ -119,8 +116,7 @@ def main(argv=None) -> int:
     # GRPO, 16 prompts x 4 samples over two CPU workers, no reference model
     extra = [f"actor_rollout_ref.model.path={path}", "algorithm.adv_estimator=grpo", "trainer.device=cpu",
              "trainer.n_gpus_per_node=2", "data.train_batch_size=16", "actor_rollout_ref.rollout.n=4",
-             "actor_rollout_ref.actor.ppo_mini_batch_size=16", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-             "data.max_prompt_length=16",
+             "actor_rollout_ref.actor.ppo_mini_batch_size=16", "data.max_prompt_length=16",
              f"data.max_response_length={args.max_new}", "actor_rollout_ref.actor.use_kl_loss=False"]
     step = {}
     for name in ("hf", "vllm"):

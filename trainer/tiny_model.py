@@ -21,16 +21,13 @@ def cache_dir() -> Path:
     return Path(os.environ.get("RLRIG_CACHE", Path.home() / ".cache" / "rlrig")) / VERSION
 
 
-def build_tokenizer(extra_tokens: int = 0):
-    """The embedded character tokenizer; `extra_tokens` pads the vocabulary to an LLM's size for benchmarks."""
+def build_tokenizer():
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2}
     for ch in ALPHABET:
         vocab.setdefault(ch, len(vocab))
-    for i in range(extra_tokens):  # never produced by encoding text; a model may still generate them
-        vocab[f"<w{i}>"] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
