@@ -142,8 +142,6 @@ class Worker:
         except EngineUnavailable as e:  # reported by engine_name(): one line for the driver, not a dead actor
             self.engine, self.engine_error = None, str(e)
             return
-        if gen_module is not module:
-            del gen_module  # vLLM built its own copy from disk
         # the wrapper just broadcast rank 0's weights, which this node's copy on disk need not equal
         self.engine.sync_weights(parallel.full_tensors(module))
         self.reward_fn = load_reward_fn(self.cfg.custom_reward_function.path, self.cfg.custom_reward_function.name)

@@ -1,13 +1,12 @@
 import json
 import subprocess
 import sys
-
 from types import SimpleNamespace
 
 import pytest
 
-from rlrig.trainer.config import ConfigError, parse_literal, parse_overrides
 from rlrig.trainer import presets
+from rlrig.trainer.config import ConfigError, parse_literal, parse_overrides
 from rlrig.trainer.presets import EMBEDDED, with_preset
 
 MODEL = "actor_rollout_ref.model.path=/m"
