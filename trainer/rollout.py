@@ -18,6 +18,11 @@ class Rollout:
     prompt_len: int
     engine_logp: torch.Tensor | None = None  # [B, R] log-probs the engine reported, when it does
 
+    def to(self, device) -> "Rollout":
+        logp = self.engine_logp.to(device) if self.engine_logp is not None else None
+        return Rollout(self.input_ids.to(device), self.attention_mask.to(device), self.response_mask.to(device),
+                       self.prompt_len, logp)
+
 
 class RolloutEngine:
     """What a rollout backend implements. `sync_weights` is called after every optimizer step and
@@ -86,7 +91,8 @@ class HFRollout(RolloutEngine):
     @torch.no_grad()
     def generate(self, prompts, n, greedy=False):
         expanded = [p for p in prompts for _ in range(n)]
-        ids, mask = left_pad(expanded, self.tok.pad_token_id)
+        dev = next(self.model.parameters()).device
+        ids, mask = (t.to(dev) for t in left_pad(expanded, self.tok.pad_token_id))
         was_training = self.model.training
         self.model.eval()
         sample = self.cfg.do_sample and not greedy
@@ -99,7 +105,7 @@ class HFRollout(RolloutEngine):
         self.model.train(was_training)
         responses = out[:, ids.shape[1]:]
         if responses.shape[1] < self.max_new:  # all sequences stopped early: pad to a fixed width
-            pad = torch.full((responses.shape[0], self.max_new - responses.shape[1]), self.tok.pad_token_id)
+            pad = torch.full((responses.shape[0], self.max_new - responses.shape[1]), self.tok.pad_token_id, device=dev)
             responses = torch.cat([responses, pad], 1)
         rmask = response_mask_from(responses, self.tok.eos_token_id)
         responses = responses.masked_fill(rmask == 0, self.tok.pad_token_id)

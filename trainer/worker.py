@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from . import core_algos as algos
-from . import parallel
+from . import packing, parallel
 from .rewards import load_reward_fn
 from .rollout import EngineUnavailable, make_engine
 
@@ -34,19 +34,30 @@ def node_address() -> tuple[str, int]:
     return ray.util.get_node_ip_address(), free_port()
 
 
-def token_logprobs(model, input_ids, attention_mask, prompt_len, with_entropy=False, entropy_grad=True):
-    """Log-probs of the response tokens under the model; position ids respect left padding. With
-    entropy_coeff 0 the entropy is only a metric: `entropy_grad=False` keeps it out of the backward pass."""
-    pos = (attention_mask.cumsum(-1) - 1).clamp_min(0)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).logits
-    logits = logits[:, prompt_len - 1:-1].float()
-    targets = input_ids[:, prompt_len:]
+def token_logprobs(model, input_ids, attention_mask, prompt_len, with_entropy=False, entropy_grad=True, remove_padding=False):
+    """Log-probs [B, R] of the response tokens under the model; position ids respect left padding.
+    With entropy_coeff 0 the entropy is only a metric: `entropy_grad=False` keeps it out of the
+    backward pass. `remove_padding` runs the real tokens packed (see packing.py)."""
+    if remove_padding:
+        pk = packing.pack(input_ids, attention_mask, prompt_len)
+        logits = model(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False).logits
+        # a response token is predicted at the position before it, always in the same sequence
+        logits = logits.flatten(0, 1)[pk.at - 1].float()
+        targets = pk.input_ids.flatten()[pk.at]
+    else:
+        pos = (attention_mask.cumsum(-1) - 1).clamp_min(0)
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False).logits
+        logits = logits[:, prompt_len - 1:-1].float()
+        targets = input_ids[:, prompt_len:]
     logp_all = torch.log_softmax(logits, -1)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    if not with_entropy:
-        return logp, None
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        return logp, algos.entropy_from_logprobs(logp_all)
+    ent = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            ent = algos.entropy_from_logprobs(logp_all)
+    if remove_padding:
+        logp, ent = packing.unpack(logp, pk.filled), (packing.unpack(ent, pk.filled) if ent is not None else None)
+    return logp, ent
 
 
 def ensure_local_embedded_model(path: str) -> None:
@@ -81,7 +92,11 @@ class Worker:
         random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
         torch.set_num_threads(1)
         dev = self.cfg.trainer.device
-        self.device = torch.device("cuda" if dev == "cuda" or (dev == "auto" and torch.cuda.is_available()) else "cpu")
+        self.device = torch.device("cpu")
+        if dev == "cuda" or (dev == "auto" and torch.cuda.is_available()):
+            # Ray shows each worker only its own GPU (CUDA_VISIBLE_DEVICES), so it is cuda:0 here
+            self.device = torch.device("cuda", 0)
+            torch.cuda.set_device(self.device)
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         ensure_local_embedded_model(model_path)  # before the process group: see there
         dist.init_process_group(backend, init_method=f"tcp://{master[0]}:{master[1]}", rank=rank, world_size=world,
@@ -147,13 +162,19 @@ class Worker:
         self.reward_fn = load_reward_fn(self.cfg.custom_reward_function.path, self.cfg.custom_reward_function.name)
 
     def _values(self, batch, grad: bool):
-        pos = (batch.attention_mask.cumsum(-1) - 1).clamp_min(0)
+        """Critic values [B, R]: the value of the state before each response token."""
         with torch.set_grad_enabled(grad):
-            v = self.critic(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=pos).logits.squeeze(-1)
+            if self.cfg.critic.model.use_remove_padding:
+                pk = packing.pack(batch.input_ids, batch.attention_mask, batch.prompt_len)
+                v = self.critic(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False).logits
+                return packing.unpack(v.flatten()[pk.at - 1], pk.filled)
+            pos = (batch.attention_mask.cumsum(-1) - 1).clamp_min(0)
+            v = self.critic(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=pos,
+                            use_cache=False).logits.squeeze(-1)
         return v[:, batch.prompt_len - 1:-1]
 
     def score(self, rows, rollout, n):
-        texts = self.tok.batch_decode(rollout.input_ids[:, rollout.prompt_len:], skip_special_tokens=True)
+        texts = self.tok.batch_decode(rollout.input_ids[:, rollout.prompt_len:].tolist(), skip_special_tokens=True)
         out = []
         for i, text in enumerate(texts):
             r = rows[i // n]
@@ -168,9 +189,9 @@ class Worker:
         cfg, a = self.cfg, self.cfg.actor_rollout_ref
         n = a.rollout.n
         t0 = time.perf_counter()
-        ro = self.engine.generate([r["input_ids"] for r in rows], n)
+        ro = self.engine.generate([r["input_ids"] for r in rows], n).to(self.device)
         t_gen = time.perf_counter()
-        scores, _ = self.score(rows, ro, n)
+        scores = self.score(rows, ro, n)[0].to(self.device)
         mask = ro.response_mask.float()
         last = (mask.sum(-1).long() - 1).clamp_min(0)
         token_scores = torch.zeros_like(mask)
@@ -180,9 +201,12 @@ class Worker:
         # update's own first forward yields these log-probs: skip the extra pass, as verl and TRL do
         on_policy = (a.actor.ppo_epochs == 1 and a.actor.ppo_mini_batch_size * n // self.world >= len(ro.input_ids)
                      and not cfg.algorithm.use_kl_in_reward)
+        packed = a.model.use_remove_padding
         with torch.no_grad():
-            old_logp = None if on_policy else token_logprobs(self.module, ro.input_ids, ro.attention_mask, ro.prompt_len)[0]
-            ref_logp = token_logprobs(self.ref, ro.input_ids, ro.attention_mask, ro.prompt_len)[0] if self.ref is not None else None
+            old_logp = None if on_policy else token_logprobs(self.module, ro.input_ids, ro.attention_mask, ro.prompt_len,
+                                                             remove_padding=packed)[0]
+            ref_logp = (token_logprobs(self.ref, ro.input_ids, ro.attention_mask, ro.prompt_len, remove_padding=packed)[0]
+                        if self.ref is not None else None)
         t_logp = time.perf_counter()
         metrics = {}
         rewards = token_scores
@@ -205,6 +229,8 @@ class Worker:
         update, actor_logp = self._update(ro, mask, old_logp, ref_logp, adv, values, returns)
         metrics.update(update)
         t_upd = time.perf_counter()
+        self.engine.sync_weights(parallel.full_tensors(self.module))  # the next rollout samples from the new policy
+        t_sync = time.perf_counter()
         if ro.engine_logp is not None:
             metrics.update(probs_diff(ro.engine_logp, actor_logp, mask))
         lengths = mask.sum(-1)
@@ -215,7 +241,7 @@ class Worker:
             "response_length/min": lengths.min().item(),
             "response_length/clip_ratio": (lengths >= cfg.data.max_response_length).float().mean().item(),
             "timing_s/gen": t_gen - t0, "timing_s/reward": t_reward - t_gen, "timing_s/old_log_prob": t_logp - t_reward,
-            "timing_s/adv": t_adv - t_logp, "timing_s/update_actor": t_upd - t_adv,
+            "timing_s/adv": t_adv - t_logp, "timing_s/update_actor": t_upd - t_adv, "timing_s/sync_weights": t_sync - t_upd,
             "perf/total_num_tokens": float(ro.attention_mask.sum().item()),
         })
         if values is not None:
@@ -242,7 +268,8 @@ class Worker:
                     sl = slice(ms, ms + micro)
                     m = mask[sl]
                     logp, ent = token_logprobs(self.model, ro.input_ids[sl], ro.attention_mask[sl], ro.prompt_len, with_entropy=True,
-                                             entropy_grad=a.entropy_coeff != 0)
+                                               entropy_grad=a.entropy_coeff != 0,
+                                               remove_padding=self.cfg.actor_rollout_ref.model.use_remove_padding)
                     if old_logp is None:
                         first.append(logp.detach())
                     old = old_logp[sl] if old_logp is not None else first[-1]
@@ -267,7 +294,6 @@ class Worker:
                 if self.critic is not None:
                     stats.setdefault("critic/grad_norm", []).append(parallel.grad_norm(self.critic_module, self.cfg.critic.optim.clip_grad))
                     self.critic_opt.step()
-        self.engine.sync_weights(parallel.full_tensors(self.module))
         out = {k: float(np.mean(v)) for k, v in stats.items()}
         out["actor/lr"] = a.optim.lr
         return out, (old_logp if old_logp is not None else torch.cat(first))

@@ -75,20 +75,22 @@ def test_two_nodes_train_stop_and_resume(cluster_hosts, tmp_path):
     assert (run / "latest_checkpointed_iteration.txt").read_text() == "5"
 
 
-def test_fsdp_trains_like_ddp_and_resumes_either_way(tmp_path):
-    """Same seeds, same data: FSDP's sharded step must equal DDP's, and checkpoints (full tensors by
-    name) must move between the strategies."""
+def test_fsdp_and_packing_train_like_ddp_and_resume_either_way(tmp_path):
+    """Same seeds, same data: FSDP's sharded step and padding-free (packed) forwards must equal
+    DDP's padded step, and checkpoints (full tensors by name) must move between the strategies."""
     two = [*TINY, "trainer.n_gpus_per_node=2", "trainer.test_freq=0"]
     keys = ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/kl_loss")
+    variants = {"ddp": ["actor_rollout_ref.actor.strategy=ddp"], "fsdp": ["actor_rollout_ref.actor.strategy=fsdp"],
+                "packed": ["actor_rollout_ref.actor.strategy=ddp", "actor_rollout_ref.model.use_remove_padding=True"]}
     runs = {}
-    for strategy in ("ddp", "fsdp"):
-        runs[strategy] = tmp_path / strategy
-        r = rlrig("train", *two, "trainer.total_training_steps=2", f"actor_rollout_ref.actor.strategy={strategy}",
-                  f"trainer.default_local_dir={runs[strategy]}")
+    for name, extra in variants.items():
+        runs[name] = tmp_path / name
+        r = rlrig("train", *two, "trainer.total_training_steps=2", *extra, f"trainer.default_local_dir={runs[name]}")
         assert r.returncode == 0, r.stderr[-3000:]
-    ddp, fsdp = metrics(runs["ddp"]), metrics(runs["fsdp"])
-    for a, b in zip(ddp, fsdp):
-        assert [a[k] for k in keys] == pytest.approx([b[k] for k in keys], rel=1e-4, abs=1e-6)
+    ddp = metrics(runs["ddp"])
+    for other in ("fsdp", "packed"):
+        for a, b in zip(ddp, metrics(runs[other])):
+            assert [a[k] for k in keys] == pytest.approx([b[k] for k in keys], rel=1e-4, abs=1e-6), other
     for saved, other in (("ddp", "fsdp"), ("fsdp", "ddp")):
         r = rlrig("train", *two, "trainer.total_training_steps=3", f"actor_rollout_ref.actor.strategy={other}",
                   f"trainer.default_local_dir={runs[saved]}")

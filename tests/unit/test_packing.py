@@ -1,0 +1,82 @@
+"""Padding-free forwards (model.use_remove_padding) give the padded forwards' numbers."""
+
+import pytest
+import torch
+
+from rlrig.trainer import packing
+
+
+@pytest.mark.parametrize("lengths,width,rows,starts,used", [
+    ([3, 5, 2], 5, [1, 0, 1], [0, 0, 3], [5, 5]),  # longest first; 2 fits after 3
+    ([1, 1, 1, 1], 2, [0, 0, 1, 1], [0, 1, 0, 1], [2, 2]),
+    ([4], 4, [0], [0], [4]),
+])
+def test_first_fit(lengths, width, rows, starts, used):
+    assert packing.first_fit(lengths, width) == (rows, starts, used)
+
+
+def test_packed_layout_by_hand():
+    # prompt_len 2, width 5: row 0 is prompt 5, response 6 7; row 1 is prompt 1 2, response 3 4 9
+    ids = torch.tensor([[0, 5, 6, 7, 0], [1, 2, 3, 4, 9]])
+    mask = torch.tensor([[0, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+    pk = packing.pack(ids, mask, prompt_len=2, pad_id=0)
+    # the 5-token sequence fills row 0; the 3-token one goes to row 1, followed by a 2-token tail
+    assert pk.input_ids.tolist() == [[1, 2, 3, 4, 9], [5, 6, 7, 0, 0]]
+    assert pk.position_ids.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 0, 1]]
+    # response tokens: row 0's 6 (col 2) and 7 (col 3) sit at flat 6, 7; row 1's 3 4 9 at 2, 3, 4
+    assert pk.at.tolist() == [6, 7, 2, 3, 4]
+    assert pk.filled.tolist() == [[True, True, False], [True, True, True]]
+    assert packing.unpack(torch.tensor([1.0, 2, 3, 4, 5]), pk.filled).tolist() == [[1, 2, 0], [3, 4, 5]]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    from rlrig.trainer.tiny_model import ensure_tiny_model
+
+    path = ensure_tiny_model()
+    torch.manual_seed(0)
+    return (AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+            AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=torch.float32))
+
+
+def batch(vocab, prompt_lens, response_lens, P=6, R=7):
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, vocab, (len(prompt_lens), P + R), generator=g)
+    mask = torch.ones_like(ids)
+    for i, (p, r) in enumerate(zip(prompt_lens, response_lens)):
+        mask[i, :P - p] = 0
+        mask[i, P + r:] = 0
+    return ids.masked_fill(mask == 0, 0), mask, P
+
+
+@pytest.mark.parametrize("prompt_lens,response_lens", [
+    ([6, 4, 2, 5, 6], [7, 3, 0, 5, 1]),  # ragged both ways, one empty response
+    ([6, 6], [7, 7]),  # nothing to remove
+    ([1], [2]),
+])
+def test_packed_logprobs_entropy_and_values_match_padded(tiny, prompt_lens, response_lens):
+    from types import SimpleNamespace
+
+    from rlrig.trainer.worker import Worker, token_logprobs
+
+    actor, critic = tiny
+    ids, mask, P = batch(actor.config.vocab_size, prompt_lens, response_lens)
+    filled = mask[:, P:].bool()
+    padded = token_logprobs(actor, ids, mask, P, with_entropy=True)
+    packed = token_logprobs(actor, ids, mask, P, with_entropy=True, remove_padding=True)
+    for a, b in zip(padded, packed):
+        torch.testing.assert_close(b[filled], a[filled], atol=1e-5, rtol=1e-5)
+        assert (b[~filled] == 0).all()
+    # gradients reach the model through the packed path
+    actor.zero_grad()
+    packed[0].sum().backward()
+    assert actor.model.embed_tokens.weight.grad.abs().sum() > 0
+
+    ro = SimpleNamespace(input_ids=ids, attention_mask=mask, prompt_len=P)
+    values = {}
+    for flag in (False, True):
+        w = SimpleNamespace(critic=critic, cfg=SimpleNamespace(critic=SimpleNamespace(model=SimpleNamespace(use_remove_padding=flag))))
+        values[flag] = Worker._values(w, ro, grad=False)
+    torch.testing.assert_close(values[True][filled], values[False][filled], atol=1e-5, rtol=1e-5)
