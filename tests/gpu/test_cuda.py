@@ -19,7 +19,6 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 
 
-
 def run_worker(overrides: list[str], steps: int | None = None, device: str = "cuda") -> list[dict]:
     """A one-rank job without Ray: the Worker the Ray actors run, on cuda:0 with NCCL (or on the CPU
     with Gloo, to try this helper where there is no GPU)."""
