@@ -34,29 +34,32 @@ def node_address() -> tuple[str, int]:
     return ray.util.get_node_ip_address(), free_port()
 
 
-def token_logprobs(model, input_ids, attention_mask, prompt_len, with_entropy=False, entropy_grad=True, remove_padding=False):
-    """Log-probs [B, R] of the response tokens under the model; position ids respect left padding.
-    With entropy_coeff 0 the entropy is only a metric: `entropy_grad=False` keeps it out of the
-    backward pass. `remove_padding` runs the real tokens packed (see packing.py)."""
+def response_outputs(model, input_ids, attention_mask, prompt_len, remove_padding=False):
+    """The model's outputs where each response token is predicted (the position before it), and those
+    tokens: padded ([B, R, ...], [B, R], None), or packed (see packing.py) ([N, ...], [N], the [B, R]
+    slots they fill). Position ids respect left padding."""
     if remove_padding:
         pk = packing.pack(input_ids, attention_mask, prompt_len)
-        logits = model(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False).logits
-        # a response token is predicted at the position before it, always in the same sequence
-        logits = logits.flatten(0, 1)[pk.at - 1].float()
-        targets = pk.input_ids.flatten()[pk.at]
-    else:
-        pos = (attention_mask.cumsum(-1) - 1).clamp_min(0)
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False).logits
-        logits = logits[:, prompt_len - 1:-1].float()
-        targets = input_ids[:, prompt_len:]
-    logp_all = torch.log_softmax(logits, -1)
+        out = model(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False).logits
+        # the position before a response token is always in the same sequence
+        return out.flatten(0, 1)[pk.at - 1], pk.input_ids.flatten()[pk.at], pk.filled
+    pos = (attention_mask.cumsum(-1) - 1).clamp_min(0)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False).logits
+    return out[:, prompt_len - 1:-1], input_ids[:, prompt_len:], None
+
+
+def token_logprobs(model, input_ids, attention_mask, prompt_len, with_entropy=False, entropy_grad=True, remove_padding=False):
+    """Log-probs [B, R] of the response tokens under the model. With entropy_coeff 0 the entropy is
+    only a metric: `entropy_grad=False` keeps it out of the backward pass."""
+    logits, targets, filled = response_outputs(model, input_ids, attention_mask, prompt_len, remove_padding)
+    logp_all = torch.log_softmax(logits.float(), -1)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     ent = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             ent = algos.entropy_from_logprobs(logp_all)
-    if remove_padding:
-        logp, ent = packing.unpack(logp, pk.filled), (packing.unpack(ent, pk.filled) if ent is not None else None)
+    if filled is not None:
+        logp, ent = packing.unpack(logp, filled), (packing.unpack(ent, filled) if ent is not None else None)
     return logp, ent
 
 
@@ -164,14 +167,10 @@ class Worker:
     def _values(self, batch, grad: bool):
         """Critic values [B, R]: the value of the state before each response token."""
         with torch.set_grad_enabled(grad):
-            if self.cfg.critic.model.use_remove_padding:
-                pk = packing.pack(batch.input_ids, batch.attention_mask, batch.prompt_len)
-                v = self.critic(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False).logits
-                return packing.unpack(v.flatten()[pk.at - 1], pk.filled)
-            pos = (batch.attention_mask.cumsum(-1) - 1).clamp_min(0)
-            v = self.critic(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=pos,
-                            use_cache=False).logits.squeeze(-1)
-        return v[:, batch.prompt_len - 1:-1]
+            v, _, filled = response_outputs(self.critic, batch.input_ids, batch.attention_mask, batch.prompt_len,
+                                            self.cfg.critic.model.use_remove_padding)
+        v = v.squeeze(-1)
+        return packing.unpack(v, filled) if filled is not None else v
 
     def score(self, rows, rollout, n):
         texts = self.tok.batch_decode(rollout.input_ids[:, rollout.prompt_len:].tolist(), skip_special_tokens=True)
