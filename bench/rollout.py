@@ -96,6 +96,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--vllm-tp", type=int, default=1, help="the vLLM step's tensor_model_parallel_size (1: one engine per worker)")
     args = ap.parse_args(argv)
     try:
         import vllm  # noqa: F401
@@ -124,11 +125,15 @@ def main(argv=None) -> int:
              f"data.max_response_length={args.max_new}", "actor_rollout_ref.actor.use_kl_loss=False"]
     step = {}
     for name in ("hf", "vllm"):
-        step[name] = ppo_step(name, args.steps, extra)
+        tp = [f"actor_rollout_ref.rollout.tensor_model_parallel_size={args.vllm_tp}"] if name == "vllm" else []
+        step[name] = ppo_step(name, args.steps, extra + tp)
         print(f"  ppo step   {name:>4}: " + ", ".join(f"{p} {step[name][p]:.2f} s" for p in PHASES), file=sys.stderr, flush=True)
     print(f"\n{'engine':>6} {'gen tokens/s':>13} {'s/step':>8} " + " ".join(f"{p:>13}" for p in PHASES[1:]))
     for name in ("hf", "vllm"):
         print(f"{name:>6} {gen[name][0]:13.0f} {step[name]['step']:8.2f} " + " ".join(f"{step[name][p]:13.2f}" for p in PHASES[1:]))
+    # what no engine can beat: the vLLM step with its generation taking no time at all
+    free = step["hf"]["step"] / (step["vllm"]["step"] - step["vllm"]["gen"])
+    print(f"bound: with free generation the whole step would be {free:.2f}x faster than hf")
     print(f"vllm/hf: generation {gen['vllm'][0] / gen['hf'][0]:.2f}x tokens/s, "
           f"whole PPO step {step['hf']['step'] / step['vllm']['step']:.2f}x faster")
     return 0

@@ -310,6 +310,14 @@ def validate(cfg: Config) -> None:
     if micro < 1 or per_worker_mini % min(micro, per_worker_mini):
         raise ConfigError(f"each worker's mini batch ({per_worker_mini} sequences) is not a multiple of "
                           f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={a.ppo_micro_batch_size_per_gpu}")
+    tp, per_node = r.tensor_model_parallel_size, t.n_gpus_per_node
+    if tp < 1 or workers % tp or (per_node % tp if tp <= per_node else tp % per_node):
+        raise ConfigError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}: each engine spans that many workers, "
+                          f"so it must divide trainer.n_gpus_per_node={per_node} or be a multiple of it and divide "
+                          f"the {workers} workers")
+    if tp > 1 and r.name == "sglang":
+        raise ConfigError("actor_rollout_ref.rollout.tensor_model_parallel_size>1 works with rollout.name=vllm; "
+                          "rlrig's SGLang engine runs one GPU per worker (tensor_model_parallel_size=1)")
     if cfg.algorithm.adv_estimator in ("grpo", "rloo") and r.n < 2:
         raise ConfigError(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} compares samples of one prompt; "
                           "set actor_rollout_ref.rollout.n to 2 or more")

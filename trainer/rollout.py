@@ -38,6 +38,10 @@ class RolloutEngine:
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         raise NotImplementedError
 
+    def describe(self) -> str:
+        """For the log line naming the engine."""
+        return self.name
+
 
 def response_mask_from(responses: torch.Tensor, eos_id: int) -> torch.Tensor:
     # 1 on every token up to and including the first EOS

@@ -3,6 +3,11 @@
 The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so a weight sync hands
 vLLM's `load_weights` the actor's own tensors: no checkpoint on disk, no pickling through a pipe.
 vLLM's loader maps the Hugging Face names onto its fused layouts (qkv, gate_up) itself.
+
+With tensor_model_parallel_size = tp > 1 each training worker is one rank of an engine that spans
+tp consecutive workers (vLLM's external launcher, as verl runs it): vLLM builds its TP groups over
+the trainer's own torch.distributed world, every rank of a group generates for the prompts of the
+whole group, and each keeps its own share.
 """
 
 from __future__ import annotations
@@ -25,6 +30,11 @@ def engine_kwargs(cfg, model_path: str, max_model_len: int, device: str, seed: i
               max_model_len=max_model_len, max_logprobs=1, enable_prefix_caching=True)
     if cfg.max_num_seqs:
         kw["max_num_seqs"] = cfg.max_num_seqs
+    if cfg.tensor_model_parallel_size > 1:
+        kw["distributed_executor_backend"] = "external_launcher"
+        if device == "cuda":
+            # custom all-reduce maps the peers' memory by device index; Ray shows each worker only its own GPU
+            kw["disable_custom_all_reduce"] = True
     if device == "cuda":
         kw["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         kw["enable_sleep_mode"] = cfg.free_cache_engine
@@ -35,6 +45,12 @@ def sampling_kwargs(cfg, n: int, greedy: bool, max_new: int, eos_id: int) -> dic
     """vllm.SamplingParams arguments; logprobs=0 returns the sampled token's own log-prob."""
     return dict(n=n, temperature=0.0 if greedy else cfg.temperature, top_p=1.0 if greedy else cfg.top_p,
                 max_tokens=max_new, stop_token_ids=[eos_id], logprobs=0, detokenize=False)
+
+
+def group_share(per_rank: list[list], rank: int) -> tuple[list, slice]:
+    """All ranks' prompts in rank order, and where this rank's own lie in them."""
+    start = sum(len(p) for p in per_rank[:rank])
+    return [x for p in per_rank for x in p], slice(start, start + len(per_rank[rank]))
 
 
 def sampled_logprobs(token_ids, logprobs) -> list[float]:
@@ -57,11 +73,28 @@ class VLLMRollout(RolloutEngine):
             raise EngineUnavailable(f"vLLM is not installed ({e}); {INSTALL_HINT}") from None
         self.vllm = vllm
         self.tok, self.cfg, self.max_new, self.device = tokenizer, cfg, max_response_length, device
+        self.tp_group = None
+        if cfg.tensor_model_parallel_size > 1:
+            import torch.distributed as dist
+
+            # the external launcher reads the rank from the environment; torch.distributed is already up.
+            # On GPU each worker sees only its own device, which is cuda:0 to it.
+            os.environ.update(RANK=str(dist.get_rank()), WORLD_SIZE=str(dist.get_world_size()),
+                              LOCAL_RANK="0" if device == "cuda" else str(dist.get_rank()))
         try:
             self.llm = vllm.LLM(**engine_kwargs(cfg, model_path, max_prompt_length + max_response_length, device, seed))
         except Exception as e:  # vLLM raises many kinds here; the worker needs one message
             raise EngineUnavailable(f"vLLM could not start on {device}: {type(e).__name__}: {e}") from e
+        if cfg.tensor_model_parallel_size > 1:
+            from vllm.distributed.parallel_state import get_tp_group
+
+            self.tp_group = get_tp_group()
         self.asleep = False
+
+    def describe(self) -> str:
+        if self.tp_group is None:
+            return self.name
+        return f"{self.name}, tensor parallel over {self.tp_group.world_size} workers"
 
     def _wake(self, tags=None):
         if self.asleep:
@@ -71,7 +104,14 @@ class VLLMRollout(RolloutEngine):
     def generate(self, prompts, n, greedy=False):
         self._wake()
         params = self.vllm.SamplingParams(**sampling_kwargs(self.cfg, n, greedy, self.max_new, self.tok.eos_token_id))
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        asked, mine = prompts, slice(0, len(prompts))
+        if self.tp_group is not None:  # the ranks of one engine must all be asked the same
+            import torch.distributed as dist
+
+            per_rank = [None] * self.tp_group.world_size
+            dist.all_gather_object(per_rank, prompts, group=self.tp_group.cpu_group)
+            asked, mine = group_share(per_rank, self.tp_group.rank_in_group)
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in asked], params, use_tqdm=False)[mine]
         responses, logps = [], []
         for out in outs:
             for c in out.outputs:

@@ -115,7 +115,7 @@ class Worker:
         """(engine name, None), or (None, why the configured engine could not start)."""
         if self.engine is None:
             return None, f"actor_rollout_ref.rollout.name={self.cfg.actor_rollout_ref.rollout.name}: {self.engine_error}"
-        return self.engine.name, None
+        return self.engine.describe(), None
 
     def _load(self, path: str):
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -153,10 +153,11 @@ class Worker:
             self.critic = parallel.wrap(critic, strategy, self.device)
             self.critic_opt = torch.optim.AdamW(critic.parameters(), lr=self.cfg.critic.optim.lr)
         self.engine_error = None
+        # the ranks of one tensor-parallel engine sample the same tokens only from the same seed
         try:
             self.engine = make_engine(a.rollout.name, gen_module, self.tok, a.rollout, self.cfg.data.max_response_length,
                                       model_path=path, max_prompt_length=self.cfg.data.max_prompt_length,
-                                      device=self.device.type, seed=self.cfg.trainer.seed + self.rank)
+                                      device=self.device.type, seed=self.cfg.trainer.seed + self.rank // a.rollout.tensor_model_parallel_size)
         except EngineUnavailable as e:  # reported by engine_name(): one line for the driver, not a dead actor
             self.engine, self.engine_error = None, str(e)
             return

@@ -101,7 +101,23 @@ BAD = [
     (["trainer.resume_mode=resume_path"], "resume_from_path"),
     (["novalue"], "not KEY=VALUE"),
     (["data.filter_overlong_prompts=maybe"], "expected True or False"),
+    (["actor_rollout_ref.rollout.tensor_model_parallel_size=3", "trainer.n_gpus_per_node=2"], "must divide trainer.n_gpus_per_node=2"),
+    (["actor_rollout_ref.rollout.tensor_model_parallel_size=4", "trainer.n_gpus_per_node=2"], "divide the 2 workers"),
+    (["actor_rollout_ref.rollout.tensor_model_parallel_size=0"], "tensor_model_parallel_size=0"),
+    (["actor_rollout_ref.rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.name=sglang"],
+     "works with rollout.name=vllm"),
 ]
+
+# tensor-parallel engines span whole groups of workers: within a node, or whole nodes
+TP_OK = [("1", "1", "1"), ("2", "1", "2"), ("2", "2", "8"), ("4", "2", "2"), ("8", "2", "4")]
+
+
+@pytest.mark.parametrize("tp,nnodes,per_node", TP_OK)
+def test_tensor_parallel_layouts_accepted(tp, nnodes, per_node):
+    cfg = parse_overrides([MODEL, f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}", f"trainer.nnodes={nnodes}",
+                           f"trainer.n_gpus_per_node={per_node}", "data.train_batch_size=16",
+                           "actor_rollout_ref.actor.ppo_mini_batch_size=16"])
+    assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == int(tp)
 
 
 @pytest.mark.parametrize("overrides,words", BAD)

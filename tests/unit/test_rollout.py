@@ -59,6 +59,19 @@ def test_vllm_engine_kwargs(device, dtype, cfg_dtype, gpu_keys):
     assert kw["dtype"] == dtype and kw["max_model_len"] == 48 and kw["seed"] == 3 and kw["tensor_parallel_size"] == 2
     assert kw["skip_tokenizer_init"] and kw["max_num_seqs"] == 64
     assert ("gpu_memory_utilization" in kw) == gpu_keys and ("enable_sleep_mode" in kw) == gpu_keys
+    assert kw["distributed_executor_backend"] == "external_launcher" and kw.get("disable_custom_all_reduce", False) == gpu_keys
+    assert "distributed_executor_backend" not in vllm_rollout.engine_kwargs(RolloutConfig(), "/m", 48, device, 3)
+
+
+@pytest.mark.parametrize("per_rank,rank,share", [
+    ([[1, 2], [3, 4]], 0, [1, 2]),
+    ([[1, 2], [3, 4]], 1, [3, 4]),
+    ([[1], [2, 3, 4], []], 1, [2, 3, 4]),
+    ([[1], [2, 3, 4], []], 2, []),
+])
+def test_group_share_keeps_rank_order(per_rank, rank, share):
+    asked, mine = vllm_rollout.group_share(per_rank, rank)
+    assert asked == [x for p in per_rank for x in p] and asked[mine] == share
 
 
 def test_vllm_sampled_logprobs_reads_the_sampled_token():

@@ -75,18 +75,20 @@ def test_a_deliberate_weight_change_moves_the_output(tiny, engine):
     assert (resp == forced).all(), resp
 
 
-@pytest.mark.parametrize("extra", [
-    [],  # DDP, two mini batches: old log-probs from their own pass
-    # FSDP: the engine gets all-gathered tensors; one mini batch: old log-probs from the update's forward
-    ["actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.actor.ppo_mini_batch_size=32"],
-], ids=["ddp", "fsdp-on-policy"])
-def test_training_with_vllm_rollout_logs_probs_diff(tmp_path, extra):
+@pytest.mark.parametrize("extra,engine", [
+    ([], "vllm"),  # DDP, two mini batches: old log-probs from their own pass
+    # FSDP: the engine gets all-gathered tensors; one mini batch: old log-probs from the update's forward;
+    # one engine spans both workers (tensor parallel), each holding half of every layer's heads
+    (["actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+      "actor_rollout_ref.rollout.tensor_model_parallel_size=2"], "vllm, tensor parallel over 2 workers"),
+], ids=["ddp", "fsdp-on-policy-tp2"])
+def test_training_with_vllm_rollout_logs_probs_diff(tmp_path, extra, engine):
     run = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", "train", "actor_rollout_ref.rollout.name=vllm",
                         "trainer.total_training_steps=4", "trainer.val_before_train=False", "trainer.test_freq=2",
                         f"trainer.default_local_dir={run}", *extra], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
-    assert "rollout engine: vllm" in r.stderr + r.stdout
+    assert f"rollout engine: {engine}\n" in r.stderr + r.stdout
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["training/global_step"] for m in rows] == [1, 2, 3, 4]
     for m in rows:
