@@ -68,7 +68,7 @@ def generation(engine_name: str, path: str, prompts: list[list[int]], n: int, ma
     return statistics.median(rates), tokens
 
 
-PHASES = ("step", "gen", "old_log_prob", "update_actor", "sync_weights")
+PHASES = ("step", "gen", "old_log_prob", "update_actor", "update_weights")
 
 
 def ppo_step(engine_name: str, steps: int, extra: list[str]) -> dict[str, float]:

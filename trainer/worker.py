@@ -205,9 +205,12 @@ class Worker:
         with torch.no_grad():
             old_logp = None if on_policy else token_logprobs(self.module, ro.input_ids, ro.attention_mask, ro.prompt_len,
                                                              remove_padding=packed)[0]
+            t_logp = time.perf_counter()
             ref_logp = (token_logprobs(self.ref, ro.input_ids, ro.attention_mask, ro.prompt_len, remove_padding=packed)[0]
                         if self.ref is not None else None)
-        t_logp = time.perf_counter()
+        t_ref = time.perf_counter()
+        values = self._values(ro, grad=False).detach() * mask if self.critic is not None else None  # gae's critic
+        t_values = time.perf_counter()
         metrics = {}
         rewards = token_scores
         if cfg.algorithm.use_kl_in_reward:
@@ -215,9 +218,7 @@ class Worker:
             metrics["actor/reward_kl_penalty"] = kl_mean
         index = [i // n for i in range(len(scores))]
         est = cfg.algorithm.adv_estimator
-        values = returns = None
         if est == "gae":
-            values = self._values(ro, grad=False).detach() * mask
             adv, returns = algos.gae_advantages(rewards, values, mask, cfg.algorithm.gamma, cfg.algorithm.lam)
         elif est == "grpo":
             adv, returns = algos.grpo_advantages(rewards.sum(-1), mask, index, cfg.algorithm.norm_adv_by_std_in_grpo)
@@ -226,7 +227,7 @@ class Worker:
         else:
             adv, returns = algos.reinforce_pp_advantages(rewards, mask, cfg.algorithm.gamma)
         t_adv = time.perf_counter()
-        update, actor_logp = self._update(ro, mask, old_logp, ref_logp, adv, values, returns)
+        update, actor_logp, critic_s = self._update(ro, mask, old_logp, ref_logp, adv, values, returns)
         metrics.update(update)
         t_upd = time.perf_counter()
         self.engine.sync_weights(parallel.full_tensors(self.module))  # the next rollout samples from the new policy
@@ -240,17 +241,23 @@ class Worker:
             "response_length/mean": lengths.mean().item(), "response_length/max": lengths.max().item(),
             "response_length/min": lengths.min().item(),
             "response_length/clip_ratio": (lengths >= cfg.data.max_response_length).float().mean().item(),
+            # verl's names; the critic's share of the shared update loop is timed on its own
             "timing_s/gen": t_gen - t0, "timing_s/reward": t_reward - t_gen, "timing_s/old_log_prob": t_logp - t_reward,
-            "timing_s/adv": t_adv - t_logp, "timing_s/update_actor": t_upd - t_adv, "timing_s/sync_weights": t_sync - t_upd,
-            "perf/total_num_tokens": float(ro.attention_mask.sum().item()),
+            "timing_s/adv": t_adv - t_values, "timing_s/update_actor": t_upd - t_adv - critic_s,
+            "timing_s/update_weights": t_sync - t_upd, "perf/total_num_tokens": float(ro.attention_mask.sum().item()),
         })
+        if self.ref is not None:
+            metrics["timing_s/ref"] = t_ref - t_logp
         if values is not None:
-            metrics["critic/vf_explained_var"] = algos.explained_variance(values, returns, mask)
+            metrics.update({"timing_s/values": t_values - t_ref, "timing_s/update_critic": critic_s,
+                            "critic/vf_explained_var": algos.explained_variance(values, returns, mask)})
+        if self.device.type == "cuda":
+            metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         return metrics
 
-    def _update(self, ro, mask, old_logp, ref_logp, adv, values, returns) -> tuple[dict, torch.Tensor]:
-        """The PPO epochs; returns the stats and the log-probs before the first optimizer step (old_logp,
-        or when it is None, on-policy, those of the first forwards)."""
+    def _update(self, ro, mask, old_logp, ref_logp, adv, values, returns) -> tuple[dict, torch.Tensor, float]:
+        """The PPO epochs; returns the stats, the log-probs before the first optimizer step (old_logp,
+        or when it is None, on-policy, those of the first forwards) and the seconds the critic took."""
         a = self.cfg.actor_rollout_ref.actor
         rows = ro.input_ids.shape[0]
         mini = a.ppo_mini_batch_size * self.cfg.actor_rollout_ref.rollout.n // self.world
@@ -259,6 +266,7 @@ class Worker:
         hi = a.clip_ratio_high if a.clip_ratio_high is not None else a.clip_ratio
         stats: dict[str, list[float]] = {}
         first: list[torch.Tensor] = []
+        critic_s = 0.0
         for _ in range(a.ppo_epochs):
             for start in range(0, rows, mini):
                 self.opt.zero_grad()
@@ -284,19 +292,23 @@ class Worker:
                     for k, v in (("actor/pg_loss", pg), ("actor/pg_clipfrac", clipfrac), ("actor/ppo_kl", ppo_kl), ("actor/entropy", entropy)):
                         stats.setdefault(k, []).append(v.item())
                     if self.critic is not None:
+                        tc = time.perf_counter()
                         v = self._values(type(ro)(ro.input_ids[sl], ro.attention_mask[sl], ro.response_mask[sl], ro.prompt_len), grad=True)
                         vf, vclip = algos.value_loss(v, values[sl], returns[sl], m, self.cfg.critic.cliprange_value)
                         (vf * micro / mini).backward()
                         stats.setdefault("critic/vf_loss", []).append(vf.item())
                         stats.setdefault("critic/vf_clipfrac", []).append(vclip.item())
+                        critic_s += time.perf_counter() - tc
                 stats.setdefault("actor/grad_norm", []).append(parallel.grad_norm(self.module, a.optim.clip_grad))
                 self.opt.step()
                 if self.critic is not None:
+                    tc = time.perf_counter()
                     stats.setdefault("critic/grad_norm", []).append(parallel.grad_norm(self.critic_module, self.cfg.critic.optim.clip_grad))
                     self.critic_opt.step()
+                    critic_s += time.perf_counter() - tc
         out = {k: float(np.mean(v)) for k, v in stats.items()}
         out["actor/lr"] = a.optim.lr
-        return out, (old_logp if old_logp is not None else torch.cat(first))
+        return out, (old_logp if old_logp is not None else torch.cat(first)), critic_s
 
     # --- checkpoints: full tensors by name; every rank gathers (a collective), rank 0 returns them ---
     def state(self) -> dict | None:

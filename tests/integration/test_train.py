@@ -31,7 +31,8 @@ def test_train_resume_export_plot(tmp_path):
     rows = metrics(run)
     assert [m["training/global_step"] for m in rows] == [1, 2, 3, 4]
     for key in ("critic/score/mean", "timing_s/step", "perf/throughput", "actor/pg_loss", "actor/kl_loss",
-                "response_length/mean", "val-core/rlrig/arithmetic/reward/mean@1"):
+                "response_length/mean", "val-core/rlrig/arithmetic/reward/mean@1",
+                "timing_s/gen", "timing_s/ref", "timing_s/update_actor", "timing_s/update_weights"):
         assert key in rows[-1], key
     assert (run / "latest_checkpointed_iteration.txt").read_text() == "4"
     # a stopped run resumes at the next step and appends to the same metrics
@@ -97,6 +98,23 @@ def test_fsdp_and_packing_train_like_ddp_and_resume_either_way(tmp_path):
         assert r.returncode == 0 and "resumed from" in r.stderr, r.stderr[-3000:]
     third = [metrics(runs[s])[2] for s in ("ddp", "fsdp")]
     assert [third[0][k] for k in keys] == pytest.approx([third[1][k] for k in keys], rel=1e-4, abs=1e-6)
+
+
+def test_ppo_with_critic_packed_equals_padded(tmp_path):
+    """verl's default estimator (gae): the critic trains beside the actor, padded or padding-free
+    (both models packed), to the same numbers, and its phases are timed under verl's names."""
+    gae = [*TINY, "algorithm.adv_estimator=gae", "trainer.n_gpus_per_node=2", "trainer.test_freq=0",
+           "trainer.total_training_steps=2"]
+    keys = ("critic/vf_loss", "critic/grad_norm", "critic/vf_explained_var", "actor/pg_loss", "actor/grad_norm")
+    rows = {}
+    for name, extra in (("padded", []), ("packed", ["actor_rollout_ref.model.use_remove_padding=True",
+                                                    "critic.model.use_remove_padding=True"])):
+        r = rlrig("train", *gae, *extra, f"trainer.default_local_dir={tmp_path / name}")
+        assert r.returncode == 0, r.stderr[-3000:]
+        rows[name] = metrics(tmp_path / name)
+    for a, b in zip(rows["padded"], rows["packed"]):
+        assert [a[k] for k in keys] == pytest.approx([b[k] for k in keys], rel=1e-4, abs=1e-6)
+        assert a["critic/grad_norm"] > 0 and a["timing_s/values"] > 0 and a["timing_s/update_critic"] > 0
 
 
 def test_smollm2_preset_trains_and_exports(tmp_path):
