@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from rlrig.trainer.worker import token_logprobs
+    from rlrig.trainer.logprobs import token_logprobs
 
     torch.manual_seed(0)
     dev = torch.device(args.device)

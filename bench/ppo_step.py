@@ -65,9 +65,12 @@ def run_floor(a) -> list[tuple[float, float]]:
     from rlrig.trainer.config import RolloutConfig
     from rlrig.trainer.data import tokenize_prompts
     from rlrig.trainer.rewards import default_compute_score
-    from rlrig.trainer.rollout import HFRollout
+    from rlrig.trainer.engines import EngineContext
+    from rlrig.trainer.engines.hf_engine import HFRollout
+    from rlrig.trainer.estimators.grpo import grpo_advantages
+    from rlrig.trainer.policy_losses.vanilla import clipped_surrogate
     from rlrig.trainer.tiny_model import ensure_tiny_model
-    from rlrig.trainer.worker import token_logprobs
+    from rlrig.trainer.logprobs import token_logprobs
 
     torch.manual_seed(0)
     path = ensure_tiny_model()
@@ -76,7 +79,7 @@ def run_floor(a) -> list[tuple[float, float]]:
     policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False)
     opt = torch.optim.AdamW(policy.parameters(), lr=LR, weight_decay=0.01)
-    engine = HFRollout(policy, tok, RolloutConfig(temperature=1.0, top_p=1.0), a.response_len)
+    engine = HFRollout(EngineContext(policy, tok, RolloutConfig(temperature=1.0, top_p=1.0), 16, a.response_len, path, "cpu", 0))
     rows = tokenize_prompts(prompt_rows(a.batch * a.steps, seed=0), tok, 16, "error", True)
     out = []
     for step in range(a.steps):
@@ -89,11 +92,11 @@ def run_floor(a) -> list[tuple[float, float]]:
         mask = ro.response_mask.float()
         with torch.no_grad():
             ref_logp = token_logprobs(ref, ro.input_ids, ro.attention_mask, ro.prompt_len)[0]
-        adv, _ = algos.grpo_advantages(scores, mask, [i // a.n for i in range(len(scores))], True)
+        adv, _ = grpo_advantages(scores, mask, [i // a.n for i in range(len(scores))], True)
         opt.zero_grad()
         logp, ent = token_logprobs(policy, ro.input_ids, ro.attention_mask, ro.prompt_len, with_entropy=True, entropy_grad=False)
         # one optimizer step over the whole batch: on-policy, the old log-probs are these (as in rlrig and TRL)
-        pg, _, _ = algos.policy_loss(logp.detach(), logp, adv, mask, 0.2, 0.2, 3.0, "token-mean")
+        pg, _, _ = clipped_surrogate(logp.detach(), logp, adv, mask, 0.2, 0.2, 3.0, "token-mean")
         kl = algos.agg_loss(algos.kl_penalty(logp, ref_logp, "low_var_kl"), mask, "token-mean")
         (pg + KL_COEF * kl).backward()
         torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)

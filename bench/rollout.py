@@ -50,13 +50,13 @@ def generation(engine_name: str, path: str, prompts: list[list[int]], n: int, ma
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlrig.trainer.config import RolloutConfig
-    from rlrig.trainer.rollout import make_engine
+    from rlrig.trainer.engines import ENGINES, EngineContext, make_engine
 
     tok = AutoTokenizer.from_pretrained(path)
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    eng = make_engine(engine_name, model, tok, RolloutConfig(temperature=1.0, top_p=1.0), max_new,
-                      model_path=path, max_prompt_length=16, device="cpu", seed=0)
+    eng = make_engine(ENGINES[engine_name], EngineContext(model, tok, RolloutConfig(temperature=1.0, top_p=1.0), 16, max_new,
+                                                          path, "cpu", 0))
     eng.generate(prompts[:8], n)  # warm-up
     rates, tokens = [], 0
     for _ in range(reps):

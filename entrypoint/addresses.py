@@ -17,17 +17,22 @@ class Interface:
     up: bool = True
 
 
-def resolve_host(host: str) -> str:
-    """Resolve a name to one IP, IPv4 preferred (Ray and NCCL are most reliable on v4)."""
+def resolve_host(host: str, source: str = "") -> str:
+    """Resolve a name to one IP, IPv4 preferred (Ray and NCCL are most reliable on v4).
+
+    `source` names the variable the name came from, for the error.
+    """
     try:
         return str(ipaddress.ip_address(host.split("%")[0]))
     except ValueError:
         pass
     try:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except socket.gaierror as e:
+    except (socket.gaierror, UnicodeError) as e:
+        origin = f" (from {source})" if source else ""
         raise RigError(
-            f"head address {host!r} does not resolve ({e.strerror}); set RLRIG_HEAD_ADDRESS to the head's IP"
+            f"head address {host!r}{origin} does not resolve ({getattr(e, 'strerror', None) or e}); "
+            "set RLRIG_HEAD_ADDRESS to the head's IP"
         ) from None
     v4 = [i[4][0] for i in infos if i[0] == socket.AF_INET]
     v6 = [i[4][0] for i in infos if i[0] == socket.AF_INET6]
@@ -61,7 +66,7 @@ def local_interfaces() -> list[Interface]:
             ip = a.address.split("%")[0]
             try:
                 prefix = ipaddress.ip_network(f"{ip}/{a.netmask}", strict=False).prefixlen if a.netmask else (32 if "." in ip else 128)
-            except ValueError:
+            except ValueError:  # a netmask in a form ipaddress rejects: count the address alone
                 prefix = 32 if "." in ip else 128
             pairs.append((ip, prefix))
         out.append(Interface(name, pairs, stats[name].isup if name in stats else True))
@@ -86,7 +91,7 @@ def format_hostport(ip: str, port: int) -> str:
 def resolve_spec(spec: NodeSpec, interfaces: list[Interface] | None = None) -> NodeSpec:
     """Fill head_address, node_ip and interface."""
     interfaces = local_interfaces() if interfaces is None else interfaces
-    spec.head_address = resolve_host(spec.head_host)
+    spec.head_address = resolve_host(spec.head_host, spec.sources.get("head_host", ""))
     head_ip = ipaddress.ip_address(spec.head_address)
     if spec.nnodes > 1 and head_ip.is_loopback:
         raise RigError(

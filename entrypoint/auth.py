@@ -11,21 +11,27 @@ from .errors import RigError
 MAKE_ONE = 'export RLRIG_CLUSTER_TOKEN=$(rlrig token) and pass the same value to every node'
 
 
+# First set wins: rlrig's own variables before Ray's, so an explicit choice beats a token Ray's
+# tooling left in the environment; a value before a file of the same family.
+SOURCES = (("RLRIG_CLUSTER_TOKEN", False), ("RLRIG_CLUSTER_TOKEN_FILE", True),
+           ("RAY_AUTH_TOKEN", False), ("RAY_AUTH_TOKEN_PATH", True))
+
+
 def resolve_token(env: Mapping[str, str], nnodes: int) -> tuple[str, str]:
     """(token, where it came from). A single node may make its own; several must share one."""
-    for var in ("RLRIG_CLUSTER_TOKEN", "RAY_AUTH_TOKEN"):
-        if env.get(var, "").strip():
-            return env[var].strip(), var
-    for var in ("RLRIG_CLUSTER_TOKEN_FILE", "RAY_AUTH_TOKEN_PATH"):
-        path = env.get(var, "").strip()
-        if path:
-            try:
-                token = Path(path).read_text().strip()
-            except OSError as e:
-                raise RigError(f"{var}={path} cannot be read ({e.strerror}); point it at the token file or {MAKE_ONE}") from None
-            if not token:
-                raise RigError(f"{var}={path} is empty; {MAKE_ONE}")
-            return token, var
+    for var, is_file in SOURCES:
+        value = env.get(var, "").strip()
+        if not value:
+            continue
+        if not is_file:
+            return value, var
+        try:
+            token = Path(value).read_text().strip()
+        except OSError as e:
+            raise RigError(f"{var}={value} cannot be read ({e.strerror}); point it at the token file or {MAKE_ONE}") from None
+        if not token:
+            raise RigError(f"{var}={value} is empty; {MAKE_ONE}")
+        return token, var
     if nnodes > 1:
         raise RigError(f"a {nnodes}-node cluster needs a shared token and none is set; {MAKE_ONE}")
     return new_token(), "generated (single node)"

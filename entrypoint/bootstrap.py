@@ -1,28 +1,104 @@
-"""From the process environment to a validated node: detection, addresses, preflight."""
+"""From the process environment to what this node will do.
+
+`inspect` runs the stages (launcher, addresses, inventory, preflight) and records a failed stage as
+a failed check; for `rlrig doctor` it goes on with every stage that does not need the failed one's
+result, so the report holds all that could be found out. `plan` stops at the first failed stage,
+refuses any failure, and returns the Plan that lifecycle carries out.
+"""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Mapping
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
 
-from . import addresses, inventory, launchers, preflight, raystart
+from . import addresses, auth, clusterenv, detection, inventory, preflight, raystart
+from .console import say
+from .errors import RigError
 from .nodespec import NodeSpec
+from .plan import Plan
+from .preflight import FAIL, PASS, Preflight
 
 
 @dataclass
-class Node:
-    spec: NodeSpec
-    pf: preflight.Preflight
-    temp_dir: str
+class Inspection:
+    launcher: str | None = None  # the launcher chosen, or the name forced when choosing failed
+    spec: NodeSpec | None = None  # None when the launcher's variables could not be read at all
+    preflight: Preflight = field(default_factory=Preflight)  # detection failures come first
+    temp_dir: str = ""
+    checked: bool = False  # the machine was inspected (there was a spec and no existing Ray)
 
 
-def prepare(env: Mapping[str, str] | None = None, launcher: str | None = None, temp_override: str | None = None) -> Node:
+def inspect(env: Mapping[str, str], launcher: str | None = None, temp_override: str | None = None,
+            hostname: str | None = None, collect: Callable[..., inventory.Inventory] | None = None,
+            keep_going: bool = True) -> Inspection:
+    """`collect` reads the machine (inventory.collect unless given: tests pass a made-up one).
+    `keep_going=False` stops after a failed detection or address stage."""
+    found = Inspection(launcher=launcher or env.get("RLRIG_LAUNCHER") or None)
+    pf = found.preflight
+    try:
+        cls = detection.choose(env, launcher)
+        found.launcher = cls.name
+        found.spec = detection.read(cls, env, hostname)
+        detection.validate(cls, found.spec, env)
+    except RigError as e:
+        pf.add("launcher", FAIL, str(e))
+    spec = found.spec
+    if spec is None or spec.existing_ray or (pf.failed and not keep_going):
+        return found
+    found.temp_dir = raystart.temp_dir(spec, env, temp_override)
+    inv = (collect or inventory.collect)(found.temp_dir, env)
+    if not pf.failed:  # a spec that failed validation has no head to resolve
+        try:
+            addresses.resolve_spec(spec, inv.interfaces)
+        except RigError as e:
+            pf.add("head address", FAIL, str(e))
+            if not keep_going:
+                return found
+    preflight.run(spec, env, inv, found.temp_dir, pf)
+    found.checked = True
+    return found
+
+
+def _wait_timeout(env: Mapping[str, str]) -> float:
+    raw = env.get("RLRIG_WAIT_TIMEOUT", "").strip() or "300"
+    try:
+        return float(raw)
+    except ValueError:
+        raise RigError(f"RLRIG_WAIT_TIMEOUT={raw!r} is not a number of seconds; unset it or set e.g. 600") from None
+
+
+def plan(command: list[str], env: Mapping[str, str] | None = None, launcher: str | None = None,
+         temp_override: str | None = None, env_file: str | None = None, dashboard_host: str = "127.0.0.1",
+         wait_timeout: float | None = None) -> Plan:
+    """`wait_timeout` None: RLRIG_WAIT_TIMEOUT, else 300 s."""
     env = dict(os.environ if env is None else env)
-    spec = launchers.detect(env, launcher)
+    if wait_timeout is None:
+        wait_timeout = _wait_timeout(env)
+    found = inspect(env, launcher, temp_override, keep_going=False)
+    pf = found.preflight
+    failed = pf.failed
+    for c in pf.checks:
+        if c.status != PASS and not (failed and c is failed[0]):  # the first failure is the error itself
+            say(f"{c.status}: {c.name}: {c.message}")
+    if failed:
+        more = f" (and {len(failed) - 1} more: run `rlrig doctor`)" if len(failed) > 1 else ""
+        raise RigError(failed[0].message + more)
+    spec = found.spec
     if spec.existing_ray:
-        return Node(spec, preflight.Preflight(), "")
-    temp = raystart.temp_dir(spec, env, temp_override)
-    inv = inventory.collect(temp)
-    addresses.resolve_spec(spec, inv.interfaces)
-    return Node(spec, preflight.run(spec, env, inv, temp_dir=temp), temp)
+        return Plan(spec=spec, command=command, base_env=env)
+    token, source = auth.resolve_token(env, spec.nnodes)
+    cluster = clusterenv.cluster_env(env, env_file or clusterenv.default_env_file()) if spec.is_head else {}
+    return Plan(
+        spec=spec,
+        command=command,
+        base_env=env,
+        preflight=pf,
+        temp_dir=found.temp_dir,
+        token=token,
+        token_source=source,
+        cluster_env=cluster,
+        ray_env=raystart.start_env(env, cluster, pf, auth.ray_auth_env(token), found.temp_dir),
+        start_command=raystart.start_command(spec, pf, found.temp_dir, dashboard_host),
+        wait_timeout=wait_timeout,
+    )

@@ -3,87 +3,46 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 from .errors import RigError
+from .launchers import BY_NAME
 
 CLUSTER_OPTS_HELP = "options shared by run and train"
+LAUNCHER_HELP = "force a launcher instead of detecting it (also RLRIG_LAUNCHER)"
 
 
 def _cluster_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group(CLUSTER_OPTS_HELP)
-    g.add_argument("--launcher", help="force a launcher (dstack, slurm, skypilot, lws, pytorchjob, indexed-job, "
-                   "torchrun, mpi, lsf, pbs, sagemaker, kuberay, explicit, local)")
-    g.add_argument("--timeout", type=float, default=float(os.environ.get("RLRIG_WAIT_TIMEOUT", 300)),
-                   help="seconds to wait for all nodes (head) or for the head (workers); default 300")
+    g.add_argument("--launcher", choices=list(BY_NAME), help=LAUNCHER_HELP)
+    g.add_argument("--timeout", type=float, default=None,
+                   help="seconds to wait for all nodes (head) or for the head (workers); default 300 or RLRIG_WAIT_TIMEOUT")
     g.add_argument("--dashboard-host", default="127.0.0.1", help="where the dashboard and job API listen (default loopback)")
     g.add_argument("--temp-dir", help="Ray temp dir for this node (default: per job and node under $RAY_TMPDIR or /tmp)")
     g.add_argument("--env-file", help="a .env file whose variables reach every node (default ./.env if present)")
     return p
 
 
-def _print_checks(node) -> None:
-    s = node.spec
-    print(f"launcher   {s.launcher}\nnode rank  {s.node_rank} of {s.nnodes}\nhead       {s.head_host} -> {s.head_address}:{s.port}")
-    print(f"node ip    {s.node_ip} ({s.interface or '?'})\ngpus       {node.pf.num_gpus}\ncpus       {node.pf.num_cpus}")
-    if s.job_id:
-        print(f"job        {s.job_id}")
-    for c in node.pf.checks:
-        print(f"[{c.status:4}] {c.name}: {c.message}")
-
-
 def cmd_doctor(args) -> int:
-    from .bootstrap import prepare
+    from . import doctor
+    from .bootstrap import inspect
 
-    try:
-        node = prepare(launcher=args.launcher, temp_override=args.temp_dir)
-    except RigError as e:
-        if args.json:
-            print(json.dumps({"launcher": args.launcher or None, "node_rank": None, "nnodes": None, "head_address": None,
-                              "node_ip": None, "num_gpus": None, "num_cpus": None,
-                              "checks": [{"name": "launcher", "status": "fail", "message": str(e)}]}))
-            return 1
-        raise
-    if args.json:
-        s = node.spec
-        print(json.dumps({"launcher": s.launcher, "node_rank": s.node_rank, "nnodes": s.nnodes, "head_host": s.head_host,
-                          "head_address": s.head_address, "port": s.port, "node_ip": s.node_ip, "interface": s.interface,
-                          "num_gpus": node.pf.num_gpus, "num_cpus": node.pf.num_cpus, "job_id": s.job_id,
-                          "existing_ray": s.existing_ray or None, "env_updates": node.pf.env_updates,
-                          "checks": [c.to_dict() for c in node.pf.checks]}))
-    else:
-        _print_checks(node)
-    return 1 if node.pf.failed else 0
+    found = inspect(os.environ, launcher=args.launcher, temp_override=args.temp_dir)
+    print(doctor.render(found, args.json))
+    return doctor.exit_code(found)
 
 
 def launch(args, cmd: list[str]) -> int:
-    """Everything `run` and `train` share: bootstrap this node, then start/join and run."""
-    from . import auth, clusterenv, lifecycle
-    from .bootstrap import prepare
+    """Everything `run` and `train` share: plan this node, then carry the plan out."""
+    from . import bootstrap, lifecycle
 
     if not cmd:
         raise RigError("no command given; usage: rlrig run [options] -- CMD [ARGS...]")
-    node = prepare(launcher=args.launcher, temp_override=args.temp_dir)
-    spec, pf = node.spec, node.pf
-    env = dict(os.environ)
-    if spec.existing_ray:
-        return lifecycle.run_existing(spec.existing_ray, cmd, env)
-    for c in pf.checks:
-        if c.status != "pass":
-            lifecycle.say(f"{c.status}: {c.name}: {c.message}")
-    if pf.failed:
-        raise RigError(pf.failed[0].message + (f" (and {len(pf.failed) - 1} more: run `rlrig doctor`)" if len(pf.failed) > 1 else ""))
-    token, source = auth.resolve_token(env, spec.nnodes)
-    cluster = clusterenv.cluster_env(env, args.env_file or clusterenv.default_env_file()) if spec.is_head else {}
-    from .raystart import start_env
-
-    ray_env = start_env(env, cluster, pf, auth.ray_auth_env(token), node.temp_dir)
-    opts = lifecycle.Options(wait_timeout=args.timeout, dashboard_host=args.dashboard_host)
-    lifecycle.say(f"token from {source}")
-    return lifecycle.main(spec, pf, cmd, ray_env, cluster, opts)
+    plan = bootstrap.plan(cmd, launcher=args.launcher, temp_override=args.temp_dir, env_file=args.env_file,
+                          dashboard_host=args.dashboard_host, wait_timeout=args.timeout)
+    return lifecycle.main(plan)
 
 
 def cmd_run(args) -> int:
@@ -104,8 +63,7 @@ def cmd_train(args) -> int:
     try:  # a bad override or preset fails here on every node, before any cluster exists
         parse_overrides(with_preset(args.preset, args.overrides))
     except ConfigError as e:
-        print(f"rlrig: error: {e}", file=sys.stderr)
-        return 2
+        raise RigError(str(e)) from None
     return launch(args, cmd)
 
 
@@ -121,10 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     shared = _cluster_parser()
 
-    d = sub.add_parser("doctor", help="show what this node detected and check it (non-zero exit on any failure)")
-    d.add_argument("--json", action="store_true", help="print one JSON object")
-    d.add_argument("--launcher")
-    d.add_argument("--temp-dir")
+    d = sub.add_parser("doctor", help="show what this node detected and check it (exit 1 on any failed check)")
+    d.add_argument("--json", action="store_true", help="print one JSON object, also when detection fails")
+    d.add_argument("--launcher", choices=list(BY_NAME), help=LAUNCHER_HELP)
+    d.add_argument("--temp-dir", help="the Ray temp dir to check (default: as run would choose it)")
     d.set_defaults(func=cmd_doctor)
 
     r = sub.add_parser("run", parents=[shared], help="form the Ray cluster and run CMD on the head: rlrig run -- CMD")
@@ -144,8 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     try:
         from rlrig.trainer.cli import add_subcommands
-    except ImportError:
-        pass
+    except ModuleNotFoundError as e:
+        # Only a missing trainer package is tolerated (run/doctor/token work without data/plot/export);
+        # a missing module inside it is a broken install and must say so.
+        if e.name not in ("rlrig.trainer", "rlrig.trainer.cli"):
+            raise
     else:
         add_subcommands(sub)
     return parser

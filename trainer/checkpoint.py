@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from .errors import ConfigError
+
 POINTER = "latest_checkpointed_iteration.txt"
 
 
@@ -63,7 +65,7 @@ def latest(root: str) -> Path | None:
 
 def load(path: Path) -> tuple[dict, list, dict]:
     if not (path / "state.pt").is_file() or not (path / "trainer.json").is_file():
-        raise FileNotFoundError(f"{path} is not a complete rlrig checkpoint (state.pt and trainer.json)")
+        raise ConfigError(f"{path} is not a complete rlrig checkpoint (state.pt and trainer.json); check trainer.resume_from_path")
     blob = torch.load(path / "state.pt", weights_only=False)
     return blob["worker"], blob["rng"], json.loads((path / "trainer.json").read_text())
 

@@ -12,9 +12,11 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
+from .errors import ConfigError
 
-class ConfigError(ValueError):
-    pass
+from .engines import ENGINES, NAMES as ENGINE_NAMES
+from .estimators import ESTIMATORS
+from .policy_losses import POLICY_LOSSES
 
 
 @dataclass
@@ -22,7 +24,7 @@ class DataConfig:
     train_files: str = ""  # empty: the embedded arithmetic data set
     val_files: str = ""
     train_batch_size: int = 1024
-    val_batch_size: int | None = None
+    val_batch_size: int | None = None  # prompts per validation batch; None: the whole validation set at once
     max_prompt_length: int = 512
     max_response_length: int = 512
     filter_overlong_prompts: bool = False
@@ -36,14 +38,28 @@ class DataConfig:
 class OptimConfig:
     lr: float = 1e-6
     weight_decay: float = 0.01
-    warmup_steps: int = 0
     clip_grad: float = 1.0
+    lr_warmup_steps: int = -1  # -1: lr_warmup_steps_ratio decides
+    lr_warmup_steps_ratio: float = 0.0  # of the total training steps
+    lr_scheduler_type: str = "constant"  # constant | cosine
+    warmup_style: str | None = None  # verl's older name for lr_scheduler_type; wins when set
+    min_lr_ratio: float = 0.0  # cosine: the lr it decays to, as a fraction of lr
+    num_cycles: float = 0.5  # cosine: half a cosine wave from lr down to min_lr_ratio * lr
+
+
+@dataclass
+class MixedPrecisionConfig:
+    param_dtype: str | None = None  # compute dtype; None: verl's bf16 on GPU, fp32 on CPU (CPU stays fp32 unless asked)
+    reduce_dtype: str = "fp32"  # gradient reduction across workers
+    buffer_dtype: str = "fp32"  # buffers (rotary frequencies), whatever the weights' dtype
 
 
 @dataclass
 class FsdpConfig:
     param_offload: bool = False
     optimizer_offload: bool = False
+    model_dtype: str | None = None  # the weights' dtype; None: fp32 for the actor and critic, bf16 for the reference on GPU
+    mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
 
 
 @dataclass
@@ -55,8 +71,14 @@ class ModelConfig:
 
 
 @dataclass
+class PolicyLossConfig:
+    loss_mode: str = "vanilla"  # a name in policy_losses.POLICY_LOSSES
+
+
+@dataclass
 class ActorConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6))
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     ppo_mini_batch_size: int = 256
     ppo_micro_batch_size_per_gpu: int | None = None  # None: the whole mini batch at once
     ppo_epochs: int = 1
@@ -80,7 +102,7 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     do_sample: bool = True
-    log_prob_micro_batch_size_per_gpu: int | None = None
+    log_prob_micro_batch_size_per_gpu: int | None = None  # the old-log-prob pass; None: the whole batch at once
     tensor_model_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
     enforce_eager: bool = True
@@ -113,7 +135,8 @@ class CriticModelConfig(ModelConfig):
 class CriticConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
-    ppo_micro_batch_size_per_gpu: int | None = None
+    ppo_micro_batch_size_per_gpu: int | None = None  # None: the actor's mini batch at once
+    forward_micro_batch_size_per_gpu: int | None = None  # the values pass; None: ppo_micro_batch_size_per_gpu
     cliprange_value: float = 0.5
 
 
@@ -276,11 +299,21 @@ def parse_overrides(overrides: list[str]) -> Config:
     return cfg
 
 
+DTYPES = ("fp32", "bf16")  # fp16 compute would need loss scaling, which rlrig does not do
+
+
+def fsdp_configs(cfg: Config) -> dict[str, FsdpConfig]:
+    return {"actor_rollout_ref.actor.fsdp_config": cfg.actor_rollout_ref.actor.fsdp_config,
+            "actor_rollout_ref.ref.fsdp_config": cfg.actor_rollout_ref.ref.fsdp_config,
+            "critic.model.fsdp_config": cfg.critic.model.fsdp_config}
+
+
 def validate(cfg: Config) -> None:
     d, a, r, t = cfg.data, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.trainer
     workers = t.nnodes * t.n_gpus_per_node
     choices = {
-        "algorithm.adv_estimator": (cfg.algorithm.adv_estimator, ("gae", "grpo", "rloo", "reinforce_plus_plus")),
+        "algorithm.adv_estimator": (cfg.algorithm.adv_estimator, tuple(ESTIMATORS)),
+        "actor_rollout_ref.actor.policy_loss.loss_mode": (a.policy_loss.loss_mode, tuple(POLICY_LOSSES)),
         "actor_rollout_ref.actor.loss_agg_mode": (a.loss_agg_mode, ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")),
         "actor_rollout_ref.actor.kl_loss_type": (a.kl_loss_type, ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")),
         "algorithm.kl_penalty": (cfg.algorithm.kl_penalty, ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")),
@@ -288,17 +321,47 @@ def validate(cfg: Config) -> None:
         "data.truncation": (d.truncation, ("error", "left", "right")),
         "trainer.resume_mode": (t.resume_mode, ("auto", "disable", "resume_path")),
         "trainer.device": (t.device, ("auto", "cuda", "cpu")),
-        "actor_rollout_ref.rollout.name": (r.name, ("hf", "vllm", "sglang", "auto")),
+        "actor_rollout_ref.rollout.name": (r.name, ENGINE_NAMES),
         "actor_rollout_ref.actor.strategy": (a.strategy, ("ddp", "fsdp")),
     }
+    for prefix, optim in (("actor_rollout_ref.actor.optim", a.optim), ("critic.optim", cfg.critic.optim)):
+        style = optim.warmup_style or optim.lr_scheduler_type
+        choices[f"{prefix}.{'warmup_style' if optim.warmup_style else 'lr_scheduler_type'}"] = (style, ("constant", "cosine"))
+    for prefix, fc in fsdp_configs(cfg).items():
+        mp = fc.mixed_precision
+        for key, value in (("model_dtype", fc.model_dtype), ("mixed_precision.param_dtype", mp.param_dtype),
+                           ("mixed_precision.reduce_dtype", mp.reduce_dtype)):
+            if value is not None:
+                choices[f"{prefix}.{key}"] = (value, DTYPES)
+        choices[f"{prefix}.mixed_precision.buffer_dtype"] = (mp.buffer_dtype, DTYPES)
     for key, (value, allowed) in choices.items():
         if value not in allowed:
             raise ConfigError(f"{key}={value!r}: choose one of {', '.join(allowed)}")
+    for prefix in ("actor_rollout_ref.actor.fsdp_config", "critic.model.fsdp_config"):
+        if fsdp_configs(cfg)[prefix].param_offload:
+            # the reference's offload and every optimizer_offload are implemented; a trained model's is not yet
+            raise ConfigError(f"{prefix}.param_offload=True: offloading a trained model's parameters is not implemented in "
+                              "rlrig yet; set it to False and shard the model over more GPUs with "
+                              "actor_rollout_ref.actor.strategy=fsdp, or use optimizer_offload=True")
     for key, value in (("data.train_batch_size", d.train_batch_size), ("actor_rollout_ref.rollout.n", r.n),
                        ("actor_rollout_ref.actor.ppo_mini_batch_size", a.ppo_mini_batch_size),
-                       ("trainer.nnodes", t.nnodes), ("trainer.n_gpus_per_node", t.n_gpus_per_node)):
+                       ("trainer.nnodes", t.nnodes), ("trainer.n_gpus_per_node", t.n_gpus_per_node),
+                       ("algorithm.kl_ctrl.horizon", cfg.algorithm.kl_ctrl.horizon)):
         if value < 1:
             raise ConfigError(f"{key}={value} must be at least 1")
+    for key, value in (("data.val_batch_size", d.val_batch_size),
+                       ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", r.log_prob_micro_batch_size_per_gpu),
+                       ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu),
+                       ("critic.ppo_micro_batch_size_per_gpu", cfg.critic.ppo_micro_batch_size_per_gpu),
+                       ("critic.forward_micro_batch_size_per_gpu", cfg.critic.forward_micro_batch_size_per_gpu)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{key}={value} must be at least 1 (or null)")
+    if a.clip_ratio_c <= 1:
+        raise ConfigError(f"actor_rollout_ref.actor.clip_ratio_c={a.clip_ratio_c}: the dual-clip bound must be greater than 1 "
+                          "(verl's default is 3.0)")
+    for prefix, optim in (("actor_rollout_ref.actor.optim", a.optim), ("critic.optim", cfg.critic.optim)):
+        if not 0 <= optim.lr_warmup_steps_ratio <= 1 or not 0 <= optim.min_lr_ratio <= 1:
+            raise ConfigError(f"{prefix}.lr_warmup_steps_ratio and {prefix}.min_lr_ratio are fractions between 0 and 1")
     if d.train_batch_size % a.ppo_mini_batch_size:
         raise ConfigError(f"data.train_batch_size={d.train_batch_size} is not a multiple of "
                           f"actor_rollout_ref.actor.ppo_mini_batch_size={a.ppo_mini_batch_size}")
@@ -306,21 +369,27 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"actor_rollout_ref.actor.ppo_mini_batch_size={a.ppo_mini_batch_size} prompts cannot be split over "
                           f"{workers} workers (trainer.nnodes x trainer.n_gpus_per_node); make it a multiple of {workers}")
     per_worker_mini = a.ppo_mini_batch_size * r.n // workers
-    micro = a.ppo_micro_batch_size_per_gpu or per_worker_mini
-    if micro < 1 or per_worker_mini % min(micro, per_worker_mini):
-        raise ConfigError(f"each worker's mini batch ({per_worker_mini} sequences) is not a multiple of "
-                          f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={a.ppo_micro_batch_size_per_gpu}")
+    for key, micro in (("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", a.ppo_micro_batch_size_per_gpu),
+                       ("critic.ppo_micro_batch_size_per_gpu", cfg.critic.ppo_micro_batch_size_per_gpu)):
+        micro = micro or per_worker_mini
+        if micro < 1 or per_worker_mini % min(micro, per_worker_mini):
+            raise ConfigError(f"each worker's mini batch ({per_worker_mini} sequences) is not a multiple of {key}={micro}")
     tp, per_node = r.tensor_model_parallel_size, t.n_gpus_per_node
     if tp < 1 or workers % tp or (per_node % tp if tp <= per_node else tp % per_node):
         raise ConfigError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}: each engine spans that many workers, "
                           f"so it must divide trainer.n_gpus_per_node={per_node} or be a multiple of it and divide "
                           f"the {workers} workers")
-    if tp > 1 and r.name == "sglang":
-        raise ConfigError("actor_rollout_ref.rollout.tensor_model_parallel_size>1 works with rollout.name=vllm; "
-                          "rlrig's SGLang engine runs one GPU per worker (tensor_model_parallel_size=1)")
-    if cfg.algorithm.adv_estimator in ("grpo", "rloo") and r.n < 2:
-        raise ConfigError(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} compares samples of one prompt; "
+    if tp > 1 and r.name in ENGINES and not ENGINES[r.name].tensor_parallel:
+        capable = ", ".join(n for n, e in ENGINES.items() if e.tensor_parallel)
+        raise ConfigError(f"actor_rollout_ref.rollout.tensor_model_parallel_size>1 works with rollout.name={capable}; "
+                          f"rlrig's {r.name} engine runs one GPU per worker (tensor_model_parallel_size=1)")
+    est = ESTIMATORS[cfg.algorithm.adv_estimator]
+    if est.needs_groups and r.n < 2:
+        raise ConfigError(f"algorithm.adv_estimator={est.name} compares samples of one prompt; "
                           "set actor_rollout_ref.rollout.n to 2 or more")
+    if t.default_hdfs_dir:
+        raise ConfigError(f"trainer.default_hdfs_dir={t.default_hdfs_dir}: rlrig does not copy checkpoints to HDFS; leave it "
+                          "null and point trainer.default_local_dir at shared storage")
     if t.resume_mode == "resume_path" and not t.resume_from_path:
         raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint dir>")
 

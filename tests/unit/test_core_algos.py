@@ -6,6 +6,11 @@ import pytest
 import torch
 
 from rlrig.trainer import core_algos as A
+from rlrig.trainer.estimators.gae import gae_advantages
+from rlrig.trainer.estimators.grpo import grpo_advantages
+from rlrig.trainer.estimators.reinforce_pp import reinforce_pp_advantages
+from rlrig.trainer.estimators.rloo import rloo_advantages
+from rlrig.trainer.policy_losses.vanilla import clipped_surrogate
 
 T = torch.tensor
 
@@ -16,15 +21,15 @@ def close(a, b, tol=1e-4):
 
 def test_gae_returns():
     # gamma=lam=0.5: t1 delta=1-0.5=0.5, A1=0.5; t0 delta=0+0.5*0.5-0.5=-0.25, A0=-0.25+0.25*0.5=-0.125
-    _, ret = A.gae_advantages(T([[0.0, 1.0]]), T([[0.5, 0.5]]), T([[1.0, 1.0]]), 0.5, 0.5)
+    _, ret = gae_advantages(T([[0.0, 1.0]]), T([[0.5, 0.5]]), T([[1.0, 1.0]]), 0.5, 0.5)
     close(ret, [[0.375, 1.0]])
     # gamma=lam=1: A=[0.5,0.5] -> returns = A + V = [1, 1]
-    _, ret = A.gae_advantages(T([[0.0, 1.0]]), T([[0.5, 0.5]]), T([[1.0, 1.0]]), 1.0, 1.0)
+    _, ret = gae_advantages(T([[0.0, 1.0]]), T([[0.5, 0.5]]), T([[1.0, 1.0]]), 1.0, 1.0)
     close(ret, [[1.0, 1.0]])
 
 
 def test_gae_ignores_padding():
-    adv, ret = A.gae_advantages(T([[1.0, 5.0]]), T([[0.0, 9.0]]), T([[1.0, 0.0]]), 1.0, 1.0)
+    adv, ret = gae_advantages(T([[1.0, 5.0]]), T([[0.0, 9.0]]), T([[1.0, 0.0]]), 1.0, 1.0)
     close(ret[0, 0], 1.0)  # the padded step's reward and value do not leak back
     close(adv[0, 1], 0.0)
 
@@ -32,26 +37,26 @@ def test_gae_ignores_padding():
 def test_grpo_and_dr_grpo():
     # scores [1,0,0,0]: mean .25, unbiased std sqrt((.5625+3*.0625)/3)=.5 -> [1.5,-.5,-.5,-.5]
     mask = torch.ones(4, 2)
-    adv, _ = A.grpo_advantages(T([1.0, 0, 0, 0]), mask, [0, 0, 0, 0])
+    adv, _ = grpo_advantages(T([1.0, 0, 0, 0]), mask, [0, 0, 0, 0])
     close(adv[:, 0], [1.5, -0.5, -0.5, -0.5], 1e-3)
-    adv, _ = A.grpo_advantages(T([1.0, 0, 0, 0]), mask, [0, 0, 0, 0], norm_by_std=False)
+    adv, _ = grpo_advantages(T([1.0, 0, 0, 0]), mask, [0, 0, 0, 0], norm_by_std=False)
     close(adv[:, 1], [0.75, -0.25, -0.25, -0.25])
 
 
 def test_grpo_groups_are_separate():
-    adv, _ = A.grpo_advantages(T([1.0, 0.0, 5.0, 5.0]), torch.ones(4, 1), [0, 0, 1, 1])
+    adv, _ = grpo_advantages(T([1.0, 0.0, 5.0, 5.0]), torch.ones(4, 1), [0, 0, 1, 1])
     close(adv[2:, 0], [0.0, 0.0])
 
 
 def test_rloo():
     # s_i - mean(others): 1-0=1, 0-(1+0)/2=-.5
-    adv, _ = A.rloo_advantages(T([1.0, 0.0, 0.0]), torch.ones(3, 1), [7, 7, 7])
+    adv, _ = rloo_advantages(T([1.0, 0.0, 0.0]), torch.ones(3, 1), [7, 7, 7])
     close(adv[:, 0], [1.0, -0.5, -0.5])
 
 
 def test_reinforce_pp_returns():
     # G = [0+0.5*1, 1] with gamma .5
-    _, ret = A.reinforce_pp_advantages(T([[0.0, 1.0]]), T([[1.0, 1.0]]), 0.5)
+    _, ret = reinforce_pp_advantages(T([[0.0, 1.0]]), T([[1.0, 1.0]]), 0.5)
     close(ret, [[0.5, 1.0]])
 
 
@@ -76,7 +81,7 @@ def test_low_var_kl_is_clamped():
     (0.0, 2.0, -2.0, 0.0),             # ratio 1: -A
 ])
 def test_policy_loss(logp, adv, expected, clipfrac):
-    loss, cf, _ = A.policy_loss(T([[0.0]]), T([[logp]]), T([[adv]]), T([[1.0]]))
+    loss, cf, _ = clipped_surrogate(T([[0.0]]), T([[logp]]), T([[adv]]), T([[1.0]]))
     close(loss, expected)
     close(cf, clipfrac)
 

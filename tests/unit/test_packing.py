@@ -57,9 +57,7 @@ def batch(vocab, prompt_lens, response_lens, P=6, R=7):
     ([1], [2]),
 ])
 def test_packed_logprobs_entropy_and_values_match_padded(tiny, prompt_lens, response_lens):
-    from types import SimpleNamespace
-
-    from rlrig.trainer.worker import Worker, token_logprobs
+    from rlrig.trainer.logprobs import token_logprobs, values as critic_values
 
     actor, critic = tiny
     ids, mask, P = batch(actor.config.vocab_size, prompt_lens, response_lens)
@@ -74,9 +72,6 @@ def test_packed_logprobs_entropy_and_values_match_padded(tiny, prompt_lens, resp
     packed[0].sum().backward()
     assert actor.model.embed_tokens.weight.grad.abs().sum() > 0
 
-    ro = SimpleNamespace(input_ids=ids, attention_mask=mask, prompt_len=P)
-    values = {}
-    for flag in (False, True):
-        w = SimpleNamespace(critic=critic, cfg=SimpleNamespace(critic=SimpleNamespace(model=SimpleNamespace(use_remove_padding=flag))))
-        values[flag] = Worker._values(w, ro, grad=False)
+    with torch.no_grad():
+        values = {flag: critic_values(critic, ids, mask, P, flag) for flag in (False, True)}
     torch.testing.assert_close(values[True][filled], values[False][filled], atol=1e-5, rtol=1e-5)

@@ -4,26 +4,11 @@ from pathlib import Path
 
 import pytest
 
+from entrypoint_fakes import UUIDS, GiB, machine
 from rlrig.entrypoint import preflight
 from rlrig.entrypoint.addresses import Interface
-from rlrig.entrypoint.inventory import Gpu, Inventory
+from rlrig.entrypoint.inventory import in_container, infiniband_devices
 from rlrig.entrypoint.nodespec import NodeSpec
-
-GiB = 1024**3
-UUIDS = ["GPU-11111111-2222-3333-4444-555555555555", "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"]
-
-
-def machine(n_gpus=2, **kw) -> Inventory:
-    base = dict(
-        gpus=[Gpu(i, UUIDS[i % 2] if i < 2 else f"GPU-{i:08d}-0000-0000-0000-000000000000", "nvidia") for i in range(n_gpus)],
-        gpu_probe="NVML",
-        interfaces=[Interface("lo", [("127.0.0.1", 8)]), Interface("eth0", [("10.0.0.2", 24)]),
-                    Interface("ib0", [("10.9.0.2", 24)]), Interface("docker0", [("172.17.0.1", 16)])],
-        shm_bytes=64 * GiB, memory_bytes=100 * GiB, nofile_soft=65536, nofile_hard=65536, temp_free_bytes=100 * GiB,
-        cpu_count=32,
-    )
-    base.update(kw)
-    return Inventory(**base)
 
 
 def spec(**kw) -> NodeSpec:
@@ -33,8 +18,8 @@ def spec(**kw) -> NodeSpec:
     return NodeSpec(**base)
 
 
-def run(env=None, inv=None, sp=None, container=False):
-    return preflight.run(sp or spec(), env or {}, inv or machine(), containerized=container)
+def run(env=None, inv=None, sp=None):
+    return preflight.run(sp or spec(), env or {}, inv or machine())
 
 
 def status(pf, name):
@@ -75,14 +60,30 @@ def test_failures(env, inv, sp, name, words):
     assert name.split()[0].lstrip("/") in check.message or name in ("gpus", "temp dir")
 
 
-def test_ib_hca_missing_device(tmp_path: Path):
-    (tmp_path / "class" / "infiniband" / "mlx5_0").mkdir(parents=True)
-    pf = run({"NCCL_IB_HCA": "mlx5_1:1"}, machine(sysfs_root=tmp_path))
-    assert status(pf, "NCCL_IB_HCA").status == "fail"
-    pf = run({"NCCL_IB_HCA": "mlx5"}, machine(sysfs_root=tmp_path))
-    assert status(pf, "NCCL_IB_HCA").status == "pass"
-    pf = run({"NCCL_IB_HCA": "=mlx5_0:1"}, machine(sysfs_root=tmp_path))
-    assert status(pf, "NCCL_IB_HCA").status == "pass"
+@pytest.mark.parametrize("hca,expect", [("mlx5_1:1", "fail"), ("mlx5", "pass"), ("=mlx5_0:1", "pass"), ("^mlx5_1", "pass")])
+def test_ib_hca_against_devices(hca, expect):
+    pf = run({"NCCL_IB_HCA": hca}, machine(ib_devices=["mlx5_0"]))
+    assert status(pf, "NCCL_IB_HCA").status == expect
+
+
+def test_infiniband_devices_read_from_sysfs(tmp_path: Path):
+    (tmp_path / "mlx5_1").mkdir()
+    (tmp_path / "mlx5_0").mkdir()
+    assert infiniband_devices(tmp_path) == ["mlx5_0", "mlx5_1"]
+    assert infiniband_devices(tmp_path / "absent") == []
+
+
+@pytest.mark.parametrize("files,env,expect", [
+    ([".dockerenv"], {}, True),
+    ([".containerenv"], {}, True),
+    ([], {"APPTAINER_CONTAINER": "/img.sif"}, True),
+    ([], {}, False),
+])
+def test_in_container_is_an_inventory_fact(tmp_path: Path, files, env, expect):
+    for name in files:
+        (tmp_path / name).touch()
+    paths = (str(tmp_path / ".dockerenv"), str(tmp_path / ".containerenv"))
+    assert in_container(env, paths) is expect
 
 
 WARNS = [
@@ -136,14 +137,14 @@ def test_object_store_capped_by_shm():
     ("10.0.0.2", "10.0.0.1", True, "pass"),     # host networking
 ])
 def test_bridge_address(node_ip, head, container, expect):
-    inv = machine(interfaces=[Interface("eth0", [(node_ip, 16)])])
-    pf = run({}, inv, spec(node_ip=node_ip, head_address=head), container=container)
+    inv = machine(interfaces=[Interface("eth0", [(node_ip, 16)])], in_container=container)
+    pf = run({}, inv, spec(node_ip=node_ip, head_address=head))
     assert status(pf, "node_ip").status == expect
     if expect == "fail":
         assert "--network host" in status(pf, "node_ip").message
 
 
 def test_temp_dir_too_long_for_sockets():
-    pf = preflight.run(spec(), {}, machine(), containerized=False, temp_dir="/tmp/" + "x" * 60)
+    pf = preflight.run(spec(), {}, machine(), temp_dir="/tmp/" + "x" * 60)
     assert status(pf, "temp dir path").status == "fail"
     assert "RAY_TMPDIR" in status(pf, "temp dir path").message

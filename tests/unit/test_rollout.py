@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlrig.trainer import rollout, sglang_rollout, vllm_rollout
+from rlrig.trainer import engines
+from rlrig.trainer.engines import base as rollout, hf_engine, sglang_engine as sglang_rollout, vllm_engine as vllm_rollout
 from rlrig.trainer.config import RolloutConfig
 from rlrig.trainer.worker import probs_diff
 
@@ -90,25 +91,60 @@ def test_sglang_arguments_and_unpack():
     assert sglang_rollout.unpack(outs) == ([[4, EOS]], [[-0.25, -0.5]])
 
 
+def ctx(device="cpu", module=None, cfg=None):
+    return engines.EngineContext(module, None, cfg or RolloutConfig(), 8, 8, "/m", device, 0)
+
+
 def test_sglang_missing_is_one_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "sglang", None)  # import fails as where SGLang is not installed
-    with pytest.raises(rollout.EngineUnavailable, match=r"SGLang is not installed.*rlrig\[sglang\]"):
-        sglang_rollout.SGLangRollout("/m", None, RolloutConfig(), 8, 8, "cuda", 0)
-    with pytest.raises(rollout.EngineUnavailable, match="needs CUDA"):
-        sglang_rollout.SGLangRollout("/m", None, RolloutConfig(), 8, 8, "cpu", 0)
+    with pytest.raises(engines.EngineNotInstalled, match=r"SGLang is not installed.*rlrig\[sglang\]"):
+        engines.make_engine(engines.ENGINES["sglang"], ctx("cuda"))
+    with pytest.raises(engines.EngineUnavailable, match="runs on cuda, not cpu"):
+        engines.make_engine(engines.ENGINES["sglang"], ctx("cpu"))
 
 
 def test_vllm_missing_is_one_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
-    with pytest.raises(rollout.EngineUnavailable, match=r"vLLM is not installed.*rlrig\[vllm-cpu\]"):
-        vllm_rollout.VLLMRollout("/m", None, RolloutConfig(), 8, 8, "cpu", 0)
+    with pytest.raises(engines.EngineNotInstalled, match=r"vLLM is not installed.*rlrig\[vllm-cpu\]"):
+        engines.make_engine(engines.ENGINES["vllm"], ctx())
 
 
-def test_auto_falls_back_to_hf_without_vllm(monkeypatch, capsys):
+def test_auto_falls_back_to_hf_only_without_vllm(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "vllm", None)
-    eng = rollout.make_engine("auto", None, None, RolloutConfig(), 8)
-    assert eng.name == "hf"
-    assert "auto -> hf" in capsys.readouterr().out
+    assert engines.engine_class("auto") is engines.ENGINES["hf"]
+    assert "auto -> hf: vLLM is not installed" in capsys.readouterr().err
+    # vLLM present: auto is vLLM, and whatever goes wrong when it starts is that error, not a fallback
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(LLM=lambda **kw: (_ for _ in ()).throw(MemoryError("KV cache"))))
+    assert engines.engine_class("auto") is engines.ENGINES["vllm"]
+    with pytest.raises(MemoryError, match="KV cache"):
+        engines.make_engine(engines.engine_class("auto"), ctx())
+
+
+@pytest.mark.parametrize("name,devices,full_module,tp", [
+    ("hf", ("cpu", "cuda"), True, False),
+    ("vllm", ("cpu", "cuda"), False, True),
+    ("sglang", ("cuda",), False, False),
+])
+def test_engines_declare_what_they_need(name, devices, full_module, tp):
+    e = engines.ENGINES[name]
+    assert (e.devices, e.generates_with_actor_module, e.tensor_parallel) == (devices, full_module, tp)
+    assert name in engines.NAMES and "auto" in engines.NAMES
+
+
+def test_sglang_weights_go_in_bounded_buckets_of_its_dtype():
+    weights = [("a", torch.zeros(4)), ("b", torch.zeros(4)), ("big", torch.zeros(64)), ("c", torch.zeros(2))]
+    # bf16: 8 bytes each for a and b (fit together in 16), big alone (128 > 16), then c
+    out = list(sglang_rollout.buckets(iter(weights), torch.bfloat16, limit=16))
+    assert [[n for n, _ in b] for b in out] == [["a", "b"], ["big"], ["c"]]
+    assert all(t.dtype == torch.bfloat16 for b in out for _, t in b)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_do_sample_false_decodes_greedily(engine):
+    cfg = RolloutConfig(temperature=0.7, top_p=0.9, do_sample=False)
+    kw = (vllm_rollout.sampling_kwargs(cfg, 1, False, 8, EOS) if engine == "vllm"
+          else sglang_rollout.sampling_params(cfg, False, 8, EOS))
+    assert kw["temperature"] == 0.0 and kw["top_p"] == 1.0
 
 
 def test_probs_diff():
@@ -126,8 +162,8 @@ def test_hf_sync_refreshes_a_separate_copy_and_skips_the_shared_module():
     actor, copy = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
     with torch.no_grad():
         actor.weight.fill_(1.0)
-    rollout.HFRollout(copy, None, None, 4).sync_weights(actor.state_dict().items())
+    hf_engine.HFRollout(ctx(module=copy)).sync_weights(actor.state_dict().items())
     assert torch.equal(copy.weight, actor.weight) and torch.equal(copy.bias, actor.bias)
-    shared = rollout.HFRollout(actor, None, None, 4)
+    shared = hf_engine.HFRollout(ctx(module=actor))
     shared.sync_weights(actor.state_dict().items())  # copying a tensor onto itself: nothing to do
     assert torch.equal(actor.weight, torch.ones(2, 3))

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from rlrig.trainer.config import RolloutConfig
-from rlrig.trainer.rollout import make_engine
-from rlrig.trainer.worker import token_logprobs
+from rlrig.trainer.engines import ENGINES, EngineContext, make_engine
+from rlrig.trainer.logprobs import token_logprobs
 
 TOL = 1e-3  # float32 engine vs float32 actor on CPU: seen ~4e-7
 
@@ -19,7 +19,7 @@ TOL = 1e-3  # float32 engine vs float32 actor on CPU: seen ~4e-7
 def engine(tiny):
     path, tok, model = tiny
     torch.set_num_threads(1)
-    eng = make_engine("vllm", model, tok, RolloutConfig(), 8, model_path=path, max_prompt_length=16, device="cpu", seed=1)
+    eng = make_engine(ENGINES["vllm"], EngineContext(model, tok, RolloutConfig(), 16, 8, path, "cpu", 1))
     assert eng.name == "vllm"
     return eng
 

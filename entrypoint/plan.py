@@ -1,0 +1,37 @@
+"""Everything one node will do, decided before it starts anything (bootstrap.plan builds it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import auth, raystart
+from .addresses import format_hostport
+from .nodespec import NodeSpec
+from .preflight import Preflight
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: NodeSpec
+    command: list[str]
+    base_env: dict[str, str]  # this process's environment: the bottom layer of every environment below
+    preflight: Preflight = field(default_factory=Preflight)
+    temp_dir: str = ""
+    token: str = ""
+    token_source: str = ""
+    cluster_env: dict[str, str] = field(default_factory=dict)  # head: what it publishes; worker: empty
+    ray_env: dict[str, str] = field(default_factory=dict)  # `ray start`'s environment (a worker's lacks the head's cluster env)
+    start_command: list[str] = field(default_factory=list)
+    wait_timeout: float = 300.0  # head: for all nodes to join; worker: for the head to come up
+    head_loss_timeout: float = 30.0  # worker: GCS unreachable this long = head lost
+
+    @property
+    def gcs_address(self) -> str:
+        """The head's GCS: its own address on the head, the resolved head address on a worker."""
+        ip = self.spec.node_ip if self.spec.is_head else self.spec.head_address
+        return format_hostport(ip, self.spec.port)
+
+    def worker_ray_env(self, cluster_env: dict[str, str]) -> dict[str, str]:
+        """`ray start`'s environment on a worker once the head's cluster environment has arrived:
+        the same layering as the head's, so a .env cannot replace this node's temp dir or token."""
+        return raystart.start_env(self.base_env, cluster_env, self.preflight, auth.ray_auth_env(self.token), self.temp_dir)

@@ -1,0 +1,72 @@
+"""The extension points: each estimator, policy loss and engine declares what it needs, config
+validation reads those declarations, and a new one is one module plus one registration."""
+
+import pytest
+import torch
+
+from rlrig.trainer import engines, estimators, metrics, policy_losses
+from rlrig.trainer.config import ConfigError, parse_overrides
+
+MODEL = "actor_rollout_ref.model.path=/m"
+
+
+@pytest.mark.parametrize("name,critic,groups", [
+    ("gae", True, False), ("grpo", False, True), ("rloo", False, True), ("reinforce_plus_plus", False, False),
+])
+def test_estimators_declare_what_they_need(name, critic, groups):
+    e = estimators.get(name)
+    assert (e.needs_critic, e.needs_groups) == (critic, groups)
+
+
+def test_a_new_estimator_is_one_registration(monkeypatch):
+    monkeypatch.setattr(estimators.registry, "ESTIMATORS", dict(estimators.ESTIMATORS))
+    with pytest.raises(ConfigError, match="choose one of"):
+        parse_overrides([MODEL, "algorithm.adv_estimator=sign"])
+
+    @estimators.register("sign", needs_groups=True)
+    def sign(x):  # A = sign(score), on every response token
+        return x.token_rewards.sum(-1, keepdim=True).sign() * x.mask, x.token_rewards
+
+    monkeypatch.setattr("rlrig.trainer.config.ESTIMATORS", estimators.registry.ESTIMATORS)
+    cfg = parse_overrides([MODEL, "algorithm.adv_estimator=sign", "actor_rollout_ref.rollout.n=2"])
+    assert cfg.algorithm.adv_estimator == "sign"
+    with pytest.raises(ConfigError, match="rollout.n to 2"):  # its declaration, read by validation
+        parse_overrides([MODEL, "algorithm.adv_estimator=sign"])
+    with pytest.raises(ValueError, match="registered twice"):
+        estimators.register("sign")(sign)
+
+
+def test_policy_loss_registry_and_unknown_names():
+    assert "vanilla" in policy_losses.POLICY_LOSSES
+    with pytest.raises(ConfigError, match=r"loss_mode='nope': choose one of vanilla"):
+        parse_overrides([MODEL, "actor_rollout_ref.actor.policy_loss.loss_mode=nope"])
+    with pytest.raises(ValueError, match="registered twice"):
+        policy_losses.register("vanilla")(lambda *a: None)
+
+
+def test_engine_names_come_from_the_registry():
+    assert set(engines.NAMES) == {"hf", "vllm", "sglang", "auto"}
+    with pytest.raises(ConfigError, match="choose one of hf, vllm, sglang, auto"):
+        parse_overrides([MODEL, "actor_rollout_ref.rollout.name=trtllm"])
+
+
+@pytest.mark.parametrize("name,values,expect", [
+    ("critic/score/mean", [1.0, 3.0], 2.0),
+    ("critic/score/max", [1.0, 3.0], 3.0),
+    ("response_length/min", [4.0, 2.0], 2.0),
+    ("timing_s/gen", [1.5, 0.5], 1.5),  # the step waits for the slowest worker
+    ("perf/total_num_tokens", [10.0, 30.0], 40.0),
+    ("critic/advantages/mean", [1.0, 0.0], 0.25),  # token-weighted: 10 and 30 response tokens
+])
+def test_metric_reduction(name, values, expect):
+    results = [{name: v, metrics.TOKENS: w} for v, w in zip(values, (10.0, 30.0))]
+    assert metrics.reduce(results) == {name: pytest.approx(expect)}
+
+
+def test_unknown_metric_is_an_error_not_a_guess():
+    with pytest.raises(KeyError, match="add it to rlrig/trainer/metrics.py"):
+        metrics.reduce([{"actor/new_thing_max": 1.0}])
+
+
+def test_a_metric_only_some_workers_report():
+    assert metrics.reduce([{"actor/kl_loss": 2.0}, {}]) == {"actor/kl_loss": 2.0}

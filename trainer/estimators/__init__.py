@@ -1,0 +1,12 @@
+"""The advantage estimators. A new one is a module in this package that calls `register`, plus its
+import below."""
+
+from .registry import ESTIMATORS, AdvantageInput, Estimator, register
+from . import gae, grpo, reinforce_pp, rloo  # noqa: E402,F401  (each registers itself)
+
+__all__ = ["ESTIMATORS", "AdvantageInput", "Estimator", "register", "get"]
+
+
+def get(name: str) -> Estimator:
+    """The estimator called `name`; config validation has already refused unknown names."""
+    return ESTIMATORS[name]

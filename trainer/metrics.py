@@ -1,0 +1,60 @@
+"""Every metric a worker reports, by verl's name, with how it combines across workers.
+
+Workers each see a shard of the batch; the driver combines their dicts with `reduce`. A metric with
+no rule here is an error (a new metric is one line below), never a guess from its name.
+"""
+
+from __future__ import annotations
+
+MEAN, MAX, MIN, SUM, TOKEN_MEAN = "mean", "max", "min", "sum", "token_mean"
+# the reserved key each worker adds: its response-token count, the weight of TOKEN_MEAN metrics
+TOKENS = "_response_tokens"
+
+RULES: dict[str, str] = {
+    # shards hold equally many sequences, so a per-sequence mean over workers is the batch's mean
+    "critic/score/mean": MEAN, "critic/score/max": MAX, "critic/score/min": MIN,
+    "critic/rewards/mean": MEAN,
+    "critic/advantages/mean": TOKEN_MEAN,
+    "critic/vf_explained_var": MEAN, "critic/vf_loss": MEAN, "critic/vf_clipfrac": MEAN, "critic/grad_norm": MEAN,
+    "critic/lr": MEAN,
+    "response_length/mean": MEAN, "response_length/max": MAX, "response_length/min": MIN,
+    "response_length/clip_ratio": MEAN,
+    "actor/pg_loss": MEAN, "actor/pg_clipfrac": MEAN, "actor/ppo_kl": MEAN, "actor/entropy": MEAN,
+    "actor/kl_loss": MEAN, "actor/grad_norm": MEAN, "actor/lr": MEAN, "actor/reward_kl_penalty": MEAN,
+    "training/rollout_probs_diff_max": MAX, "training/rollout_probs_diff_mean": TOKEN_MEAN,
+    "training/rollout_probs_diff_std": MEAN,
+    "perf/total_num_tokens": SUM, "perf/max_memory_allocated_gb": MAX,
+}
+# families: the phases run in parallel on every worker, so the step waits for the slowest
+PREFIXES: dict[str, str] = {"timing_s/": MAX}
+
+
+def rule(name: str) -> str:
+    if name in RULES:
+        return RULES[name]
+    for prefix, how in PREFIXES.items():
+        if name.startswith(prefix):
+            return how
+    raise KeyError(f"metric {name!r} has no rule for combining workers; add it to rlrig/trainer/metrics.py")
+
+
+def reduce(results: list[dict]) -> dict:
+    """One dict from the workers' dicts (a worker may lack a metric, e.g. one it had no tokens for)."""
+    weights = [r.get(TOKENS, 1.0) for r in results]
+    out = {}
+    for name in sorted(set().union(*results) - {TOKENS}):
+        pairs = [(r[name], w) for r, w in zip(results, weights) if name in r]
+        vals = [v for v, _ in pairs]
+        how = rule(name)
+        if how == MAX:
+            out[name] = max(vals)
+        elif how == MIN:
+            out[name] = min(vals)
+        elif how == SUM:
+            out[name] = sum(vals)
+        elif how == TOKEN_MEAN:
+            total = sum(w for _, w in pairs)
+            out[name] = sum(v * w for v, w in pairs) / total if total else sum(vals) / len(vals)
+        else:
+            out[name] = sum(vals) / len(vals)
+    return out

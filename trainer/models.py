@@ -1,0 +1,88 @@
+"""Model and optimizer setup for one worker: the actor (trained, wrapped for data parallelism), the
+frozen reference, the critic, and the full module a rollout engine generates with."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+
+from . import parallel
+from .precision import Precision, cast_buffers, resolve
+
+
+@dataclass
+class Trainable:
+    module: torch.nn.Module  # the model itself: state dicts, sync, gradient clipping
+    train: torch.nn.Module  # what training forwards call (a DDP wrapper, or the FSDP-sharded module)
+    opt: torch.optim.Optimizer
+    precision: Precision
+    checkpointing: bool  # gradient checkpointing is on (it acts in training mode only)
+    optimizer_offload: bool  # the optimizer state lives in host memory between steps (offload.py)
+    device: torch.device
+
+
+@dataclass
+class Models:
+    actor: Trainable
+    ref: torch.nn.Module | None
+    ref_precision: Precision | None
+    ref_offload: bool  # the reference's weights live in host memory between its passes
+    critic: Trainable | None
+    gen_module: torch.nn.Module  # the actor itself, or under FSDP a full copy for an engine that generates with it
+
+
+def load_kwargs(model_cfg) -> dict:
+    return {"gguf_file": model_cfg.gguf_file} if model_cfg.gguf_file else {}
+
+
+def trainable(module, device, precision: Precision, optim, checkpointing: bool, optimizer_offload: bool) -> Trainable:
+    cast_buffers(module, precision)
+    if checkpointing:
+        # non-reentrant: the variant that works under FSDP2 and with inputs that need no grad. transformers 5
+        # renamed the method (the old name warns); it acts only in training mode, which the update sets
+        if hasattr(module, "activation_checkpointing_enable"):
+            module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    train = parallel.wrap(module, device, precision)
+    opt = torch.optim.AdamW(module.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
+    return Trainable(module, train, opt, precision, checkpointing, optimizer_offload, device)
+
+
+def build(cfg, path: str, device: torch.device, needs_critic: bool, engine_needs_full_module: bool) -> Models:
+    from transformers import AutoModelForCausalLM
+
+    a = cfg.actor_rollout_ref
+    strategy = a.actor.strategy
+    kw = load_kwargs(a.model)
+    prec = resolve(a.actor.fsdp_config, device.type, strategy, "actor")
+    module = AutoModelForCausalLM.from_pretrained(path, dtype=prec.model_dtype, **kw).to(device)
+    # transformers' generate cannot run on a sharded module (ranks would step out of lockstep at EOS), so
+    # under FSDP an engine that generates with the actor's module gets its own full copy, refreshed by sync_weights
+    gen_module = copy.deepcopy(module) if strategy == "fsdp" and engine_needs_full_module else module
+    actor = trainable(module, device, prec, a.actor.optim, a.model.enable_gradient_checkpointing,
+                      a.actor.fsdp_config.optimizer_offload)
+    ref = ref_prec = None
+    ref_offload = a.ref.fsdp_config.param_offload
+    if a.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
+        ref_prec = resolve(a.ref.fsdp_config, device.type, strategy, "ref")
+        ref = AutoModelForCausalLM.from_pretrained(path, dtype=ref_prec.model_dtype, **kw).to(device).eval()
+        ref.requires_grad_(False)
+        cast_buffers(ref, ref_prec)
+        if strategy == "fsdp":
+            parallel.fsdp_shard(ref)  # sharded where it computes; offloaded after
+        if ref_offload:
+            ref.to("cpu")
+    critic = None
+    if needs_critic:
+        from transformers import AutoModelForTokenClassification
+
+        c = cfg.critic
+        cprec = resolve(c.model.fsdp_config, device.type, strategy, "critic")
+        cmodule = AutoModelForTokenClassification.from_pretrained(c.model.path or path, num_labels=1, dtype=cprec.model_dtype,
+                                                                  **kw).to(device)
+        critic = trainable(cmodule, device, cprec, c.optim, c.model.enable_gradient_checkpointing,
+                           c.model.fsdp_config.optimizer_offload)
+    return Models(actor, ref, ref_prec, ref_offload, critic, gen_module)

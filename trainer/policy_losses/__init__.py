@@ -1,0 +1,10 @@
+"""The policy losses. A new one is a module in this package that calls `register`, plus its import below."""
+
+from .registry import POLICY_LOSSES, PolicyLoss, register
+from . import vanilla  # noqa: E402,F401  (registers itself)
+
+__all__ = ["POLICY_LOSSES", "PolicyLoss", "register", "get"]
+
+
+def get(name: str) -> PolicyLoss:
+    return POLICY_LOSSES[name]

@@ -1,0 +1,30 @@
+"""PPO's clipped surrogate with dual clip (verl's `vanilla`)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..core_algos import agg_loss, masked_mean
+from .registry import register
+
+
+def clipped_surrogate(old_logp, logp, adv, mask, clip_low=0.2, clip_high=0.2, clip_c=3.0, agg="token-mean"):
+    # r = exp(clamp(logp - old, +-20)); L = max(-A r, -A clip(r, 1-lo, 1+hi)); for A<0 also min(L, -A c) (dual clip)
+    ratio = torch.exp((logp - old_logp).clamp(-20.0, 20.0))
+    ppo_kl = masked_mean(old_logp - logp, mask)
+    l1 = -adv * ratio
+    l2 = -adv * ratio.clamp(1 - clip_low, 1 + clip_high)
+    clipped = torch.maximum(l1, l2)
+    clipfrac = masked_mean((l2 > l1).float(), mask)
+    l3 = -adv * clip_c
+    dual = torch.minimum(l3, clipped)
+    loss = torch.where(adv < 0, dual, clipped)
+    return agg_loss(loss, mask, agg), clipfrac, ppo_kl
+
+
+@register("vanilla")
+def vanilla(old_logp, logp, adv, mask, actor_cfg, agg: str):
+    lo = actor_cfg.clip_ratio_low if actor_cfg.clip_ratio_low is not None else actor_cfg.clip_ratio
+    hi = actor_cfg.clip_ratio_high if actor_cfg.clip_ratio_high is not None else actor_cfg.clip_ratio
+    loss, clipfrac, ppo_kl = clipped_surrogate(old_logp, logp, adv, mask, lo, hi, actor_cfg.clip_ratio_c, agg)
+    return loss, {"actor/pg_clipfrac": clipfrac, "actor/ppo_kl": ppo_kl}

@@ -1,0 +1,28 @@
+"""The named phases of a step, timed under verl's `timing_s/<phase>` names."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+
+
+class Phases:
+    """`with phases("gen"): ...` adds the block's seconds to timing_s/gen. `sync` waits for queued device
+    work first (CUDA runs asynchronously: without it a phase's kernels would be billed to the next one)."""
+
+    def __init__(self, sync: Callable[[], None] = lambda: None):
+        self.sync, self.seconds = sync, {}
+
+    @contextmanager
+    def __call__(self, name: str):
+        self.sync()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.sync()
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+    def metrics(self) -> dict[str, float]:
+        return {f"timing_s/{k}": v for k, v in self.seconds.items()}
