@@ -81,6 +81,8 @@ class ActorConfig:
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     ppo_mini_batch_size: int = 256
     ppo_micro_batch_size_per_gpu: int | None = None  # None: the whole mini batch at once
+    use_dynamic_bsz: bool = False  # micro batches by token budget (ppo_max_token_len_per_gpu) instead of by count
+    ppo_max_token_len_per_gpu: int = 16384
     ppo_epochs: int = 1
     clip_ratio: float = 0.2
     clip_ratio_low: float | None = None
@@ -103,6 +105,8 @@ class RolloutConfig:
     top_p: float = 1.0
     do_sample: bool = True
     log_prob_micro_batch_size_per_gpu: int | None = None  # the old-log-prob pass; None: the whole batch at once
+    log_prob_use_dynamic_bsz: bool | None = None  # None: actor.use_dynamic_bsz
+    log_prob_max_token_len_per_gpu: int | None = None  # None: actor.ppo_max_token_len_per_gpu
     tensor_model_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
     enforce_eager: bool = True
@@ -115,6 +119,8 @@ class RolloutConfig:
 @dataclass
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: int | None = None
+    log_prob_use_dynamic_bsz: bool | None = None  # None: actor.use_dynamic_bsz
+    log_prob_max_token_len_per_gpu: int | None = None  # None: actor.ppo_max_token_len_per_gpu
     fsdp_config: FsdpConfig = field(default_factory=FsdpConfig)
 
 
@@ -137,6 +143,9 @@ class CriticConfig:
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
     ppo_micro_batch_size_per_gpu: int | None = None  # None: the actor's mini batch at once
     forward_micro_batch_size_per_gpu: int | None = None  # the values pass; None: ppo_micro_batch_size_per_gpu
+    use_dynamic_bsz: bool | None = None  # None: actor.use_dynamic_bsz
+    ppo_max_token_len_per_gpu: int = 32768
+    forward_max_token_len_per_gpu: int | None = None  # None: critic.ppo_max_token_len_per_gpu
     cliprange_value: float = 0.5
 
 
@@ -299,6 +308,23 @@ def parse_overrides(overrides: list[str]) -> Config:
     return cfg
 
 
+def token_budgets(cfg: Config) -> dict[str, int | None]:
+    """The token budget of each pass's micro batches under use_dynamic_bsz (None: by count), with verl's
+    defaults: the rollout, reference and critic follow the actor's switch and budget unless set."""
+    a, r, ref, c = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.ref, cfg.critic
+    on = lambda flag: a.use_dynamic_bsz if flag is None else flag
+    return {
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None,
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu":
+            (r.log_prob_max_token_len_per_gpu or a.ppo_max_token_len_per_gpu) if on(r.log_prob_use_dynamic_bsz) else None,
+        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu":
+            (ref.log_prob_max_token_len_per_gpu or a.ppo_max_token_len_per_gpu) if on(ref.log_prob_use_dynamic_bsz) else None,
+        "critic.ppo_max_token_len_per_gpu": c.ppo_max_token_len_per_gpu if on(c.use_dynamic_bsz) else None,
+        "critic.forward_max_token_len_per_gpu":
+            (c.forward_max_token_len_per_gpu or c.ppo_max_token_len_per_gpu) if on(c.use_dynamic_bsz) else None,
+    }
+
+
 DTYPES = ("fp32", "bf16")  # fp16 compute would need loss scaling, which rlrig does not do
 
 
@@ -356,6 +382,11 @@ def validate(cfg: Config) -> None:
                        ("critic.forward_micro_batch_size_per_gpu", cfg.critic.forward_micro_batch_size_per_gpu)):
         if value is not None and value < 1:
             raise ConfigError(f"{key}={value} must be at least 1 (or null)")
+    longest = d.max_prompt_length + d.max_response_length
+    for key, budget in token_budgets(cfg).items():
+        if budget is not None and budget < longest:
+            raise ConfigError(f"{key}={budget} is shorter than one sequence (data.max_prompt_length + "
+                              f"data.max_response_length = {longest}); raise it")
     if a.clip_ratio_c <= 1:
         raise ConfigError(f"actor_rollout_ref.actor.clip_ratio_c={a.clip_ratio_c}: the dual-clip bound must be greater than 1 "
                           "(verl's default is 3.0)")

@@ -62,7 +62,13 @@ def values(critic, input_ids, attention_mask, prompt_len, remove_padding=False):
     return packing.unpack(v, filled) if filled is not None else v
 
 
-def in_micro_batches(rows: int, micro: int | None, fn: Callable[[slice], torch.Tensor]) -> torch.Tensor:
-    """fn over consecutive row slices of at most `micro` rows (None: all at once), concatenated."""
-    micro = micro or rows
-    return torch.cat([fn(slice(s, s + micro)) for s in range(0, rows, micro)])
+def in_micro_batches(parts: list, fn: Callable[[object], torch.Tensor]) -> torch.Tensor:
+    """fn over each micro batch (a slice of rows, or a list of row indices: batching.py), back in row order."""
+    outs = [fn(p) for p in parts]
+    cat = torch.cat(outs)
+    if all(isinstance(p, slice) for p in parts):
+        return cat
+    order = torch.tensor([i for p in parts for i in p], device=cat.device)
+    res = torch.empty_like(cat)
+    res[order] = cat
+    return res

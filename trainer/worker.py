@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from . import core_algos as algos
-from . import estimators, generate_score, lr_schedule, metrics as M, models, offload, parallel, precision, worker_state
+from . import batching, estimators, generate_score, lr_schedule, metrics as M, models, offload, parallel, precision, worker_state
 from .engines import EngineContext, EngineUnavailable, engine_class, make_engine
 from .logprobs import in_micro_batches, token_logprobs, values as critic_values
 from .ppo_update import mean_stats, update_actor, update_critic
@@ -60,6 +60,24 @@ def probs_diff(engine_logp, actor_logp, mask) -> dict:
             "training/rollout_probs_diff_std": diff.std(unbiased=False).item()}
 
 
+MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def moe_refusal(model_path: str, load_kwargs: dict, engine_cls) -> str | None:
+    """transformers 5 fuses a mixture-of-experts model's expert weights into one tensor per layer, whose
+    names vLLM's and SGLang's loaders do not know: syncing them would fail or, worse, load nothing.
+    Until those names are mapped back, such a model rolls out with hf only."""
+    if engine_cls.generates_with_actor_module:
+        return None
+    from transformers import AutoConfig
+
+    conf = AutoConfig.from_pretrained(model_path, **load_kwargs)
+    if any(getattr(conf, k, 0) for k in MOE_KEYS):
+        return (f"{conf.model_type} is a mixture-of-experts model, whose fused expert weights rlrig cannot yet hand to "
+                f"{engine_cls.name}; use actor_rollout_ref.rollout.name=hf")
+    return None
+
+
 def allreduce_sum(t: torch.Tensor) -> torch.Tensor:
     dist.all_reduce(t)
     return t
@@ -69,9 +87,10 @@ class Worker:
     def __init__(self, cfg_dict: dict, rank: int, world: int, master: tuple[str, int], model_path: str):
         from transformers import AutoTokenizer
 
-        from .config import from_dict
+        from .config import from_dict, token_budgets
 
         self.cfg = cfg = from_dict(cfg_dict)
+        self.budgets = token_budgets(cfg)
         self.rank, self.world = rank, world
         seed = cfg.trainer.seed + rank
         random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
@@ -94,9 +113,12 @@ class Worker:
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
         engine_cls = engine_class(a.rollout.name)
+        self.engine_error = moe_refusal(model_path, models.load_kwargs(a.model), engine_cls)
+        if self.engine_error:
+            self.engine = None
+            return
         self.models = models.build(cfg, model_path, self.device, self.estimator.needs_critic, engine_cls.generates_with_actor_module)
         self.reward_fn = load_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
-        self.engine_error = None
         # the ranks of one tensor-parallel engine sample the same tokens only from the same seed
         ctx = EngineContext(self.models.gen_module, self.tok, a.rollout, cfg.data.max_prompt_length, cfg.data.max_response_length,
                             model_path, self.device.type, cfg.trainer.seed + rank // a.rollout.tensor_model_parallel_size,
@@ -128,7 +150,17 @@ class Worker:
         ro = self.engine.generate([r["input_ids"] for r in rows], 1, greedy=True)
         return generate_score.score(self.tok, self.reward_fn, rows, ro, 1)[0].tolist()
 
-    def _logprobs(self, module, ro, micro, prec) -> torch.Tensor:
+    def _agree_max(self, k: int) -> int:
+        t = torch.tensor([k], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def _parts(self, ro, start: int, stop: int, micro: int | None, budget_key: str) -> list:
+        """Micro batches of rows start..stop-1: `micro` rows each, or by the pass's token budget (use_dynamic_bsz)."""
+        lengths = ro.attention_mask.sum(-1).tolist()
+        return batching.plan(lengths, start, stop, micro, self.budgets[budget_key], self._agree_max)
+
+    def _logprobs(self, module, ro, micro, prec, budget_key) -> torch.Tensor:
         """No-grad log-probs in micro batches; `module` is the bare model (under DDP, the wrapper's
         forward would broadcast buffers: a collective for a pass that needs none)."""
         packed = self.cfg.actor_rollout_ref.model.use_remove_padding
@@ -137,7 +169,7 @@ class Worker:
             with prec.autocast():
                 return token_logprobs(module, ro.input_ids[sl], ro.attention_mask[sl], ro.prompt_len, remove_padding=packed)[0]
 
-        return in_micro_batches(len(ro.input_ids), micro, part)
+        return in_micro_batches(self._parts(ro, 0, len(ro.input_ids), micro, budget_key), part)
 
     def _values(self, ro) -> torch.Tensor:
         c, t = self.cfg.critic, self.models.critic
@@ -146,12 +178,14 @@ class Worker:
             with t.precision.autocast():
                 return critic_values(t.module, ro.input_ids[sl], ro.attention_mask[sl], ro.prompt_len, c.model.use_remove_padding)
 
-        return in_micro_batches(len(ro.input_ids), c.forward_micro_batch_size_per_gpu or c.ppo_micro_batch_size_per_gpu, part)
+        parts = self._parts(ro, 0, len(ro.input_ids), c.forward_micro_batch_size_per_gpu or c.ppo_micro_batch_size_per_gpu,
+                            "critic.forward_max_token_len_per_gpu")
+        return in_micro_batches(parts, part)
 
     def step(self, rows, kl_coef: float, global_step: int) -> dict:
         """One PPO step on this worker's shard of prompts; `global_step` counts from 1."""
         cfg, a, m = self.cfg, self.cfg.actor_rollout_ref, self.models
-        n, total = a.rollout.n, cfg.trainer.total_training_steps
+        n = a.rollout.n
         phases = Phases(self._sync_device)
         if self.device.type == "cuda" and not self.engine.generates_with_actor_module:
             torch.cuda.empty_cache()  # what training freed goes back before the engine's KV cache wakes
@@ -169,10 +203,12 @@ class Worker:
         with torch.no_grad():
             with phases("old_log_prob"):
                 if not on_policy:
-                    old_logp = self._logprobs(m.actor.module, ro, a.rollout.log_prob_micro_batch_size_per_gpu, m.actor.precision)
+                    old_logp = self._logprobs(m.actor.module, ro, a.rollout.log_prob_micro_batch_size_per_gpu, m.actor.precision,
+                                              "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu")
             if m.ref is not None:
                 with phases("ref"), offload.module_on(m.ref, self.device, m.ref_offload):
-                    ref_logp = self._logprobs(m.ref, ro, a.ref.log_prob_micro_batch_size_per_gpu, m.ref_precision)
+                    ref_logp = self._logprobs(m.ref, ro, a.ref.log_prob_micro_batch_size_per_gpu, m.ref_precision,
+                                              "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu")
             if m.critic is not None:
                 with phases("values"):
                     values = self._values(ro) * mask
@@ -186,24 +222,14 @@ class Worker:
             adv, returns = self.estimator.fn(estimators.AdvantageInput(
                 rewards, mask, [i // n for i in range(len(mask))], values, al.gamma, al.lam, al.norm_adv_by_std_in_grpo,
                 allreduce_sum))
-        mini = a.actor.ppo_mini_batch_size * n // self.world
-        actor_logp = old_logp
-        if m.critic is not None:
-            with phases("update_critic"):
-                lr = lr_schedule.lr_at(cfg.critic.optim, global_step - 1, total)
-                lr_schedule.apply(m.critic.opt, lr)
-                out.update(mean_stats(update_critic(m.critic, ro, mask, values, returns, cfg, mini,
-                                                    min(cfg.critic.ppo_micro_batch_size_per_gpu or mini, mini),
-                                                    cfg.critic.model.use_remove_padding)))
-                out["critic/lr"] = lr
+        # the update's random draws (dropout) come from a forked stream: the ranks of one tensor-parallel
+        # engine, which must sample the same tokens, keep the same generator state whatever the update draws
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            update_stats, actor_logp = self._update(phases, ro, mask, old_logp, ref_logp, adv, values, returns, global_step,
+                                                    update_actor_now)
+        out.update(update_stats)
+        actor_logp = actor_logp if actor_logp is not None else old_logp
         if update_actor_now:
-            with phases("update_actor"):
-                lr = lr_schedule.lr_at(a.actor.optim, global_step - 1, total)
-                lr_schedule.apply(m.actor.opt, lr)
-                stats, actor_logp = update_actor(m.actor, ro, mask, old_logp, ref_logp, adv, cfg, mini,
-                                                 min(a.actor.ppo_micro_batch_size_per_gpu or mini, mini), a.model.use_remove_padding)
-                out.update(mean_stats(stats))
-                out["actor/lr"] = lr
             with phases("update_weights"):
                 self.engine.sync_weights(parallel.full_tensors(m.actor.module))  # the next rollout samples from the new policy
         if ro.engine_logp is not None and actor_logp is not None:
@@ -224,6 +250,31 @@ class Worker:
         if self.device.type == "cuda":
             out["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         return out
+
+    def _update(self, phases, ro, mask, old_logp, ref_logp, adv, values, returns, global_step: int, update_actor_now: bool):
+        """The critic's update, then the actor's (each at its scheduled learning rate); returns the stats and
+        the actor's log-probs before its first optimizer step (None when the actor did not update)."""
+        cfg, a, m = self.cfg, self.cfg.actor_rollout_ref, self.models
+        total = cfg.trainer.total_training_steps
+        mini, rows = a.actor.ppo_mini_batch_size * a.rollout.n // self.world, len(mask)
+        minis = lambda micro, key: [self._parts(ro, s, min(s + mini, rows), min(micro or mini, mini), key) for s in range(0, rows, mini)]
+        out, actor_logp = {}, None
+        if m.critic is not None:
+            with phases("update_critic"):
+                out["critic/lr"] = lr_schedule.lr_at(cfg.critic.optim, global_step - 1, total)
+                lr_schedule.apply(m.critic.opt, out["critic/lr"])
+                out.update(mean_stats(update_critic(m.critic, ro, mask, values, returns, cfg,
+                                                    minis(cfg.critic.ppo_micro_batch_size_per_gpu, "critic.ppo_max_token_len_per_gpu"),
+                                                    mini, cfg.critic.model.use_remove_padding)))
+        if update_actor_now:
+            with phases("update_actor"):
+                out["actor/lr"] = lr_schedule.lr_at(a.actor.optim, global_step - 1, total)
+                lr_schedule.apply(m.actor.opt, out["actor/lr"])
+                stats, actor_logp = update_actor(m.actor, ro, mask, old_logp, ref_logp, adv, cfg,
+                                                 minis(a.actor.ppo_micro_batch_size_per_gpu, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"),
+                                                 mini, a.model.use_remove_padding)
+                out.update(mean_stats(stats))
+        return out, actor_logp
 
     # --- checkpoints: full tensors by name; every rank gathers (a collective), rank 0 returns them ---
     def state(self) -> dict | None:

@@ -167,3 +167,19 @@ def test_hf_sync_refreshes_a_separate_copy_and_skips_the_shared_module():
     shared = hf_engine.HFRollout(ctx(module=actor))
     shared.sync_weights(actor.state_dict().items())  # copying a tensor onto itself: nothing to do
     assert torch.equal(actor.weight, torch.ones(2, 3))
+
+
+@pytest.mark.parametrize("moe,engine,refused", [
+    (True, "vllm", True), (True, "sglang", True), (True, "hf", False), (False, "vllm", False),
+])
+def test_mixture_of_experts_is_refused_for_engines_with_their_own_loader(tmp_path, moe, engine, refused):
+    from transformers import Qwen2Config, Qwen2MoeConfig
+
+    from rlrig.trainer.worker import moe_refusal
+
+    conf = (Qwen2MoeConfig(num_experts=4) if moe else Qwen2Config())
+    conf.save_pretrained(tmp_path)
+    why = moe_refusal(str(tmp_path), {}, engines.ENGINES[engine])
+    assert (why is not None) == refused
+    if refused:
+        assert "mixture-of-experts" in why and "rollout.name=hf" in why

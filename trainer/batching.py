@@ -1,0 +1,59 @@
+"""How a worker's rows are cut into micro batches: a fixed number of sequences each, or (verl's
+use_dynamic_bsz) as few micro batches as keep each under a token budget, balanced by token count.
+
+Under data parallelism every rank must run the same number of forwards and backwards (each is a
+collective under FSDP, each backward an all-reduce under DDP), so the count is agreed across ranks
+(`agree`: the maximum over all of them) before the rows are partitioned.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+Part = slice | list  # consecutive rows, or any rows by index
+
+
+def fixed(start: int, stop: int, size: int | None) -> list[slice]:
+    size = size or (stop - start)
+    return [slice(s, min(s + size, stop)) for s in range(start, stop, size)]
+
+
+def balanced(lengths: list[int], parts: int) -> list[list[int]]:
+    """Indices of `lengths` in `parts` groups of near-equal total: longest first, each into the group with
+    the least so far (fewest items on a tie); each group in ascending index order."""
+    groups: list[list[int]] = [[] for _ in range(parts)]
+    loads = [0] * parts
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        g = min(range(parts), key=lambda g: (loads[g], len(groups[g]), g))
+        groups[g].append(i)
+        loads[g] += lengths[i]
+    return [sorted(g) for g in groups]
+
+
+def parts_needed(lengths: list[int], max_tokens: int) -> int:
+    """The fewest balanced groups in which none exceeds max_tokens (a sequence longer than the budget
+    goes alone: config validation keeps the budget at least the longest possible sequence)."""
+    k = max(1, math.ceil(sum(lengths) / max_tokens))
+    while k < len(lengths) and max(sum(lengths[i] for i in g) for g in balanced(lengths, k)) > max_tokens:
+        k += 1
+    return min(k, max(1, len(lengths)))
+
+
+def token_budget(lengths: list[int], start: int, stop: int, max_tokens: int, agree: Callable[[int], int]) -> list[list[int]]:
+    """Rows start..stop-1 as index lists within the token budget, in the number of micro batches every rank agrees on."""
+    own = lengths[start:stop]
+    k = min(agree(parts_needed(own, max_tokens)), len(own))
+    return [[start + i for i in g] for g in balanced(own, k) if g]
+
+
+def plan(lengths: list[int], start: int, stop: int, micro: int | None, max_tokens: int | None,
+         agree: Callable[[int], int]) -> list[Part]:
+    """The micro batches of rows start..stop-1: by token budget when max_tokens is set, else `micro` rows each."""
+    if max_tokens:
+        return token_budget(lengths, start, stop, max_tokens, agree)
+    return fixed(start, stop, micro)
+
+
+def size(part: Part) -> int:
+    return part.stop - part.start if isinstance(part, slice) else len(part)
