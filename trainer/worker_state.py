@@ -14,7 +14,7 @@ from .models import Models, Trainable
 
 def _gather(t: Trainable) -> tuple[dict, dict]:
     # gathering is a collective over the training device's backend: an offloaded state comes back for it
-    with offload.optimizer_on(t.opt, t.device, t.optimizer_offload):
+    with offload.module_on(t.module, t.device, t.param_offload), offload.optimizer_on(t.opt, t.device, t.optimizer_offload):
         return parallel.gather_state(t.module, t.opt)
 
 
@@ -26,7 +26,7 @@ def gather(models: Models, rank: int) -> dict | None:
 
 
 def _load(t: Trainable, model_sd: dict, optim_sd: dict) -> None:
-    with offload.optimizer_on(t.opt, t.device, t.optimizer_offload):
+    with offload.module_on(t.module, t.device, t.param_offload), offload.optimizer_on(t.opt, t.device, t.optimizer_offload):
         parallel.load_state(t.module, t.opt, model_sd, optim_sd)
 
 

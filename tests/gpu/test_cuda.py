@@ -158,6 +158,24 @@ def test_offload_keeps_optimizer_state_and_reference_in_host_memory_on_cuda():
         assert [a[k] for k in keys] == pytest.approx([b[k] for k in keys], rel=1e-5, abs=1e-7)
 
 
+def test_param_offload_keeps_fsdp_shards_in_host_memory_between_steps_on_cuda():
+    """actor and critic param_offload under FSDP: on the GPU only for the phases that use them, same numbers."""
+    from rlrig.trainer.presets import EMBEDDED
+    from rlrig.trainer.single_process import single_worker
+
+    keys = ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss")
+    res = {}
+    for flag in (False, True):
+        with single_worker([*EMBEDDED, "trainer.device=cuda", "actor_rollout_ref.rollout.name=hf", "algorithm.adv_estimator=gae",
+                            "actor_rollout_ref.actor.strategy=fsdp", f"actor_rollout_ref.actor.fsdp_config.param_offload={flag}",
+                            f"critic.model.fsdp_config.param_offload={flag}"]) as (w, batches):
+            res[flag] = [w.step(next(batches), 0.001, s + 1) for s in range(2)]
+            for t in (w.models.actor, w.models.critic):
+                assert {p.device.type for p in t.module.parameters()} == ({"cpu"} if flag else {"cuda"})
+    for a, b in zip(res[False], res[True]):
+        assert [a[k] for k in keys] == pytest.approx([b[k] for k in keys], rel=1e-5, abs=1e-7)
+
+
 def test_micro_batched_passes_lower_peak_memory_with_a_large_vocabulary_on_cuda():
     """A 152k vocabulary: the logits are the largest tensors of a step; micro batches bound them."""
     from rlrig.trainer.synthetic import Shape, ensure_model

@@ -139,3 +139,21 @@ def test_smollm2_preset_trains_and_exports(tmp_path):
     from transformers import AutoModelForCausalLM
 
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "hf").num_parameters() > 100_000_000
+
+
+def test_val_only_with_several_samples_and_logged_generations(tmp_path):
+    """trainer.val_only validates and stops; rollout.val_kwargs.n samples per prompt give verl's mean@n, std@n and
+    best@n; trainer.log_val_generations keeps that many samples."""
+    run = tmp_path / "val"
+    r = rlrig("train", "trainer.val_only=True", "trainer.log_val_generations=3", "actor_rollout_ref.rollout.val_kwargs.n=2",
+              "actor_rollout_ref.rollout.val_kwargs.do_sample=True", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+              f"trainer.default_local_dir={run}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    [row] = metrics(run)
+    assert row["training/global_step"] == 0
+    src = "rlrig/arithmetic"
+    assert {f"val-core/{src}/reward/mean@2", f"val-aux/{src}/reward/std@2", f"val-aux/{src}/reward/best@2/mean"} <= set(row)
+    assert row[f"val-aux/{src}/reward/best@2/mean"] >= row[f"val-core/{src}/reward/mean@2"]
+    shown = (run / "val_generations.jsonl").read_text().splitlines()
+    assert len(shown) == 3 and "validation sample" in r.stderr
+    assert not list(run.glob("global_step_*"))  # nothing trained, nothing saved

@@ -38,7 +38,7 @@ def test_a_new_estimator_is_one_registration(monkeypatch):
 
 def test_policy_loss_registry_and_unknown_names():
     assert "vanilla" in policy_losses.POLICY_LOSSES
-    with pytest.raises(ConfigError, match=r"loss_mode='nope': choose one of vanilla"):
+    with pytest.raises(ConfigError, match=r"loss_mode=.nope.: choose one of vanilla, cispo, clip_cov, geo_mean, gpg, gspo, kl_cov, sapo"):
         parse_overrides([MODEL, "actor_rollout_ref.actor.policy_loss.loss_mode=nope"])
     with pytest.raises(ValueError, match="registered twice"):
         policy_losses.register("vanilla")(lambda *a: None)

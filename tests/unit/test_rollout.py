@@ -42,11 +42,15 @@ def test_pack_responses_without_logprobs():
     assert ro.engine_logp is None and ro.response_mask.tolist() == [[1, 0]]
 
 
-@pytest.mark.parametrize("greedy,temp,top_p", [(False, 0.7, 0.9), (True, 0.0, 1.0)])
-def test_vllm_sampling_kwargs(greedy, temp, top_p):
-    cfg = RolloutConfig(temperature=0.7, top_p=0.9)
-    kw = vllm_rollout.sampling_kwargs(cfg, 4, greedy, 16, EOS)
-    assert kw == dict(n=4, temperature=temp, top_p=top_p, max_tokens=16, stop_token_ids=[EOS], logprobs=0, detokenize=False)
+@pytest.mark.parametrize("sampling,extra", [
+    (engines.Sampling(0.7, 0.9, -1, True), dict(temperature=0.7, top_p=0.9)),
+    (engines.GREEDY, dict(temperature=0.0, top_p=1.0)),
+    (engines.Sampling(0.7, 0.9, 20, True), dict(temperature=0.7, top_p=0.9, top_k=20)),
+    (engines.Sampling(0.7, 0.9, 20, False), dict(temperature=0.0, top_p=1.0)),  # do_sample=False: greedy, as verl
+])
+def test_vllm_sampling_kwargs(sampling, extra):
+    kw = vllm_rollout.sampling_kwargs(sampling, 4, 16, EOS)
+    assert kw == dict(n=4, max_tokens=16, stop_token_ids=[EOS], logprobs=0, detokenize=False, **extra)
 
 
 @pytest.mark.parametrize("device,dtype,cfg_dtype,gpu_keys", [
@@ -58,6 +62,9 @@ def test_vllm_engine_kwargs(device, dtype, cfg_dtype, gpu_keys):
     cfg = RolloutConfig(dtype=cfg_dtype, tensor_model_parallel_size=2, gpu_memory_utilization=0.4, max_num_seqs=64)
     kw = vllm_rollout.engine_kwargs(cfg, "/m", 48, device, 3)
     assert kw["dtype"] == dtype and kw["max_model_len"] == 48 and kw["seed"] == 3 and kw["tensor_parallel_size"] == 2
+    # verl's rollout keys reach the engine
+    assert (kw["load_format"], kw["enable_chunked_prefill"], kw["max_num_batched_tokens"]) == ("dummy", True, 8192)
+    assert vllm_rollout.engine_kwargs(RolloutConfig(max_model_len=96), "/m", 48, device, 3)["max_model_len"] == 96
     assert kw["skip_tokenizer_init"] and kw["max_num_seqs"] == 64
     assert ("gpu_memory_utilization" in kw) == gpu_keys and ("enable_sleep_mode" in kw) == gpu_keys
     assert kw["distributed_executor_backend"] == "external_launcher" and kw.get("disable_custom_all_reduce", False) == gpu_keys
@@ -85,7 +92,7 @@ def test_sglang_arguments_and_unpack():
     kw = sglang_rollout.engine_kwargs(cfg, "/m", 64, 1)
     assert kw["mem_fraction_static"] == 0.6 and kw["enable_memory_saver"] and kw["dtype"] == "bfloat16"
     assert kw["context_length"] == 64 and kw["skip_tokenizer_init"]
-    sp = sglang_rollout.sampling_params(cfg, False, 8, EOS)
+    sp = sglang_rollout.sampling_params(engines.Sampling.of(cfg), 8, EOS)
     assert sp["max_new_tokens"] == 8 and sp["stop_token_ids"] == [EOS] and sp["temperature"] == 0.8
     outs = [{"output_ids": [4, EOS], "meta_info": {"output_token_logprobs": [(-0.25, 4, None), (-0.5, EOS, None)]}}]
     assert sglang_rollout.unpack(outs) == ([[4, EOS]], [[-0.25, -0.5]])
@@ -141,9 +148,8 @@ def test_sglang_weights_go_in_bounded_buckets_of_its_dtype():
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_do_sample_false_decodes_greedily(engine):
-    cfg = RolloutConfig(temperature=0.7, top_p=0.9, do_sample=False)
-    kw = (vllm_rollout.sampling_kwargs(cfg, 1, False, 8, EOS) if engine == "vllm"
-          else sglang_rollout.sampling_params(cfg, False, 8, EOS))
+    s = engines.Sampling.of(RolloutConfig(temperature=0.7, top_p=0.9, do_sample=False))
+    kw = vllm_rollout.sampling_kwargs(s, 1, 8, EOS) if engine == "vllm" else sglang_rollout.sampling_params(s, 8, EOS)
     assert kw["temperature"] == 0.0 and kw["top_p"] == 1.0
 
 

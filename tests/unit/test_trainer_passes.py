@@ -233,3 +233,16 @@ def test_prompt_key_names_the_column(tmp_path):
     assert out["response_length/mean"] > 0
     with pytest.raises(ConfigError, match="data.prompt_key=prompt: the data has no such column"):
         _one_step(files)
+
+
+def test_every_offload_key_runs_through_a_step_under_fsdp():
+    """On CPU the moves are to where the tensors already are, so this checks the code path and that
+    the numbers do not move; tests/gpu checks where the tensors rest on CUDA."""
+    base = ["actor_rollout_ref.actor.strategy=fsdp", "algorithm.adv_estimator=gae", "trainer.device=cpu"]
+    offload = [f"{k}=True" for k in ("actor_rollout_ref.actor.fsdp_config.param_offload", "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
+                                      "actor_rollout_ref.ref.fsdp_config.param_offload", "critic.model.fsdp_config.param_offload",
+                                      "critic.model.fsdp_config.optimizer_offload")]
+    keys = ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm", "actor/kl_loss")
+    plain, _, _ = _one_step(base)
+    moved, changed, _ = _one_step([*base, *offload])
+    assert changed and [plain[k] for k in keys] == pytest.approx([moved[k] for k in keys], rel=1e-6)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from .base import EngineContext, EngineNotInstalled, EngineUnavailable, Rollout, RolloutEngine
+from .base import GREEDY, EngineContext, EngineNotInstalled, EngineUnavailable, Rollout, RolloutEngine, Sampling
 from .hf_engine import HFRollout
 from .sglang_engine import SGLangRollout
 from .vllm_engine import VLLMRollout
@@ -15,8 +15,8 @@ ENGINES: dict[str, type[RolloutEngine]] = {e.name: e for e in (HFRollout, VLLMRo
 AUTO = "auto"
 NAMES = (*ENGINES, AUTO)
 
-__all__ = ["ENGINES", "NAMES", "EngineContext", "EngineNotInstalled", "EngineUnavailable", "Rollout",
-           "RolloutEngine", "engine_class", "make_engine"]
+__all__ = ["ENGINES", "GREEDY", "NAMES", "EngineContext", "EngineNotInstalled", "EngineUnavailable", "Rollout",
+           "RolloutEngine", "Sampling", "engine_class", "make_engine"]
 
 
 def engine_class(name: str) -> type[RolloutEngine]:

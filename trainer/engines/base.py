@@ -29,6 +29,27 @@ class Rollout:
                        self.prompt_len, logp)
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How to sample: actor_rollout_ref.rollout.* for training, rollout.val_kwargs.* for validation."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 or 0: no top-k truncation
+    do_sample: bool = True
+
+    @classmethod
+    def of(cls, cfg) -> "Sampling":
+        return cls(cfg.temperature, cfg.top_p, cfg.top_k, cfg.do_sample)
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature == 0
+
+
+GREEDY = Sampling(0.0, 1.0, -1, False)
+
+
 @dataclass
 class EngineContext:
     """Everything an engine is built from: one constructor signature for all engines."""
@@ -60,7 +81,8 @@ class RolloutEngine:
     def __init__(self, ctx: EngineContext):
         raise NotImplementedError
 
-    def generate(self, prompts: list[list[int]], n: int, greedy: bool = False) -> Rollout:
+    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling | None = None) -> Rollout:
+        """n samples of each prompt (prompt i's at rows i*n .. i*n+n-1); `sampling` None: the rollout config's."""
         raise NotImplementedError
 
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

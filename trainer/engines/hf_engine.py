@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import EngineContext, Rollout, RolloutEngine, left_pad, response_mask_from
+from .base import EngineContext, Rollout, RolloutEngine, Sampling, left_pad, response_mask_from
 
 
 class HFRollout(RolloutEngine):
@@ -19,18 +19,19 @@ class HFRollout(RolloutEngine):
         self.dtype = ctx.compute_dtype  # mixed precision: the fp32 master weights, matrix products in bf16
 
     @torch.no_grad()
-    def generate(self, prompts, n, greedy=False):
+    def generate(self, prompts, n, sampling=None):
+        sampling = sampling or Sampling.of(self.cfg)
         expanded = [p for p in prompts for _ in range(n)]
         dev = next(self.model.parameters()).device
         ids, mask = (t.to(dev) for t in left_pad(expanded, self.tok.pad_token_id))
         was_training = self.model.training
         self.model.eval()
-        sample = self.cfg.do_sample and not greedy
+        sample = not sampling.greedy
         with torch.autocast(dev.type, dtype=self.dtype, enabled=self.dtype is not None):
             out = self.model.generate(
                 input_ids=ids, attention_mask=mask, max_new_tokens=self.max_new, do_sample=sample,
-                temperature=self.cfg.temperature if sample else None, top_p=self.cfg.top_p if sample else None,
-                top_k=0 if sample else None,
+                temperature=sampling.temperature if sample else None, top_p=sampling.top_p if sample else None,
+                top_k=max(sampling.top_k, 0) if sample else None,  # transformers: 0 is no top-k
                 eos_token_id=self.tok.eos_token_id, pad_token_id=self.tok.pad_token_id,
             )
         self.model.train(was_training)

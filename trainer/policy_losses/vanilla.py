@@ -22,9 +22,22 @@ def clipped_surrogate(old_logp, logp, adv, mask, clip_low=0.2, clip_high=0.2, cl
     return agg_loss(loss, mask, agg), clipfrac, ppo_kl
 
 
-@register("vanilla")
-def vanilla(old_logp, logp, adv, mask, actor_cfg, agg: str):
+def clip_range(actor_cfg) -> tuple[float, float]:
     lo = actor_cfg.clip_ratio_low if actor_cfg.clip_ratio_low is not None else actor_cfg.clip_ratio
     hi = actor_cfg.clip_ratio_high if actor_cfg.clip_ratio_high is not None else actor_cfg.clip_ratio
+    return lo, hi
+
+
+def dual_clip_fraction(old_logp, logp, adv, mask, clip_low, clip_high, clip_c):
+    # the share of tokens where the dual clip bound -A c is the one that applies (A < 0, ratio large)
+    ratio = torch.exp((logp - old_logp).clamp(-20.0, 20.0))
+    clipped = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip_low, 1 + clip_high))
+    return masked_mean(((clipped > -adv * clip_c) & (adv < 0)).float(), mask)
+
+
+@register("vanilla")
+def vanilla(old_logp, logp, adv, mask, actor_cfg, agg: str):
+    lo, hi = clip_range(actor_cfg)
     loss, clipfrac, ppo_kl = clipped_surrogate(old_logp, logp, adv, mask, lo, hi, actor_cfg.clip_ratio_c, agg)
-    return loss, {"actor/pg_clipfrac": clipfrac, "actor/ppo_kl": ppo_kl}
+    lower = dual_clip_fraction(old_logp.detach(), logp.detach(), adv, mask, lo, hi, actor_cfg.clip_ratio_c)
+    return loss, {"actor/pg_clipfrac": clipfrac, "actor/ppo_kl": ppo_kl, "actor/pg_clipfrac_lower": lower}

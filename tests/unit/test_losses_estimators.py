@@ -1,0 +1,94 @@
+"""verl's other policy losses and estimators against values worked by hand (the arithmetic in each comment)."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rlrig.trainer import estimators, policy_losses
+from rlrig.trainer.config import ActorConfig
+
+T = torch.tensor
+LN2, LN15 = math.log(2), math.log(1.5)
+
+
+def loss(name, old, logp, adv, mask, agg="token-mean", **cfg):
+    actor = ActorConfig()
+    for k, v in cfg.items():
+        setattr(actor.policy_loss if hasattr(actor.policy_loss, k) else actor, k, v)
+    return policy_losses.get(name).fn(T([old]), T([logp]), T([adv]), T([mask]), actor, agg)
+
+
+@pytest.mark.parametrize("name,old,logp,adv,mask,value,metrics", [
+    # sequence ratio sqrt(2) (mean log ratio ln2/2) = 1.414 > 1.2: max(-1.414, -1.2) = -1.2 per token
+    ("gspo", [0.0, 0.0], [LN2, 0.0], [1.0, 1.0], [1.0, 1.0], -1.2, {"actor/pg_clipfrac": 1.0}),
+    # r = 1: gate sigmoid(0) * 4 / tau = 2 (tau_pos 1) -> -2 A
+    ("sapo", [0.0], [0.0], [1.0], [1.0], -2.0, {}),
+    # A < 0 uses tau_neg 1.05: 0.5 * 4 / 1.05 = 1.90476 -> +1.90476
+    ("sapo", [0.0], [0.0], [-1.0], [1.0], 4 / 2.1, {}),
+    # -log p A = -ln(0.5) * 2 = 1.3863
+    ("gpg", [0.0], [math.log(0.5)], [2.0], [1.0], 2 * LN2, {}),
+    # ratio 1.5 clipped to 1.2 as a constant weight: -1.2 * 1 * ln 1.5 = -0.48656
+    ("cispo", [0.0], [LN15], [1.0], [1.0], -1.2 * LN15, {"actor/pg_clipfrac": 1.0}),
+    # log ratios ln1.5 = 0.405 clipped to 0.2 in log space: r = e^0.2 = 1.2214, L = -1.2214
+    ("geo_mean", [0.0, 0.0], [LN15, LN15], [1.0, 1.0], [1.0, 1.0], -math.exp(0.2), {"actor/pg_clipfrac": 1.0}),
+    # the only token is already clipped: no covariance cut, plain clipped loss max(-1.5, -1.2) = -1.2
+    ("clip_cov", [0.0], [LN15], [1.0], [1.0], -1.2, {"actor/pg_clipfrac": 0.0}),
+    # ratios [2, 1, 1], A [1, 0, 0]: cov = (A - 1/3)(logp - ln2/3) is largest on token 0, which gets
+    # + 0.1 |ln 2|: (-2 + 0.0693 + 0 + 0) / 3 = -0.64357; ppo_kl = mean |log ratio| = ln2 / 3
+    ("kl_cov", [0.0, 0.0, 0.0], [LN2, 0.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0], (-2 + 0.1 * LN2) / 3,
+     {"actor/ppo_kl": LN2 / 3}),
+])
+def test_policy_losses(name, old, logp, adv, mask, value, metrics):
+    out, m = loss(name, old, logp, adv, mask, kl_cov_ratio=0.34)
+    assert float(out) == pytest.approx(value, abs=1e-4)
+    for k, v in metrics.items():
+        assert float(m[k]) == pytest.approx(v, abs=1e-4), k
+
+
+def test_clip_cov_cuts_a_random_high_covariance_token():
+    # ratios 1 (nothing clipped), A [1, -1], logp [0, -1]: cov = [0.5, 0.5], both inside (lb, ub); one of the two
+    # tokens leaves the gradient: token-mean of [-1, 0] or [0, 1]
+    out, m = loss("clip_cov", [0.0, -1.0], [0.0, -1.0], [1.0, -1.0], [1.0, 1.0], clip_cov_ratio=0.5, clip_cov_lb=0.0)
+    assert float(out) in (pytest.approx(-0.5), pytest.approx(0.5)) and float(m["actor/pg_clipfrac"]) == 0.5
+
+
+def test_vanilla_reports_the_dual_clip_fraction():
+    # A = -1, ratio 5: max(5, 1.2) = 5 > c = 3, so the dual clip applies on that token
+    _, m = loss("vanilla", [0.0, 0.0], [math.log(5.0), 0.0], [-1.0, 1.0], [1.0, 1.0])
+    assert float(m["actor/pg_clipfrac_lower"]) == pytest.approx(0.5)
+
+
+def est(name, scores, mask, index, norm=True):
+    mask = T(mask)
+    rewards = torch.zeros_like(mask)
+    rewards[torch.arange(len(scores)), (mask.sum(-1) - 1).long()] = T(scores)
+    x = estimators.AdvantageInput(rewards, mask, index, None, 1.0, 1.0, norm, lambda t: t)
+    return estimators.get(name).fn(x)[0]
+
+
+@pytest.mark.parametrize("name,scores,mask,index,norm,first_token", [
+    # group mean 0.25 -> [0.75, -0.25, -0.25, -0.25], whitened over the batch (unbiased std 0.5) -> [1.5, -0.5, ...]
+    ("reinforce_plus_plus_baseline", [1.0, 0.0, 0.0, 0.0], [[1.0]] * 4, [0, 0, 0, 0], True, [1.5, -0.5, -0.5, -0.5]),
+    # length-weighted baseline (1 * 1 + 3 * 0) / 4 = 0.25 -> [0.75, -0.25]
+    ("opo", [1.0, 0.0], [[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]], [0, 0], True, [0.75, -0.25]),
+    # best 1.0 over second 0.5: margin 0.5 / unbiased std of [1, 0.5, 0] (0.5) = 1.0; others 0
+    ("grpo_passk", [1.0, 0.5, 0.0], [[1.0]] * 3, [0, 0, 0], True, [1.0, 0.0, 0.0]),
+    ("grpo_passk", [1.0, 0.5, 0.0], [[1.0]] * 3, [0, 0, 0], False, [0.5, 0.0, 0.0]),
+    # alpha = 4 samples / 1 non-zero = 4; centred [0.75, -0.25, -0.25, -0.25] x 4
+    ("gpg", [1.0, 0.0, 0.0, 0.0], [[1.0]] * 4, [0, 0, 0, 0], True, [3.0, -1.0, -1.0, -1.0]),
+])
+def test_estimators(name, scores, mask, index, norm, first_token):
+    adv = est(name, scores, mask, index, norm)
+    assert adv[:, 0].tolist() == pytest.approx(first_token, abs=1e-4)
+    assert (adv * (1 - T(mask)) == 0).all()
+
+
+def test_every_registered_name_is_accepted_by_config():
+    from rlrig.trainer.config import parse_overrides
+
+    for name in estimators.ESTIMATORS:
+        parse_overrides(["actor_rollout_ref.model.path=/m", f"algorithm.adv_estimator={name}", "actor_rollout_ref.rollout.n=2"])
+    for name in policy_losses.POLICY_LOSSES:
+        parse_overrides(["actor_rollout_ref.model.path=/m", f"actor_rollout_ref.actor.policy_loss.loss_mode={name}"])

@@ -1,0 +1,119 @@
+"""The verl keys rlrig took on in this round, each shown to do what verl does with it."""
+
+import math
+import sys
+
+import pytest
+import torch
+
+from rlrig.trainer import core_algos as A
+from rlrig.trainer.config import ConfigError, parse_overrides
+
+MODEL = "actor_rollout_ref.model.path=/m"
+
+
+@pytest.mark.parametrize("kind,base", [("k3+", "k3"), ("low_var_kl+", "low_var_kl"), ("k1+", "k1"), ("abs+", "abs")])
+def test_straight_through_kl_has_its_value_and_k2s_gradient(kind, base):
+    logp = torch.tensor([0.0, -1.0], requires_grad=True)
+    ref = torch.tensor([math.log(0.5), -0.5])
+    v = A.kl_penalty(logp, ref, kind)
+    torch.testing.assert_close(v.detach(), A.kl_penalty(logp.detach(), ref, base))
+    v.sum().backward()
+    torch.testing.assert_close(logp.grad, (logp - ref).detach())  # d/dlogp 0.5 (logp - ref)^2
+
+
+def test_top_k_one_samples_the_greedy_token():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlrig.trainer.config import RolloutConfig
+    from rlrig.trainer.engines import GREEDY, EngineContext, Sampling
+    from rlrig.trainer.engines.hf_engine import HFRollout
+    from rlrig.trainer.tiny_model import ensure_tiny_model
+
+    path = ensure_tiny_model()
+    tok = AutoTokenizer.from_pretrained(path)
+    eng = HFRollout(EngineContext(AutoModelForCausalLM.from_pretrained(path), tok, RolloutConfig(), 8, 8, path, "cpu", 0))
+    prompts = [tok(q)["input_ids"] for q in ("3+4=", "7+8=", "1+1=")]
+    torch.manual_seed(0)
+    top1 = eng.generate(prompts, 2, Sampling(1.0, 1.0, 1, True))
+    assert torch.equal(top1.input_ids, eng.generate(prompts, 2, GREEDY).input_ids)
+
+
+def test_apply_chat_template_kwargs_reach_the_template():
+    from rlrig.trainer.data import arithmetic_rows, tokenize_prompts
+    from rlrig.trainer.tiny_model import build_tokenizer
+
+    tok = build_tokenizer()
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if effort %}{{ effort }}{% endif %}"
+    rows = arithmetic_rows(2, "train", 1)
+    plain = tokenize_prompts(rows, tok, 32, "error", False)
+    more = tokenize_prompts(rows, tok, 32, "error", False, template_kwargs={"effort": "9"})
+    assert more[0]["input_ids"] == plain[0]["input_ids"] + tok("9")["input_ids"]
+
+
+def test_dict_keys_take_hydra_items():
+    cfg = parse_overrides([MODEL, "+data.apply_chat_template_kwargs.reasoning_effort=medium",
+                           "actor_rollout_ref.model.override_config={'attention_dropout': 0.1}",
+                           "actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4"])
+    assert cfg.data.apply_chat_template_kwargs == {"reasoning_effort": "medium"}
+    assert cfg.actor_rollout_ref.model.override_config == {"attention_dropout": 0.1}
+    assert cfg.actor_rollout_ref.rollout.engine_kwargs["vllm"] == {"swap_space": 4}
+    with pytest.raises(ConfigError, match="engine_kwargs.trtllm: rlrig's engines are hf, vllm, sglang"):
+        parse_overrides([MODEL, "actor_rollout_ref.rollout.engine_kwargs.trtllm.x=1"])
+
+
+def test_engine_kwargs_reach_the_engines():
+    from rlrig.trainer.config import RolloutConfig
+    from rlrig.trainer.engines import sglang_engine, vllm_engine
+
+    cfg = RolloutConfig(engine_kwargs={"vllm": {"swap_space": 4, "max_model_len": 99}, "sglang": {"attention_backend": "triton"}})
+    assert vllm_engine.engine_kwargs(cfg, "/m", 48, "cpu", 0)["swap_space"] == 4
+    assert vllm_engine.engine_kwargs(cfg, "/m", 48, "cpu", 0)["max_model_len"] == 99  # the user's word is last
+    assert sglang_engine.engine_kwargs(cfg, "/m", 48, 0)["attention_backend"] == "triton"
+
+
+def test_override_config_and_trust_remote_code_reach_from_pretrained():
+    from rlrig.trainer.config import ModelConfig
+    from rlrig.trainer.models import load_kwargs, model_kwargs
+
+    m = ModelConfig(path="/m", trust_remote_code=True, override_config={"attention_dropout": 0.1})
+    assert load_kwargs(m) == {"trust_remote_code": True}
+    assert model_kwargs(m) == {"trust_remote_code": True, "attention_dropout": 0.1}
+
+
+def test_external_lib_is_imported_or_refused(tmp_path, monkeypatch):
+    from rlrig.trainer.config import ModelConfig
+    from rlrig.trainer.models import import_external_lib
+
+    (tmp_path / "my_model_lib.py").write_text("LOADED = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import_external_lib(ModelConfig(external_lib="my_model_lib"))
+    assert sys.modules["my_model_lib"].LOADED
+    with pytest.raises(ConfigError, match="external_lib=no_such_lib cannot be imported"):
+        import_external_lib(ModelConfig(external_lib="no_such_lib"))
+
+
+@pytest.mark.parametrize("override,words", [
+    ("actor_rollout_ref.model.lora_rank=8", "a verl key rlrig does not implement: LoRA"),
+    ("reward_model.enable=True", "model-based reward"),
+    ("actor_rollout_ref.rollout.multi_turn.enable=True", "multi-turn"),
+    ("algorithm.rollout_correction.rollout_is=token", "rollout correction"),
+    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "Ulysses"),
+    ("actor_rollout_ref.rollout.mode=async", "rollout.mode=sync"),
+    ("trainer.logger=['console','mlflow']", "mlflow is not in rlrig"),
+    ("data.sampler.class_name=Curriculum", "custom samplers are not in rlrig"),
+    ("actor_rollout_ref.ref.strategy=fsdp", "shards the reference as it does the actor"),  # the actor: ddp
+])
+def test_verl_keys_rlrig_does_not_implement_are_refused_in_one_line(override, words):
+    with pytest.raises(ConfigError) as e:
+        parse_overrides([MODEL, override])
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("override", [
+    "actor_rollout_ref.model.lora_rank=0", "reward_model.enable=False", "actor_rollout_ref.rollout.multi_turn.enable=False",
+    "actor_rollout_ref.rollout.multi_turn.format=hermes", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",
+    "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.ref.strategy=fsdp2",
+])
+def test_verl_defaults_that_ask_for_nothing_are_accepted(override):
+    parse_overrides([MODEL, "actor_rollout_ref.actor.strategy=fsdp", override])

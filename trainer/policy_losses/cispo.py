@@ -1,0 +1,24 @@
+"""CISPO: the clipped importance ratio as a stopped-gradient weight on -log p(y) A."""
+
+from __future__ import annotations
+
+import torch
+
+from ..core_algos import agg_loss, masked_mean
+from .registry import register
+from .vanilla import clip_range
+
+
+def cispo_loss(old_logp, logp, adv, mask, clip_low, clip_high, agg):
+    # r = exp(clamp(logp - old, +-20)) ; L = -sg[clip(r, 1-lo, 1+hi)] A logp
+    diff = (logp - old_logp).clamp(-20.0, 20.0)
+    ratio = diff.exp()
+    clipped = ratio.clamp(1 - clip_low, 1 + clip_high)
+    loss = agg_loss(-clipped.detach() * adv * logp, mask, agg)
+    return loss, masked_mean((ratio != clipped).float(), mask), masked_mean(-diff, mask)
+
+
+@register("cispo")
+def cispo(old_logp, logp, adv, mask, actor_cfg, agg: str):
+    loss, clipfrac, ppo_kl = cispo_loss(old_logp, logp, adv, mask, *clip_range(actor_cfg), agg)
+    return loss, {"actor/pg_clipfrac": clipfrac, "actor/ppo_kl": ppo_kl}

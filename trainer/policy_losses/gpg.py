@@ -1,0 +1,12 @@
+"""GPG's loss: plain policy gradient, -log p(y) A, no ratio and no clip."""
+
+from __future__ import annotations
+
+from ..core_algos import agg_loss
+from .registry import register
+
+
+@register("gpg")
+def gpg(old_logp, logp, adv, mask, actor_cfg, agg: str):
+    # L = -logp A
+    return agg_loss(-logp * adv, mask, agg), {}

@@ -1,0 +1,96 @@
+"""verl's keys that rlrig does not take as they are: refused in one line saying so, accepted where they
+change nothing for rlrig (said in `--print-config`), and rlrig's own additions.
+
+The rule: every key rlrig accepts does what verl does with it; a verl key rlrig does not implement is
+refused at start-up, never accepted and ignored.
+"""
+
+from __future__ import annotations
+
+# Whole families of verl keys, by prefix, and single keys: what they are and what rlrig offers instead.
+REFUSED_PREFIXES = {
+    "reward_model.": "verl's model-based reward (reward_model.*) is not in rlrig yet; rlrig scores with rule rewards by "
+                     "data_source and custom_reward_function.path/name",
+    "actor_rollout_ref.rollout.agent.": "verl's agent loop is not in rlrig; its rollout is single-turn",
+    "algorithm.rollout_correction.": "verl's rollout correction (importance weights between engine and actor) is not in rlrig "
+                                     "yet; training/rollout_probs_diff_* reports the gap",
+    "algorithm.pf_ppo.": "verl's PF-PPO reweighting is not in rlrig",
+    "global_profiler.": "verl's profilers are not in rlrig; use ray_kwargs.timeline_json_file for a Ray timeline",
+    "actor_rollout_ref.actor.profiler.": "verl's profilers are not in rlrig; use ray_kwargs.timeline_json_file",
+    "actor_rollout_ref.rollout.profiler.": "verl's profilers are not in rlrig; use ray_kwargs.timeline_json_file",
+    "actor_rollout_ref.ref.profiler.": "verl's profilers are not in rlrig; use ray_kwargs.timeline_json_file",
+    "critic.profiler.": "verl's profilers are not in rlrig; use ray_kwargs.timeline_json_file",
+    "actor_rollout_ref.rollout.trace.": "verl's rollout tracing is not in rlrig",
+}
+REFUSED = {
+    "actor_rollout_ref.rollout.multi_turn.enable": "verl's multi-turn and tool-calling rollout is not in rlrig; its rollout is "
+                                                   "single-turn",
+    "algorithm.use_pf_ppo": "verl's PF-PPO reweighting is not in rlrig",
+    "actor_rollout_ref.model.lora_rank": "LoRA is not in rlrig yet; it trains all weights",
+    "actor_rollout_ref.model.lora_alpha": "LoRA is not in rlrig yet; it trains all weights",
+    "actor_rollout_ref.model.target_modules": "LoRA is not in rlrig yet; it trains all weights",
+    "actor_rollout_ref.model.exclude_modules": "LoRA is not in rlrig yet; it trains all weights",
+    "actor_rollout_ref.model.lora_adapter_path": "LoRA is not in rlrig yet; it trains all weights",
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "sequence parallelism (Ulysses) is not in rlrig; each "
+                                                              "sequence stays on one GPU (use_dynamic_bsz bounds the tokens)",
+    "critic.ulysses_sequence_parallel_size": "sequence parallelism (Ulysses) is not in rlrig; each sequence stays on one GPU",
+    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": "sequence parallelism (Ulysses) is not in rlrig",
+    "data.custom_cls.path": "custom dataset classes are not in rlrig; it reads verl's parquet schema",
+    "data.custom_cls.name": "custom dataset classes are not in rlrig; it reads verl's parquet schema",
+}
+# A value rlrig accepts for a key it otherwise refuses: verl's default, which asks for nothing.
+ACCEPTED_DEFAULTS = {
+    "actor_rollout_ref.model.lora_rank": ("0",),
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": ("1",),
+    "critic.ulysses_sequence_parallel_size": ("1",),
+    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": ("1",),
+    "algorithm.use_pf_ppo": ("False", "false"),
+    "reward_model.enable": ("False", "false"),
+    "actor_rollout_ref.rollout.multi_turn.enable": ("False", "false"),
+}
+
+# Keys of a verl feature that is off: verl reads them only when the feature is on, which rlrig refuses (above),
+# so for rlrig as for verl they change nothing. Accepted and not stored.
+INERT_PREFIXES = {
+    "actor_rollout_ref.rollout.multi_turn.": "read by verl only with multi_turn.enable=True",
+}
+
+# Keys accepted because, for rlrig, they change nothing; `--print-config` lists them with the reason.
+NO_EFFECT = {
+    "data.return_raw_chat": "rlrig applies the chat template itself on the driver; raw or templated, the engine gets the same tokens",
+    "data.dataloader_num_workers": "rlrig reads the data set in the driver process",
+    "data.filter_overlong_prompts_workers": "rlrig filters over-long prompts in the driver process",
+    "actor_rollout_ref.rollout.layered_summon": "rlrig always hands the engine one gathered tensor at a time",
+    "actor_rollout_ref.rollout.calculate_log_probs": "rlrig's vLLM and SGLang engines always return them "
+                                                     "(training/rollout_probs_diff_*); hf computes none",
+    "actor_rollout_ref.model.use_shm": "rlrig loads the model from its path as it is",
+    "actor_rollout_ref.model.use_fused_kernels": "rlrig computes logits only at the response positions and log-probs by "
+                                                 "logsumexp, with no separate kernel",
+    "trainer.use_legacy_worker_impl": "rlrig has one worker implementation",
+    "actor_rollout_ref.model.fused_kernel_options": "see use_fused_kernels",
+}
+
+# Where rlrig's default is not verl's, and why.
+DEFAULTS_DIFFER = {
+    "actor_rollout_ref.rollout.mode": "verl's default is async (a server-based agent loop, not in rlrig); rlrig's rollout is sync",
+    "actor_rollout_ref.actor.strategy": "verl's default is fsdp; rlrig's is ddp, faster for models that fit on one device "
+                                        "(fsdp and fsdp2 both select FSDP2)",
+}
+
+# rlrig's own keys, with no verl counterpart.
+RLRIG_ONLY = (
+    "actor_rollout_ref.model.gguf_file", "critic.model.gguf_file", "actor_rollout_ref.rollout.cpu_kvcache_space_gb",
+    "trainer.device", "trainer.seed", "trainer.wandb_proxy",
+)
+
+
+def inert(key: str) -> bool:
+    return any(key.startswith(p) for p in INERT_PREFIXES) and key not in REFUSED
+
+
+def refusal(key: str, value: str) -> str | None:
+    """Why `key=value` is refused, or None."""
+    if value.strip() in ACCEPTED_DEFAULTS.get(key, ()):
+        return None
+    why = REFUSED.get(key) or next((w for p, w in REFUSED_PREFIXES.items() if key.startswith(p)), None)
+    return f"{key}: a verl key rlrig does not implement: {why}" if why else None
