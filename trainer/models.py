@@ -105,7 +105,8 @@ def build(cfg, path: str, device: torch.device, needs_critic: bool, engine_needs
         c = cfg.critic
         cprec = resolve(c.model.fsdp_config, device.type, strategy, "critic")
         import_external_lib(c.model)
-        ckw = model_kwargs(c.model) if c.model.path else kw
+        # no dropout on the value head (transformers' default is 0.1), as verl sets it: the update runs in training mode
+        ckw = {"classifier_dropout": 0.0, **(model_kwargs(c.model) if c.model.path else kw)}
         cmodule = AutoModelForTokenClassification.from_pretrained(c.model.path or path, num_labels=1, dtype=cprec.model_dtype,
                                                                   **ckw).to(device)
         critic = trainable(cmodule, device, cprec, c.optim, c.model.enable_gradient_checkpointing, c.model.fsdp_config)

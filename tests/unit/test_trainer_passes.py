@@ -246,3 +246,12 @@ def test_every_offload_key_runs_through_a_step_under_fsdp():
     plain, _, _ = _one_step(base)
     moved, changed, _ = _one_step([*base, *offload])
     assert changed and [plain[k] for k in keys] == pytest.approx([moved[k] for k in keys], rel=1e-6)
+
+
+def test_the_critic_trains_without_dropout():
+    """transformers gives a token-classification head dropout 0.1; verl sets it to 0, and since the update runs in
+    training mode it would otherwise make the critic's update random (padded and packed runs would differ)."""
+    seen = []
+    _one_step(["algorithm.adv_estimator=gae"], lambda w: seen.extend(
+        m.p for m in w.models.critic.module.modules() if isinstance(m, torch.nn.Dropout)))
+    assert seen and set(seen) == {0.0}
