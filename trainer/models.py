@@ -42,9 +42,16 @@ def load_kwargs(model_cfg) -> dict:
     return kw
 
 
-def model_kwargs(model_cfg) -> dict:
-    """load_kwargs plus model.override_config: config attributes set before the weights load (as verl does)."""
-    return {**load_kwargs(model_cfg), **model_cfg.override_config}
+def model_kwargs(model_cfg, path: str, **overrides) -> dict:
+    """from_pretrained arguments: load_kwargs and a config with model.override_config (and `overrides`) set on
+    it before the weights load, as verl does (attributes a config does not define are set too)."""
+    from transformers import AutoConfig
+
+    kw = load_kwargs(model_cfg)
+    conf = AutoConfig.from_pretrained(path, **kw)
+    for k, v in {**overrides, **model_cfg.override_config}.items():
+        setattr(conf, k, v)
+    return {**kw, "config": conf}
 
 
 def import_external_lib(model_cfg) -> None:
@@ -80,7 +87,7 @@ def build(cfg, path: str, device: torch.device, needs_critic: bool, engine_needs
     a = cfg.actor_rollout_ref
     strategy = a.actor.strategy
     import_external_lib(a.model)
-    kw = model_kwargs(a.model)
+    kw = model_kwargs(a.model, path)
     prec = resolve(a.actor.fsdp_config, device.type, strategy, "actor")
     module = AutoModelForCausalLM.from_pretrained(path, dtype=prec.model_dtype, **kw).to(device)
     # transformers' generate cannot run on a sharded module (ranks would step out of lockstep at EOS), so
@@ -91,7 +98,7 @@ def build(cfg, path: str, device: torch.device, needs_critic: bool, engine_needs
     ref_offload = a.ref.fsdp_config.param_offload
     if a.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
         ref_prec = resolve(a.ref.fsdp_config, device.type, strategy, "ref")
-        ref = AutoModelForCausalLM.from_pretrained(path, dtype=ref_prec.model_dtype, **kw).to(device).eval()
+        ref = AutoModelForCausalLM.from_pretrained(path, dtype=ref_prec.model_dtype, **model_kwargs(a.model, path)).to(device).eval()
         ref.requires_grad_(False)
         cast_buffers(ref, ref_prec)
         if strategy == "fsdp":
@@ -106,8 +113,8 @@ def build(cfg, path: str, device: torch.device, needs_critic: bool, engine_needs
         cprec = resolve(c.model.fsdp_config, device.type, strategy, "critic")
         import_external_lib(c.model)
         # no dropout on the value head (transformers' default is 0.1), as verl sets it: the update runs in training mode
-        ckw = {"classifier_dropout": 0.0, **(model_kwargs(c.model) if c.model.path else kw)}
-        cmodule = AutoModelForTokenClassification.from_pretrained(c.model.path or path, num_labels=1, dtype=cprec.model_dtype,
-                                                                  **ckw).to(device)
+        cpath = c.model.path or path
+        ckw = model_kwargs(c.model if c.model.path else a.model, cpath, classifier_dropout=0.0, num_labels=1)
+        cmodule = AutoModelForTokenClassification.from_pretrained(cpath, dtype=cprec.model_dtype, **ckw).to(device)
         critic = trainable(cmodule, device, cprec, c.optim, c.model.enable_gradient_checkpointing, c.model.fsdp_config)
     return Models(actor, ref, ref_prec, ref_offload, critic, gen_module)

@@ -73,12 +73,17 @@ def test_engine_kwargs_reach_the_engines():
 
 
 def test_override_config_and_trust_remote_code_reach_from_pretrained():
+    from transformers import AutoModelForCausalLM
+
     from rlrig.trainer.config import ModelConfig
     from rlrig.trainer.models import load_kwargs, model_kwargs
+    from rlrig.trainer.tiny_model import ensure_tiny_model
 
-    m = ModelConfig(path="/m", trust_remote_code=True, override_config={"attention_dropout": 0.1})
-    assert load_kwargs(m) == {"trust_remote_code": True}
-    assert model_kwargs(m) == {"trust_remote_code": True, "attention_dropout": 0.1}
+    assert load_kwargs(ModelConfig(path="/m", trust_remote_code=True)) == {"trust_remote_code": True}
+    path = ensure_tiny_model()
+    m = ModelConfig(path=path, override_config={"attention_dropout": 0.25, "rlrig_marker": 1})
+    model = AutoModelForCausalLM.from_pretrained(path, **model_kwargs(m, path))
+    assert model.config.attention_dropout == 0.25 and model.config.rlrig_marker == 1
 
 
 def test_external_lib_is_imported_or_refused(tmp_path, monkeypatch):
