@@ -54,7 +54,8 @@ def run_rlrig(a) -> list[tuple[float, float]]:
         if r.returncode != 0:
             raise SystemExit(f"rlrig train failed:\n{r.stderr[-3000:]}")
         rows = [json.loads(line) for line in Path(d, "run/metrics.jsonl").read_text().splitlines()]
-    return [(m["timing_s/step"], m["perf/total_num_tokens"]) for m in rows]
+    return [(m["timing_s/step"], m["perf/total_num_tokens"], {k[9:]: v for k, v in m.items() if k.startswith("timing_s/")})
+            for m in rows]
 
 
 def run_floor(a) -> list[tuple[float, float]]:
@@ -86,13 +87,17 @@ def run_floor(a) -> list[tuple[float, float]]:
         t0 = time.perf_counter()
         batch = rows[step * a.batch:(step + 1) * a.batch]
         ro = engine.generate([r["input_ids"] for r in batch], a.n)
+        t_gen = time.perf_counter()
         texts = tok.batch_decode(ro.input_ids[:, ro.prompt_len:], skip_special_tokens=True)
         scores = torch.tensor([default_compute_score(batch[i // a.n]["data_source"], t, batch[i // a.n]["reward_model"]["ground_truth"])
                                for i, t in enumerate(texts)])
         mask = ro.response_mask.float()
+        t_reward = time.perf_counter()
         with torch.no_grad():
             ref_logp = token_logprobs(ref, ro.input_ids, ro.attention_mask, ro.prompt_len)[0]
+        t_ref = time.perf_counter()
         adv, _ = grpo_advantages(scores, mask, [i // a.n for i in range(len(scores))], True)
+        t_adv = time.perf_counter()
         opt.zero_grad()
         logp, ent = token_logprobs(policy, ro.input_ids, ro.attention_mask, ro.prompt_len, with_entropy=True, entropy_grad=False)
         # one optimizer step over the whole batch: on-policy, the old log-probs are these (as in rlrig and TRL)
@@ -101,7 +106,10 @@ def run_floor(a) -> list[tuple[float, float]]:
         (pg + KL_COEF * kl).backward()
         torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
         opt.step()
-        out.append((time.perf_counter() - t0, float(ro.attention_mask.sum())))
+        t_end = time.perf_counter()
+        phases = {"gen": t_gen - t0, "reward": t_reward - t_gen, "ref": t_ref - t_reward, "adv": t_adv - t_ref,
+                  "update_actor": t_end - t_adv}
+        out.append((t_end - t0, float(ro.attention_mask.sum()), phases))
     return out
 
 
@@ -147,7 +155,7 @@ def run_trl(a) -> list[tuple[float, float]]:
         trainer.train()
     seen = [h["num_tokens"] for h in trainer.state.log_history if "num_tokens" in h]
     tokens = [b - a_ for a_, b in zip([0.0, *seen], seen)]
-    return list(zip(timer.times, tokens))
+    return [(t, n, {}) for t, n in zip(timer.times, tokens)]  # TRL's step is not split into phases
 
 
 def child(method: str, a) -> list[tuple[float, float]]:
@@ -161,10 +169,27 @@ def child(method: str, a) -> list[tuple[float, float]]:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def summary(steps: list[tuple[float, float]], warmup: int) -> tuple[float, float]:
+def summary(steps: list, warmup: int) -> tuple[float, float, dict]:
+    """Median seconds a step, tokens/s, and each phase's median seconds, over the steps after the warm-up."""
     later = steps[warmup:]
-    secs = statistics.median(s for s, _ in later)
-    return secs, statistics.median(t for _, t in later) / secs
+    secs = statistics.median(s for s, _, _ in later)
+    phases = {k: statistics.median(p[k] for _, _, p in later if k in p) for k in later[0][2]}
+    return secs, statistics.median(t for _, t, _ in later) / secs, phases
+
+
+# the phases both rlrig and the floor time; rlrig's step is each worker's phases (the slowest worker's) plus the
+# driver's work between them (Ray calls, gathering metrics, logging): "other" is what the phases leave out
+PHASES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights")
+
+
+def phase_table(rlrig: dict, floor: dict, rlrig_step: float, floor_step: float) -> None:
+    print(f"\n{'phase':>14} {'rlrig s':>8} {'floor s':>8} {'rlrig/floor':>11}")
+    for k in PHASES:
+        r, f = rlrig.get(k, 0.0), floor.get(k, 0.0)
+        if r or f:
+            print(f"{k:>14} {r:8.4f} {f:8.4f} {r / f if f else float('nan'):11.2f}")
+    ro, fo = rlrig_step - sum(rlrig.get(k, 0.0) for k in PHASES), floor_step - sum(floor.get(k, 0.0) for k in PHASES)
+    print(f"{'other':>14} {ro:8.4f} {fo:8.4f}")
 
 
 def main(argv=None) -> int:
@@ -191,18 +216,20 @@ def main(argv=None) -> int:
     from rlrig.trainer.tiny_model import ensure_tiny_model
 
     ensure_tiny_model()
-    runs: dict[str, list[tuple[float, float]]] = {"rlrig": [], "TRL": [], "floor": []}
+    runs: dict[str, list[tuple[float, float, dict]]] = {"rlrig": [], "TRL": [], "floor": []}
     for rep in range(a.repeats):  # interleaved, so a slow spell of the machine hits every method alike
         for name, fn in (("rlrig", lambda: run_rlrig(a)), ("TRL", lambda: child("trl", a)), ("floor", lambda: child("floor", a))):
             runs[name].append(summary(fn(), a.warmup))
             print(f"  run {rep + 1} {name:>5}: {runs[name][-1][0]:.3f} s/step, {runs[name][-1][1]:.0f} tokens/s",
                   file=sys.stderr, flush=True)
-    results = {name: (statistics.median(s for s, _ in r), statistics.median(t for _, t in r)) for name, r in runs.items()}
+    results = {name: (statistics.median(s for s, _, _ in r), statistics.median(t for _, t, _ in r)) for name, r in runs.items()}
+    phases = {name: {k: statistics.median(p[k] for _, _, p in r) for k in r[0][2]} for name, r in runs.items()}
     print(f"\n{a.batch} prompts x {a.n} samples, {a.response_len} new tokens; per run the median of steps "
           f"{a.warmup + 1}..{a.steps}, then the median of {a.repeats} runs")
     print(f"{'method':>6} {'s/step':>8} {'tokens/s':>9}")
     for name, (secs, tps) in results.items():
         print(f"{name:>6} {secs:8.3f} {tps:9.0f}")
+    phase_table(phases["rlrig"], phases["floor"], results["rlrig"][0], results["floor"][0])
     print(f"rlrig/TRL tokens/s {results['rlrig'][1] / results['TRL'][1]:.2f}x (target >= 1.5); "
           f"rlrig/floor s/step {results['rlrig'][0] / results['floor'][0]:.2f}x (target <= 1.15)")
     return 0

@@ -12,7 +12,7 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .tiny_model import CHAT_TEMPLATE, build_tokenizer, cache_dir
+from .tiny_model import build_tokenizer, cache_dir, tokenizer_from_vocab
 
 
 @dataclass(frozen=True)
@@ -32,19 +32,10 @@ QWEN2_0_5B = Shape(151936, 896, 4864, 24, 14, 2, 32768)
 
 
 def wide_tokenizer(vocab_size: int):
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     vocab = dict(build_tokenizer().get_vocab())
     for i in range(len(vocab), vocab_size):
         vocab[f"<t{i}>"] = i
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
-    fast.chat_template = CHAT_TEMPLATE
-    fast.padding_side = "left"
-    return fast
+    return tokenizer_from_vocab(vocab)
 
 
 def ensure_model(shape: Shape, seed: int = 0) -> str:

@@ -22,12 +22,18 @@ def cache_dir() -> Path:
 
 
 def build_tokenizer():
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2}
     for ch in ALPHABET:
         vocab.setdefault(ch, len(vocab))
+    return tokenizer_from_vocab(vocab)
+
+
+def tokenizer_from_vocab(vocab: dict[str, int]):
+    """A character-level tokenizer over `vocab` (text splits into single characters; longer entries are only
+    ever sampled, never produced by encoding), with the embedded chat template."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()

@@ -70,3 +70,14 @@ def test_unknown_metric_is_an_error_not_a_guess():
 
 def test_a_metric_only_some_workers_report():
     assert metrics.reduce([{"actor/kl_loss": 2.0}, {}]) == {"actor/kl_loss": 2.0}
+
+
+@pytest.mark.parametrize("rows,parts,shards,spread", [
+    (list(range(6)), 2, [[0, 1, 2], [3, 4, 5]], [[0, 1, 2], [3, 4, 5]]),
+    (list(range(5)), 2, [[0, 1], [2, 3]], [[0, 1, 2], [3, 4]]),   # training drops the remainder; validation keeps it
+    (list(range(1)), 3, [[], [], []], [[0], [], []]),
+])
+def test_sharding_of_prompts_over_workers(rows, parts, shards, spread):
+    from rlrig.trainer.main import shard, spread as spread_rows
+
+    assert shard(rows, parts) == shards and spread_rows(rows, parts) == spread

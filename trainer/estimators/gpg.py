@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..core_algos import AllReduce, local
-from .grpo import group_ids
+from .grpo import group_centred
 from .registry import AdvantageInput, register
 
 
@@ -14,13 +14,7 @@ def gpg_advantages(scores, mask, index, allreduce: AllReduce = local, f_norm: fl
     counts = allreduce(torch.stack([torch.tensor(float(len(scores)), device=scores.device),
                                     torch.count_nonzero(scores).to(scores.device, torch.float32)]).double())
     alpha = (counts[0] / counts[1].clamp_min(1)).to(scores.dtype)
-    ids = group_ids(index)
-    centred = scores.clone()
-    for g in set(ids):
-        sel = [i for i, x in enumerate(ids) if x == g]
-        if len(sel) > 1:
-            centred[sel] = scores[sel] - scores[sel].mean()
-    adv = alpha * centred / f_norm
+    adv = alpha * group_centred(scores, index) / f_norm
     return adv.unsqueeze(-1) * mask, adv.unsqueeze(-1) * mask
 
 

@@ -13,6 +13,17 @@ def group_ids(index) -> list:
     return list(index.tolist() if hasattr(index, "tolist") else index)
 
 
+def group_centred(scores, index):
+    # s_i - mean(s_group); a group of one keeps its score (verl's baseline 0 there)
+    ids = group_ids(index)
+    out = scores.clone()
+    for g in set(ids):
+        sel = [i for i, x in enumerate(ids) if x == g]
+        if len(sel) > 1:
+            out[sel] = scores[sel] - scores[sel].mean()
+    return out
+
+
 def grpo_advantages(scores, mask, index, norm_by_std: bool = True):
     # A_i = (s_i - mean(s_group)) / (std(s_group) + eps); Dr.GRPO (norm_by_std=False): A_i = s_i - mean(s_group)
     ids = group_ids(index)

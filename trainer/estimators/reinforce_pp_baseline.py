@@ -4,19 +4,13 @@ mean, then whitened over the whole batch."""
 from __future__ import annotations
 
 from ..core_algos import AllReduce, local, masked_whiten
-from .grpo import group_ids
+from .grpo import group_centred
 from .registry import AdvantageInput, register
 
 
 def reinforce_pp_baseline_advantages(scores, mask, index, allreduce: AllReduce = local):
     # s_i - mean(s_group) (0 for a group of one), on every response token, then whitened over the whole batch
-    ids = group_ids(index)
-    centred = scores.clone()
-    for g in set(ids):
-        sel = [i for i, x in enumerate(ids) if x == g]
-        if len(sel) > 1:
-            centred[sel] = scores[sel] - scores[sel].mean()
-    tokens = centred.unsqueeze(-1) * mask
+    tokens = group_centred(scores, index).unsqueeze(-1) * mask
     adv = masked_whiten(tokens, mask, allreduce) * mask
     return adv, adv
 
