@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import checkpoint
+from . import checkpoint, preemption
 from . import metrics as M
 from .config import ConfigError, parse_overrides
 from .presets import with_preset
@@ -233,7 +233,8 @@ def train(cfg) -> int:
         state, rngs, ts = checkpoint.load(resume)
         ray.get([w.load.remote(state, rngs[i] if i < len(rngs) else None) for i, w in enumerate(workers)])
         step, sampler.epoch, sampler.pos, kl_ctrl.value = ts["global_step"], ts["epoch"], ts["pos"], ts["kl_coef"]
-        say(f"resumed from {resume} at step {step}")
+        dropped = preemption.truncate_metrics(out / "metrics.jsonl", step)
+        say(f"resumed from {resume} at step {step}" + (f" (dropped {dropped} logged steps after it)" if dropped else ""))
     elif (out / "metrics.jsonl").exists():
         (out / "metrics.jsonl").unlink()  # a fresh run starts a fresh log
     log = MetricsLog(cfg, out / "metrics.jsonl")
@@ -246,7 +247,8 @@ def train(cfg) -> int:
         say(f"trainer.val_only: validated, not trained; metrics in {out / 'metrics.jsonl'}")
         return 0
     started, first = time.monotonic(), step + 1
-    while step < total:
+    stop, saved_at = preemption.StopRequest(), None
+    while step < total and stop.signum is None:
         step += 1
         t0 = time.perf_counter()
         batch = [train_rows[i] for i in sampler.next()]
@@ -260,6 +262,7 @@ def train(cfg) -> int:
         if t.save_freq > 0 and (step % t.save_freq == 0 or step == total):
             ts0 = time.perf_counter()
             save_checkpoint(workers, out, step, sampler, kl_ctrl, model_path, cfg.actor_rollout_ref.model.gguf_file)
+            saved_at = step
             m["timing_s/save_checkpoint"] = time.perf_counter() - ts0
         dt = time.perf_counter() - t0
         m.update({"training/global_step": step, "training/epoch": sampler.epoch, "timing_s/step": dt,
@@ -267,9 +270,14 @@ def train(cfg) -> int:
                   "perf/cpu_memory_used_gb": _rss_gb()})
         log.log(step, m)
         progress(step, total, m, started, first)
+    if stop.signum is not None and saved_at != step:
+        save_checkpoint(workers, out, step, sampler, kl_ctrl, model_path, cfg.actor_rollout_ref.model.gguf_file)
     ray.get([w.shutdown.remote() for w in workers])
     if cfg.ray_kwargs.timeline_json_file:
         ray.timeline(filename=cfg.ray_kwargs.timeline_json_file)
+    if stop.signum is not None:
+        say(f"stopped by signal after step {step}, checkpoint written; a relaunch resumes at step {step + 1}")
+        return stop.exit_code
     say(f"done: {step} steps; metrics in {out / 'metrics.jsonl'}")
     return 0
 

@@ -157,3 +157,30 @@ def test_val_only_with_several_samples_and_logged_generations(tmp_path):
     shown = (run / "val_generations.jsonl").read_text().splitlines()
     assert len(shown) == 3 and "validation sample" in r.stderr
     assert not list(run.glob("global_step_*"))  # nothing trained, nothing saved
+
+
+def test_sigterm_checkpoints_the_step_in_flight_and_a_relaunch_continues(tmp_path):
+    """Preemption: SIGTERM to `rlrig train` mid-run -> the trainer finishes its step, writes a checkpoint there
+    (no periodic one is due) and every process exits 143; the relaunch resumes at the next step, and the
+    metrics hold every step once."""
+    import signal
+    import time
+
+    run = tmp_path / "pre"
+    args = [sys.executable, "-m", "rlrig.entrypoint.cli", "train", *TINY, "trainer.save_freq=0", "trainer.test_freq=0",
+            "trainer.total_training_steps=40", f"trainer.default_local_dir={run}"]
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not ((run / "metrics.jsonl").exists() and len(metrics(run)) >= 3):
+        time.sleep(0.2)
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGTERM, out[-3000:]
+    stopped = int((run / "latest_checkpointed_iteration.txt").read_text())
+    assert stopped >= 3 and f"a relaunch resumes at step {stopped + 1}" in out, out[-3000:]
+    assert [m["training/global_step"] for m in metrics(run)] == list(range(1, stopped + 1))
+    r = rlrig("train", *TINY, "trainer.save_freq=0", "trainer.test_freq=0", f"trainer.total_training_steps={stopped + 2}",
+              f"trainer.default_local_dir={run}")
+    assert r.returncode == 0 and f"at step {stopped}" in r.stderr, r.stderr[-3000:]
+    assert [m["training/global_step"] for m in metrics(run)] == list(range(1, stopped + 3))
+

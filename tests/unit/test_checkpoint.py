@@ -1,3 +1,4 @@
+import json
 import os
 import signal
 import subprocess
@@ -45,3 +46,13 @@ def test_kill_9_during_save_keeps_latest_good(tmp_path):
             assert float(state["w"][0]) == ts["global_step"]
         checkpoint.clean_partial(str(root))
         assert not list(root.glob(".global_step_*"))
+
+
+def test_metrics_after_the_resume_point_are_not_kept_twice(tmp_path):
+    from rlrig.trainer.preemption import truncate_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"training/global_step": s}) + "\n" for s in (0, 1, 2, 3, 4)))
+    assert truncate_metrics(path, 2) == 2
+    assert [json.loads(x)["training/global_step"] for x in path.read_text().splitlines()] == [0, 1, 2]
+    assert truncate_metrics(path, 2) == 0
