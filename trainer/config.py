@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
 from . import verl_keys
+from .batching import token_budgets
 from .errors import ConfigError
 
 from .engines import ENGINES, NAMES as ENGINE_NAMES
@@ -390,23 +391,6 @@ def parse_overrides(overrides: list[str]) -> Config:
         set_key(cfg, key.lstrip("+").strip(), raw)
     validate(cfg)
     return cfg
-
-
-def token_budgets(cfg: Config) -> dict[str, int | None]:
-    """The token budget of each pass's micro batches under use_dynamic_bsz (None: by count), with verl's
-    defaults: the rollout, reference and critic follow the actor's switch and budget unless set."""
-    a, r, ref, c = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.ref, cfg.critic
-    on = lambda flag: a.use_dynamic_bsz if flag is None else flag
-    return {
-        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None,
-        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu":
-            (r.log_prob_max_token_len_per_gpu or a.ppo_max_token_len_per_gpu) if on(r.log_prob_use_dynamic_bsz) else None,
-        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu":
-            (ref.log_prob_max_token_len_per_gpu or a.ppo_max_token_len_per_gpu) if on(ref.log_prob_use_dynamic_bsz) else None,
-        "critic.ppo_max_token_len_per_gpu": c.ppo_max_token_len_per_gpu if on(c.use_dynamic_bsz) else None,
-        "critic.forward_max_token_len_per_gpu":
-            (c.forward_max_token_len_per_gpu or c.ppo_max_token_len_per_gpu) if on(c.use_dynamic_bsz) else None,
-    }
 
 
 LOGGERS = ("console", "tensorboard", "wandb")

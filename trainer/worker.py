@@ -88,10 +88,10 @@ class Worker:
     def __init__(self, cfg_dict: dict, rank: int, world: int, master: tuple[str, int], model_path: str):
         from transformers import AutoTokenizer
 
-        from .config import from_dict, token_budgets
+        from .config import from_dict
 
         self.cfg = cfg = from_dict(cfg_dict)
-        self.budgets = token_budgets(cfg)
+        self.budgets = batching.token_budgets(cfg)
         self.rank, self.world = rank, world
         seed = cfg.trainer.seed + rank
         random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
