@@ -191,7 +191,7 @@ class Worker:
 
     def step(self, rows, kl_coef: float, global_step: int) -> dict:
         """One PPO step on this worker's shard of prompts; `global_step` counts from 1."""
-        cfg, a, m = self.cfg, self.cfg.actor_rollout_ref, self.models
+        a, m = self.cfg.actor_rollout_ref, self.models
         n = a.rollout.n
         phases = Phases(self._sync_device)
         if self.device.type == "cuda" and not self.engine.generates_with_actor_module:

@@ -1,7 +1,6 @@
 """verl's other policy losses and estimators against values worked by hand (the arithmetic in each comment)."""
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch

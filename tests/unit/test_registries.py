@@ -2,7 +2,6 @@
 validation reads those declarations, and a new one is one module plus one registration."""
 
 import pytest
-import torch
 
 from rlrig.trainer import engines, estimators, metrics, policy_losses
 from rlrig.trainer.config import ConfigError, parse_overrides

@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 
 from rlrig.trainer import core_algos as A
 from rlrig.trainer import lr_schedule, precision
-from rlrig.trainer.config import FsdpConfig, MixedPrecisionConfig, OptimConfig, parse_overrides
+from rlrig.trainer.config import FsdpConfig, MixedPrecisionConfig, OptimConfig
 from rlrig.trainer.estimators import AdvantageInput, get
 from rlrig.trainer.presets import EMBEDDED
 from rlrig.trainer.timing import Phases

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 
 from ..core_algos import agg_loss, masked_mean
 from .registry import register
