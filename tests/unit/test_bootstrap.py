@@ -42,7 +42,7 @@ def test_worker_plan_waits_for_the_heads_environment():
     p = plan({**WORKER, "RLRIG_ENV_FOO": "mine"})
     assert p.cluster_env == {}  # only the head's .env and RLRIG_ENV_* reach the cluster
     assert "FOO" not in p.ray_env
-    assert f"--address=10.0.0.1:6379" in p.start_command and "--head" not in p.start_command
+    assert "--address=10.0.0.1:6379" in p.start_command and "--head" not in p.start_command
     assert p.gcs_address == "10.0.0.1:6379"
     assert p.preflight.env_updates == {"NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"}
 
@@ -150,3 +150,30 @@ def test_wait_timeout_from_option_then_variable(env, given, expected):
 def test_wait_timeout_not_a_number():
     with pytest.raises(RigError, match="RLRIG_WAIT_TIMEOUT='soon' is not a number"):
         plan({"RLRIG_WAIT_TIMEOUT": "soon"})
+
+
+def test_a_standing_head_sends_its_debug_mode_to_every_node():
+    p = plan({**HEAD, "RLRIG_ENV_VLLM_ATTENTION_BACKEND": "XFORMERS"}, standing=True, debug="legacy")
+    assert p.standing and p.cluster_env == {"VLLM_ATTENTION_BACKEND": "XFORMERS", "RAY_DEBUG": "legacy"}
+    assert "--ray-debugger-external" in p.start_command
+    w = plan(WORKER, standing=True)  # a worker started without --debug still gets the head's
+    env = w.worker_ray_env(p.cluster_env)
+    assert env["RAY_DEBUG"] == "legacy" and "--ray-debugger-external" in w.worker_start_command(env)
+    assert "--ray-debugger-external" not in w.worker_start_command(w.worker_ray_env({}))
+
+
+@pytest.mark.parametrize("env,kw,words", [
+    ({**HEAD, "RAY_DEBUG": "legacy"}, {"debug": "post-mortem"}, "unset RAY_DEBUG"),
+    ({"RLRIG_CLUSTER_TOKEN": "", "RAY_DEBUG_POST_MORTEM": ""}, {"standing": True}, "rlrig up needs a token"),
+    ({"RAY_ADDRESS": "10.9.0.1:6379"}, {"standing": True}, "nothing to bring up"),
+])
+def test_standing_plan_refuses(env, kw, words):
+    with pytest.raises(RigError, match=words):
+        plan(env, **kw)
+
+
+def test_metrics_on_the_node_ip_only_when_asked():
+    assert plan(HEAD).ray_env["RLRIG_METRICS_HOST"] == "127.0.0.1"
+    assert plan(HEAD, metrics_on_node_ip=True).ray_env["RLRIG_METRICS_HOST"] == "10.0.0.2"
+    labels = next(a for a in plan(HEAD).start_command if a.startswith("--labels="))
+    assert '"rlrig.io/nnodes": "2"' in labels and '"rlrig.io/node-rank": "0"' in labels
