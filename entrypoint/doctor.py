@@ -26,6 +26,8 @@ def as_dict(found: Inspection) -> dict:
         "sources": dict(s.sources) if s else {},
         "env_updates": pf.env_updates,
         "checks": [c.to_dict() for c in pf.checks],
+        # only count in `ray start`'s environment (Ray workers read them when they start): shown per node
+        "before_ray_start": found.before_ray,
     }
 
 
@@ -46,6 +48,9 @@ def as_text(found: Inspection) -> str:
     if d["existing_ray"]:
         lines.append(f"ray        {d['existing_ray']} (already running: rlrig starts none)")
     lines += [f"[{c['status']:4}] {c['name']}: {c['message']}" for c in d["checks"]]
+    if d["before_ray_start"]:
+        lines.append("before Ray starts (Ray workers on this node inherit these; set them before `rlrig up/run`):")
+        lines += [f"  {k}={v}" for k, v in d["before_ray_start"].items()]
     return "\n".join(lines)
 
 

@@ -75,6 +75,27 @@ class GcsStore:
         with _answering(self.address):
             return [k.decode() for k in self.client.internal_kv_keys(prefix.encode(), NS, timeout=2)]
 
+    def mark_job_failed(self, submission_id: str, message: str) -> bool:
+        """Rewrite a stopped job's record as FAILED with `message`; False when there is no such job.
+
+        Ray's job API can stop a job but only ever records that as STOPPED, and its own status
+        update refuses to leave a terminal state; the record itself is a JSON JobInfo in the GCS
+        key-value store (namespace `job`), which the dashboard, `ray job status` and the SDK all read.
+        """
+        from dataclasses import replace
+
+        from ray._private.ray_constants import KV_NAMESPACE_JOB
+        from ray.dashboard.modules.job.common import JobInfo, JobInfoStorageClient, JobStatus
+
+        key = JobInfoStorageClient.JOB_DATA_KEY.format(job_id=submission_id).encode()
+        with _answering(self.address):
+            raw = self.client.internal_kv_get(key, KV_NAMESPACE_JOB, timeout=5)
+            if raw is None:
+                return False
+            info = replace(JobInfo.from_json(json.loads(raw)), status=JobStatus.FAILED, message=message)
+            self.client.internal_kv_put(key, json.dumps(info.to_json()).encode(), True, KV_NAMESPACE_JOB, timeout=5)
+        return True
+
     def nodes(self, timeout: float = 2.0) -> dict[int, dict]:
         with _answering(self.address):
             infos = self.client.get_all_node_info(timeout=timeout).values()

@@ -1,7 +1,7 @@
 """Carries out a Plan: start / wait / run / stop, on every node. Linear on purpose: read it top to bottom.
 
 Head:   ray start --head -> publish env -> wait for nnodes -> compare versions -> run CMD while
-        watching nodes -> publish exit code -> stop.
+        watching nodes (`rlrig up`: serve submitted jobs, standing.py) -> publish exit code -> stop.
 Worker: wait for the head's GCS -> read env -> ray start --address -> wait for the head's exit
         code (or notice the head is gone) -> stop.
 What is said to whom through the head's store is coordination.py; this module owns the processes.
@@ -14,10 +14,11 @@ import subprocess
 import time
 from typing import Callable, Mapping
 
-from . import coordination
+from . import coordination, metricsbind, prestart, raystart, standing
 from .console import say
 from .errors import NodeLost, RigError
 from .gcs import GcsStore
+from .jobs import JobApi
 from .plan import Plan
 from .processes import Stop, become_subreaper, install_stop_handlers, sweep_descendants, terminate_group
 
@@ -56,10 +57,16 @@ def run_command(cmd: list[str], env: Mapping[str, str], store: coordination.Stor
         terminate_group(child)
 
 
+def start_ray(plan: Plan, command: list[str], env: dict[str, str], cluster: dict[str, str]) -> subprocess.Popen:
+    metricsbind.write_shim(raystart.hook_dir(plan.temp_dir))
+    say(f"before Ray starts: {prestart.one_line(prestart.select(env, cluster))}")
+    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, start_new_session=True)
+
+
 def run_head(plan: Plan) -> int:
     spec, pf, address = plan.spec, plan.preflight, plan.gcs_address
     say(f"head of {spec.nnodes} node(s) at {address} ({spec.launcher}), {pf.num_cpus} CPU, {pf.num_gpus} GPU, temp {plan.temp_dir}")
-    ray_proc = subprocess.Popen(plan.start_command, env=plan.ray_env, stdout=subprocess.DEVNULL, start_new_session=True)
+    ray_proc = start_ray(plan, plan.start_command, plan.ray_env, plan.cluster_env)
     alive = _head_ray_alive(ray_proc)
     store = None
     code = 1
@@ -70,6 +77,12 @@ def run_head(plan: Plan) -> int:
         coordination.publish_head(store, plan.cluster_env, coordination.node_facts(0, spec.node_ip, pf.num_gpus))
         nodes = coordination.wait_for_nodes(store, spec.nnodes, deadline, alive)
         coordination.check_versions(store)
+        if plan.standing:
+            store.put(coordination.MODE, coordination.STANDING)
+            say(f"cluster up: {len(nodes)} node(s) after {time.monotonic() - t0:.1f}s; job API {plan.dashboard_url} "
+                "(rlrig submit -- CMD); stop it with rlrig down or SIGTERM")
+            code = standing.serve(store, alive, lambda: JobApi(plan.dashboard_url, plan.token), store.mark_job_failed)
+            return code
         say(f"{len(nodes)} node(s) alive after {time.monotonic() - t0:.1f}s; running: {' '.join(plan.command)}")
         code = run_command(plan.command, {**plan.ray_env, "RAY_ADDRESS": address}, store, ray_proc)
         say(f"command exited with code {code}")
@@ -94,8 +107,8 @@ def run_worker(plan: Plan) -> int:
     store = coordination.connect(lambda: GcsStore.open(address), deadline, f"worker {spec.node_rank}", address)
     cluster = coordination.wait_for_env(store, deadline, address)
     coordination.announce(store, spec.node_rank, coordination.node_facts(spec.node_rank, spec.node_ip, pf.num_gpus))
-    ray_proc = subprocess.Popen(plan.start_command, env=plan.worker_ray_env(cluster), stdout=subprocess.DEVNULL,
-                                start_new_session=True)
+    env = plan.worker_ray_env(cluster)
+    ray_proc = start_ray(plan, plan.worker_start_command(env), env, cluster)
 
     def alive() -> None:
         if ray_proc.poll() is not None:

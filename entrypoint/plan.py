@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import auth, raystart
+from . import auth, debugmode, raystart
 from .addresses import format_hostport
 from .nodespec import NodeSpec
 from .preflight import Preflight
@@ -13,7 +13,7 @@ from .preflight import Preflight
 @dataclass(frozen=True)
 class Plan:
     spec: NodeSpec
-    command: list[str]
+    command: list[str]  # empty for a standing cluster (`rlrig up`)
     base_env: dict[str, str]  # this process's environment: the bottom layer of every environment below
     preflight: Preflight = field(default_factory=Preflight)
     temp_dir: str = ""
@@ -24,6 +24,10 @@ class Plan:
     start_command: list[str] = field(default_factory=list)
     wait_timeout: float = 300.0  # head: for all nodes to join; worker: for the head to come up
     head_loss_timeout: float = 30.0  # worker: GCS unreachable this long = head lost
+    standing: bool = False  # `rlrig up`: serve submitted jobs until told to stop
+    debug_env: dict[str, str] = field(default_factory=dict)  # --debug on this node's own line
+    metrics_host: str = "127.0.0.1"  # where Ray's Prometheus endpoints listen
+    dashboard_url: str = ""  # head: how this node reaches its own job API
 
     @property
     def gcs_address(self) -> str:
@@ -34,4 +38,11 @@ class Plan:
     def worker_ray_env(self, cluster_env: dict[str, str]) -> dict[str, str]:
         """`ray start`'s environment on a worker once the head's cluster environment has arrived:
         the same layering as the head's, so a .env cannot replace this node's temp dir or token."""
-        return raystart.start_env(self.base_env, cluster_env, self.preflight, auth.ray_auth_env(self.token), self.temp_dir)
+        env = raystart.start_env(self.base_env, cluster_env, self.preflight, auth.ray_auth_env(self.token), self.temp_dir,
+                                 self.debug_env, self.metrics_host)
+        debugmode.check(env)
+        return env
+
+    def worker_start_command(self, ray_env: dict[str, str]) -> list[str]:
+        """A worker learns from the head's environment whether the legacy debugger needs its flag."""
+        return raystart.start_command(self.spec, self.preflight, self.temp_dir, "", debugmode.debugger_external(ray_env))

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import socket
 import sys
 from pathlib import Path
 from typing import Mapping
 
+from . import metricsbind
 from .addresses import format_hostport
-from .coordination import RANK_LABEL
+from .coordination import HOST_LABEL, NNODES_LABEL, RANK_LABEL
 from .nodespec import NodeSpec
 from .preflight import Preflight
 
@@ -41,22 +44,43 @@ def temp_dir(spec: NodeSpec, env: Mapping[str, str], override: str | None) -> st
     return str(Path(base) / f"rlrig-{os.getuid()}" / f"{job}-n{spec.node_rank}")
 
 
-def start_command(spec: NodeSpec, pf: Preflight, temp: str, dashboard_host: str) -> list[str]:
+def label_value(text: str) -> str:
+    """Ray accepts label values of at most 63 letters, digits, `-`, `_`, `.`, starting and ending alphanumeric."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", text)[:63].strip("-_.") or "unknown"
+
+
+def start_command(spec: NodeSpec, pf: Preflight, temp: str, dashboard_host: str, debugger_external: bool = False) -> list[str]:
+    # the node count as a label too, so that a client that sees only the dashboard (rlrig submit) knows
+    # when every node has joined
+    labels = {RANK_LABEL: str(spec.node_rank), NNODES_LABEL: str(spec.nnodes), HOST_LABEL: label_value(socket.gethostname())}
     cmd = [ray_executable(), "start", "--block", "--disable-usage-stats",
            f"--node-ip-address={spec.node_ip}", f"--num-cpus={pf.num_cpus}", f"--num-gpus={pf.num_gpus}",
-           f"--temp-dir={temp}", f"--labels={json.dumps({RANK_LABEL: str(spec.node_rank)})}"]
+           f"--temp-dir={temp}", f"--labels={json.dumps(labels)}"]
     if pf.object_store_bytes:
         cmd.append(f"--object-store-memory={pf.object_store_bytes}")
     if spec.is_head:
         cmd += ["--head", f"--port={spec.port}", f"--dashboard-host={dashboard_host}"]
     else:
         cmd.append(f"--address={format_hostport(spec.head_address, spec.port)}")
+    if debugger_external:
+        cmd.append("--ray-debugger-external")
     return cmd + spec.ray_start_args
 
 
-def start_env(base: Mapping[str, str], cluster: Mapping[str, str], pf: Preflight, auth: Mapping[str, str], temp: str) -> dict[str, str]:
-    env = {**HEALTH_DEFAULTS, **base, **cluster, **pf.env_updates, **auth}
+def hook_dir(temp: str) -> str:
+    return str(Path(temp) / "pyhook")
+
+
+def start_env(base: Mapping[str, str], cluster: Mapping[str, str], pf: Preflight, auth: Mapping[str, str], temp: str,
+              node: Mapping[str, str] | None = None, metrics_host: str = "127.0.0.1") -> dict[str, str]:
+    """`node`: this node's own additions (--debug), over the cluster's."""
+    env = {**HEALTH_DEFAULTS, **base, **cluster, **(node or {}), **pf.env_updates, **auth}
     env["RAY_TMPDIR"] = temp
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     env.pop("RAY_ADDRESS", None)
+    # `rlrig`, `python3` and `ray` in jobs and workers are the ones next to this interpreter, the install
+    # that was validated here (a submitted `rlrig train` included)
+    env["PATH"] = os.pathsep.join(p for p in (str(Path(sys.executable).parent), env.get("PATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (hook_dir(temp), env.get("PYTHONPATH", "")) if p)
+    env[metricsbind.HOST_VAR] = metrics_host
     return env

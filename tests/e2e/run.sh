@@ -37,7 +37,7 @@ if ! podman image exists "$base"; then
 fi
 
 stage "wheels for an offline image build"
-.venv/bin/python -m pip wheel -q --wheel-dir docker/wheels ".[tensorboard]" "torch==2.13.0" setuptools wheel
+.venv/bin/python -m pip wheel -q --wheel-dir docker/wheels ".[tensorboard,debug]" "torch==2.13.0" setuptools wheel
 
 stage "podman build (cpu variant)"
 ENGINE=podman docker/build.sh cpu --format docker --build-arg BASE_IMAGE="$base" \

@@ -36,6 +36,7 @@ def cluster_hosts():
         return p
 
     make.start = start
+    make.ray_tmp = ray_tmp  # the nodes' RAY_TMPDIR: their Ray logs are below it
     yield make
     for p in procs:
         p.kill()

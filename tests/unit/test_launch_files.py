@@ -119,3 +119,40 @@ def test_compose_file():
         assert "RLRIG_CLUSTER_TOKEN" in svc["environment"]
     gpu = yaml.safe_load((REPO / "compose/compose.gpu.yaml").read_text())
     assert gpu["services"]["head"]["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+
+
+def test_dstack_standing_cluster_task():
+    from dstack._internal.core.models.configurations import parse_run_configuration
+
+    data = yaml.safe_load((REPO / "dstack/ray-cluster.dstack.yml").read_text())
+    conf = parse_run_configuration(data)
+    assert conf.nodes == 2 and conf.commands == ["rlrig up"]
+    assert [p.container_port for p in conf.ports] == [8265]
+    assert "RLRIG_CLUSTER_TOKEN=${{ secrets.rlrig_cluster_token }}" in data["env"]
+
+
+def test_dstack_forwards_a_port_to_loopback_inside_the_run():
+    """What `dstack apply` does with `ports`: the laptop's localhost:8265 to `localhost:8265` in the run's first
+    job, over SSH; so rlrig's loopback-only job API is what it reaches."""
+    from dstack._internal.core.services.ssh.tunnel import ports_to_forwarded_sockets
+
+    (pair,) = ports_to_forwarded_sockets({8265: 8265})
+    assert (pair.remote.host, pair.remote.port) == ("localhost", 8265)
+    assert (pair.local.host, pair.local.port) == ("localhost", 8265)
+
+
+def test_compose_cluster_profile():
+    data = yaml.safe_load((REPO / "compose/compose.cluster.yaml").read_text())
+    head, worker = data["services"]["head"], data["services"]["worker"]
+    assert head["command"] == ["up", "--dashboard-host", "0.0.0.0"] and worker["command"] == ["up"]
+    assert head["ports"] == ["127.0.0.1:8265:8265"]  # published on the host's loopback only
+    assert set(data["services"]) == set(yaml.safe_load((REPO / "compose/compose.yaml").read_text())["services"])
+
+
+def test_standing_slurm_recipe_has_no_sleeps_and_no_rank_logic():
+    text = (REPO / "slurm/rlrig-cluster.sbatch").read_text()
+    assert '"$rlrig" up' in text and '"$rlrig" submit' in text and '"$rlrig" down' in text
+    commands = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    assert not any("sleep " in line for line in commands) and not RANK_LOGIC.search(text)
+    r = subprocess.run([tool("shellcheck"), "-x", str(REPO / "slurm/rlrig-cluster.sbatch")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout

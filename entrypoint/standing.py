@@ -1,0 +1,70 @@
+"""`rlrig up` on the head once the cluster has formed: keep it serving jobs until SIGTERM/SIGINT or `rlrig down`.
+
+A node lost meanwhile is named in the log, and every job running at that moment is stopped and recorded
+as failed with that reason: its collectives would otherwise wait forever for the lost ranks. The cluster
+itself keeps serving, and a node that comes back (its `rlrig up` started again) is welcomed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from . import coordination
+from .console import say
+from .errors import RigError, Unreachable
+from .jobs import ACTIVE, TERMINAL, JobApi
+
+POLL = 1.0
+STOP_WAIT = 20.0  # Ray's job stop sends SIGTERM, then SIGKILL after RAY_JOB_STOP_WAIT_TIME_S (3 s)
+LOST_PREFIX = "rlrig: lost node"  # starts every job message written for a lost node; `rlrig submit` exits 3 on it
+
+
+def fail_running_jobs(api: JobApi, mark_failed: Callable[[str, str], bool], reason: str) -> list[str]:
+    """Stop every active job, then record each as FAILED with `reason`; returns their ids."""
+    active = [j.submission_id for j in api.jobs() if j.status in ACTIVE]
+    for sid in active:
+        api.stop(sid)
+    deadline = time.monotonic() + STOP_WAIT
+    pending = list(active)
+    while pending and time.monotonic() < deadline:
+        pending = [sid for sid in pending if api.job(sid).status not in TERMINAL]
+        if pending:
+            time.sleep(0.2)
+    failed = []
+    for sid in active:
+        if api.job(sid).status != "SUCCEEDED":  # one that finished on its own just before keeps its result
+            mark_failed(sid, reason)
+            failed.append(sid)
+    return failed
+
+
+def serve(store: coordination.Store, check_alive: Callable[[], None], api: Callable[[], JobApi],
+          mark_failed: Callable[[str, str], bool], poll: float = POLL) -> int:
+    """Returns 0 when `rlrig down` asked; signals arrive as processes.Stop. `api` connects on first use."""
+    alive = {r: n["alive"] for r, n in store.nodes().items()}
+    while True:
+        check_alive()
+        if store.get(coordination.DOWN) is not None:
+            say("rlrig down: stopping the cluster")
+            return 0
+        now = store.nodes()
+        lost, back = coordination.node_changes(alive, now)
+        known = coordination.facts(store) if lost or back else {}
+        for r in back:
+            say(f"node {coordination.describe(r, known, now[r]['ip'])} rejoined")
+            for line in coordination.version_mismatches(known):
+                say(f"warn: {line}")
+        for r in lost:
+            name = coordination.describe(r, known, now.get(r, {}).get("ip", ""))
+            say(f"lost node {name}; the cluster keeps serving, and the node may rejoin with its `rlrig up`")
+            reason = f"{LOST_PREFIX} {name} while the job ran; rlrig stopped the job"
+            try:
+                failed = fail_running_jobs(api(), mark_failed, reason)
+            except (Unreachable, RigError) as e:
+                say(f"warn: could not stop the running jobs through the job API: {e}")
+                continue
+            if failed:
+                say(f"stopped and failed job(s) {', '.join(failed)}: node {name} was lost")
+        alive = {r: n["alive"] for r, n in now.items()}
+        time.sleep(poll)
