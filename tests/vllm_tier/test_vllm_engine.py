@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlrig.trainer.config import RolloutConfig
-from rlrig.trainer.engines import ENGINES, EngineContext, make_engine
+from rlrig.trainer.engines import ENGINES, GREEDY, EngineContext, make_engine
 from rlrig.trainer.logprobs import token_logprobs
 
 TOL = 1e-3  # float32 engine vs float32 actor on CPU: seen ~4e-7
@@ -58,14 +58,14 @@ def test_engine_logprobs_match_the_actor_after_each_sync(tiny, engine):
 def test_a_deliberate_weight_change_moves_the_output(tiny, engine):
     _, tok, model = tiny
     engine.sync_weights(model.state_dict().items())
-    before = engine.generate(prompts(tok), 1, greedy=True)
+    before = engine.generate(prompts(tok), 1, GREEDY)
     forced = 5
     with torch.no_grad():
         saved = model.lm_head.weight[forced].clone()
         model.lm_head.weight[forced] += 50.0 * model.model.norm.weight.sign()
     try:
         engine.sync_weights(model.state_dict().items())
-        after = engine.generate(prompts(tok), 1, greedy=True)
+        after = engine.generate(prompts(tok), 1, GREEDY)
     finally:
         with torch.no_grad():
             model.lm_head.weight[forced] = saved
