@@ -59,6 +59,21 @@ def test_baremetal_sbatch_script_trains_on_two_nodes(slurm_cluster, tmp_path):
     assert (run / "latest_checkpointed_iteration.txt").read_text() == "2"
 
 
+def test_standing_cluster_sbatch_recipe_submits_training_to_both_nodes(slurm_cluster, tmp_path):
+    """slurm/rlrig-cluster.sbatch as the README gives it: `rlrig up` on both nodes of the allocation, the job
+    submitted from the batch script on the head, then `rlrig down`; the job's result is the script's."""
+    s = slurm_cluster
+    out, run = tmp_path / "job.out", tmp_path / "run"
+    env = {"RLRIG_VENV": str(Path(sys.executable).parent.parent), "HOME": str(Path.home())}
+    r = s.run("sbatch", "--wait", f"--output={out}", f"--chdir={tmp_path}", str(REPO / "slurm/rlrig-cluster.sbatch"),
+              "rlrig", "train", *TINY, "trainer.nnodes=2", "trainer.n_gpus_per_node=1", f"trainer.default_local_dir={run}",
+              env=env, timeout=600)
+    text = out.read_text()
+    assert r.returncode == 0, text[-4000:] + r.stderr
+    assert f"workers on {s.ns.ip(0)}, {s.ns.ip(1)}" in text, text[-3000:]
+    assert (run / "metrics.jsonl").read_text().count("\n") == 2
+
+
 def test_apptainer_node_script_forwards_each_tasks_slurm_variables(slurm_cluster, tmp_path):
     """apptainer/rlrig-node.sh under real srun. Apptainer itself cannot run here, so APPTAINER points at a
     stand-in that prints what the container would receive; the forwarding is the script's own logic."""
