@@ -39,6 +39,12 @@ STARTED = "Ray runtime started"
 BIN = Path(sys.executable).parent
 
 
+
+def node_env(ns, i: int, n: int) -> dict[str, str]:
+    """What dstack would set on node i of n (rlrig reads it as a user's run would), one CPU each."""
+    return {"DSTACK_NODE_RANK": str(i), "DSTACK_NODES_NUM": str(n), "DSTACK_MASTER_NODE_IP": ns.ip(0),
+            "DSTACK_RUN_NAME": "bench", "RLRIG_NUM_CPUS": "1"}
+
 class SleepsTooShort(RuntimeError):
     """The fixed sleeps ran out before the nodes were up: the failure the seed scripts are known for."""
 
@@ -116,9 +122,7 @@ class Run:
 
     def rlrig(self):
         for i in range(self.n):
-            env = {"DSTACK_NODE_RANK": str(i), "DSTACK_NODES_NUM": str(self.n), "DSTACK_MASTER_NODE_IP": self.ns.ip(0),
-                   "DSTACK_RUN_NAME": "bench", "RLRIG_NUM_CPUS": "1"}
-            self.start(i, [str(BIN / "rlrig"), "run", "--", *self.cmd], env)
+            self.start(i, [str(BIN / "rlrig"), "run", "--", *self.cmd], node_env(self.ns, i, self.n))
 
     def symmetric(self):
         # its default 30 s wait for nodes is too short for 8 Ray nodes on 2 cores; a user would raise it too

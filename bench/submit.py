@@ -28,7 +28,7 @@ import sys
 import time
 
 import bringup
-from bringup import BIN, STARTED, netns, wait
+from bringup import BIN, STARTED, netns, node_env, wait
 
 SUBNET = 241
 
@@ -64,9 +64,7 @@ class SubmitRun(bringup.Run):
 
     def rlrig(self):
         for i in range(self.n):
-            env = {"DSTACK_NODE_RANK": str(i), "DSTACK_NODES_NUM": str(self.n), "DSTACK_MASTER_NODE_IP": self.ns.ip(0),
-                   "DSTACK_RUN_NAME": "bench", "RLRIG_NUM_CPUS": "1"}
-            self.start(i, [str(BIN / "rlrig"), "up"], env)
+            self.start(i, [str(BIN / "rlrig"), "up"], node_env(self.ns, i, self.n))
         self.client([str(BIN / "rlrig"), "submit", "--no-wait", "--", *self.job])
 
     def seeds(self):

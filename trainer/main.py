@@ -194,13 +194,10 @@ def train(cfg) -> int:
         ray.init(num_cpus=cfg.ray_kwargs.ray_init.num_cpus)
     else:
         ray.init(log_to_driver=True)
-    from transformers import AutoTokenizer
-
-    from .models import import_external_lib, load_kwargs
+    from .models import import_external_lib, load_tokenizer
 
     import_external_lib(cfg.actor_rollout_ref.model)
-    tok_kw = {**load_kwargs(cfg.actor_rollout_ref.model), **({"trust_remote_code": True} if cfg.data.trust_remote_code else {})}
-    tokenizer = AutoTokenizer.from_pretrained(model_path, **tok_kw)
+    tokenizer = load_tokenizer(cfg, model_path)
     train_rows, val_rows = load_rows(cfg, tokenizer)
     rf = cfg.custom_reward_function
     load_reward_fn(rf.path, rf.name)  # a bad path or name stops here, before any worker starts
@@ -248,6 +245,7 @@ def train(cfg) -> int:
         return 0
     started, first = time.monotonic(), step + 1
     stop, saved_at = preemption.StopRequest(), None
+    save = lambda at: save_checkpoint(workers, out, at, sampler, kl_ctrl, model_path, cfg.actor_rollout_ref.model.gguf_file)
     while step < total and stop.signum is None:
         step += 1
         t0 = time.perf_counter()
@@ -261,7 +259,7 @@ def train(cfg) -> int:
             m["timing_s/testing"] = time.perf_counter() - tv
         if t.save_freq > 0 and (step % t.save_freq == 0 or step == total):
             ts0 = time.perf_counter()
-            save_checkpoint(workers, out, step, sampler, kl_ctrl, model_path, cfg.actor_rollout_ref.model.gguf_file)
+            save(step)
             saved_at = step
             m["timing_s/save_checkpoint"] = time.perf_counter() - ts0
         dt = time.perf_counter() - t0
@@ -271,7 +269,7 @@ def train(cfg) -> int:
         log.log(step, m)
         progress(step, total, m, started, first)
     if stop.signum is not None and saved_at != step:
-        save_checkpoint(workers, out, step, sampler, kl_ctrl, model_path, cfg.actor_rollout_ref.model.gguf_file)
+        save(step)
     ray.get([w.shutdown.remote() for w in workers])
     if cfg.ray_kwargs.timeline_json_file:
         ray.timeline(filename=cfg.ray_kwargs.timeline_json_file)

@@ -42,6 +42,16 @@ def load_kwargs(model_cfg) -> dict:
     return kw
 
 
+def load_tokenizer(cfg, path: str):
+    """The tokenizer the driver and every worker use: model.* load arguments, and data.trust_remote_code."""
+    from transformers import AutoTokenizer
+
+    kw = load_kwargs(cfg.actor_rollout_ref.model)
+    if cfg.data.trust_remote_code:
+        kw["trust_remote_code"] = True
+    return AutoTokenizer.from_pretrained(path, **kw)
+
+
 def model_kwargs(model_cfg, path: str, **overrides) -> dict:
     """from_pretrained arguments: load_kwargs and a config with model.override_config (and `overrides`) set on
     it before the weights load, as verl does (attributes a config does not define are set too)."""

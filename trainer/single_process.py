@@ -9,16 +9,15 @@ from contextlib import contextmanager
 @contextmanager
 def single_worker(overrides: list[str], model_path: str | None = None):
     """(worker, batches): `batches()` yields each step's prompt rows as the driver's sampler would."""
-    from transformers import AutoTokenizer
-
     from .config import parse_overrides
     from .main import Sampler, load_rows
+    from .models import load_tokenizer
     from .tiny_model import ensure_tiny_model
     from .worker import Worker, free_port
 
     cfg = parse_overrides([*overrides, "trainer.n_gpus_per_node=1", "trainer.nnodes=1"])
     path = model_path or cfg.actor_rollout_ref.model.path or ensure_tiny_model()
-    rows, _ = load_rows(cfg, AutoTokenizer.from_pretrained(path))
+    rows, _ = load_rows(cfg, load_tokenizer(cfg, path))
     cfg.trainer.total_training_steps = cfg.trainer.total_training_steps or len(rows) // cfg.data.train_batch_size
     sampler = Sampler(len(rows), cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle)
     w = Worker(cfg.to_dict(), 0, 1, ("127.0.0.1", free_port()), path)

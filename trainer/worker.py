@@ -86,8 +86,6 @@ def allreduce_sum(t: torch.Tensor) -> torch.Tensor:
 
 class Worker:
     def __init__(self, cfg_dict: dict, rank: int, world: int, master: tuple[str, int], model_path: str):
-        from transformers import AutoTokenizer
-
         from .config import from_dict
 
         self.cfg = cfg = from_dict(cfg_dict)
@@ -109,7 +107,7 @@ class Worker:
                                 timeout=timedelta(minutes=10))
         a = cfg.actor_rollout_ref
         self.estimator = estimators.get(cfg.algorithm.adv_estimator)
-        self.tok = AutoTokenizer.from_pretrained(model_path, **models.load_kwargs(a.model))
+        self.tok = models.load_tokenizer(cfg, model_path)
         self.tok.padding_side = "left"
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
@@ -164,8 +162,9 @@ class Worker:
 
     def _parts(self, ro, start: int, stop: int, micro: int | None, budget_key: str) -> list:
         """Micro batches of rows start..stop-1: `micro` rows each, or by the pass's token budget (use_dynamic_bsz)."""
-        lengths = ro.attention_mask.sum(-1).tolist()
-        return batching.plan(lengths, start, stop, micro, self.budgets[budget_key], self._agree_max)
+        budget = self.budgets[budget_key]
+        lengths = ro.attention_mask.sum(-1).tolist() if budget else []  # a device sync, only when a budget needs it
+        return batching.plan(lengths, start, stop, micro, budget, self._agree_max)
 
     def _logprobs(self, module, ro, micro, prec, budget_key) -> torch.Tensor:
         """No-grad log-probs in micro batches; `module` is the bare model (under DDP, the wrapper's

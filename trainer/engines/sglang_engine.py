@@ -34,13 +34,15 @@ def buckets(weights, dtype, limit: int = BUCKET_BYTES):
         yield out
 
 
+def engine_dtype(cfg) -> str:
+    return "bfloat16" if cfg.dtype == "auto" else cfg.dtype
+
+
 def engine_kwargs(cfg, model_path: str, max_model_len: int, seed: int) -> dict:
-    dtype = "bfloat16" if cfg.dtype == "auto" else cfg.dtype
-    kw = dict(model_path=model_path, skip_tokenizer_init=True, dtype=dtype, random_seed=seed,
-                tp_size=cfg.tensor_model_parallel_size, mem_fraction_static=cfg.gpu_memory_utilization,
-                context_length=cfg.max_model_len or max_model_len, enable_memory_saver=cfg.free_cache_engine,
-                load_format=cfg.load_format,
-                disable_cuda_graph=cfg.enforce_eager, log_level="error")
+    kw = dict(model_path=model_path, skip_tokenizer_init=True, dtype=engine_dtype(cfg), random_seed=seed,
+              tp_size=cfg.tensor_model_parallel_size, mem_fraction_static=cfg.gpu_memory_utilization,
+              context_length=cfg.max_model_len or max_model_len, enable_memory_saver=cfg.free_cache_engine,
+              load_format=cfg.load_format, disable_cuda_graph=cfg.enforce_eager, log_level="error")
     return {**kw, **cfg.engine_kwargs.get("sglang", {})}  # rollout.engine_kwargs.sglang.*: the user's word is last
 
 
@@ -75,7 +77,7 @@ class SGLangRollout(RolloutEngine):
         self.tok, self.cfg, self.max_new = ctx.tokenizer, ctx.cfg, ctx.max_response_length
         self.engine = sglang.Engine(**engine_kwargs(ctx.cfg, ctx.model_path, ctx.max_prompt_length + ctx.max_response_length, ctx.seed))
         self.released = False
-        self.dtype = getattr(torch, engine_kwargs(ctx.cfg, "", 0, 0)["dtype"])  # what the engine holds its weights in
+        self.dtype = getattr(torch, engine_dtype(ctx.cfg))  # what the engine holds its weights in
 
     def _resume_kv(self):
         if self.released:
