@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from . import addresses, auth, clusterenv, debugmode, detection, inventory, preflight, prestart, raystart
+from . import addresses, auth, clusterenv, debugmode, detection, inventory, preflight, prestart, raystart, resources
 from .console import say
 from .errors import RigError
 from .nodespec import NodeSpec
@@ -32,9 +32,10 @@ class Inspection:
 
 def inspect(env: Mapping[str, str], launcher: str | None = None, temp_override: str | None = None,
             hostname: str | None = None, collect: Callable[..., inventory.Inventory] | None = None,
-            keep_going: bool = True) -> Inspection:
+            keep_going: bool = True, env_file: str | None = None) -> Inspection:
     """`collect` reads the machine (inventory.collect unless given: tests pass a made-up one).
-    `keep_going=False` stops after a failed detection or address stage."""
+    `keep_going=False` stops after a failed detection or address stage. `env_file`: this node's .env
+    (default ./.env when present), read here for RLRIG_RESOURCES on every node."""
     found = Inspection(launcher=launcher or env.get("RLRIG_LAUNCHER") or None)
     pf = found.preflight
     try:
@@ -45,6 +46,8 @@ def inspect(env: Mapping[str, str], launcher: str | None = None, temp_override: 
     except RigError as e:
         pf.add("launcher", FAIL, str(e))
     spec = found.spec
+    if spec is None or not spec.existing_ray:  # beside a Ray that is already there rlrig starts none
+        resources.check(env, env_file or clusterenv.default_env_file(), pf)
     if spec is None or spec.existing_ray or (pf.failed and not keep_going):
         return found
     found.temp_dir = raystart.temp_dir(spec, env, temp_override)
@@ -87,7 +90,7 @@ def plan(command: list[str], env: Mapping[str, str] | None = None, launcher: str
     env = dict(os.environ if env is None else env)
     if wait_timeout is None:
         wait_timeout = wait_timeout_from_env(env)
-    found = inspect(env, launcher, temp_override, keep_going=False)
+    found = inspect(env, launcher, temp_override, keep_going=False, env_file=env_file)
     pf = found.preflight
     failed = pf.failed
     for c in pf.checks:

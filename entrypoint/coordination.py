@@ -24,6 +24,9 @@ from .errors import NodeLost, RigError, Unreachable
 RANK_LABEL = "rlrig.io/node-rank"  # the Ray node label that maps Ray nodes to rlrig ranks
 NNODES_LABEL = "rlrig.io/nnodes"  # how many nodes the cluster was started with
 HOST_LABEL = "rlrig.io/host"  # the node's host name, for `rlrig status`
+GPU_MODEL_LABEL = "rlrig.io/gpu-model"  # the driver's GPU name, sanitized ("NVIDIA-H100-80GB-HBM3"); "none" without GPUs
+LAUNCHER_LABEL = "rlrig.io/launcher"  # the launcher that started the node (slurm, dstack, local, ...)
+NO_GPU = "none"  # GPU_MODEL_LABEL of a node without GPUs
 POLL = 0.2
 ENV, EXIT, DOWN, MODE = "env", "exit", "down", "mode"
 STANDING = "up"  # the MODE of a cluster brought up by `rlrig up`
@@ -37,7 +40,8 @@ class Store(Protocol):
     def keys(self, prefix: str) -> list[str]: ...
 
     def nodes(self, timeout: float = 2.0) -> dict[int, dict]:
-        """rank -> {"alive": bool, "ip": str} for every node that joined with RANK_LABEL."""
+        """rank -> {"alive": bool, "ip": str, "host": str, "resources": {name: total}} for every node
+        that joined with RANK_LABEL ("host" and "resources" may be missing)."""
         ...
 
 

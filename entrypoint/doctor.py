@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from . import raystart, resources
 from .bootstrap import Inspection
 
 
@@ -21,6 +22,9 @@ def as_dict(found: Inspection) -> dict:
         "interface": (s.interface or None) if s else None,
         "num_gpus": pf.num_gpus if found.checked else None,
         "num_cpus": pf.num_cpus if found.checked else None,
+        # what `ray start` gets: --num-cpus, --num-gpus, --resources (RLRIG_RESOURCES), --labels
+        "resources": {"CPU": pf.num_cpus, "GPU": pf.num_gpus, **pf.custom_resources} if found.checked else None,
+        "labels": raystart.node_labels(s, pf) if found.checked else None,
         "job_id": s.job_id if s else None,
         "existing_ray": (s.existing_ray or None) if s else None,
         "sources": dict(s.sources) if s else {},
@@ -42,7 +46,9 @@ def as_text(found: Inspection) -> str:
              f"head       {show(d['head_host'])} -> {show(d['head_address'])}:{show(d['port'])}",
              f"node ip    {show(d['node_ip'])} ({show(d['interface'])})",
              f"gpus       {show(d['num_gpus'])}",
-             f"cpus       {show(d['num_cpus'])}"]
+             f"cpus       {show(d['num_cpus'])}",
+             f"resources  {resources.summary(d['resources']) if d['resources'] else '?'}",
+             f"labels     {' '.join(f'{k}={v}' for k, v in d['labels'].items()) if d['labels'] else '?'}"]
     if d["job_id"]:
         lines.append(f"job        {d['job_id']}")
     if d["existing_ray"]:

@@ -10,7 +10,7 @@ import json
 import socket
 from contextlib import contextmanager
 
-from .coordination import RANK_LABEL
+from .coordination import HOST_LABEL, RANK_LABEL
 from .errors import RigError, Unreachable
 
 NS = b"rlrig"
@@ -107,5 +107,6 @@ class GcsStore:
             alive = info.state == ALIVE
             # A restarted node may leave a dead record behind: an alive one wins.
             if alive or int(rank) not in out:
-                out[int(rank)] = {"alive": alive, "ip": info.node_manager_address}
+                out[int(rank)] = {"alive": alive, "ip": info.node_manager_address, "host": info.labels.get(HOST_LABEL, ""),
+                                  "resources": dict(info.resources_total)}
         return out

@@ -17,6 +17,7 @@ class Gpu:
     index: int
     uuid: str
     vendor: str  # "nvidia" | "amd"
+    model: str = ""  # as the driver names it ("NVIDIA H100 80GB HBM3"); "" when it would not say
 
 
 @dataclass
@@ -50,13 +51,26 @@ def probe_nvidia() -> tuple[list[Gpu], str]:
     try:
         gpus = []
         for i in range(pynvml.nvmlDeviceGetCount()):
-            uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
-            gpus.append(Gpu(i, uuid.decode() if isinstance(uuid, bytes) else uuid, "nvidia"))
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            uuid, name = pynvml.nvmlDeviceGetUUID(handle), pynvml.nvmlDeviceGetName(handle)
+            gpus.append(Gpu(i, _text(uuid), "nvidia", _text(name)))
         return gpus, "NVML"
     except pynvml.NVMLError as e:  # a GPU fallen off the bus answers init but not its queries
         return [], f"NVML error ({e})"
     finally:
         pynvml.nvmlShutdown()
+
+
+def _text(value) -> str:
+    """Older pynvml returns bytes, newer str."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _amd_model(amdsmi, handle) -> str:
+    try:
+        return str(amdsmi.amdsmi_get_gpu_asic_info(handle).get("market_name") or "")
+    except amdsmi.AmdSmiException:  # the model only names a label: a GPU that will not say still counts
+        return ""
 
 
 def probe_amd() -> tuple[list[Gpu], str]:
@@ -72,7 +86,8 @@ def probe_amd() -> tuple[list[Gpu], str]:
         return [], f"amdsmi unavailable ({e})"
     try:
         handles = amdsmi.amdsmi_get_processor_handles()
-        return [Gpu(i, str(amdsmi.amdsmi_get_gpu_device_uuid(h)), "amd") for i, h in enumerate(handles)], "amdsmi"
+        return [Gpu(i, str(amdsmi.amdsmi_get_gpu_device_uuid(h)), "amd", _amd_model(amdsmi, h))
+                for i, h in enumerate(handles)], "amdsmi"
     except amdsmi.AmdSmiException as e:
         return [], f"amdsmi error ({e})"
     finally:

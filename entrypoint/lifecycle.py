@@ -14,7 +14,7 @@ import subprocess
 import time
 from typing import Callable, Mapping
 
-from . import coordination, metricsbind, prestart, raystart, standing
+from . import coordination, metricsbind, prestart, raystart, resources, standing
 from .console import say
 from .errors import NodeLost, RigError
 from .gcs import GcsStore
@@ -77,6 +77,8 @@ def run_head(plan: Plan) -> int:
         coordination.publish_head(store, plan.cluster_env, coordination.node_facts(0, spec.node_ip, pf.num_gpus))
         nodes = coordination.wait_for_nodes(store, spec.nnodes, deadline, alive)
         coordination.check_versions(store)
+        for line in resources.node_lines(nodes):
+            say(line)
         if plan.standing:
             store.put(coordination.MODE, coordination.STANDING)
             say(f"cluster up: {len(nodes)} node(s) after {time.monotonic() - t0:.1f}s; job API {plan.dashboard_url} "

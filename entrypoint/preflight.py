@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from .inventory import INFINIBAND_DIR, Inventory
+from .inventory import INFINIBAND_DIR, Gpu, Inventory
 from .nodespec import NodeSpec
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
@@ -42,6 +42,8 @@ class Preflight:
     num_cpus: int = 1
     object_store_bytes: int | None = None
     env_updates: dict[str, str] = field(default_factory=dict)  # set on this node before Ray starts
+    gpu_model: str = ""  # of the GPUs Ray gets ("" when none, or the driver would not say)
+    custom_resources: dict[str, float] = field(default_factory=dict)  # RLRIG_RESOURCES (resources.py)
 
     @property
     def failed(self) -> list[Check]:
@@ -76,6 +78,18 @@ def _visible_list(var: str, value: str, inv: Inventory, pf: Preflight) -> list[s
             return None
     pf.add(var, PASS, f"{var}={value} ({len(entries)} device(s))")
     return entries
+
+
+def _is_entry(gpu: Gpu, entry: str) -> bool:
+    return gpu.index == int(entry) if entry.isdigit() else (gpu.uuid.startswith(entry) or entry.startswith(gpu.uuid))
+
+
+def gpu_model(visible: list[str] | None, inv: Inventory, count: int) -> str:
+    """The model of the first `count` GPUs Ray will see (the visible ones, in their order); a node
+    with several models names each, so that no label claims one model for all."""
+    gpus = inv.gpus if visible is None else [g for e in visible for g in inv.gpus if _is_entry(g, e)]
+    models = list(dict.fromkeys(g.model for g in gpus[:count] if g.model))
+    return "_".join(models)
 
 
 def check_gpus(spec: NodeSpec, env: Mapping[str, str], inv: Inventory, pf: Preflight) -> None:
@@ -113,6 +127,7 @@ def check_gpus(spec: NodeSpec, env: Mapping[str, str], inv: Inventory, pf: Prefl
         pf.num_gpus = allotted
     else:
         pf.add("gpus", PASS, f"{count} GPU(s) ({inv.gpu_probe or 'no probe'})")
+    pf.gpu_model = gpu_model(visible, inv, pf.num_gpus)
 
 
 def _iface_names(inv: Inventory) -> list[str]:

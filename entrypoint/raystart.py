@@ -13,7 +13,7 @@ from typing import Mapping
 
 from . import metricsbind
 from .addresses import format_hostport
-from .coordination import HOST_LABEL, NNODES_LABEL, RANK_LABEL
+from .coordination import GPU_MODEL_LABEL, HOST_LABEL, LAUNCHER_LABEL, NNODES_LABEL, NO_GPU, RANK_LABEL
 from .nodespec import NodeSpec
 from .preflight import Preflight
 
@@ -49,13 +49,22 @@ def label_value(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "-", text)[:63].strip("-_.") or "unknown"
 
 
-def start_command(spec: NodeSpec, pf: Preflight, temp: str, dashboard_host: str, debugger_external: bool = False) -> list[str]:
+def node_labels(spec: NodeSpec, pf: Preflight) -> dict[str, str]:
+    """The Ray labels this node starts with: what placement selects nodes by (the trainer pins by rank;
+    jobs may pick a GPU model) and the names `rlrig status` shows."""
     # the node count as a label too, so that a client that sees only the dashboard (rlrig submit) knows
     # when every node has joined
-    labels = {RANK_LABEL: str(spec.node_rank), NNODES_LABEL: str(spec.nnodes), HOST_LABEL: label_value(socket.gethostname())}
+    return {RANK_LABEL: str(spec.node_rank), NNODES_LABEL: str(spec.nnodes), HOST_LABEL: label_value(socket.gethostname()),
+            GPU_MODEL_LABEL: label_value(pf.gpu_model) if pf.num_gpus else NO_GPU,
+            LAUNCHER_LABEL: label_value(spec.launcher)}
+
+
+def start_command(spec: NodeSpec, pf: Preflight, temp: str, dashboard_host: str, debugger_external: bool = False) -> list[str]:
     cmd = [ray_executable(), "start", "--block", "--disable-usage-stats",
            f"--node-ip-address={spec.node_ip}", f"--num-cpus={pf.num_cpus}", f"--num-gpus={pf.num_gpus}",
-           f"--temp-dir={temp}", f"--labels={json.dumps(labels)}"]
+           f"--temp-dir={temp}", f"--labels={json.dumps(node_labels(spec, pf))}"]
+    if pf.custom_resources:
+        cmd.append(f"--resources={json.dumps(pf.custom_resources)}")
     if pf.object_store_bytes:
         cmd.append(f"--object-store-memory={pf.object_store_bytes}")
     if spec.is_head:

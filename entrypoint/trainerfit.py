@@ -1,5 +1,6 @@
 """`rlrig train` on a cluster that is already there (a submitted job, or nested under `rlrig run`):
-trainer.nnodes must be the cluster's node count. Fewer would leave nodes idle, more would wait for
+trainer.nnodes must be the cluster's node count, or with the reward model in its own pool, between that count less
+reward_model.nnodes and the count (the pools may share nodes). Fewer would leave nodes idle, more would wait for
 placement groups that can never be placed; either way the one-line error says what to set."""
 
 from __future__ import annotations
@@ -12,20 +13,21 @@ def is_gcs_address(address: str) -> bool:
     return "://" not in address and address.rsplit(":", 1)[-1].isdigit()
 
 
-def mismatch(nnodes: int, alive_ranks: list[int], address: str) -> str | None:
-    if not alive_ranks or len(alive_ranks) == nnodes:
-        return None  # no rlrig ranks: a cluster rlrig did not start, whose nodes it cannot tell apart
+def mismatch(nnodes: int, alive_ranks: list[int], address: str, pool_nodes: int = 0) -> str | None:
     n = len(alive_ranks)
-    return (f"trainer.nnodes={nnodes} but the cluster at {address} has {n} node(s) (ranks "
-            f"{', '.join(map(str, sorted(alive_ranks)))}); set trainer.nnodes={n}")
+    if not alive_ranks or nnodes <= n <= nnodes + pool_nodes:
+        return None  # no rlrig ranks: a cluster rlrig did not start, whose nodes it cannot tell apart
+    pool = f" and reward_model.nnodes={pool_nodes} in its own pool" if pool_nodes else ""
+    return (f"trainer.nnodes={nnodes}{pool} but the cluster at {address} has {n} node(s) (ranks "
+            f"{', '.join(map(str, sorted(alive_ranks)))}); set trainer.nnodes={max(1, n - pool_nodes)}")
 
 
-def check_nnodes(address: str, nnodes: int) -> None:
+def check_nnodes(address: str, nnodes: int, pool_nodes: int = 0) -> None:
     if not is_gcs_address(address):
         return
     from .gcs import GcsStore
 
     ranks = [r for r, n in GcsStore.open(address).nodes().items() if n["alive"]]
-    problem = mismatch(nnodes, ranks, address)
+    problem = mismatch(nnodes, ranks, address, pool_nodes)
     if problem:
         raise RigError(problem)

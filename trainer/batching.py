@@ -61,16 +61,20 @@ def size(part: Part) -> int:
 
 def token_budgets(cfg) -> dict[str, int | None]:
     """The token budget of each pass's micro batches under use_dynamic_bsz (None: by count), with verl's
-    defaults: the rollout, reference and critic follow the actor's switch and budget unless set."""
+    defaults: the rollout, reference and critic follow the actor's switch and budget unless set, the reward model the critic's."""
     a, r, ref, c = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.ref, cfg.critic
+    rm = cfg.reward_model
     on = lambda flag: a.use_dynamic_bsz if flag is None else flag
+    critic_forward = c.forward_max_token_len_per_gpu or c.ppo_max_token_len_per_gpu
     return {
+        "reward_model.forward_max_token_len_per_gpu":
+            (rm.forward_max_token_len_per_gpu or critic_forward) if on(rm.use_dynamic_bsz if rm.use_dynamic_bsz is not None
+                                                                     else c.use_dynamic_bsz) else None,
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None,
         "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu":
             (r.log_prob_max_token_len_per_gpu or a.ppo_max_token_len_per_gpu) if on(r.log_prob_use_dynamic_bsz) else None,
         "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu":
             (ref.log_prob_max_token_len_per_gpu or a.ppo_max_token_len_per_gpu) if on(ref.log_prob_use_dynamic_bsz) else None,
         "critic.ppo_max_token_len_per_gpu": c.ppo_max_token_len_per_gpu if on(c.use_dynamic_bsz) else None,
-        "critic.forward_max_token_len_per_gpu":
-            (c.forward_max_token_len_per_gpu or c.ppo_max_token_len_per_gpu) if on(c.use_dynamic_bsz) else None,
+        "critic.forward_max_token_len_per_gpu": critic_forward if on(c.use_dynamic_bsz) else None,
     }

@@ -19,6 +19,7 @@ from .errors import ConfigError
 from .engines import ENGINES, NAMES as ENGINE_NAMES
 from .estimators import ESTIMATORS
 from .policy_losses import POLICY_LOSSES
+from .reward_managers import overlong
 
 
 @dataclass
@@ -173,7 +174,15 @@ class RefConfig:
 
 
 @dataclass
+class PlacementConfig:
+    # rlrig: a custom node resource (RLRIG_RESOURCES on the nodes that have it) each worker of this role needs one
+    # unit of; None: any node with the device
+    resource: str | None = None
+
+
+@dataclass
 class ActorRolloutRefConfig:
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -187,6 +196,7 @@ class CriticModelConfig(ModelConfig):
 
 @dataclass
 class CriticConfig:
+    placement: PlacementConfig = field(default_factory=PlacementConfig)  # colocated with the actor: a worker needs both
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
     ppo_micro_batch_size_per_gpu: int | None = None  # None: the actor's mini batch at once
@@ -214,6 +224,44 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"  # k1 ("kl"), abs, mse (k2), low_var_kl (k3)
     kl_ctrl: KlCtrlConfig = field(default_factory=KlCtrlConfig)
+
+
+@dataclass
+class RewardModelFsdpConfig:
+    param_offload: bool = False  # the reward model's weights in host memory except while it scores
+
+
+@dataclass
+class RewardModelModelConfig:
+    path: str = ""  # empty: the embedded tiny reward model (for the embedded data), built offline
+    # the policy's tokenizer, to decode responses before the reward model's chat template renders them; "" is the
+    # actor's (verl's default); null: the policy's tokens go to the reward model as they are (same vocabulary)
+    input_tokenizer: str | None = ""
+    external_lib: str | None = None
+    trust_remote_code: bool = False
+    override_config: dict = field(default_factory=dict)
+    use_remove_padding: bool = False  # no effect in rlrig
+    use_shm: bool = False  # no effect in rlrig
+    use_fused_kernels: bool = False  # no effect in rlrig
+    fsdp_config: RewardModelFsdpConfig = field(default_factory=RewardModelFsdpConfig)
+
+
+@dataclass
+class RewardModelConfig:
+    enable: bool = False  # score responses with a sequence-classification model (one label)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    enable_resource_pool: bool = False  # its own workers (nnodes x n_gpus_per_node); else one copy in each training worker
+    nnodes: int = 0
+    n_gpus_per_node: int = 0
+    strategy: str = "fsdp"  # no effect in rlrig: each reward-model worker holds the whole model (forward only)
+    model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
+    micro_batch_size_per_gpu: int | None = None  # None: a worker's whole batch in one forward
+    max_length: int | None = None  # tokens after the reward model's template; None: prompt + response lengths
+    use_dynamic_bsz: bool | None = None  # None: critic.use_dynamic_bsz
+    forward_max_token_len_per_gpu: int | None = None  # None: critic.forward_max_token_len_per_gpu
+    reward_manager: str = "naive"  # naive | dapo (the overlong penalty, reward_kwargs.overlong_buffer_cfg)
+    reward_kwargs: dict = field(default_factory=dict)
+    use_reward_loop: bool = False  # verl's server-based reward loop (True) is refused; rlrig scores as verl's legacy worker
 
 
 @dataclass
@@ -245,6 +293,7 @@ class TrainerConfig:
     val_only: bool = False  # validate (as before training) and stop
     log_val_generations: int = 0  # how many validation samples to print and keep in val_generations.jsonl
     use_legacy_worker_impl: str = "auto"  # no effect in rlrig
+    placement_timeout_s: float = 120.0  # rlrig: how long the workers' placement groups may take to be placed
 
 
 @dataclass
@@ -264,12 +313,17 @@ class Config:
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     custom_reward_function: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    @property
+    def critic_in_use(self) -> bool:
+        return ESTIMATORS[self.algorithm.adv_estimator].needs_critic
 
     def described(self) -> dict:
         """to_dict() plus what `--print-config` says about the keys: rlrig's own, those that change nothing
@@ -515,8 +569,33 @@ def validate(cfg: Config) -> None:
     if t.default_hdfs_dir:
         raise ConfigError(f"trainer.default_hdfs_dir={t.default_hdfs_dir}: rlrig does not copy checkpoints to HDFS; leave it "
                           "null and point trainer.default_local_dir at shared storage")
+    validate_reward_model(cfg)
+    for key, pc in (("actor_rollout_ref.placement.resource", cfg.actor_rollout_ref.placement),
+                    ("critic.placement.resource", cfg.critic.placement), ("reward_model.placement.resource", cfg.reward_model.placement)):
+        if pc.resource is not None and (not pc.resource or pc.resource in RAY_RESERVED):
+            raise ConfigError(f"{key}={pc.resource!r}: name a custom resource the nodes offer (RLRIG_RESOURCES), not "
+                              f"{', '.join(RAY_RESERVED)}; trainer.device decides GPU or CPU")
+    if t.placement_timeout_s <= 0:
+        raise ConfigError(f"trainer.placement_timeout_s={t.placement_timeout_s:g} must be positive")
     if t.resume_mode == "resume_path" and not t.resume_from_path:
         raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint dir>")
+
+
+RAY_RESERVED = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+def validate_reward_model(cfg: Config) -> None:
+    rm = cfg.reward_model
+    overlong(rm)  # the manager and its reward_kwargs, whether or not a model scores
+    if not rm.enable:
+        return
+    if rm.enable_resource_pool and (rm.nnodes < 1 or rm.n_gpus_per_node < 1):
+        raise ConfigError(f"reward_model.enable_resource_pool=True needs reward_model.nnodes and reward_model.n_gpus_per_node "
+                          f"of at least 1 (got {rm.nnodes} and {rm.n_gpus_per_node})")
+    for key, value in (("reward_model.micro_batch_size_per_gpu", rm.micro_batch_size_per_gpu),
+                       ("reward_model.max_length", rm.max_length)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{key}={value} must be at least 1 (or null)")
 
 
 def from_dict(d: dict, cls=Config):

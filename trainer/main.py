@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import checkpoint, preemption
+from . import checkpoint, placement, preemption
 from . import metrics as M
 from .config import ConfigError, parse_overrides
 from .presets import with_preset
@@ -80,35 +80,53 @@ def load_rows(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
     return tok(train), (tok(val) if val else [])
 
 
-def make_workers(cfg, model_path: str):
+def make_workers(cfg, model_path: str, rm_path: str | None):
+    """The training workers (actor, rollout, reference and critic colocated, as verl's hybrid engine) and, with
+    reward_model.enable_resource_pool, the reward model's own workers; each training worker sends its samples to
+    one of those (round robin), or scores them with its own copy of the reward model."""
     import ray
-    from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+    from .reward_worker import RewardModelWorker
     from .worker import Worker, node_address
 
-    t = cfg.trainer
+    t, rm = cfg.trainer, cfg.reward_model
     use_gpu = t.device == "cuda" or (t.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
     cfg.trainer.device = "cuda" if use_gpu else "cpu"
-    bundle = {"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 1}
-    labelled = {n["Labels"].get("rlrig.io/node-rank") for n in ray.nodes() if n["Alive"]} - {None}
-    pgs = []
-    for node in range(t.nnodes):
-        # One placement group per node, packed: the cluster's node-rank label pins it to node `node`.
-        selector = [{"rlrig.io/node-rank": str(node)}] * t.n_gpus_per_node if len(labelled) >= t.nnodes > 1 else None
-        pgs.append(placement_group([bundle] * t.n_gpus_per_node, strategy="STRICT_PACK", bundle_label_selector=selector))
-    ready, _ = ray.wait([pg.ready() for pg in pgs], num_returns=len(pgs), timeout=120)
-    if len(ready) < len(pgs):
-        raise ConfigError(f"the cluster cannot place trainer.nnodes={t.nnodes} x trainer.n_gpus_per_node={t.n_gpus_per_node} "
-                          f"workers of {bundle}; it has {ray.cluster_resources()} over {len(ray.nodes())} node(s)")
-    remote = ray.remote(Worker)
+    own_pool = rm.enable and rm.enable_resource_pool
+    resources = [cfg.actor_rollout_ref.placement.resource, cfg.critic.placement.resource if cfg.critic_in_use else None,
+                 None if own_pool or not rm.enable else rm.placement.resource]
+    labelled = {n.rank for n in placement.cluster_nodes()} - {None}
+    # one group per node, pinned to the node of the same rank unless a resource decides where workers go
+    pin = len(labelled) >= t.nnodes > 1 and not any(resources)
+    pools = [placement.Pool("trainer", t.nnodes, t.n_gpus_per_node, placement.bundle(use_gpu, *resources), pin)]
+    if own_pool:
+        pools.append(placement.Pool("reward_model", rm.nnodes, rm.n_gpus_per_node, placement.bundle(use_gpu, rm.placement.resource)))
+    made = placement.create(pools, t.placement_timeout_s)
+    opts = lambda pool, groups, i: dict(num_cpus=1, num_gpus=1 if use_gpu else 0, resources={k: v for k, v in pool.bundle.items()
+                                                                                           if k not in ("CPU", "GPU")},
+                                         scheduling_strategy=PlacementGroupSchedulingStrategy(
+                                             groups[i // pool.per_node], placement_group_bundle_index=i % pool.per_node))
+    rm_workers = []
+    if own_pool:
+        remote_rm = ray.remote(RewardModelWorker)
+        rm_workers = [remote_rm.options(**opts(pools[1], made[1], i)).remote(cfg.to_dict(), rm_path, use_gpu)
+                      for i in range(rm.nnodes * rm.n_gpus_per_node)]
     world = t.nnodes * t.n_gpus_per_node
-    opts = lambda pg, i: dict(num_cpus=1, num_gpus=1 if use_gpu else 0,
-                               scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i))
-    master = ray.get(ray.remote(node_address).options(**opts(pgs[0], 0)).remote())
-    workers = [remote.options(**opts(pgs[r // t.n_gpus_per_node], r % t.n_gpus_per_node)).remote(cfg.to_dict(), r, world, master, model_path)
+    master = ray.get(ray.remote(node_address).options(**opts(pools[0], made[0], 0)).remote())
+    remote = ray.remote(Worker)
+    workers = [remote.options(**opts(pools[0], made[0], r)).remote(cfg.to_dict(), r, world, master, model_path, rm_path,
+                                                                     rm_workers[r % len(rm_workers)] if rm_workers else None)
                for r in range(world)]
-    return workers
+    return workers, rm_workers
+
+
+def where(workers) -> str:
+    """`ip x count, ...` in the workers' order of first appearance."""
+    import ray
+
+    ips = ray.get([w.node_ip.remote() for w in workers])
+    return ", ".join(f"{ip} x{ips.count(ip)}" if ips.count(ip) > 1 else ip for ip in dict.fromkeys(ips))
 
 
 def shard(rows: list, parts: int) -> list[list]:
@@ -186,7 +204,8 @@ def train(cfg) -> int:
     import ray
 
     from . import core_algos
-    from .rewards import check_sources, load_reward_fn
+    from .reward_model import resolve_path
+    from .rewards import check_reward_setup
     from .tiny_model import ensure_tiny_model
 
     model_path = cfg.actor_rollout_ref.model.path or ensure_tiny_model()
@@ -199,9 +218,8 @@ def train(cfg) -> int:
     import_external_lib(cfg.actor_rollout_ref.model)
     tokenizer = load_tokenizer(cfg, model_path)
     train_rows, val_rows = load_rows(cfg, tokenizer)
-    rf = cfg.custom_reward_function
-    load_reward_fn(rf.path, rf.name)  # a bad path or name stops here, before any worker starts
-    check_sources({r["data_source"] for r in train_rows + val_rows}, rf.path)
+    check_reward_setup(cfg, {r["data_source"] for r in train_rows + val_rows})
+    rm_path = resolve_path(cfg.reward_model) if cfg.reward_model.enable else None
     t = cfg.trainer
     sampler = Sampler(len(train_rows), cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle)
     if sampler.steps_per_epoch() < 1:
@@ -213,8 +231,11 @@ def train(cfg) -> int:
     checkpoint.clean_partial(str(out))
     kl_ctrl = core_algos.kl_controller(cfg.algorithm.kl_ctrl)
     say(f"model {model_path}; {len(train_rows)} prompts; {total} steps; {t.nnodes}x{t.n_gpus_per_node} workers; rollout {cfg.actor_rollout_ref.rollout.name}")
-    workers = make_workers(cfg, model_path)
+    workers, rm_workers = make_workers(cfg, model_path, rm_path)
     say("workers on " + ", ".join(ray.get([w.node_ip.remote() for w in workers])))
+    say(f"placement: actor_rollout_ref{' + critic' if cfg.critic_in_use else ''} on {where(workers)}"
+        + (f"; reward_model ({rm_path}) on {where(rm_workers)}" if rm_workers
+           else f"; reward_model ({rm_path}) in each training worker" if rm_path else ""))
     engines = ray.get([w.engine_name.remote() for w in workers])
     errors = [err for _, err in engines if err]
     if errors:

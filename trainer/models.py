@@ -36,7 +36,8 @@ class Models:
 
 def load_kwargs(model_cfg) -> dict:
     """from_pretrained arguments from model.*: a GGUF file, trust_remote_code."""
-    kw = {"gguf_file": model_cfg.gguf_file} if model_cfg.gguf_file else {}
+    gguf = getattr(model_cfg, "gguf_file", "")  # the reward model's config has none
+    kw = {"gguf_file": gguf} if gguf else {}
     if model_cfg.trust_remote_code:
         kw["trust_remote_code"] = True
     return kw

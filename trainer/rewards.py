@@ -1,8 +1,10 @@
-"""Rule-based rewards chosen by data_source, and user functions loaded from a file."""
+"""Rule-based rewards chosen by data_source, user functions loaded from a file, and which of them (or the reward
+model) a run scores with."""
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import re
 from pathlib import Path
 from typing import Callable
@@ -58,3 +60,24 @@ def check_sources(sources: set[str], custom_path: str | None) -> None:
     if unknown and not custom_path:
         raise ConfigError(f"no rule-based reward for data_source {', '.join(map(repr, unknown))} (rlrig has "
                           f"{', '.join(RULE_SOURCES)}); set custom_reward_function.path and .name")
+
+
+def takes_rm_score(fn: Callable) -> bool:
+    params = inspect.signature(fn).parameters.values()
+    return any(p.name == "rm_score" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def check_reward_setup(cfg, sources: set[str]) -> Callable | None:
+    """Before any worker starts: the function the workers will call (None: the reward model's score alone)."""
+    rf = cfg.custom_reward_function
+    fn = load_reward_fn(rf.path, rf.name)  # a bad path or name stops here
+    if not cfg.reward_model.enable:
+        check_sources(sources, rf.path)
+        return fn
+    if not rf.path:
+        return None  # verl: with a reward model and no custom function, the model's score is the reward
+    if not takes_rm_score(fn):
+        # verl's reward loop hands the function an HTTP router to its reward-model servers, which rlrig does not run
+        raise ConfigError(f"custom_reward_function {rf.name} in {rf.path} is used with reward_model.enable=True: rlrig "
+                          "calls it with the model's score as the keyword rm_score; add an rm_score parameter")
+    return fn

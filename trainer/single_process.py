@@ -20,7 +20,10 @@ def single_worker(overrides: list[str], model_path: str | None = None):
     rows, _ = load_rows(cfg, load_tokenizer(cfg, path))
     cfg.trainer.total_training_steps = cfg.trainer.total_training_steps or len(rows) // cfg.data.train_batch_size
     sampler = Sampler(len(rows), cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle)
-    w = Worker(cfg.to_dict(), 0, 1, ("127.0.0.1", free_port()), path)
+    from .reward_model import resolve_path
+
+    rm_path = resolve_path(cfg.reward_model) if cfg.reward_model.enable else None  # colocated: scored in this process
+    w = Worker(cfg.to_dict(), 0, 1, ("127.0.0.1", free_port()), path, rm_path)
 
     def batches():
         while True:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 # Whole families of verl keys, by prefix, and single keys: what they are and what rlrig offers instead.
 REFUSED_PREFIXES = {
-    "reward_model.": "verl's model-based reward (reward_model.*) is not in rlrig yet; rlrig scores with rule rewards by "
-                     "data_source and custom_reward_function.path/name",
+    "reward_model.sandbox_fusion.": "verl's sandbox-fusion code execution is not in rlrig; score code with "
+                                    "custom_reward_function.path/name",
+    "reward_model.profiler.": "verl's profilers are not in rlrig; use ray_kwargs.timeline_json_file",
     "actor_rollout_ref.rollout.agent.": "verl's agent loop is not in rlrig; its rollout is single-turn",
     "algorithm.rollout_correction.": "verl's rollout correction (importance weights between engine and actor) is not in rlrig "
                                      "yet; training/rollout_probs_diff_* reports the gap",
@@ -35,6 +36,15 @@ REFUSED = {
                                                               "sequence stays on one GPU (use_dynamic_bsz bounds the tokens)",
     "critic.ulysses_sequence_parallel_size": "sequence parallelism (Ulysses) is not in rlrig; each sequence stays on one GPU",
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": "sequence parallelism (Ulysses) is not in rlrig",
+    "reward_model.use_reward_loop": "verl's reward loop serves the reward model from vLLM/SGLang servers, which rlrig "
+                                    "does not run; set reward_model.use_reward_loop=False (rlrig scores with transformers, "
+                                    "as verl's RewardModelWorker does)",
+    "reward_model.micro_batch_size": "verl's deprecated global micro batch; set reward_model.micro_batch_size_per_gpu",
+    "reward_model.launch_reward_fn_async": "rlrig scores in the step, not asynchronously during the log-prob pass",
+    "reward_model.ulysses_sequence_parallel_size": "sequence parallelism (Ulysses) is not in rlrig",
+    "reward_model.reward_loop_source": "verl's reward loop is not in rlrig (reward_model.use_reward_loop=False)",
+    "reward_model.reward_loop_module_path": "verl's reward loop is not in rlrig (reward_model.use_reward_loop=False)",
+    "reward_model.reward_loop_class_name": "verl's reward loop is not in rlrig (reward_model.use_reward_loop=False)",
     "data.custom_cls.path": "custom dataset classes are not in rlrig; it reads verl's parquet schema",
     "data.custom_cls.name": "custom dataset classes are not in rlrig; it reads verl's parquet schema",
 }
@@ -45,7 +55,14 @@ ACCEPTED_DEFAULTS = {
     "critic.ulysses_sequence_parallel_size": ("1",),
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": ("1",),
     "algorithm.use_pf_ppo": ("False", "false"),
-    "reward_model.enable": ("False", "false"),
+    "reward_model.use_reward_loop": ("False", "false"),
+    "reward_model.micro_batch_size": ("null", "None"),
+    "reward_model.launch_reward_fn_async": ("False", "false"),
+    "reward_model.ulysses_sequence_parallel_size": ("1",),
+    "reward_model.reward_loop_source": ("register",),
+    "reward_model.reward_loop_module_path": ("null", "None"),
+    "reward_model.reward_loop_class_name": ("null", "None"),
+    "reward_model.sandbox_fusion.url": ("null", "None"),
     "actor_rollout_ref.rollout.multi_turn.enable": ("False", "false"),
 }
 
@@ -53,6 +70,8 @@ ACCEPTED_DEFAULTS = {
 # so for rlrig as for verl they change nothing. Accepted and not stored.
 INERT_PREFIXES = {
     "actor_rollout_ref.rollout.multi_turn.": "read by verl only with multi_turn.enable=True",
+    "reward_model.rollout.": "read by verl only with reward_model.use_reward_loop=True",
+    "reward_model.num_workers": "read by verl only with reward_model.use_reward_loop=True",
 }
 
 # Keys accepted because, for rlrig, they change nothing; `--print-config` lists them with the reason.
@@ -68,11 +87,21 @@ NO_EFFECT = {
                                                  "logsumexp, with no separate kernel",
     "trainer.use_legacy_worker_impl": "rlrig has one worker implementation",
     "actor_rollout_ref.model.fused_kernel_options": "see use_fused_kernels",
+    "reward_model.strategy": "each of rlrig's reward-model workers holds the whole model (forward passes only, no "
+                             "gradients or optimizer state to shard)",
+    "reward_model.model.use_remove_padding": "rlrig's reward model pads each micro batch to its longest sequence; the "
+                                             "scores are the same",
+    "reward_model.model.use_shm": "rlrig loads the model from its path as it is",
+    "reward_model.model.use_fused_kernels": "the reward model computes no log-probs",
 }
 
 # Where rlrig's default is not verl's, and why.
 DEFAULTS_DIFFER = {
     "actor_rollout_ref.rollout.mode": "verl's default is async (a server-based agent loop, not in rlrig); rlrig's rollout is sync",
+    "reward_model.use_reward_loop": "verl's default is True (vLLM/SGLang reward servers, not in rlrig); rlrig scores "
+                                    "as verl's legacy RewardModelWorker (False)",
+    "reward_model.model.path": "verl's default is ~/models/FsfairX-LLaMA3-RM-v0.1; rlrig's empty default is its "
+                               "embedded tiny reward model",
     "actor_rollout_ref.actor.strategy": "verl's default is fsdp; rlrig's is ddp, faster for models that fit on one device "
                                         "(fsdp and fsdp2 both select FSDP2)",
 }
@@ -80,7 +109,8 @@ DEFAULTS_DIFFER = {
 # rlrig's own keys, with no verl counterpart.
 RLRIG_ONLY = (
     "actor_rollout_ref.model.gguf_file", "critic.model.gguf_file", "actor_rollout_ref.rollout.cpu_kvcache_space_gb",
-    "trainer.device", "trainer.seed", "trainer.wandb_proxy",
+    "trainer.device", "trainer.seed", "trainer.wandb_proxy", "trainer.placement_timeout_s",
+    "actor_rollout_ref.placement.resource", "critic.placement.resource", "reward_model.placement.resource",
 )
 
 

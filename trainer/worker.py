@@ -23,6 +23,7 @@ from . import batching, estimators, generate_score, lr_schedule, metrics as M, m
 from .engines import EngineContext, EngineUnavailable, Sampling, engine_class, make_engine
 from .logprobs import in_micro_batches, token_logprobs, values as critic_values
 from .ppo_update import mean_stats, update_actor, update_critic
+from .reward_managers import overlong
 from .rewards import load_reward_fn
 from .timing import Phases
 
@@ -40,16 +41,18 @@ def node_address() -> tuple[str, int]:
 
 
 def ensure_local_embedded_model(path: str) -> None:
-    """The embedded model is built where it is used (deterministic; DDP then broadcasts rank 0's
-    weights), so a node without the head's filesystem, e.g. a second container, still has it. It must
-    run before torch.distributed starts: transformers' save_pretrained then writes only on rank 0, and
-    another rank's node would get the tokenizer without the model (seen with compose)."""
+    """The embedded models (policy, reward model) are built where they are used (deterministic; DDP then
+    broadcasts rank 0's weights), so a node without the head's filesystem, e.g. a second container, still has
+    them. It must run before torch.distributed starts: transformers' save_pretrained then writes only on rank 0,
+    and another rank's node would get the tokenizer without the model (seen with compose)."""
     import os
 
     from .tiny_model import cache_dir, ensure_tiny_model
+    from .tiny_reward_model import ensure_tiny_reward_model, rm_cache_dir
 
-    if not os.path.exists(path) and os.path.abspath(path) == str(cache_dir()):
-        ensure_tiny_model()
+    builders = {str(cache_dir()): ensure_tiny_model, str(rm_cache_dir()): ensure_tiny_reward_model}
+    if not os.path.exists(path) and os.path.abspath(path) in builders:
+        builders[os.path.abspath(path)]()
 
 
 def probs_diff(engine_logp, actor_logp, mask) -> dict:
@@ -85,7 +88,10 @@ def allreduce_sum(t: torch.Tensor) -> torch.Tensor:
 
 
 class Worker:
-    def __init__(self, cfg_dict: dict, rank: int, world: int, master: tuple[str, int], model_path: str):
+    def __init__(self, cfg_dict: dict, rank: int, world: int, master: tuple[str, int], model_path: str,
+                 rm_path: str | None = None, rm_worker=None):
+        """rm_path: the reward model (reward_model.enable); rm_worker: the handle of its own-pool worker this worker
+        sends its samples to, or None to hold a copy here (colocated)."""
         from .config import from_dict
 
         self.cfg = cfg = from_dict(cfg_dict)
@@ -102,7 +108,9 @@ class Worker:
             torch.cuda.set_device(self.device)
             precision.allow_tf32()
         backend = "nccl" if self.device.type == "cuda" else "gloo"
-        ensure_local_embedded_model(model_path)  # before the process group: see there
+        for path in (model_path, rm_path if rm_worker is None else None):
+            if path:
+                ensure_local_embedded_model(path)  # before the process group: see there
         dist.init_process_group(backend, init_method=f"tcp://{master[0]}:{master[1]}", rank=rank, world_size=world,
                                 timeout=timedelta(minutes=10))
         a = cfg.actor_rollout_ref
@@ -117,7 +125,7 @@ class Worker:
             self.engine = None
             return
         self.models = models.build(cfg, model_path, self.device, self.estimator.needs_critic, engine_cls.generates_with_actor_module)
-        self.reward_fn = load_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
+        self.reward = self._reward_source(model_path, rm_path, rm_worker)
         # the ranks of one tensor-parallel engine sample the same tokens only from the same seed
         ctx = EngineContext(self.models.gen_module, self.tok, a.rollout, cfg.data.max_prompt_length, cfg.data.max_response_length,
                             model_path, self.device.type, cfg.trainer.seed + rank // a.rollout.tensor_model_parallel_size,
@@ -132,6 +140,28 @@ class Worker:
         for t in (self.models.actor, self.models.critic):
             if t is not None and t.param_offload:
                 t.module.to("cpu")  # param_offload: back on the device only for the phases that use it
+
+    def _reward_source(self, model_path: str, rm_path: str | None, rm_worker) -> generate_score.RewardSource:
+        cfg, rf = self.cfg, self.cfg.custom_reward_function
+        rm = cfg.reward_model
+        fn = load_reward_fn(rf.path, rf.name) if not rm.enable or rf.path else None
+        model = input_tok = None
+        if rm.enable:
+            if rm_worker is not None:
+                import ray
+
+                model = lambda kind, inputs: ray.get(getattr(rm_worker, f"score_{kind}").remote(inputs))
+            else:
+                from .reward_model import RewardScorer, scorer_settings
+
+                scorer = RewardScorer(rm, rm_path, self.device, *scorer_settings(cfg))
+                model = lambda kind, inputs: getattr(scorer, f"score_{kind}")(inputs)
+            if rm.model.input_tokenizer is not None:
+                from transformers import AutoTokenizer
+
+                same = rm.model.input_tokenizer in ("", model_path)
+                input_tok = self.tok if same else AutoTokenizer.from_pretrained(rm.model.input_tokenizer)
+        return generate_score.RewardSource(fn, model, input_tok, cfg.data.prompt_key, overlong(rm))
 
     def node_ip(self) -> str:
         import ray
@@ -152,7 +182,7 @@ class Worker:
         """Validation with rollout.val_kwargs: each prompt's n scores and texts, prompt by prompt."""
         vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
         ro = self.engine.generate([r["input_ids"] for r in rows], vk.n, Sampling.of(vk))
-        scores, texts = generate_score.score(self.tok, self.reward_fn, rows, ro, vk.n)
+        scores, texts = generate_score.score(self.tok, self.reward, rows, ro, vk.n)
         return scores.tolist(), texts
 
     def _agree_max(self, k: int) -> int:
@@ -198,7 +228,7 @@ class Worker:
         with phases("gen"):
             ro = generate_score.generate(self.engine, rows, n, self.device)
         with phases("reward"):
-            sc = generate_score.score_rollout(self.tok, self.reward_fn, rows, ro, n)
+            sc = generate_score.score_rollout(self.tok, self.reward, rows, ro, n)
         actor_on = offload.module_on(m.actor.module, self.device, m.actor.param_offload)
         critic_on = offload.module_on(m.critic.module, self.device, m.critic.param_offload) if m.critic else contextlib.nullcontext()
         # param_offload: the actor is on the device from its log-prob pass to the weight sync, the critic from

@@ -192,7 +192,7 @@ def test_lost_node_fails_the_running_job_and_the_cluster_goes_on(cluster_hosts):
         follow.kill()
     assert follow.returncode == 3, err[-2000:]
     assert elapsed < 30, elapsed
-    assert f"lost node rank 1 (" in err and ns.ip(1) in err, err[-2000:]
+    assert "lost node rank 1 (" in err and ns.ip(1) in err, err[-2000:]
     status = job_status(ns, "hangs")
     assert "failed" in status and "lost node rank 1" in status, status
     assert "lost node rank 1 (" in nodes[0].output

@@ -11,11 +11,14 @@ from rlrig.entrypoint.inventory import Gpu, Inventory
 
 GiB = 1024**3
 UUIDS = ["GPU-11111111-2222-3333-4444-555555555555", "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"]
+MODEL = "NVIDIA H100 80GB HBM3"  # as NVML names it
 
 
-def machine(n_gpus=2, **kw) -> Inventory:
+def machine(n_gpus=2, models=(MODEL,), **kw) -> Inventory:
+    """`models`: the GPUs' models in turn (("A", "B") gives A, B, A, ...)."""
     base = dict(
-        gpus=[Gpu(i, UUIDS[i % 2] if i < 2 else f"GPU-{i:08d}-0000-0000-0000-000000000000", "nvidia") for i in range(n_gpus)],
+        gpus=[Gpu(i, UUIDS[i % 2] if i < 2 else f"GPU-{i:08d}-0000-0000-0000-000000000000", "nvidia", models[i % len(models)])
+              for i in range(n_gpus)],
         gpu_probe="NVML",
         interfaces=[Interface("lo", [("127.0.0.1", 8)]), Interface("eth0", [("10.0.0.2", 24)]),
                     Interface("ib0", [("10.9.0.2", 24)]), Interface("docker0", [("172.17.0.1", 16)])],
@@ -69,9 +72,9 @@ class MemoryStore:
             return {r: dict(n) for r, n in self.table.items()}
 
     # what a raylet joining or dying does to Ray's node table
-    def join(self, rank: int, ip: str) -> None:
+    def join(self, rank: int, ip: str, host: str = "", resources: dict | None = None) -> None:
         with self.lock:
-            self.table[rank] = {"alive": True, "ip": ip}
+            self.table[rank] = {"alive": True, "ip": ip, "host": host, "resources": dict(resources or {})}
 
     def die(self, rank: int) -> None:
         with self.lock:

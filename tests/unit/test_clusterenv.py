@@ -14,6 +14,7 @@ ROWS = [
     ("file", "A=1\n# comment\nexport B='two words'\n", {}, {"A": "1", "B": "two words"}),
     ("key without value skipped", "A=1\nJUST_A_KEY\n", {}, {"A": "1"}),
     ("variable beats file", "A=file\nB=file\n", {"RLRIG_ENV_A": "var"}, {"A": "var", "B": "file"}),
+    ("per-node settings stay on their node", "RLRIG_RESOURCES='{\"h100\": 1}'\nA=1\n", {}, {"A": "1"}),
 ]
 
 

@@ -232,8 +232,9 @@ class FakeClient:
 
         class Info:
             def __init__(self, rank, state, ip):
-                self.labels = {} if rank is None else {co.RANK_LABEL: str(rank)}
+                self.labels = {} if rank is None else {co.RANK_LABEL: str(rank), co.HOST_LABEL: f"gpu{rank}"}
                 self.state, self.node_manager_address = state, ip
+                self.resources_total = {"CPU": 8.0, f"node:{ip}": 1.0}
 
         return {i: info for i, info in enumerate([Info(0, 0, "10.0.0.1"), Info(1, 0, "10.0.0.2"), Info(1, 1, "10.0.0.9"),
                                                   Info(2, 1, "10.0.0.3"), Info(None, 0, "10.0.0.8")])}
@@ -246,8 +247,10 @@ def test_gcs_store_round_trip_and_node_table():
     store.put("node/1", facts(1))
     assert store.get("node/1") == facts(1) and store.get("absent") is None and store.keys("node/") == ["node/1"]
     # a restarted rank 1 left a dead record: the alive one wins; unlabelled nodes are not ours
-    assert store.nodes() == {0: {"alive": True, "ip": "10.0.0.1"}, 1: {"alive": True, "ip": "10.0.0.2"},
-                             2: {"alive": False, "ip": "10.0.0.3"}}
+    assert {r: (n["alive"], n["ip"]) for r, n in store.nodes().items()} == {0: (True, "10.0.0.1"), 1: (True, "10.0.0.2"),
+                                                                        2: (False, "10.0.0.3")}
+    # what the head's log shows per node once the cluster formed (resources.node_lines)
+    assert store.nodes()[1]["host"] == "gpu1" and store.nodes()[1]["resources"] == {"CPU": 8.0, "node:10.0.0.2": 1.0}
 
 
 def ray_connection_errors():

@@ -252,13 +252,16 @@ def test_trainer_check_applies_to_gcs_addresses(address, is_gcs):
     assert trainerfit.is_gcs_address(address) is is_gcs
 
 
-@pytest.mark.parametrize("nnodes,ranks,words", [
-    (2, [0, 1], None), (1, [], None),
-    (3, [0, 1], "trainer.nnodes=3 but the cluster at a:1 has 2 node(s) (ranks 0, 1); set trainer.nnodes=2"),
-    (1, [1, 0], "set trainer.nnodes=2"),
+@pytest.mark.parametrize("nnodes,ranks,pool,words", [
+    (2, [0, 1], 0, None), (1, [], 0, None),
+    (3, [0, 1], 0, "trainer.nnodes=3 but the cluster at a:1 has 2 node(s) (ranks 0, 1); set trainer.nnodes=2"),
+    (1, [1, 0], 0, "set trainer.nnodes=2"),
+    # the reward model's own pool: on its own node, or sharing the training nodes
+    (2, [0, 1, 2], 1, None), (2, [0, 1], 1, None),
+    (1, [0, 1, 2], 1, "trainer.nnodes=1 and reward_model.nnodes=1 in its own pool but the cluster at a:1 has 3 node(s)"),
 ])
-def test_trainer_nnodes_must_match_the_cluster(nnodes, ranks, words):
-    got = trainerfit.mismatch(nnodes, ranks, "a:1")
+def test_trainer_nnodes_must_match_the_cluster(nnodes, ranks, pool, words):
+    got = trainerfit.mismatch(nnodes, ranks, "a:1", pool)
     assert (got is None) if words is None else (words in got)
 
 

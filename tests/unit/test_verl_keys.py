@@ -100,7 +100,7 @@ def test_external_lib_is_imported_or_refused(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("override,words", [
     ("actor_rollout_ref.model.lora_rank=8", "a verl key rlrig does not implement: LoRA"),
-    ("reward_model.enable=True", "model-based reward"),
+    ("reward_model.use_reward_loop=True", "reward loop serves the reward model from vLLM/SGLang servers"),
     ("actor_rollout_ref.rollout.multi_turn.enable=True", "multi-turn"),
     ("algorithm.rollout_correction.rollout_is=token", "rollout correction"),
     ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "Ulysses"),
@@ -116,7 +116,7 @@ def test_verl_keys_rlrig_does_not_implement_are_refused_in_one_line(override, wo
 
 
 @pytest.mark.parametrize("override", [
-    "actor_rollout_ref.model.lora_rank=0", "reward_model.enable=False", "actor_rollout_ref.rollout.multi_turn.enable=False",
+    "actor_rollout_ref.model.lora_rank=0", "reward_model.use_reward_loop=False", "actor_rollout_ref.rollout.multi_turn.enable=False",
     "actor_rollout_ref.rollout.multi_turn.format=hermes", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",
     "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.ref.strategy=fsdp2",
 ])

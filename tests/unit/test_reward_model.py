@@ -1,0 +1,174 @@
+"""The model-based reward and where workers go: placement checked against what the nodes offer, the reward
+managers' arithmetic, what the reward model reads, how its score combines with a function, the config rules."""
+
+import pytest
+import torch
+
+from rlrig.trainer import placement as P
+from rlrig.trainer.config import ConfigError, parse_overrides
+from rlrig.trainer.engines import Rollout
+from rlrig.trainer.generate_score import RewardSource, model_inputs, score
+from rlrig.trainer.reward_managers import Overlong
+from rlrig.trainer.tiny_model import build_tokenizer
+
+# a unit of the custom resource per worker the node may host (RLRIG_RESOURCES='{"h100": 2}' on a two-GPU node)
+H100 = P.Node("rank 0 (10.0.0.1)", {"CPU": 4, "GPU": 2, "h100": 2}, "0")
+V100 = P.Node("rank 1 (10.0.0.2)", {"CPU": 4, "GPU": 1, "v100": 1}, "1")
+CPU_ONLY = P.Node("rank 2 (10.0.0.3)", {"CPU": 2}, "2")
+THREE_CPUS = P.Node("10.0.0.4", {"CPU": 3})
+
+
+def pool(role, nnodes, per_node, *res, gpu=True, pin=False):
+    return P.Pool(role, nnodes, per_node, P.bundle(gpu, *res), pin)
+
+
+@pytest.mark.parametrize("pools, nodes, refusal", [
+    # the OpenRLHF FAQ's layout: actor on the h100 node, reward model on the v100 node
+    ([pool("trainer", 1, 2, "h100"), pool("reward_model", 1, 1, "v100")], [H100, V100], None),
+    ([pool("trainer", 1, 1), pool("reward_model", 1, 1, "a100")], [H100, V100], "needs 1 'a100' on each of 1 node(s)"),
+    # two actor GPUs on one node: the v100 node has one
+    ([pool("trainer", 1, 2, "v100")], [H100, V100], "needs 2 'v100'"),
+    ([pool("trainer", 2, 2)], [H100, V100], "need 4 'GPU' in all and the cluster has 3"),
+    # each fits alone, not together: the h100 node's two GPUs cannot hold both pools
+    ([pool("trainer", 1, 2), pool("reward_model", 1, 1, "h100")], [H100, CPU_ONLY], "need 3 'GPU' in all and the cluster has 2"),
+    ([pool("trainer", 1, 1, "h100"), pool("reward_model", 1, 3, "h100")], [H100, V100], "needs 3 'h100'"),
+    ([pool("trainer", 1, 2, "h100"), pool("reward_model", 1, 1, "h100", gpu=False)], [H100, V100], "need 3 'h100' in all"),
+    ([pool("trainer", 1, 2), pool("reward_model", 1, 1)], [H100, V100], None),
+    ([pool("trainer", 1, 2, "h100"), pool("reward_model", 1, 1)], [H100, V100], None),
+    ([pool("trainer", 1, 2, gpu=False), pool("reward_model", 1, 2, gpu=False)], [CPU_ONLY, CPU_ONLY], None),
+    ([pool("trainer", 1, 2, gpu=False), pool("reward_model", 1, 3, gpu=False)], [CPU_ONLY, CPU_ONLY], "needs 3 'CPU'"),
+    # 6 CPUs wanted and offered, but a group of two is packed on one node: each node holds one
+    ([pool("trainer", 2, 2, gpu=False), pool("reward_model", 1, 2, gpu=False)], [THREE_CPUS, THREE_CPUS],
+     "do not fit on the nodes together"),
+    # pinned by rank: group i on node rank i
+    ([pool("trainer", 2, 1, pin=True)], [H100, V100], None),
+    ([pool("trainer", 2, 1, pin=True), pool("reward_model", 1, 1, "h100")], [H100, V100], None),
+    # rank 1's worker takes the v100 node's one GPU
+    ([pool("trainer", 2, 1, pin=True), pool("reward_model", 1, 1, "v100")], [H100, V100], "do not fit on the nodes together"),
+])
+def test_placement_is_checked_before_anything_is_created(pools, nodes, refusal):
+    if refusal is None:
+        P.check(pools, nodes)
+        return
+    with pytest.raises(ConfigError) as e:
+        P.check(pools, nodes)
+    msg = str(e.value)
+    assert refusal in msg and "\n" not in msg, msg
+    assert all(n.name in msg for n in nodes)  # every node's offer is named
+
+
+def test_one_unit_however_many_roles_ask_for_a_resource():
+    assert P.bundle(True, "h100", "h100", None) == {"GPU": 1, "CPU": 1, "h100": 1}
+    assert P.bundle(False, "a", "b") == {"CPU": 1, "a": 1, "b": 1}
+
+
+@pytest.mark.parametrize("length, expected", [
+    (8, 0.0),  # within max_resp_len - len
+    (12, 0.0),  # exactly at the buffer's start
+    (14, -0.5),  # -(14 - 12) / 4 * 1.0
+    (16, -1.0),
+])
+def test_dapo_overlong_penalty_by_hand(length, expected):
+    assert Overlong(length=4, penalty_factor=1.0, max_resp_len=16).penalty(length) == pytest.approx(expected)
+
+
+def _rollout(tok, prompts, responses, width=8):
+    """Left-padded prompts and right-padded responses, as the engines return them."""
+    plen = max(len(p) for p in prompts)
+    ids, att, resp_mask = [], [], []
+    for p, r in zip(prompts, responses):
+        pad = tok.pad_token_id
+        ids.append([pad] * (plen - len(p)) + p + r + [pad] * (width - len(r)))
+        att.append([0] * (plen - len(p)) + [1] * len(p) + [1] * len(r) + [0] * (width - len(r)))
+        resp_mask.append([1] * len(r) + [0] * (width - len(r)))
+    return Rollout(torch.tensor(ids), torch.tensor(att), torch.tensor(resp_mask).bool(), plen, None)
+
+
+def test_what_the_reward_model_reads_and_how_scores_combine():
+    tok = build_tokenizer()
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]
+    rows = [{"data_source": "rlrig/arithmetic", "prompt": [{"role": "user", "content": "3+4="}],
+             "reward_model": {"ground_truth": "7"}, "extra_info": {}},
+            {"data_source": "rlrig/arithmetic", "prompt": [{"role": "user", "content": "10+1="}],
+             "reward_model": {"ground_truth": "11"}, "extra_info": {}}]
+    ro = _rollout(tok, [enc("3+4="), enc("10+1=")], [enc("#### 7") + [tok.eos_token_id], enc("#### 2")])
+    seen = []
+
+    def model(kind, inputs):
+        seen.append((kind, inputs))
+        return [0.25, -1.5]
+
+    # the conversation, with the response (its EOS text dropped) as the assistant's turn
+    src = RewardSource(None, model, tok, "prompt", None)
+    kind, chats = model_inputs(rows, ro, 1, src)
+    assert kind == "chats" and chats[0] == rows[0]["prompt"] + [{"role": "assistant", "content": "#### 7"}]
+    assert chats[1][-1]["content"] == "#### 2"
+    # input_tokenizer=null: the policy's own prompt and response tokens, padding left out
+    kind, ids = model_inputs(rows, ro, 1, RewardSource(None, model, None, "prompt", None))
+    assert kind == "ids" and ids[1] == enc("10+1=#### 2")
+    # no function: the model's score is the reward
+    scores, texts = score(tok, src, rows, ro, 1)
+    assert scores.tolist() == [0.25, -1.5] and texts == ["#### 7", "#### 2"]
+    # a custom function gets it as rm_score and decides; a dict result gives its "score"
+    fn = lambda ds, text, gt, extra, rm_score: {"score": rm_score + (1.0 if text.endswith(gt) else 0.0)}
+    assert score(tok, RewardSource(fn, model, tok, "prompt", None), rows, ro, 1)[0].tolist() == [1.25, -1.5]
+    # dapo's penalty on top of a function's score: responses of 7 (EOS included) and 6 tokens, max 8, buffer 4
+    plain = lambda ds, text, gt, extra: float(text.endswith(gt))
+    out = score(tok, RewardSource(plain, None, None, "prompt", Overlong(4, 1.0, 8)), rows, ro, 1)[0].tolist()
+    assert out == pytest.approx([1.0 - 0.75, 0.0 - 0.5])
+
+
+BASE = ["reward_model.enable=True"]
+
+
+@pytest.mark.parametrize("overrides, refusal", [
+    (["reward_model.use_reward_loop=True"], "reward_model.use_reward_loop: a verl key rlrig does not implement"),
+    (["reward_model.reward_manager=prime"], "reward_model.reward_manager=prime: rlrig has verl's naive, dapo"),
+    (["reward_model.enable_resource_pool=True", "reward_model.nnodes=1"], "reward_model.enable_resource_pool=True needs reward_model.nnodes"),
+    (["+reward_model.reward_kwargs.max_resp_len=8"], "reward_model.reward_kwargs.max_resp_len: verl's naive reward manager takes no"),
+    (["reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+      "+reward_model.reward_kwargs.overlong_buffer_cfg.len=4", "+reward_model.reward_kwargs.max_resp_len=8"],
+     "reward_model.reward_kwargs.overlong_buffer_cfg.enable=True with reward_model.enable=True"),
+    (["reward_model.placement.resource=GPU"], "reward_model.placement.resource='GPU': name a custom resource"),
+    (["reward_model.micro_batch_size_per_gpu=0"], "reward_model.micro_batch_size_per_gpu=0 must be at least 1"),
+    (["reward_model.sandbox_fusion.url=http://x"], "reward_model.sandbox_fusion.url: a verl key rlrig does not implement"),
+    (["trainer.placement_timeout_s=0"], "trainer.placement_timeout_s=0 must be positive"),
+])
+def test_reward_model_keys_are_refused_in_one_line(overrides, refusal):
+    with pytest.raises(ConfigError) as e:
+        parse_overrides([*BASE, *overrides])
+    assert str(e.value).startswith(refusal) and "\n" not in str(e.value), str(e.value)
+
+
+def test_dapo_without_a_reward_model_and_the_inert_reward_loop_keys():
+    cfg = parse_overrides(["reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+                           "+reward_model.reward_kwargs.overlong_buffer_cfg.len=4", "+reward_model.reward_kwargs.max_resp_len=8",
+                           "reward_model.rollout.name=vllm", "reward_model.num_workers=8", "reward_model.use_reward_loop=False"])
+    assert cfg.reward_model.reward_kwargs["overlong_buffer_cfg"]["len"] == 4
+    assert "rollout" not in cfg.to_dict()["reward_model"]
+
+
+def test_a_custom_function_beside_the_reward_model_must_take_rm_score(tmp_path):
+    from rlrig.trainer.rewards import check_reward_setup
+
+    f = tmp_path / "r.py"
+    f.write_text("def plain(data_source, solution, ground_truth, extra_info=None):\n    return 0.0\n"
+                 "def combined(data_source, solution, ground_truth, extra_info=None, rm_score=0.0):\n    return rm_score\n")
+    cfg = parse_overrides([*BASE, f"custom_reward_function.path={f}", "custom_reward_function.name=plain"])
+    with pytest.raises(ConfigError, match="add an rm_score parameter"):
+        check_reward_setup(cfg, {"anything"})
+    cfg.custom_reward_function.name = "combined"
+    assert check_reward_setup(cfg, {"anything"}).__name__ == "combined"
+    # with a reward model, data sources without a rule need no function
+    assert check_reward_setup(parse_overrides(BASE), {"anything"}) is None
+
+
+def test_grpo_scored_by_the_embedded_reward_model_in_one_process():
+    from rlrig.trainer.single_process import run_steps
+
+    ms = run_steps([*BASE, "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4", "data.train_batch_size=4",
+                    "actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.max_response_length=8",
+                    "reward_model.micro_batch_size_per_gpu=3"], 2)
+    scores = [ms[0]["critic/score/min"], ms[0]["critic/score/mean"], ms[0]["critic/score/max"]]
+    # the model's logits, not a rule's 0/1
+    assert scores[0] < scores[1] < scores[2] and any(s not in (0.0, 1.0) for s in scores), scores

@@ -1,0 +1,29 @@
+"""A worker of the reward model's own pool (reward_model.enable_resource_pool): a whole copy of the reward model
+on one device, scoring what the training workers send it. Forward passes only, so no process group."""
+
+from __future__ import annotations
+
+import torch
+
+
+class RewardModelWorker:
+    def __init__(self, cfg_dict: dict, path: str, use_gpu: bool):
+        from .config import from_dict
+        from .reward_model import RewardScorer, scorer_settings
+
+        cfg = from_dict(cfg_dict)
+        torch.set_num_threads(1)
+        # Ray shows the worker only its own GPU, so it is cuda:0 here
+        device = torch.device("cuda", 0) if use_gpu else torch.device("cpu")
+        self.scorer = RewardScorer(cfg.reward_model, path, device, *scorer_settings(cfg))
+
+    def score_chats(self, chats: list[list[dict]]) -> list[float]:
+        return self.scorer.score_chats(chats)
+
+    def score_ids(self, seqs: list[list[int]]) -> list[float]:
+        return self.scorer.score_ids(seqs)
+
+    def node_ip(self) -> str:
+        import ray
+
+        return ray.util.get_node_ip_address()
