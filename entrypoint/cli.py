@@ -137,8 +137,7 @@ def cmd_train(args) -> int:
 
     plan = make_plan(args, cmd)
     if plan.spec.existing_ray:  # a submitted job, or nested under rlrig run: the cluster is already formed
-        rm = cfg.reward_model
-        trainerfit.check_nnodes(plan.spec.existing_ray, cfg.trainer.nnodes, rm.nnodes if rm.enable and rm.enable_resource_pool else 0)
+        trainerfit.check_nnodes(plan.spec.existing_ray, cfg.trainer.nnodes, sum(p.nnodes for p in cfg.own_pools().values()))
     return lifecycle.main(plan)
 
 

@@ -1,6 +1,6 @@
 """`rlrig train` on a cluster that is already there (a submitted job, or nested under `rlrig run`):
 trainer.nnodes must be the cluster's node count, or with the reward model in its own pool, between that count less
-reward_model.nnodes and the count (the pools may share nodes). Fewer would leave nodes idle, more would wait for
+the nodes of the pools of their own (reference, reward model) and the count (the pools may share nodes). Fewer would leave nodes idle, more would wait for
 placement groups that can never be placed; either way the one-line error says what to set."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def mismatch(nnodes: int, alive_ranks: list[int], address: str, pool_nodes: int 
     n = len(alive_ranks)
     if not alive_ranks or nnodes <= n <= nnodes + pool_nodes:
         return None  # no rlrig ranks: a cluster rlrig did not start, whose nodes it cannot tell apart
-    pool = f" and reward_model.nnodes={pool_nodes} in its own pool" if pool_nodes else ""
+    pool = f" and {pool_nodes} node(s) in pools of their own" if pool_nodes else ""
     return (f"trainer.nnodes={nnodes}{pool} but the cluster at {address} has {n} node(s) (ranks "
             f"{', '.join(map(str, sorted(alive_ranks)))}); set trainer.nnodes={max(1, n - pool_nodes)}")
 

@@ -165,19 +165,25 @@ class RolloutConfig:
 
 
 @dataclass
+class PlacementConfig:
+    # rlrig: a custom node resource (RLRIG_RESOURCES on the nodes that have it) each worker of this role needs one
+    # unit of; None: any node with the device
+    resource: str | None = None
+
+
+@dataclass
 class RefConfig:
+    # rlrig (OpenRLHF's --ref_num_nodes, --ref_num_gpus_per_node): the reference in its own workers, one whole copy
+    # each, which the training workers send their samples to; False: in each training worker (verl's hybrid engine)
+    enable_resource_pool: bool = False
+    nnodes: int = 0
+    n_gpus_per_node: int = 0
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
     strategy: str | None = None  # None: the actor's (the reference is sharded as the actor is)
     log_prob_micro_batch_size_per_gpu: int | None = None
     log_prob_use_dynamic_bsz: bool | None = None  # None: actor.use_dynamic_bsz
     log_prob_max_token_len_per_gpu: int | None = None  # None: actor.ppo_max_token_len_per_gpu
     fsdp_config: FsdpConfig = field(default_factory=FsdpConfig)
-
-
-@dataclass
-class PlacementConfig:
-    # rlrig: a custom node resource (RLRIG_RESOURCES on the nodes that have it) each worker of this role needs one
-    # unit of; None: any node with the device
-    resource: str | None = None
 
 
 @dataclass
@@ -324,6 +330,20 @@ class Config:
     @property
     def critic_in_use(self) -> bool:
         return ESTIMATORS[self.algorithm.adv_estimator].needs_critic
+
+    @property
+    def ref_in_use(self) -> bool:
+        return self.actor_rollout_ref.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+
+    def own_pools(self) -> dict:
+        """The roles in pools of their own, by config prefix: each has nnodes, n_gpus_per_node and placement."""
+        ref, rm = self.actor_rollout_ref.ref, self.reward_model
+        pools = {}
+        if ref.enable_resource_pool and self.ref_in_use:
+            pools["actor_rollout_ref.ref"] = ref
+        if rm.enable_resource_pool and rm.enable:
+            pools["reward_model"] = rm
+        return pools
 
     def described(self) -> dict:
         """to_dict() plus what `--print-config` says about the keys: rlrig's own, those that change nothing
@@ -570,7 +590,16 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"trainer.default_hdfs_dir={t.default_hdfs_dir}: rlrig does not copy checkpoints to HDFS; leave it "
                           "null and point trainer.default_local_dir at shared storage")
     validate_reward_model(cfg)
+    ref = cfg.actor_rollout_ref.ref
+    if ref.enable_resource_pool and not cfg.ref_in_use:
+        raise ConfigError("actor_rollout_ref.ref.enable_resource_pool=True but this run has no reference model (it needs "
+                          "actor.use_kl_loss=True or algorithm.use_kl_in_reward=True)")
+    for prefix, pool in cfg.own_pools().items():
+        if pool.nnodes < 1 or pool.n_gpus_per_node < 1:
+            raise ConfigError(f"{prefix}.enable_resource_pool=True needs {prefix}.nnodes and {prefix}.n_gpus_per_node "
+                              f"of at least 1 (got {pool.nnodes} and {pool.n_gpus_per_node})")
     for key, pc in (("actor_rollout_ref.placement.resource", cfg.actor_rollout_ref.placement),
+                    ("actor_rollout_ref.ref.placement.resource", ref.placement),
                     ("critic.placement.resource", cfg.critic.placement), ("reward_model.placement.resource", cfg.reward_model.placement)):
         if pc.resource is not None and (not pc.resource or pc.resource in RAY_RESERVED):
             raise ConfigError(f"{key}={pc.resource!r}: name a custom resource the nodes offer (RLRIG_RESOURCES), not "
@@ -589,9 +618,6 @@ def validate_reward_model(cfg: Config) -> None:
     overlong(rm)  # the manager and its reward_kwargs, whether or not a model scores
     if not rm.enable:
         return
-    if rm.enable_resource_pool and (rm.nnodes < 1 or rm.n_gpus_per_node < 1):
-        raise ConfigError(f"reward_model.enable_resource_pool=True needs reward_model.nnodes and reward_model.n_gpus_per_node "
-                          f"of at least 1 (got {rm.nnodes} and {rm.n_gpus_per_node})")
     for key, value in (("reward_model.micro_batch_size_per_gpu", rm.micro_batch_size_per_gpu),
                        ("reward_model.max_length", rm.max_length)):
         if value is not None and value < 1:

@@ -81,44 +81,52 @@ def load_rows(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
 
 
 def make_workers(cfg, model_path: str, rm_path: str | None):
-    """The training workers (actor, rollout, reference and critic colocated, as verl's hybrid engine) and, with
-    reward_model.enable_resource_pool, the reward model's own workers; each training worker sends its samples to
-    one of those (round robin), or scores them with its own copy of the reward model."""
+    """The training workers (actor, rollout, reference and critic colocated, as verl's hybrid engine) and the
+    workers of the roles in pools of their own (the reference, the reward model); each training worker sends its
+    samples to one worker of each such pool (round robin), or runs that model itself."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+    from .ref_worker import RefWorker
     from .reward_worker import RewardModelWorker
     from .worker import Worker, node_address
 
     t, rm = cfg.trainer, cfg.reward_model
     use_gpu = t.device == "cuda" or (t.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
     cfg.trainer.device = "cuda" if use_gpu else "cpu"
-    own_pool = rm.enable and rm.enable_resource_pool
+    own = cfg.own_pools()
     resources = [cfg.actor_rollout_ref.placement.resource, cfg.critic.placement.resource if cfg.critic_in_use else None,
-                 None if own_pool or not rm.enable else rm.placement.resource]
+                 rm.placement.resource if rm.enable and "reward_model" not in own else None,
+                 cfg.actor_rollout_ref.ref.placement.resource if cfg.ref_in_use and "actor_rollout_ref.ref" not in own else None]
     labelled = {n.rank for n in placement.cluster_nodes()} - {None}
     # one group per node, pinned to the node of the same rank unless a resource decides where workers go
     pin = len(labelled) >= t.nnodes > 1 and not any(resources)
     pools = [placement.Pool("trainer", t.nnodes, t.n_gpus_per_node, placement.bundle(use_gpu, *resources), pin)]
-    if own_pool:
-        pools.append(placement.Pool("reward_model", rm.nnodes, rm.n_gpus_per_node, placement.bundle(use_gpu, rm.placement.resource)))
+    pools += [placement.Pool(prefix, p.nnodes, p.n_gpus_per_node, placement.bundle(use_gpu, p.placement.resource))
+              for prefix, p in own.items()]
     made = placement.create(pools, t.placement_timeout_s)
-    opts = lambda pool, groups, i: dict(num_cpus=1, num_gpus=1 if use_gpu else 0, resources={k: v for k, v in pool.bundle.items()
-                                                                                           if k not in ("CPU", "GPU")},
-                                         scheduling_strategy=PlacementGroupSchedulingStrategy(
-                                             groups[i // pool.per_node], placement_group_bundle_index=i % pool.per_node))
-    rm_workers = []
-    if own_pool:
-        remote_rm = ray.remote(RewardModelWorker)
-        rm_workers = [remote_rm.options(**opts(pools[1], made[1], i)).remote(cfg.to_dict(), rm_path, use_gpu)
-                      for i in range(rm.nnodes * rm.n_gpus_per_node)]
+
+    def opts(k: int, i: int) -> dict:
+        """Ray options of worker i of pools[k]: its bundle's resources, in its group."""
+        pool = pools[k]
+        return dict(num_cpus=1, num_gpus=1 if use_gpu else 0,
+                    resources={r: v for r, v in pool.bundle.items() if r not in ("CPU", "GPU")},
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(made[k][i // pool.per_node],
+                                                                         placement_group_bundle_index=i % pool.per_node))
+
+    classes = {"actor_rollout_ref.ref": (RefWorker, model_path), "reward_model": (RewardModelWorker, rm_path)}
+    side = {}
+    for k, prefix in enumerate(own, start=1):
+        cls, path = classes[prefix]
+        side[prefix] = [ray.remote(cls).options(**opts(k, i)).remote(cfg.to_dict(), path, use_gpu)
+                        for i in range(pools[k].nnodes * pools[k].per_node)]
     world = t.nnodes * t.n_gpus_per_node
-    master = ray.get(ray.remote(node_address).options(**opts(pools[0], made[0], 0)).remote())
-    remote = ray.remote(Worker)
-    workers = [remote.options(**opts(pools[0], made[0], r)).remote(cfg.to_dict(), r, world, master, model_path, rm_path,
-                                                                     rm_workers[r % len(rm_workers)] if rm_workers else None)
+    master = ray.get(ray.remote(node_address).options(**opts(0, 0)).remote())
+    pick = lambda prefix, r: side[prefix][r % len(side[prefix])] if prefix in side else None
+    workers = [ray.remote(Worker).options(**opts(0, r)).remote(cfg.to_dict(), r, world, master, model_path, rm_path,
+                                                               pick("reward_model", r), pick("actor_rollout_ref.ref", r))
                for r in range(world)]
-    return workers, rm_workers
+    return workers, side
 
 
 def where(workers) -> str:
@@ -231,11 +239,13 @@ def train(cfg) -> int:
     checkpoint.clean_partial(str(out))
     kl_ctrl = core_algos.kl_controller(cfg.algorithm.kl_ctrl)
     say(f"model {model_path}; {len(train_rows)} prompts; {total} steps; {t.nnodes}x{t.n_gpus_per_node} workers; rollout {cfg.actor_rollout_ref.rollout.name}")
-    workers, rm_workers = make_workers(cfg, model_path, rm_path)
+    workers, side = make_workers(cfg, model_path, rm_path)
     say("workers on " + ", ".join(ray.get([w.node_ip.remote() for w in workers])))
-    say(f"placement: actor_rollout_ref{' + critic' if cfg.critic_in_use else ''} on {where(workers)}"
-        + (f"; reward_model ({rm_path}) on {where(rm_workers)}" if rm_workers
-           else f"; reward_model ({rm_path}) in each training worker" if rm_path else ""))
+    colocated = [name for name, here in (("ref", cfg.ref_in_use and "actor_rollout_ref.ref" not in side),
+                                         ("critic", cfg.critic_in_use),
+                                         (f"reward_model ({rm_path})", rm_path and "reward_model" not in side)) if here]
+    say(f"placement: actor_rollout_ref{''.join(' + ' + c for c in colocated)} on {where(workers)}"
+        + "".join(f"; {prefix}{f' ({rm_path})' if prefix == 'reward_model' else ''} on {where(ws)}" for prefix, ws in side.items()))
     engines = ray.get([w.engine_name.remote() for w in workers])
     errors = [err for _, err in engines if err]
     if errors:

@@ -92,7 +92,8 @@ def trainable(module, device, precision: Precision, optim, checkpointing: bool, 
     return Trainable(module, train, opt, precision, checkpointing, fsdp_config.optimizer_offload, device, fsdp_config.param_offload)
 
 
-def build(cfg, path: str, device: torch.device, needs_critic: bool, engine_needs_full_module: bool) -> Models:
+def build(cfg, path: str, device: torch.device, needs_critic: bool, engine_needs_full_module: bool, remote_ref: bool = False) -> Models:
+    """remote_ref: the reference lives in its own pool (ref_worker.py), not here."""
     from transformers import AutoModelForCausalLM
 
     a = cfg.actor_rollout_ref
@@ -107,7 +108,7 @@ def build(cfg, path: str, device: torch.device, needs_critic: bool, engine_needs
     actor = trainable(module, device, prec, a.actor.optim, a.model.enable_gradient_checkpointing, a.actor.fsdp_config)
     ref = ref_prec = None
     ref_offload = a.ref.fsdp_config.param_offload
-    if a.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
+    if cfg.ref_in_use and not remote_ref:
         ref_prec = resolve(a.ref.fsdp_config, device.type, strategy, "ref")
         ref = AutoModelForCausalLM.from_pretrained(path, dtype=ref_prec.model_dtype, **model_kwargs(a.model, path)).to(device).eval()
         ref.requires_grad_(False)

@@ -111,6 +111,8 @@ RLRIG_ONLY = (
     "actor_rollout_ref.model.gguf_file", "critic.model.gguf_file", "actor_rollout_ref.rollout.cpu_kvcache_space_gb",
     "trainer.device", "trainer.seed", "trainer.wandb_proxy", "trainer.placement_timeout_s",
     "actor_rollout_ref.placement.resource", "critic.placement.resource", "reward_model.placement.resource",
+    "actor_rollout_ref.ref.placement.resource", "actor_rollout_ref.ref.enable_resource_pool", "actor_rollout_ref.ref.nnodes",
+    "actor_rollout_ref.ref.n_gpus_per_node",
 )
 
 

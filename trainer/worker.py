@@ -89,9 +89,10 @@ def allreduce_sum(t: torch.Tensor) -> torch.Tensor:
 
 class Worker:
     def __init__(self, cfg_dict: dict, rank: int, world: int, master: tuple[str, int], model_path: str,
-                 rm_path: str | None = None, rm_worker=None):
-        """rm_path: the reward model (reward_model.enable); rm_worker: the handle of its own-pool worker this worker
-        sends its samples to, or None to hold a copy here (colocated)."""
+                 rm_path: str | None = None, rm_worker=None, ref_worker=None):
+        """rm_path: the reward model (reward_model.enable); rm_worker, ref_worker: the handles of the own-pool workers
+        this worker sends its samples to, or None to hold that model here (colocated)."""
+        self.ref_worker = ref_worker
         from .config import from_dict
 
         self.cfg = cfg = from_dict(cfg_dict)
@@ -124,7 +125,8 @@ class Worker:
         if self.engine_error:
             self.engine = None
             return
-        self.models = models.build(cfg, model_path, self.device, self.estimator.needs_critic, engine_cls.generates_with_actor_module)
+        self.models = models.build(cfg, model_path, self.device, self.estimator.needs_critic, engine_cls.generates_with_actor_module,
+                                   remote_ref=ref_worker is not None)
         self.reward = self._reward_source(model_path, rm_path, rm_worker)
         # the ranks of one tensor-parallel engine sample the same tokens only from the same seed
         ctx = EngineContext(self.models.gen_module, self.tok, a.rollout, cfg.data.max_prompt_length, cfg.data.max_response_length,
@@ -250,7 +252,13 @@ class Worker:
                 if not on_policy:
                     old_logp = self._logprobs(m.actor.module, ro, a.rollout.log_prob_micro_batch_size_per_gpu, m.actor.precision,
                                               "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu")
-            if m.ref is not None:
+            if self.ref_worker is not None:
+                import ray
+
+                with phases("ref"):
+                    ref_logp = ray.get(self.ref_worker.logprobs.remote(ro.input_ids.cpu(), ro.attention_mask.cpu(),
+                                                                       ro.prompt_len)).to(self.device)
+            elif m.ref is not None:
                 with phases("ref"), offload.module_on(m.ref, self.device, m.ref_offload):
                     ref_logp = self._logprobs(m.ref, ro, a.ref.log_prob_micro_batch_size_per_gpu, m.ref_precision,
                                               "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu")

@@ -1,6 +1,6 @@
 """Heterogeneous nodes for real: three namespace nodes started with different RLRIG_RESOURCES (the OpenRLHF FAQ's
-layout), the actor's workers placed on the nodes with its resource and the reward model's own pool on the node
-with its resource (read back through Ray's state API); GRPO scored by a reward model; placements that cannot be
+layout), the actor's workers placed on the nodes with its resource and the reference's and reward model's own
+pools on the node with theirs (read back through Ray's state API); GRPO scored by a reward model; placements that cannot be
 met refused in one line, before or while placing, never waited on."""
 
 import json
@@ -16,9 +16,12 @@ pytestmark = pytest.mark.integration
 PROBE = str(Path(__file__).with_name("placement_probe.py"))
 GRPO = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2", "data.train_batch_size=4",
         "actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.max_response_length=8", "trainer.resume_mode=disable"]
+# the FAQ: actor (and critic) on the large-memory machines, reference and reward model on the small one
 FAQ = ["actor_rollout_ref.placement.resource=h100", "reward_model.enable=True", "reward_model.enable_resource_pool=True",
-       "reward_model.nnodes=1", "reward_model.n_gpus_per_node=1", "reward_model.placement.resource=v100"]
-NODE_RESOURCES = ['{"h100": 1}', '{"h100": 1}', '{"v100": 1}']
+       "reward_model.nnodes=1", "reward_model.n_gpus_per_node=1", "reward_model.placement.resource=v100",
+       "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.ref.enable_resource_pool=True",
+       "actor_rollout_ref.ref.nnodes=1", "actor_rollout_ref.ref.n_gpus_per_node=1", "actor_rollout_ref.ref.placement.resource=v100"]
+NODE_RESOURCES = ['{"h100": 1}', '{"h100": 1}', '{"v100": 2}']
 
 
 def start_three(cluster_hosts, tag, args):
@@ -30,7 +33,7 @@ def start_three(cluster_hosts, tag, args):
     return ns, nodes
 
 
-def test_openrlhf_faq_layout_reward_model_in_its_own_pool(cluster_hosts, tmp_path):
+def test_openrlhf_faq_layout_reference_and_reward_model_in_their_own_pools(cluster_hosts, tmp_path):
     run = tmp_path / "run"
     args = ["run", "--", sys.executable, PROBE, *GRPO, *FAQ, "trainer.nnodes=2", "trainer.n_gpus_per_node=1",
             "trainer.total_training_steps=2", f"trainer.default_local_dir={run}"]
@@ -39,16 +42,18 @@ def test_openrlhf_faq_layout_reward_model_in_its_own_pool(cluster_hosts, tmp_pat
     out = nodes[0].output
     assert codes == [0, 0, 0], out[-4000:]
     # each node's resources reached Ray and the head's log
-    assert "v100 1" in out and "h100 1" in out, out[-4000:]
+    assert "v100 2" in out and "h100 1" in out, out[-4000:]
     actors = [line.split()[1:] for line in out.splitlines() if line.startswith("ACTOR ")]
     workers = sorted(ip for cls, ip, res in actors if cls == "Worker")
     rms = [(ip, res) for cls, ip, res in actors if cls == "RewardModelWorker"]
     assert workers == sorted([ns.ip(0), ns.ip(1)]) and all(res == "h100" for cls, _, res in actors if cls == "Worker"), actors
     assert rms == [(ns.ip(2), "v100")], actors
+    assert [(ip, res) for cls, ip, res in actors if cls == "RefWorker"] == [(ns.ip(2), "v100")], actors
     assert "reward_model (" in out and f"on {ns.ip(2)}" in out, out[-3000:]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["training/global_step"] for m in rows] == [0, 1, 2]  # validation before training, then two steps
     assert "val-core/rlrig/arithmetic/reward/mean@1" in rows[0]  # validation is scored by the reward model too
+    assert rows[-1]["actor/kl_loss"] > 0 and rows[-1]["timing_s/ref"] > 0  # the remote reference's log-probs
     # the embedded reward model's logits, not a rule's 0/1
     scores = {rows[-1][f"critic/score/{k}"] for k in ("min", "mean", "max")}
     assert len(scores) == 3 and not scores <= {0.0, 1.0}, rows[-1]
@@ -62,7 +67,7 @@ def test_a_resource_no_node_offers_is_refused_before_placing(cluster_hosts, tmp_
     out = nodes[0].output
     assert codes[0] == 2 and all(c != 0 for c in codes), (codes, out[-3000:])
     line = next(x for x in out.splitlines() if "rlrig: error:" in x)
-    assert "reward_model needs 1 'a100'" in line and "v100 1" in line and "h100 1" in line, line
+    assert "actor_rollout_ref.ref needs 1 'a100'" in line and "v100 2" in line and "h100 1" in line, line
 
 
 def test_a_placement_held_elsewhere_fails_at_the_bound(tmp_path):

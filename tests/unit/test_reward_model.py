@@ -9,7 +9,7 @@ from rlrig.trainer.config import ConfigError, parse_overrides
 from rlrig.trainer.engines import Rollout
 from rlrig.trainer.generate_score import RewardSource, model_inputs, score
 from rlrig.trainer.reward_managers import Overlong
-from rlrig.trainer.tiny_model import build_tokenizer
+from rlrig.trainer.tiny_model import build_tokenizer, ensure_tiny_model
 
 # a unit of the custom resource per worker the node may host (RLRIG_RESOURCES='{"h100": 2}' on a two-GPU node)
 H100 = P.Node("rank 0 (10.0.0.1)", {"CPU": 4, "GPU": 2, "h100": 2}, "0")
@@ -172,3 +172,30 @@ def test_grpo_scored_by_the_embedded_reward_model_in_one_process():
     scores = [ms[0]["critic/score/min"], ms[0]["critic/score/mean"], ms[0]["critic/score/max"]]
     # the model's logits, not a rule's 0/1
     assert scores[0] < scores[1] < scores[2] and any(s not in (0.0, 1.0) for s in scores), scores
+
+
+def test_the_reference_in_its_own_pool_computes_what_the_colocated_one_does():
+    from rlrig.trainer.engines import Sampling
+    from rlrig.trainer.ref_worker import RefWorker
+    from rlrig.trainer.single_process import single_worker
+
+    overrides = ["actor_rollout_ref.actor.use_kl_loss=True", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                 "data.max_response_length=8", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=3"]
+    with single_worker(overrides) as (w, batches):
+        rows = next(batches)
+        ro = w.engine.generate([r["input_ids"] for r in rows], 2, Sampling())
+        here = w._logprobs(w.models.ref, ro, 3, w.models.ref_precision, "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu")
+        remote = RefWorker(w.cfg.to_dict(), ensure_tiny_model(), use_gpu=False)
+        there = remote.logprobs(ro.input_ids, ro.attention_mask, ro.prompt_len)
+    assert there.shape == here.shape and torch.allclose(there, here, atol=1e-5)
+
+
+def test_own_pools_need_a_size_and_a_reference_in_use():
+    with pytest.raises(ConfigError, match="actor_rollout_ref.ref.enable_resource_pool=True but this run has no reference"):
+        parse_overrides(["actor_rollout_ref.ref.enable_resource_pool=True", "actor_rollout_ref.actor.use_kl_loss=False"])
+    with pytest.raises(ConfigError, match="actor_rollout_ref.ref.enable_resource_pool=True needs actor_rollout_ref.ref.nnodes"):
+        parse_overrides(["actor_rollout_ref.ref.enable_resource_pool=True", "actor_rollout_ref.actor.use_kl_loss=True"])
+    cfg = parse_overrides([*BASE, "reward_model.enable_resource_pool=True", "reward_model.nnodes=2", "reward_model.n_gpus_per_node=1",
+                           "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.ref.enable_resource_pool=True",
+                           "actor_rollout_ref.ref.nnodes=1", "actor_rollout_ref.ref.n_gpus_per_node=1"])
+    assert list(cfg.own_pools()) == ["actor_rollout_ref.ref", "reward_model"]

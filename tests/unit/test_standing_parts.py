@@ -258,7 +258,7 @@ def test_trainer_check_applies_to_gcs_addresses(address, is_gcs):
     (1, [1, 0], 0, "set trainer.nnodes=2"),
     # the reward model's own pool: on its own node, or sharing the training nodes
     (2, [0, 1, 2], 1, None), (2, [0, 1], 1, None),
-    (1, [0, 1, 2], 1, "trainer.nnodes=1 and reward_model.nnodes=1 in its own pool but the cluster at a:1 has 3 node(s)"),
+    (1, [0, 1, 2], 1, "trainer.nnodes=1 and 1 node(s) in pools of their own but the cluster at a:1 has 3 node(s)"),
 ])
 def test_trainer_nnodes_must_match_the_cluster(nnodes, ranks, pool, words):
     got = trainerfit.mismatch(nnodes, ranks, "a:1", pool)

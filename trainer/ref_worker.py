@@ -1,0 +1,52 @@
+"""A worker of the reference model's own pool (actor_rollout_ref.ref.enable_resource_pool, OpenRLHF's separate
+reference nodes): a whole copy of the frozen reference on one device, computing the log-probs of the samples the
+training workers send it. Forward passes only, so no process group."""
+
+from __future__ import annotations
+
+import torch
+
+
+class RefWorker:
+    def __init__(self, cfg_dict: dict, model_path: str, use_gpu: bool):
+        from transformers import AutoModelForCausalLM
+
+        from . import batching
+        from .config import from_dict
+        from .models import import_external_lib, model_kwargs
+        from .precision import cast_buffers, resolve
+        from .worker import ensure_local_embedded_model
+
+        cfg = from_dict(cfg_dict)
+        a = cfg.actor_rollout_ref
+        torch.set_num_threads(1)
+        self.device = torch.device("cuda", 0) if use_gpu else torch.device("cpu")  # Ray shows it only its own GPU
+        ensure_local_embedded_model(model_path)
+        import_external_lib(a.model)
+        prec = resolve(a.ref.fsdp_config, self.device.type, "ddp", "ref")  # bf16 on GPU, as in the training workers
+        self.offload = a.ref.fsdp_config.param_offload
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=prec.model_dtype, **model_kwargs(a.model, model_path))
+        self.model.eval().requires_grad_(False)
+        cast_buffers(self.model, prec)
+        self.model.to("cpu" if self.offload else self.device)
+        self.micro, self.packed = a.ref.log_prob_micro_batch_size_per_gpu, a.model.use_remove_padding
+        self.budget = batching.token_budgets(cfg)["actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"]
+
+    @torch.no_grad()
+    def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int) -> torch.Tensor:
+        """[B, R] log-probs of the response tokens, on the CPU for the trip back."""
+        from . import batching, offload
+        from .logprobs import in_micro_batches, token_logprobs
+
+        ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
+        lengths = mask.sum(-1).tolist() if self.budget else []
+        # the whole model is here, so micro batches need no agreement with other workers
+        parts = batching.plan(lengths, 0, len(ids), self.micro, self.budget, lambda k: k)
+        with offload.module_on(self.model, self.device, self.offload):
+            out = in_micro_batches(parts, lambda p: token_logprobs(self.model, ids[p], mask[p], prompt_len, remove_padding=self.packed)[0])
+        return out.cpu()
+
+    def node_ip(self) -> str:
+        import ray
+
+        return ray.util.get_node_ip_address()
