@@ -55,6 +55,12 @@ def plan(lengths: list[int], start: int, stop: int, micro: int | None, max_token
     return fixed(start, stop, micro)
 
 
+def rows(attention_mask, start: int, stop: int, micro: int | None, max_tokens: int | None, agree: Callable[[int], int]) -> list[Part]:
+    """plan() over a padded batch: its sequence lengths are read (a device sync) only when a token budget needs them."""
+    lengths = attention_mask.sum(-1).tolist() if max_tokens else []
+    return plan(lengths, start, stop, micro, max_tokens, agree)
+
+
 def size(part: Part) -> int:
     return part.stop - part.start if isinstance(part, slice) else len(part)
 

@@ -203,6 +203,11 @@ class CriticModelConfig(ModelConfig):
 @dataclass
 class CriticConfig:
     placement: PlacementConfig = field(default_factory=PlacementConfig)  # colocated with the actor: a worker needs both
+    # rlrig (OpenRLHF's --critic_num_nodes, --critic_num_gpus_per_node): the critic in its own workers, one per
+    # training worker, trained over their own process group; False: in each training worker
+    enable_resource_pool: bool = False
+    nnodes: int = 0
+    n_gpus_per_node: int = 0
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
     ppo_micro_batch_size_per_gpu: int | None = None  # None: the actor's mini batch at once
@@ -339,6 +344,8 @@ class Config:
         """The roles in pools of their own, by config prefix: each has nnodes, n_gpus_per_node and placement."""
         ref, rm = self.actor_rollout_ref.ref, self.reward_model
         pools = {}
+        if self.critic.enable_resource_pool and self.critic_in_use:
+            pools["critic"] = self.critic
         if ref.enable_resource_pool and self.ref_in_use:
             pools["actor_rollout_ref.ref"] = ref
         if rm.enable_resource_pool and rm.enable:
@@ -594,6 +601,14 @@ def validate(cfg: Config) -> None:
     if ref.enable_resource_pool and not cfg.ref_in_use:
         raise ConfigError("actor_rollout_ref.ref.enable_resource_pool=True but this run has no reference model (it needs "
                           "actor.use_kl_loss=True or algorithm.use_kl_in_reward=True)")
+    if cfg.critic.enable_resource_pool and not cfg.critic_in_use:
+        raise ConfigError(f"critic.enable_resource_pool=True but algorithm.adv_estimator={cfg.algorithm.adv_estimator} "
+                          "trains no critic (gae does)")
+    c = cfg.critic
+    if c.enable_resource_pool and c.nnodes * c.n_gpus_per_node != workers:
+        raise ConfigError(f"critic.enable_resource_pool=True: one critic worker per training worker, so critic.nnodes x "
+                          f"critic.n_gpus_per_node must be {workers} (trainer.nnodes x trainer.n_gpus_per_node), "
+                          f"not {c.nnodes} x {c.n_gpus_per_node}")
     for prefix, pool in cfg.own_pools().items():
         if pool.nnodes < 1 or pool.n_gpus_per_node < 1:
             raise ConfigError(f"{prefix}.enable_resource_pool=True needs {prefix}.nnodes and {prefix}.n_gpus_per_node "

@@ -87,6 +87,7 @@ def make_workers(cfg, model_path: str, rm_path: str | None):
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+    from .critic_worker import CriticWorker
     from .ref_worker import RefWorker
     from .reward_worker import RewardModelWorker
     from .worker import Worker, node_address
@@ -95,7 +96,8 @@ def make_workers(cfg, model_path: str, rm_path: str | None):
     use_gpu = t.device == "cuda" or (t.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
     cfg.trainer.device = "cuda" if use_gpu else "cpu"
     own = cfg.own_pools()
-    resources = [cfg.actor_rollout_ref.placement.resource, cfg.critic.placement.resource if cfg.critic_in_use else None,
+    resources = [cfg.actor_rollout_ref.placement.resource,
+                 cfg.critic.placement.resource if cfg.critic_in_use and "critic" not in own else None,
                  rm.placement.resource if rm.enable and "reward_model" not in own else None,
                  cfg.actor_rollout_ref.ref.placement.resource if cfg.ref_in_use and "actor_rollout_ref.ref" not in own else None]
     labelled = {n.rank for n in placement.cluster_nodes()} - {None}
@@ -117,14 +119,20 @@ def make_workers(cfg, model_path: str, rm_path: str | None):
     classes = {"actor_rollout_ref.ref": (RefWorker, model_path), "reward_model": (RewardModelWorker, rm_path)}
     side = {}
     for k, prefix in enumerate(own, start=1):
+        n = pools[k].nnodes * pools[k].per_node
+        if prefix == "critic":  # trained data parallel: a process group of its own
+            master = ray.get(ray.remote(node_address).options(**opts(k, 0)).remote())
+            side[prefix] = [ray.remote(CriticWorker).options(**opts(k, i)).remote(cfg.to_dict(), i, n, master, model_path)
+                            for i in range(n)]
+            continue
         cls, path = classes[prefix]
-        side[prefix] = [ray.remote(cls).options(**opts(k, i)).remote(cfg.to_dict(), path, use_gpu)
-                        for i in range(pools[k].nnodes * pools[k].per_node)]
+        side[prefix] = [ray.remote(cls).options(**opts(k, i)).remote(cfg.to_dict(), path, use_gpu) for i in range(n)]
     world = t.nnodes * t.n_gpus_per_node
     master = ray.get(ray.remote(node_address).options(**opts(0, 0)).remote())
     pick = lambda prefix, r: side[prefix][r % len(side[prefix])] if prefix in side else None
     workers = [ray.remote(Worker).options(**opts(0, r)).remote(cfg.to_dict(), r, world, master, model_path, rm_path,
-                                                               pick("reward_model", r), pick("actor_rollout_ref.ref", r))
+                                                               pick("reward_model", r), pick("actor_rollout_ref.ref", r),
+                                                               pick("critic", r))
                for r in range(world)]
     return workers, side
 
@@ -240,9 +248,10 @@ def train(cfg) -> int:
     kl_ctrl = core_algos.kl_controller(cfg.algorithm.kl_ctrl)
     say(f"model {model_path}; {len(train_rows)} prompts; {total} steps; {t.nnodes}x{t.n_gpus_per_node} workers; rollout {cfg.actor_rollout_ref.rollout.name}")
     workers, side = make_workers(cfg, model_path, rm_path)
+    critics = side.get("critic", [])
     say("workers on " + ", ".join(ray.get([w.node_ip.remote() for w in workers])))
     colocated = [name for name, here in (("ref", cfg.ref_in_use and "actor_rollout_ref.ref" not in side),
-                                         ("critic", cfg.critic_in_use),
+                                         ("critic", cfg.critic_in_use and "critic" not in side),
                                          (f"reward_model ({rm_path})", rm_path and "reward_model" not in side)) if here]
     say(f"placement: actor_rollout_ref{''.join(' + ' + c for c in colocated)} on {where(workers)}"
         + "".join(f"; {prefix}{f' ({rm_path})' if prefix == 'reward_model' else ''} on {where(ws)}" for prefix, ws in side.items()))
@@ -259,7 +268,8 @@ def train(cfg) -> int:
         resume = checkpoint.latest(str(out))
     if resume is not None:
         state, rngs, ts = checkpoint.load(resume)
-        ray.get([w.load.remote(state, rngs[i] if i < len(rngs) else None) for i, w in enumerate(workers)])
+        ray.get([w.load.remote(state, rngs[i] if i < len(rngs) else None) for i, w in enumerate(workers)]
+                + [c.load.remote(state) for c in critics])
         step, sampler.epoch, sampler.pos, kl_ctrl.value = ts["global_step"], ts["epoch"], ts["pos"], ts["kl_coef"]
         dropped = preemption.truncate_metrics(out / "metrics.jsonl", step)
         say(f"resumed from {resume} at step {step}" + (f" (dropped {dropped} logged steps after it)" if dropped else ""))
@@ -271,12 +281,12 @@ def train(cfg) -> int:
         say(f"validation at step {step}: {m}")
         log.log(step, {"training/global_step": step, **m})
     if t.val_only:
-        ray.get([w.shutdown.remote() for w in workers])
+        ray.get([w.shutdown.remote() for w in workers + critics])
         say(f"trainer.val_only: validated, not trained; metrics in {out / 'metrics.jsonl'}")
         return 0
     started, first = time.monotonic(), step + 1
     stop, saved_at = preemption.StopRequest(), None
-    save = lambda at: save_checkpoint(workers, out, at, sampler, kl_ctrl, model_path, cfg.actor_rollout_ref.model.gguf_file)
+    save = lambda at: save_checkpoint(workers, critics, out, at, sampler, kl_ctrl, model_path, cfg.actor_rollout_ref.model.gguf_file)
     while step < total and stop.signum is None:
         step += 1
         t0 = time.perf_counter()
@@ -301,7 +311,7 @@ def train(cfg) -> int:
         progress(step, total, m, started, first)
     if stop.signum is not None and saved_at != step:
         save(step)
-    ray.get([w.shutdown.remote() for w in workers])
+    ray.get([w.shutdown.remote() for w in workers + critics])
     if cfg.ray_kwargs.timeline_json_file:
         ray.timeline(filename=cfg.ray_kwargs.timeline_json_file)
     if stop.signum is not None:
@@ -311,10 +321,13 @@ def train(cfg) -> int:
     return 0
 
 
-def save_checkpoint(workers, out: Path, step: int, sampler: Sampler, kl_ctrl, model_path: str, gguf_file: str) -> None:
+def save_checkpoint(workers, critics, out: Path, step: int, sampler: Sampler, kl_ctrl, model_path: str, gguf_file: str) -> None:
+    """`critics`: the critic's own workers, if it has a pool of its own; their state joins the training workers'."""
     import ray
 
     state = ray.get([w.state.remote() for w in workers])[0]  # under FSDP gathering the state is a collective
+    if critics:
+        state.update(ray.get([c.state.remote() for c in critics])[0])
     rngs = ray.get([w.rng_state.remote() for w in workers])
     checkpoint.save(str(out), step, state, rngs, {"global_step": step, "epoch": sampler.epoch, "pos": sampler.pos,
                                                   "kl_coef": kl_ctrl.value, "model_path": model_path,

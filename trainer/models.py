@@ -93,7 +93,8 @@ def trainable(module, device, precision: Precision, optim, checkpointing: bool, 
 
 
 def build(cfg, path: str, device: torch.device, needs_critic: bool, engine_needs_full_module: bool, remote_ref: bool = False) -> Models:
-    """remote_ref: the reference lives in its own pool (ref_worker.py), not here."""
+    """remote_ref: the reference lives in its own pool (ref_worker.py), not here; needs_critic is False where the
+    critic does (critic_worker.py)."""
     from transformers import AutoModelForCausalLM
 
     a = cfg.actor_rollout_ref
@@ -117,16 +118,23 @@ def build(cfg, path: str, device: torch.device, needs_critic: bool, engine_needs
             parallel.fsdp_shard(ref)  # sharded where it computes; offloaded after
         if ref_offload:
             ref.to("cpu")
-    critic = None
-    if needs_critic:
-        from transformers import AutoModelForTokenClassification
-
-        c = cfg.critic
-        cprec = resolve(c.model.fsdp_config, device.type, strategy, "critic")
-        import_external_lib(c.model)
-        # no dropout on the value head (transformers' default is 0.1), as verl sets it: the update runs in training mode
-        cpath = c.model.path or path
-        ckw = model_kwargs(c.model if c.model.path else a.model, cpath, classifier_dropout=0.0, num_labels=1)
-        cmodule = AutoModelForTokenClassification.from_pretrained(cpath, dtype=cprec.model_dtype, **ckw).to(device)
-        critic = trainable(cmodule, device, cprec, c.optim, c.model.enable_gradient_checkpointing, c.model.fsdp_config)
+    critic = build_critic(cfg, path, device) if needs_critic else None
     return Models(actor, ref, ref_prec, ref_offload, critic, gen_module)
+
+
+def build_critic(cfg, path: str, device: torch.device) -> Trainable:
+    """The value model, wrapped like the actor (critic.model.path, else the actor's model with a value head)."""
+    from transformers import AutoModelForTokenClassification
+
+    a, c = cfg.actor_rollout_ref, cfg.critic
+    cprec = resolve(c.model.fsdp_config, device.type, a.actor.strategy, "critic")
+    import_external_lib(c.model)
+    # no dropout on the value head (transformers' default is 0.1), as verl sets it: the update runs in training mode
+    cpath = c.model.path or path
+    ckw = model_kwargs(c.model if c.model.path else a.model, cpath, classifier_dropout=0.0, num_labels=1)
+    # the value head is new, drawn from its own seeded stream: the same head wherever the critic is built (a training
+    # worker or its own pool), and the worker's stream (what it samples with) does not depend on where that is
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.trainer.seed)
+        cmodule = AutoModelForTokenClassification.from_pretrained(cpath, dtype=cprec.model_dtype, **ckw).to(device)
+    return trainable(cmodule, device, cprec, c.optim, c.model.enable_gradient_checkpointing, c.model.fsdp_config)

@@ -83,6 +83,10 @@ def ensure_tiny_model(path: Path | None = None) -> str:
     tok = build_tokenizer()
     model = build_model(tok)
     warm_up(model, tok, WARMUP_STEPS)
+    return save_atomically(path, model, tok)
+
+
+def save_atomically(path: Path, model, tok) -> str:
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)

@@ -5,12 +5,10 @@ right, so its scores are graded (a logit), not the rule reward's 0/1. Seeded and
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
 from pathlib import Path
 
-from .tiny_model import build_tokenizer, cache_dir, ensure_tiny_model
+from .tiny_model import build_tokenizer, cache_dir, ensure_tiny_model, save_atomically
 
 VERSION = "tiny-arith-rm-v1"
 STEPS, BATCH = 600, 32
@@ -67,13 +65,4 @@ def ensure_tiny_reward_model(path: Path | None = None) -> str:
     path = path or rm_cache_dir()
     if (path / "config.json").is_file() and (path / "tokenizer.json").is_file():
         return str(path)
-    rm, tok = build(ensure_tiny_model())
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    rm.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    try:
-        tmp.rename(path)  # atomic: a concurrent builder's copy is just as good
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return str(path)
+    return save_atomically(path, *build(ensure_tiny_model()))

@@ -112,7 +112,7 @@ RLRIG_ONLY = (
     "trainer.device", "trainer.seed", "trainer.wandb_proxy", "trainer.placement_timeout_s",
     "actor_rollout_ref.placement.resource", "critic.placement.resource", "reward_model.placement.resource",
     "actor_rollout_ref.ref.placement.resource", "actor_rollout_ref.ref.enable_resource_pool", "actor_rollout_ref.ref.nnodes",
-    "actor_rollout_ref.ref.n_gpus_per_node",
+    "actor_rollout_ref.ref.n_gpus_per_node", "critic.enable_resource_pool", "critic.nnodes", "critic.n_gpus_per_node",
 )
 
 

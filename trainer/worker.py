@@ -87,33 +87,37 @@ def allreduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def start_rank(cfg, rank: int, world: int, master: tuple[str, int], model_paths: list[str | None]) -> torch.device:
+    """Seeds, this rank's device, the embedded models it needs, and its process group (Gloo on CPU, NCCL on GPU)."""
+    seed = cfg.trainer.seed + rank
+    random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
+    torch.set_num_threads(1)
+    dev, device = cfg.trainer.device, torch.device("cpu")
+    if dev == "cuda" or (dev == "auto" and torch.cuda.is_available()):
+        # Ray shows each worker only its own GPU (CUDA_VISIBLE_DEVICES), so it is cuda:0 here
+        device = torch.device("cuda", 0)
+        torch.cuda.set_device(device)
+        precision.allow_tf32()
+    for path in model_paths:
+        if path:
+            ensure_local_embedded_model(path)  # before the process group: see there
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://{master[0]}:{master[1]}",
+                            rank=rank, world_size=world, timeout=timedelta(minutes=10))
+    return device
+
+
 class Worker:
     def __init__(self, cfg_dict: dict, rank: int, world: int, master: tuple[str, int], model_path: str,
-                 rm_path: str | None = None, rm_worker=None, ref_worker=None):
-        """rm_path: the reward model (reward_model.enable); rm_worker, ref_worker: the handles of the own-pool workers
-        this worker sends its samples to, or None to hold that model here (colocated)."""
-        self.ref_worker = ref_worker
+                 rm_path: str | None = None, rm_worker=None, ref_worker=None, critic_worker=None):
+        """rm_path: the reward model (reward_model.enable); rm_worker, ref_worker, critic_worker: the handles of the
+        own-pool workers this worker sends its samples to, or None to hold that model here (colocated)."""
+        self.ref_worker, self.critic_worker = ref_worker, critic_worker
         from .config import from_dict
 
         self.cfg = cfg = from_dict(cfg_dict)
         self.budgets = batching.token_budgets(cfg)
         self.rank, self.world = rank, world
-        seed = cfg.trainer.seed + rank
-        random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
-        torch.set_num_threads(1)
-        dev = cfg.trainer.device
-        self.device = torch.device("cpu")
-        if dev == "cuda" or (dev == "auto" and torch.cuda.is_available()):
-            # Ray shows each worker only its own GPU (CUDA_VISIBLE_DEVICES), so it is cuda:0 here
-            self.device = torch.device("cuda", 0)
-            torch.cuda.set_device(self.device)
-            precision.allow_tf32()
-        backend = "nccl" if self.device.type == "cuda" else "gloo"
-        for path in (model_path, rm_path if rm_worker is None else None):
-            if path:
-                ensure_local_embedded_model(path)  # before the process group: see there
-        dist.init_process_group(backend, init_method=f"tcp://{master[0]}:{master[1]}", rank=rank, world_size=world,
-                                timeout=timedelta(minutes=10))
+        self.device = start_rank(cfg, rank, world, master, [model_path, rm_path if rm_worker is None else None])
         a = cfg.actor_rollout_ref
         self.estimator = estimators.get(cfg.algorithm.adv_estimator)
         self.tok = models.load_tokenizer(cfg, model_path)
@@ -125,8 +129,8 @@ class Worker:
         if self.engine_error:
             self.engine = None
             return
-        self.models = models.build(cfg, model_path, self.device, self.estimator.needs_critic, engine_cls.generates_with_actor_module,
-                                   remote_ref=ref_worker is not None)
+        self.models = models.build(cfg, model_path, self.device, self.estimator.needs_critic and critic_worker is None,
+                                   engine_cls.generates_with_actor_module, remote_ref=ref_worker is not None)
         self.reward = self._reward_source(model_path, rm_path, rm_worker)
         # the ranks of one tensor-parallel engine sample the same tokens only from the same seed
         ctx = EngineContext(self.models.gen_module, self.tok, a.rollout, cfg.data.max_prompt_length, cfg.data.max_response_length,
@@ -147,7 +151,7 @@ class Worker:
         cfg, rf = self.cfg, self.cfg.custom_reward_function
         rm = cfg.reward_model
         fn = load_reward_fn(rf.path, rf.name) if not rm.enable or rf.path else None
-        model = input_tok = None
+        model = input_tok = self.rm_scorer = None  # rm_scorer: the reward model when it is held here
         if rm.enable:
             if rm_worker is not None:
                 import ray
@@ -156,8 +160,8 @@ class Worker:
             else:
                 from .reward_model import RewardScorer, scorer_settings
 
-                scorer = RewardScorer(rm, rm_path, self.device, *scorer_settings(cfg))
-                model = lambda kind, inputs: getattr(scorer, f"score_{kind}")(inputs)
+                self.rm_scorer = RewardScorer(rm, rm_path, self.device, *scorer_settings(cfg))
+                model = lambda kind, inputs: getattr(self.rm_scorer, f"score_{kind}")(inputs)
             if rm.model.input_tokenizer is not None:
                 from transformers import AutoTokenizer
 
@@ -194,9 +198,7 @@ class Worker:
 
     def _parts(self, ro, start: int, stop: int, micro: int | None, budget_key: str) -> list:
         """Micro batches of rows start..stop-1: `micro` rows each, or by the pass's token budget (use_dynamic_bsz)."""
-        budget = self.budgets[budget_key]
-        lengths = ro.attention_mask.sum(-1).tolist() if budget else []  # a device sync, only when a budget needs it
-        return batching.plan(lengths, start, stop, micro, budget, self._agree_max)
+        return batching.rows(ro.attention_mask, start, stop, micro, self.budgets[budget_key], self._agree_max)
 
     def _logprobs(self, module, ro, micro, prec, budget_key) -> torch.Tensor:
         """No-grad log-probs in micro batches; `module` is the bare model (under DDP, the wrapper's
@@ -262,7 +264,12 @@ class Worker:
                 with phases("ref"), offload.module_on(m.ref, self.device, m.ref_offload):
                     ref_logp = self._logprobs(m.ref, ro, a.ref.log_prob_micro_batch_size_per_gpu, m.ref_precision,
                                               "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu")
-            if m.critic is not None:
+            if self.critic_worker is not None:
+                import ray
+
+                with phases("values"):
+                    values = ray.get(self.critic_worker.values.remote(*self._ro_cpu(ro))).to(self.device) * mask
+            elif m.critic is not None:
                 with phases("values"):
                     values = self._values(ro) * mask
         out = {}
@@ -312,7 +319,10 @@ class Worker:
         mini, rows = a.actor.ppo_mini_batch_size * a.rollout.n // self.world, len(mask)
         minis = lambda micro, key: [self._parts(ro, s, min(s + mini, rows), min(micro or mini, mini), key) for s in range(0, rows, mini)]
         out, actor_logp = {}, None
-        if m.critic is not None:
+        remote_critic = None
+        if self.critic_worker is not None:  # the critic's update runs in its own pool while the actor updates here
+            remote_critic = self.critic_worker.update.remote(*self._ro_cpu(ro), values.cpu(), returns.cpu(), global_step)
+        elif m.critic is not None:
             with phases("update_critic"):
                 out["critic/lr"] = lr_schedule.lr_at(cfg.critic.optim, global_step - 1, total)
                 lr_schedule.apply(m.critic.opt, out["critic/lr"])
@@ -327,7 +337,16 @@ class Worker:
                                                  minis(a.actor.ppo_micro_batch_size_per_gpu, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"),
                                                  mini, a.model.use_remove_padding)
                 out.update(mean_stats(stats))
+        if remote_critic is not None:
+            import ray
+
+            with phases("update_critic"):  # only the wait that is left after the actor's update
+                out.update(ray.get(remote_critic))
         return out, actor_logp
+
+    @staticmethod
+    def _ro_cpu(ro) -> tuple:
+        return ro.input_ids.cpu(), ro.attention_mask.cpu(), ro.response_mask.cpu(), ro.prompt_len
 
     # --- checkpoints: full tensors by name; every rank gathers (a collective), rank 0 returns them ---
     def state(self) -> dict | None:

@@ -21,8 +21,13 @@ def _gather(t: Trainable) -> tuple[dict, dict]:
 def gather(models: Models, rank: int) -> dict | None:
     st = dict(zip(("model", "optim"), _gather(models.actor)))
     if models.critic is not None:
-        st.update(zip(("critic", "critic_optim"), _gather(models.critic)))
+        st.update(critic_state(models.critic))
     return st if rank == 0 else None
+
+
+def critic_state(t: Trainable) -> dict:
+    """The critic's entries of a checkpoint (also what a critic in its own pool contributes)."""
+    return dict(zip(("critic", "critic_optim"), _gather(t)))
 
 
 def _load(t: Trainable, model_sd: dict, optim_sd: dict) -> None:
@@ -32,8 +37,13 @@ def _load(t: Trainable, model_sd: dict, optim_sd: dict) -> None:
 
 def load(models: Models, state: dict) -> None:
     _load(models.actor, state["model"], state["optim"])
-    if models.critic is not None and "critic" in state:
-        _load(models.critic, state["critic"], state["critic_optim"])
+    if models.critic is not None:
+        load_critic(models.critic, state)
+
+
+def load_critic(t: Trainable, state: dict) -> None:
+    if "critic" in state:
+        _load(t, state["critic"], state["critic_optim"])
 
 
 def rng_state() -> dict:

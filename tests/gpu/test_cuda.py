@@ -189,3 +189,20 @@ def test_micro_batched_passes_lower_peak_memory_with_a_large_vocabulary_on_cuda(
                         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8"], steps=1, model_path=path)[0]["perf/max_memory_allocated_gb"]
     print(f"peak GPU memory, 152k vocabulary, 128 sequences: whole batch {whole:.2f} GB, micro batches of 8 {micro:.2f} GB")
     assert micro < 0.6 * whole, (whole, micro)
+
+
+def test_reward_model_scores_in_bf16_on_cuda_colocated_and_offloaded():
+    """The embedded reward model in each training worker: held in bf16 on the GPU, or in host memory between
+    scorings (param_offload), its graded scores the reward either way."""
+    from rlrig.trainer.presets import EMBEDDED
+    from rlrig.trainer.single_process import single_worker
+
+    rm = ["reward_model.enable=True", "reward_model.micro_batch_size_per_gpu=8"]
+    for offload in (False, True):
+        with single_worker([*EMBEDDED, "trainer.device=cuda", "actor_rollout_ref.rollout.name=hf", *rm,
+                            f"reward_model.model.fsdp_config.param_offload={offload}"]) as (w, batches):
+            m = w.step(next(batches), 0.0, 1)
+            scorer_params = list(w.rm_scorer.model.parameters())
+            assert {p.dtype for p in scorer_params} == {torch.bfloat16}
+            assert {p.device.type for p in scorer_params} == {"cpu" if offload else "cuda"}
+            assert m["critic/score/min"] < m["critic/score/max"] and not {m["critic/score/min"], m["critic/score/max"]} <= {0.0, 1.0}

@@ -89,3 +89,30 @@ def test_a_placement_held_elsewhere_fails_at_the_bound(tmp_path):
                        capture_output=True, text=True, timeout=300, env={**os.environ, "RLRIG_RESOURCES": '{"h100": 1}'})
     assert r.returncode == 2, r.stderr[-3000:]
     assert "was not ready within trainer.placement_timeout_s=5" in r.stderr and "h100" in r.stderr, r.stderr[-3000:]
+
+
+def test_critic_in_its_own_pool_trains_as_colocated_and_resumes(tmp_path):
+    """PPO with GAE: three steps with the critic in the training workers equal two steps with the critic in its own
+    pool, a checkpoint, and a resumed third step (the critic's weights and Adam state travel in the checkpoint)."""
+    import subprocess
+
+    base = ["ray_kwargs.ray_init.num_cpus=4", "algorithm.adv_estimator=gae", "data.train_batch_size=8",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.n_gpus_per_node=2", "trainer.val_before_train=False",
+            "trainer.save_freq=2"]
+    own = ["critic.enable_resource_pool=True", "critic.nnodes=1", "critic.n_gpus_per_node=2"]
+
+    def train(run, *extra):
+        r = subprocess.run([sys.executable, "-m", "rlrig.trainer.main", *base, *extra, f"trainer.default_local_dir={run}"],
+                           capture_output=True, text=True, timeout=600, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+        assert r.returncode == 0, r.stderr[-3000:]
+        return r.stderr
+
+    train(tmp_path / "a", "trainer.total_training_steps=3")
+    out = train(tmp_path / "b", *own, "trainer.total_training_steps=2")
+    assert "placement: actor_rollout_ref + ref on" in out and "; critic on" in out, out[-2000:]
+    out = train(tmp_path / "b", *own, "trainer.total_training_steps=3")
+    assert "resumed from" in out and "at step 2" in out, out[-2000:]
+    last = [json.loads((tmp_path / r / "metrics.jsonl").read_text().splitlines()[-1]) for r in ("a", "b")]
+    for key in ("critic/vf_loss", "critic/grad_norm", "critic/vf_explained_var", "actor/pg_loss", "actor/grad_norm"):
+        assert last[0][key] == pytest.approx(last[1][key], rel=1e-6), key
+    assert last[1]["training/global_step"] == 3 and last[1]["timing_s/update_critic"] >= 0

@@ -199,3 +199,10 @@ def test_own_pools_need_a_size_and_a_reference_in_use():
                            "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.ref.enable_resource_pool=True",
                            "actor_rollout_ref.ref.nnodes=1", "actor_rollout_ref.ref.n_gpus_per_node=1"])
     assert list(cfg.own_pools()) == ["actor_rollout_ref.ref", "reward_model"]
+    with pytest.raises(ConfigError, match="one critic worker per training worker, so critic.nnodes x critic.n_gpus_per_node must be 2"):
+        parse_overrides(["trainer.n_gpus_per_node=2", "critic.enable_resource_pool=True", "critic.nnodes=1", "critic.n_gpus_per_node=1"])
+    with pytest.raises(ConfigError, match="critic.enable_resource_pool=True but algorithm.adv_estimator=grpo trains no critic"):
+        parse_overrides(["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2", "critic.enable_resource_pool=True"])
+    cfg = parse_overrides(["trainer.n_gpus_per_node=2", "algorithm.adv_estimator=gae", "critic.enable_resource_pool=True",
+                           "critic.nnodes=1", "critic.n_gpus_per_node=2"])
+    assert list(cfg.own_pools()) == ["critic"]
