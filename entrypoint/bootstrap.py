@@ -85,7 +85,7 @@ def dashboard_url(host: str, port: int = 8265) -> str:
 def plan(command: list[str], env: Mapping[str, str] | None = None, launcher: str | None = None,
          temp_override: str | None = None, env_file: str | None = None, dashboard_host: str = "127.0.0.1",
          wait_timeout: float | None = None, standing: bool = False, debug: str | None = None,
-         metrics_on_node_ip: bool = False) -> Plan:
+         metrics_on_node_ip: bool = False, grace_period: float = 120.0) -> Plan:
     """`wait_timeout` None: RLRIG_WAIT_TIMEOUT, else 300 s. `standing`: `rlrig up` (no command)."""
     env = dict(os.environ if env is None else env)
     if wait_timeout is None:
@@ -123,7 +123,7 @@ def plan(command: list[str], env: Mapping[str, str] | None = None, launcher: str
         cluster_env=cluster,
         ray_env=ray_env,
         start_command=raystart.start_command(spec, pf, found.temp_dir, dashboard_host, debugmode.debugger_external(ray_env)),
-        wait_timeout=wait_timeout,
+        wait_timeout=wait_timeout, grace_period=grace_period,
         standing=standing,
         debug_env=node_debug,
         metrics_host=metrics_host,

@@ -19,6 +19,9 @@ def _cluster_parser() -> argparse.ArgumentParser:
     g.add_argument("--launcher", choices=list(BY_NAME), help=LAUNCHER_HELP)
     g.add_argument("--timeout", type=float, default=None,
                    help="seconds to wait for all nodes (head) or for the head (workers); default 300 or RLRIG_WAIT_TIMEOUT")
+    g.add_argument("--grace-period", type=float, default=120.0,
+                   help="on SIGTERM or SIGUSR1 (preemption): seconds the command gets, with the cluster up, to finish "
+                        "(the trainer ends its step and writes a checkpoint) before everything is stopped; default 120")
     g.add_argument("--dashboard-host", default="127.0.0.1", help="where the dashboard and job API listen (default loopback)")
     g.add_argument("--temp-dir", help="Ray temp dir for this node (default: per job and node under $RAY_TMPDIR or /tmp)")
     g.add_argument("--env-file", help="a .env file whose variables reach every node (default ./.env if present)")
@@ -62,7 +65,7 @@ def make_plan(args, cmd: list[str], standing: bool = False):
         raise RigError("no command given; usage: rlrig run [options] -- CMD [ARGS...] (or rlrig up for a standing cluster)")
     return bootstrap.plan(cmd, launcher=args.launcher, temp_override=args.temp_dir, env_file=args.env_file,
                           dashboard_host=args.dashboard_host, wait_timeout=args.timeout, standing=standing,
-                          debug=args.debug, metrics_on_node_ip=args.metrics_on_node_ip)
+                          debug=args.debug, metrics_on_node_ip=args.metrics_on_node_ip, grace_period=args.grace_period)
 
 
 def launch(args, cmd: list[str]) -> int:

@@ -20,7 +20,7 @@ from .errors import NodeLost, RigError
 from .gcs import GcsStore
 from .jobs import JobApi
 from .plan import Plan
-from .processes import Stop, become_subreaper, install_stop_handlers, sweep_descendants, terminate_group
+from .processes import Stop, become_subreaper, install_stop_handlers, pass_on, sweep_descendants, terminate_group
 
 POLL = 0.2
 
@@ -37,8 +37,10 @@ def _head_ray_alive(proc: subprocess.Popen) -> Callable[[], None]:
     return check
 
 
-def run_command(cmd: list[str], env: Mapping[str, str], store: coordination.Store, ray_proc: subprocess.Popen) -> int:
-    """Run CMD; stop it if a node dies. Returns CMD's exit code."""
+def run_command(cmd: list[str], env: Mapping[str, str], store: coordination.Store, ray_proc: subprocess.Popen,
+                grace: float = 0.0) -> int:
+    """Run CMD; stop it if a node dies. Returns CMD's exit code. A stop signal is passed on to CMD, which gets
+    `grace` seconds to finish with the cluster still up."""
     child = subprocess.Popen(cmd, env=dict(env), start_new_session=True)
     try:
         next_check = time.monotonic() + 1.0
@@ -53,6 +55,11 @@ def run_command(cmd: list[str], env: Mapping[str, str], store: coordination.Stor
             if lost:
                 raise NodeLost(f"lost node {', '.join(lost)} while the command ran; stopped the command")
         return child.returncode
+    except Stop as s:
+        if grace > 0:
+            say(f"{s}: passed to the command; up to {grace:g}s for it to finish (--grace-period)")
+        pass_on(s, child, grace)
+        raise
     finally:
         terminate_group(child)
 
@@ -86,7 +93,7 @@ def run_head(plan: Plan) -> int:
             code = standing.serve(store, alive, lambda: JobApi(plan.dashboard_url, plan.token), store.mark_job_failed)
             return code
         say(f"{len(nodes)} node(s) alive after {time.monotonic() - t0:.1f}s; running: {' '.join(plan.command)}")
-        code = run_command(plan.command, {**plan.ray_env, "RAY_ADDRESS": address}, store, ray_proc)
+        code = run_command(plan.command, {**plan.ray_env, "RAY_ADDRESS": address}, store, ray_proc, plan.grace_period)
         say(f"command exited with code {code}")
         return code
     except Stop as s:
@@ -120,9 +127,31 @@ def run_worker(plan: Plan) -> int:
         code = coordination.wait_for_exit(store, spec.node_rank, address, plan.head_loss_timeout, alive)
         say(f"head finished with code {code}; stopping")
         return code
+    except Stop as s:
+        # the whole job is being stopped: the head's command may still be finishing its step (and writing a
+        # checkpoint) with this node's workers, so Ray stays up here until the head is done or the grace is over
+        wait_out_the_head(plan, store, s, alive)
+        raise
     finally:
         terminate_group(ray_proc)
         sweep_descendants()
+
+
+def wait_out_the_head(plan: Plan, store: coordination.Store, stop: Stop, alive: Callable[[], None]) -> None:
+    if plan.grace_period <= 0:
+        return
+    say(f"{stop}: keeping this node up to {plan.grace_period:g}s while the head finishes (--grace-period)")
+    end = time.monotonic() + plan.grace_period
+
+    def within() -> None:
+        alive()
+        if time.monotonic() > end:
+            raise stop
+
+    try:
+        coordination.wait_for_exit(store, plan.spec.node_rank, plan.gcs_address, plan.head_loss_timeout, within)
+    except NodeLost:
+        pass  # the head is gone: nothing left to wait for
 
 
 def run_existing(plan: Plan) -> int:

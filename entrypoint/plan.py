@@ -24,6 +24,7 @@ class Plan:
     start_command: list[str] = field(default_factory=list)
     wait_timeout: float = 300.0  # head: for all nodes to join; worker: for the head to come up
     head_loss_timeout: float = 30.0  # worker: GCS unreachable this long = head lost
+    grace_period: float = 120.0  # on a stop signal: how long the command (head) and Ray (workers) may take to finish
     standing: bool = False  # `rlrig up`: serve submitted jobs until told to stop
     debug_env: dict[str, str] = field(default_factory=dict)  # --debug on this node's own line
     metrics_host: str = "127.0.0.1"  # where Ray's Prometheus endpoints listen

@@ -84,16 +84,34 @@ class Stop(Exception):
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
-        self.code = 128 + signum
+        self.signum, self.code = signum, 128 + signum
+
+
+# SIGUSR1: the warning a scheduler sends before it preempts (Slurm's --signal=USR1@SECONDS), as a pod's SIGTERM is
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
 def install_stop_handlers() -> None:
     def handler(signum, frame):
-        # Ignore repeats so teardown itself is not interrupted.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for s in STOP_SIGNALS:  # ignore repeats so teardown itself is not interrupted
+            signal.signal(s, signal.SIG_IGN)
         raise Stop(signum)
 
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
+    for s in STOP_SIGNALS:
+        signal.signal(s, handler)
+
+
+def pass_on(stop: Stop, proc: subprocess.Popen, grace: float) -> None:
+    """Give the command the signal that stopped us and up to `grace` seconds to finish (the trainer ends its step
+    and writes a checkpoint); terminate_group ends whatever is left."""
+    if grace <= 0 or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, stop.signum)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
 

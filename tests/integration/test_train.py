@@ -159,23 +159,27 @@ def test_val_only_with_several_samples_and_logged_generations(tmp_path):
     assert not list(run.glob("global_step_*"))  # nothing trained, nothing saved
 
 
-def test_sigterm_checkpoints_the_step_in_flight_and_a_relaunch_continues(tmp_path):
-    """Preemption: SIGTERM to `rlrig train` mid-run -> the trainer finishes its step, writes a checkpoint there
-    (no periodic one is due) and every process exits 143; the relaunch resumes at the next step, and the
-    metrics hold every step once."""
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGUSR1"])
+def test_a_stop_signal_checkpoints_the_step_in_flight_and_a_relaunch_continues(tmp_path, sig):
+    """Preemption: SIGTERM (a pod's, docker stop) or SIGUSR1 (Slurm's warning) to `rlrig train` mid-run -> passed on
+    to the trainer, which finishes its step within --grace-period, writes a checkpoint there (no periodic one is
+    due) and every process exits 128 + the signal; the relaunch resumes at the next step, and the metrics hold
+    every step once."""
     import signal
     import time
 
+    sig = getattr(signal, sig)
     run = tmp_path / "pre"
-    args = [sys.executable, "-m", "rlrig.entrypoint.cli", "train", *TINY, "trainer.save_freq=0", "trainer.test_freq=0",
+    args = [sys.executable, "-m", "rlrig.entrypoint.cli", "train", "--grace-period", "60", *TINY, "trainer.save_freq=0", "trainer.test_freq=0",
             "trainer.total_training_steps=40", f"trainer.default_local_dir={run}"]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not ((run / "metrics.jsonl").exists() and len(metrics(run)) >= 3):
         time.sleep(0.2)
-    p.send_signal(signal.SIGTERM)
+    p.send_signal(sig)
     out, _ = p.communicate(timeout=120)
-    assert p.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert p.returncode == 128 + sig, out[-3000:]
+    assert "passed to the command" in out, out[-3000:]
     stopped = int((run / "latest_checkpointed_iteration.txt").read_text())
     assert stopped >= 3 and f"a relaunch resumes at step {stopped + 1}" in out, out[-3000:]
     assert [m["training/global_step"] for m in metrics(run)] == list(range(1, stopped + 1))

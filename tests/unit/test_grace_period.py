@@ -1,0 +1,78 @@
+"""Preemption at the entrypoint: SIGTERM or SIGUSR1 to rlrig is passed on to the command, which gets
+--grace-period seconds to finish (the trainer ends its step and checkpoints) with Ray still up; then, or at once
+without a grace period, everything is stopped and rlrig exits 128 + the signal."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from entrypoint_fakes import MemoryStore
+from rlrig.entrypoint import lifecycle
+from rlrig.entrypoint.processes import STOP_SIGNALS, Stop, install_stop_handlers
+
+# traps the signal, takes 6 s "to checkpoint" (longer than the 5 s a plain stop gives), then leaves a mark and
+# exits as the trainer does
+COMMAND = ("trap 'sleep 6; echo $1 > {mark}; exit 138' USR1; trap 'sleep 6; echo $1 > {mark}; exit 143' TERM; "
+           "while true; do sleep 0.1; done")
+
+
+@pytest.fixture
+def stop_handlers():
+    before = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    install_stop_handlers()
+    yield
+    for s, h in before.items():
+        signal.signal(s, h)
+
+
+@pytest.mark.parametrize("sig, grace, finished", [
+    (signal.SIGUSR1, 30, True), (signal.SIGTERM, 30, True),
+    (signal.SIGUSR1, 0, False),  # no grace: stopped as before, the command's own handler cut short
+])
+def test_a_stop_signal_is_passed_on_and_waited_for(stop_handlers, tmp_path, sig, grace, finished):
+    mark = tmp_path / "checkpointed"
+    ray_stand_in = subprocess.Popen(["sleep", "60"])
+    threading.Timer(1.5, os.kill, (os.getpid(), sig)).start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(Stop) as e:
+            lifecycle.run_command(["bash", "-c", COMMAND.format(mark=mark), "cmd", "done"], dict(os.environ), MemoryStore(),
+                                  ray_stand_in, grace)
+        assert e.value.code == 128 + sig
+        assert mark.exists() is finished
+        if finished:
+            assert time.monotonic() - started >= 7  # the command's 6 s, after the signal at 1.5 s
+        assert ray_stand_in.poll() is None  # Ray is stopped by the caller afterwards, not before the command
+    finally:
+        ray_stand_in.kill()
+
+
+def test_grace_period_is_an_option_of_run_and_train():
+    r = subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", "run", "--help"], capture_output=True, text=True)
+    assert "--grace-period" in r.stdout and "SIGUSR1" in r.stdout
+
+
+@pytest.mark.parametrize("head_exits_after, waited", [(1.0, True), (None, False)])
+def test_a_worker_keeps_ray_up_until_the_head_is_done_or_the_grace_is_over(head_exits_after, waited):
+    from rlrig.entrypoint import coordination
+    from rlrig.entrypoint.nodespec import NodeSpec
+    from rlrig.entrypoint.plan import Plan
+
+    store = MemoryStore()
+    plan = Plan(NodeSpec("dstack", 1, 2, "10.0.0.1", head_address="10.0.0.1"), ["true"], {}, grace_period=3)
+    if head_exits_after:
+        threading.Timer(head_exits_after, store.put, (coordination.EXIT, 143)).start()
+    started = time.monotonic()
+    stop = Stop(signal.SIGTERM)
+    if waited:
+        lifecycle.wait_out_the_head(plan, store, stop, lambda: None)
+        assert time.monotonic() - started < 3
+    else:
+        with pytest.raises(Stop):
+            lifecycle.wait_out_the_head(plan, store, stop, lambda: None)
+        assert time.monotonic() - started >= 3
