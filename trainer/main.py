@@ -82,8 +82,9 @@ def load_rows(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
 
 def make_workers(cfg, model_path: str, rm_path: str | None):
     """The training workers (actor, rollout, reference and critic colocated, as verl's hybrid engine) and the
-    workers of the roles in pools of their own (the reference, the reward model); each training worker sends its
-    samples to one worker of each such pool (round robin), or runs that model itself."""
+    workers of the roles in pools of their own (the critic, the reference, the reward model); each training worker
+    sends its samples to one worker of each such pool (round robin; the critic's pairs one to one), or runs that
+    model itself."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
