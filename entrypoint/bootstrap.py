@@ -85,8 +85,10 @@ def dashboard_url(host: str, port: int = 8265) -> str:
 def plan(command: list[str], env: Mapping[str, str] | None = None, launcher: str | None = None,
          temp_override: str | None = None, env_file: str | None = None, dashboard_host: str = "127.0.0.1",
          wait_timeout: float | None = None, standing: bool = False, debug: str | None = None,
-         metrics_on_node_ip: bool = False, grace_period: float = 120.0) -> Plan:
-    """`wait_timeout` None: RLRIG_WAIT_TIMEOUT, else 300 s. `standing`: `rlrig up` (no command)."""
+         metrics_on_node_ip: bool = False, grace_period: float = 120.0, fabric_check: bool = False,
+         fabric_min_ratio: float = 0.5) -> Plan:
+    """`wait_timeout` None: RLRIG_WAIT_TIMEOUT, else 300 s. `standing`: `rlrig up` (no command).
+    `fabric_check`: the head checks the network before the command (multi-node only; see fabric.py)."""
     env = dict(os.environ if env is None else env)
     if wait_timeout is None:
         wait_timeout = wait_timeout_from_env(env)
@@ -124,6 +126,7 @@ def plan(command: list[str], env: Mapping[str, str] | None = None, launcher: str
         ray_env=ray_env,
         start_command=raystart.start_command(spec, pf, found.temp_dir, dashboard_host, debugmode.debugger_external(ray_env)),
         wait_timeout=wait_timeout, grace_period=grace_period,
+        fabric_check=fabric_check, fabric_min_ratio=fabric_min_ratio,
         standing=standing,
         debug_env=node_debug,
         metrics_host=metrics_host,

@@ -13,6 +13,16 @@ CLUSTER_OPTS_HELP = "options shared by run, train and up"
 LAUNCHER_HELP = "force a launcher instead of detecting it (also RLRIG_LAUNCHER)"
 
 
+def _ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction from 0 to 1 (e.g. 0.5)")
+    return value
+
+
 def _cluster_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group(CLUSTER_OPTS_HELP)
@@ -22,6 +32,12 @@ def _cluster_parser() -> argparse.ArgumentParser:
     g.add_argument("--grace-period", type=float, default=120.0,
                    help="on SIGTERM or SIGUSR1 (preemption): seconds the command gets, with the cluster up, to finish "
                         "(the trainer ends its step and writes a checkpoint) before everything is stopped; default 120")
+    g.add_argument("--no-fabric-check", action="store_true",
+                   help="run and train on several nodes: skip the network check the head makes before the command "
+                        "(pairwise bandwidth and latency, an all-reduce, GPU health; a bad node stops the job, exit 2)")
+    g.add_argument("--fabric-min-ratio", type=_ratio, default=0.5,
+                   help="the fabric check fails a node whose bandwidth is below this fraction of the nodes' median "
+                        "(0 to 1; default 0.5)")
     g.add_argument("--dashboard-host", default="127.0.0.1", help="where the dashboard and job API listen (default loopback)")
     g.add_argument("--temp-dir", help="Ray temp dir for this node (default: per job and node under $RAY_TMPDIR or /tmp)")
     g.add_argument("--env-file", help="a .env file whose variables reach every node (default ./.env if present)")
@@ -65,7 +81,9 @@ def make_plan(args, cmd: list[str], standing: bool = False):
         raise RigError("no command given; usage: rlrig run [options] -- CMD [ARGS...] (or rlrig up for a standing cluster)")
     return bootstrap.plan(cmd, launcher=args.launcher, temp_override=args.temp_dir, env_file=args.env_file,
                           dashboard_host=args.dashboard_host, wait_timeout=args.timeout, standing=standing,
-                          debug=args.debug, metrics_on_node_ip=args.metrics_on_node_ip, grace_period=args.grace_period)
+                          debug=args.debug, metrics_on_node_ip=args.metrics_on_node_ip, grace_period=args.grace_period,
+                          # the standing cluster (`rlrig up`) runs no command of its own to check the network for
+                          fabric_check=not standing and not args.no_fabric_check, fabric_min_ratio=args.fabric_min_ratio)
 
 
 def launch(args, cmd: list[str]) -> int:

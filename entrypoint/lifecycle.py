@@ -1,6 +1,7 @@
 """Carries out a Plan: start / wait / run / stop, on every node. Linear on purpose: read it top to bottom.
 
-Head:   ray start --head -> publish env -> wait for nnodes -> compare versions -> run CMD while
+Head:   ray start --head -> publish env -> wait for nnodes -> compare versions -> check the fabric (several nodes,
+        run/train: fabric.py) -> run CMD while
         watching nodes (`rlrig up`: serve submitted jobs, standing.py) -> publish exit code -> stop.
 Worker: wait for the head's GCS -> read env -> ray start --address -> wait for the head's exit
         code (or notice the head is gone) -> stop.
@@ -11,10 +12,11 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from typing import Callable, Mapping
 
-from . import coordination, metricsbind, prestart, raystart, resources, standing
+from . import coordination, fabric, metricsbind, prestart, raystart, resources, standing
 from .console import say
 from .errors import NodeLost, RigError
 from .gcs import GcsStore
@@ -23,6 +25,7 @@ from .plan import Plan
 from .processes import Stop, become_subreaper, install_stop_handlers, pass_on, sweep_descendants, terminate_group
 
 POLL = 0.2
+FABRIC_TIMEOUT = 60.0  # the fabric check's own budget is 50 s; past this it is killed and the job stops
 
 
 def _ray_died(proc: subprocess.Popen, what: str) -> RigError:
@@ -64,6 +67,32 @@ def run_command(cmd: list[str], env: Mapping[str, str], store: coordination.Stor
         terminate_group(child)
 
 
+def check_fabric(plan: Plan, env: Mapping[str, str], alive: Callable[[], None], timeout: float = FABRIC_TIMEOUT,
+                 command: list[str] | None = None) -> None:
+    """Measure the network between the nodes before the command runs (fabric.py); a RigError naming the bad node
+    when it fails. A subprocess and a Ray driver in the command's environment: it reaches the cluster as the command
+    will, and a hung collective in it can be killed without harming this process."""
+    report = os.path.join(plan.temp_dir, fabric.REPORT_NAME)
+    command = command or [sys.executable, "-m", "rlrig.entrypoint.fabric", "--report", report,
+                          "--min-ratio", f"{plan.fabric_min_ratio:g}"]
+    say("checking the fabric between the nodes before the command (skip with --no-fabric-check)")
+    started = time.monotonic()
+    child = subprocess.Popen(command, env=dict(env), start_new_session=True)
+    deadline = started + timeout
+    try:
+        while child.poll() is None:
+            alive()
+            if time.monotonic() > deadline:
+                raise RigError(f"fabric check: no verdict within {timeout:g}s, stopped it; a node may hang the "
+                               "network (see the lines above); rerun with --no-fabric-check to skip it")
+            time.sleep(POLL)
+    finally:
+        terminate_group(child)
+    if child.returncode != 0:
+        raise RigError(fabric.failure_message(report, child.returncode))
+    say(f"fabric check passed ({time.monotonic() - started:.1f}s in all)")
+
+
 def start_ray(plan: Plan, command: list[str], env: dict[str, str], cluster: dict[str, str]) -> subprocess.Popen:
     metricsbind.write_shim(raystart.hook_dir(plan.temp_dir))
     say(f"before Ray starts: {prestart.one_line(prestart.select(env, cluster))}")
@@ -92,8 +121,12 @@ def run_head(plan: Plan) -> int:
                 "(rlrig submit -- CMD); stop it with rlrig down or SIGTERM")
             code = standing.serve(store, alive, lambda: JobApi(plan.dashboard_url, plan.token), store.mark_job_failed)
             return code
-        say(f"{len(nodes)} node(s) alive after {time.monotonic() - t0:.1f}s; running: {' '.join(plan.command)}")
-        code = run_command(plan.command, {**plan.ray_env, "RAY_ADDRESS": address}, store, ray_proc, plan.grace_period)
+        formed = time.monotonic() - t0
+        command_env = {**plan.ray_env, "RAY_ADDRESS": address}
+        if plan.fabric_check and spec.nnodes > 1:
+            check_fabric(plan, command_env, alive)
+        say(f"{len(nodes)} node(s) alive after {formed:.1f}s; running: {' '.join(plan.command)}")
+        code = run_command(plan.command, command_env, store, ray_proc, plan.grace_period)
         say(f"command exited with code {code}")
         return code
     except Stop as s:

@@ -77,6 +77,12 @@ class Netns:
         """Take node i off the network, as a dead host looks to the others."""
         _ip("link", "set", f"rlv{self.tag}{i}", "down")
 
+    def limit(self, i: int, rate: str) -> None:
+        """Slow what node i receives to `rate` (tc's units: "20mbit"): a token bucket on the bridge's end of its veth,
+        which is where the bridge sends to it. What it sends goes out at full speed."""
+        subprocess.run(["tc", "qdisc", "add", "dev", f"rlv{self.tag}{i}", "root", "tbf", "rate", rate, "burst", "32kbit",
+                        "latency", "400ms"], check=True, capture_output=True, text=True)
+
     def __exit__(self, *exc) -> None:
         for name in self.names:
             _ip("netns", "del", name, check=False)

@@ -1,0 +1,536 @@
+"""The fabric check: before the head runs the command on a multi-node cluster, measure the network between the nodes
+and read their GPUs' health, so that a bad node is named in one line before training instead of slowing every step
+or hanging a collective hours in.
+
+lifecycle.run_head runs it once every node joined, as `python -m rlrig.entrypoint.fabric --report PATH --min-ratio R`:
+a Ray driver in the command's own environment, so it sees the cluster as the command would. One probe actor per node
+(pinned to it, taking no CPU) joins a torch.distributed group (NCCL where every node has a GPU, else Gloo), then:
+  1. pairwise, one pair at a time: each rank k > 0 with rank 0: a small-message round trip (latency), then PAIR_BYTES
+     each way, timed by the receiver (a node's bandwidth is its slower direction);
+  2. an all-reduce of ALLREDUCE_BYTES over every node, timed: a whole-group figure, which names no node, so it runs
+     only once the pairs passed;
+  3. NVML on each node: uncorrected ECC errors and pending page retirements fail the node; clocks held down and a
+     PCIe link below its maximum warn.
+A node whose bandwidth is below min_ratio x the median, or whose transfer failed or timed out, fails the check.
+Every pair has rank 0 at one end: a slow head slows all pairs alike and stands out from no median (the all-reduce
+figure in the report shows it); with one worker there is no median to compare with, only failures count.
+Exit: 0 passed (or nothing to check), 2 failed, anything else: the check itself broke (lifecycle says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from datetime import timedelta
+
+from .addresses import format_hostport
+from .console import say
+from .coordination import HOST_LABEL, RANK_LABEL, describe
+from .inventory import _text
+
+REPORT_NAME = "fabric.json"  # in the head's temp dir
+FAILED = 2
+# 4 MiB each way: ~3 ms on 10 Gbit/s, ~1.7 s on a 20 Mbit/s link, so a slow link is plain and still ends quickly
+PAIR_BYTES = 4 << 20
+PAIR_REPEATS = 3  # best of: one scheduling hiccup must not fail a good node; a slow link is slow every time
+REPEAT_WITHIN = 0.5  # seconds: no repeat after a transfer this slow (the link's figure is clear; time is not free)
+PINGS = 5
+ALLREDUCE_BYTES = 2 << 20
+ALLREDUCE_ITERS = 3
+TRANSFER_TIMEOUT = 10.0  # each send or receive; a timeout fails the node (and bounds a dead link's cost)
+WARMUP_TIMEOUT = 20.0  # the first operation of a pair or of the group: NCCL sets up its connections there
+JOIN_TIMEOUT = 30.0  # actors started (they import torch) and the process group formed
+BUDGET = 50.0  # the whole check, inside the head's 60 s limit: pairs not reached by then fail as unmeasured
+
+# nvmlClocksEventReason* bits (nvml.h) that mean the GPU runs slower than asked for. Left out on purpose: idle,
+# application clocks and the software power cap, which a healthy GPU shows in normal work.
+SLOWDOWNS = {0x8: "hardware slowdown", 0x20: "software thermal slowdown", 0x40: "hardware thermal slowdown",
+             0x80: "power brake slowdown"}
+GPU_IDLE = 0x1
+
+
+# --- the verdict: pure, so that tests can feed it figures -----------------------------------------------------
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def name(node: dict) -> str:
+    """`rank 2 (host, 10.0.0.3)`, as the rest of rlrig names nodes."""
+    return describe(node["rank"], {node["rank"]: {"hostname": node.get("host", "")}}, node.get("ip", ""))
+
+
+def gpu_problems(gpu: dict) -> tuple[list[str], list[str]]:
+    """(failures, warnings) for one GPU's NVML readings; a reading of None is one this GPU or driver does not give."""
+    what = f"GPU {gpu['index']}" + (f" ({gpu['name']})" if gpu.get("name") else "")
+    if gpu.get("error"):  # e.g. fallen off the bus: NVML lists it but cannot read it
+        return [f"{what}: NVML cannot read it ({gpu['error']})"], []
+    fails, warns = [], []
+    if gpu.get("ecc_uncorrected"):
+        fails.append(f"{what}: {gpu['ecc_uncorrected']} uncorrected ECC error(s) since the driver loaded")
+    if gpu.get("retired_pages_pending"):
+        fails.append(f"{what}: a page retirement is pending (it takes effect after a GPU reset)")
+    if gpu.get("remap_pending"):
+        fails.append(f"{what}: a row remapping is pending (it takes effect after a GPU reset)")
+    if gpu.get("remap_failed"):
+        fails.append(f"{what}: a row remapping failed (the GPU needs service)")
+    reasons = gpu.get("clock_reasons") or 0
+    slow = [text for bit, text in SLOWDOWNS.items() if reasons & bit]
+    if slow:
+        warns.append(f"{what}: clocks held down ({', '.join(slow)})")
+    width, max_width = gpu.get("pcie_width"), gpu.get("pcie_max_width")
+    if width and max_width and width < max_width:
+        warns.append(f"{what}: PCIe link x{width}, below its x{max_width}")
+    gen, max_gen = gpu.get("pcie_gen"), gpu.get("pcie_max_gen")
+    # an idle GPU lowers its link generation to save power: only a busy one's is worth a word
+    if gen and max_gen and gen < max_gen and not reasons & GPU_IDLE:
+        warns.append(f"{what}: PCIe gen {gen}, below its gen {max_gen}")
+    return fails, warns
+
+
+def judge(nodes: list[dict], min_ratio: float) -> dict:
+    """The verdict on the per-node figures: {ok, median_mb_s, failed: [{rank, host, ip, reasons}], warnings, message}.
+
+    A node's figures: rank, host, ip, mb_s (None for the head, which is every pair's other end), error (its pair or
+    its probe failed), gpus (NVML readings)."""
+    med = median([n["mb_s"] for n in nodes if n.get("mb_s") is not None and not n.get("error")])
+    failed, warnings = [], []
+    for n in sorted(nodes, key=lambda n: n["rank"]):
+        reasons = []
+        if n.get("error"):
+            reasons.append(n["error"])
+        elif n.get("mb_s") is not None and med and n["mb_s"] < min_ratio * med:
+            reasons.append(f"{n['mb_s']:.1f} MB/s, below {min_ratio:g} x the median {med:.1f} MB/s")
+        for gpu in n.get("gpus") or []:
+            fails, warns = gpu_problems(gpu)
+            reasons += fails
+            warnings += [f"{name(n)}: {w}" for w in warns]
+        if reasons:
+            failed.append({"rank": n["rank"], "host": n.get("host", ""), "ip": n.get("ip", ""), "reasons": reasons})
+    message = "; ".join(f"{name(f)}: {', '.join(f['reasons'])}" for f in failed)
+    return {"ok": not failed, "median_mb_s": med, "min_ratio": min_ratio, "failed": failed, "warnings": warnings,
+            "message": message}
+
+
+def node_line(n: dict) -> str:
+    """One line per node: rank, host, IP, MB/s, ms (and its GPUs)."""
+    if n.get("error"):
+        net = f"FAILED: {n['error']}"
+    elif n["rank"] == 0:
+        net = "head (the other end of every pair)"
+    elif n.get("mb_s") is None:
+        net = "not measured (the check stopped at another node)"
+    else:
+        net = (f"{n['mb_s']:.1f} MB/s (from the head {n['to_mb_s']:.1f}, to it {n['from_mb_s']:.1f}), "
+               f"round trip {n['rtt_ms']:.2f} ms")
+    gpus = n.get("gpus") or []
+    return f"{name(n)}: {net}; GPUs: {len(gpus) if gpus else 'none'}"
+
+
+def failure_message(report_path: str, code: int) -> str:
+    """The head's one-line error for a check that exited `code` (not 0), from the report when there is one."""
+    try:
+        with open(report_path) as f:
+            report = json.load(f)
+    except (OSError, ValueError):
+        report = {}
+    skip = "rerun with --no-fabric-check to skip it"
+    if code == FAILED and report.get("message"):
+        return f"fabric check failed: {report['message']}; report {report_path}; {skip}"
+    return f"fabric check could not run (exit {code}); see its output above; {skip}"
+
+
+# --- one probe per node ---------------------------------------------------------------------------------------
+
+def _short(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:160] if text else ''}"
+
+
+def _transfer_error(e: BaseException, step: str, timeout: float) -> str:
+    text = str(e).lower()
+    if "timed out" in text or "timeout" in text:
+        return f"{step} timed out after {timeout:g}s"
+    return f"{step} failed ({_short(e)})"
+
+
+class Probe:
+    """Runs as a Ray actor on one node: its end of every transfer, and its GPUs' health."""
+
+    def address(self) -> tuple[str, int]:
+        """Rank 0's: where the group's TCP rendezvous listens (this node's IP and a port free here)."""
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ray.util.get_node_ip_address(), s.getsockname()[1]
+
+    def join(self, master: tuple[str, int], rank: int, world: int, backend: str) -> bool:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        self.cuda = backend == "nccl"
+        self.device = torch.device("cuda", 0) if self.cuda else torch.device("cpu")  # Ray shows the actor its GPU
+        if self.cuda:
+            torch.cuda.set_device(self.device)
+        # the group's timeout bounds every Gloo operation too, beside the explicit wait(timeout) below
+        dist.init_process_group(backend, init_method=f"tcp://{format_hostport(*master)}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=JOIN_TIMEOUT))
+        self.small = torch.zeros(1, device=self.device)
+        return True
+
+    def _wait(self, work, timeout: float = TRANSFER_TIMEOUT) -> None:
+        work.wait(timedelta(seconds=timeout))
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+
+    def _send(self, tensor, peer: int, timeout: float = TRANSFER_TIMEOUT) -> None:
+        import torch.distributed as dist
+
+        self._wait(dist.isend(tensor, peer), timeout)
+
+    def _recv(self, tensor, peer: int, timeout: float = TRANSFER_TIMEOUT) -> None:
+        import torch.distributed as dist
+
+        self._wait(dist.irecv(tensor, peer), timeout)
+
+    def _timed_receive(self, payload, peer: int) -> float:
+        """Best MB/s of up to PAIR_REPEATS transfers from `peer`. The receiver asks for each one (small message: 1
+        send another, 0 done), so the clock starts before any byte left: nothing waits in socket buffers unmeasured."""
+        best = 0.0
+        for i in range(PAIR_REPEATS):
+            self.small.fill_(1)
+            self._send(self.small, peer)
+            t0 = time.perf_counter()
+            self._recv(payload, peer)
+            took = time.perf_counter() - t0
+            best = max(best, payload.numel() * payload.element_size() / 1e6 / took)
+            if took > REPEAT_WITHIN:
+                break
+        self.small.fill_(0)
+        self._send(self.small, peer)
+        return best
+
+    def _serve(self, payload, peer: int) -> None:
+        """The sending side of _timed_receive."""
+        while True:
+            self._recv(self.small, peer)
+            if not self.small.item():
+                return
+            self._send(payload, peer)
+
+    def pair(self, peer: int, nbytes: int, lead: bool) -> dict:
+        """This node's side of a pair with `peer`; `lead` on rank 0, which sends first. Returns the MB/s this side
+        received (and rtt_ms on rank 0), or the error, said from the other node's side: each pair is about it."""
+        import torch
+
+        payload = torch.ones(nbytes // 4, dtype=torch.float32, device=self.device)
+        step, timeout = "the round trip with rank 0", WARMUP_TIMEOUT
+        try:
+            rtts = []
+            for i in range(PINGS + 1):  # the first one warms up (NCCL connects a pair on its first transfer)
+                t0 = time.perf_counter()
+                if lead:
+                    self._send(self.small, peer, timeout)
+                    self._recv(self.small, peer, timeout)
+                else:
+                    self._recv(self.small, peer, timeout)
+                    self._send(self.small, peer, timeout)
+                if i:
+                    rtts.append(time.perf_counter() - t0)
+                timeout = TRANSFER_TIMEOUT
+            step = "the transfer from rank 0"
+            if lead:
+                self._serve(payload, peer)
+                step = "the transfer to rank 0"
+                return {"rtt_ms": median(rtts) * 1e3, "mb_s": self._timed_receive(payload, peer)}
+            mb_s = self._timed_receive(payload, peer)
+            step = "the transfer to rank 0"
+            self._serve(payload, peer)
+            return {"mb_s": mb_s}
+        except Exception as e:  # a broken or slow link is what is measured here, not a bug
+            return {"error": _transfer_error(e, step, timeout)}
+
+    def allreduce(self, nbytes: int, iters: int) -> dict:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.ones(nbytes // 4, dtype=torch.float32, device=self.device)
+        try:
+            self._wait(dist.all_reduce(t, async_op=True), WARMUP_TIMEOUT)  # warm-up: NCCL builds its rings here
+            times = []
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                self._wait(dist.all_reduce(t, async_op=True))
+                times.append(time.perf_counter() - t0)
+            return {"seconds": median(times)}
+        except Exception as e:
+            return {"error": _short(e)}
+
+    def gpu_health(self) -> dict:
+        gpus, probe = read_gpus()
+        return {"gpus": gpus, "gpu_probe": probe}
+
+
+def read_gpus() -> tuple[list[dict], str]:
+    """This node's GPUs' health readings from NVML, and which library answered or why none did (CPU nodes: none)."""
+    try:
+        import pynvml
+    except ImportError:
+        return [], "pynvml not installed"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:  # no NVIDIA driver: a CPU node
+        return [], f"NVML unavailable ({e})"
+    try:
+        return [_read_gpu(pynvml, i) for i in range(pynvml.nvmlDeviceGetCount())], "NVML"
+    except pynvml.NVMLError as e:
+        return [], f"NVML error ({e})"
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _read_gpu(nv, index: int) -> dict:
+    try:
+        handle = nv.nvmlDeviceGetHandleByIndex(index)
+    except nv.NVMLError as e:  # a GPU fallen off the bus is counted but cannot be opened
+        return {"index": index, "error": str(e)}
+
+    def ask(fn_name: str, *args):
+        """None where this GPU or driver does not support the query (ECC off, no row remapper, old driver)."""
+        fn = getattr(nv, fn_name, None)
+        if fn is None:
+            return None
+        try:
+            return fn(handle, *args)
+        except nv.NVMLError:
+            return None
+
+    remapped = ask("nvmlDeviceGetRemappedRows")  # (corrected, uncorrected, pending, failure): Ampere and newer
+    reasons = ask("nvmlDeviceGetCurrentClocksEventReasons")
+    if reasons is None:  # the older name of the same query
+        reasons = ask("nvmlDeviceGetCurrentClocksThrottleReasons")
+    pending = ask("nvmlDeviceGetRetiredPagesPendingStatus")
+    gpu_name = ask("nvmlDeviceGetName")
+    return {
+        "index": index,
+        "name": _text(gpu_name) if gpu_name is not None else "",
+        "ecc_uncorrected": ask("nvmlDeviceGetTotalEccErrors", nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC),
+        "retired_pages_pending": None if pending is None else pending == nv.NVML_FEATURE_ENABLED,
+        "remap_pending": None if remapped is None else bool(remapped[2]),
+        "remap_failed": None if remapped is None else bool(remapped[3]),
+        "clock_reasons": reasons,
+        "pcie_width": ask("nvmlDeviceGetCurrPcieLinkWidth"),
+        "pcie_max_width": ask("nvmlDeviceGetMaxPcieLinkWidth"),
+        "pcie_gen": ask("nvmlDeviceGetCurrPcieLinkGeneration"),
+        "pcie_max_gen": ask("nvmlDeviceGetMaxPcieLinkGeneration"),
+    }
+
+
+# --- the driver -----------------------------------------------------------------------------------------------
+
+def cluster_nodes() -> list[dict]:
+    """The alive rlrig nodes, by rank, with the Ray node each one is."""
+    import ray
+
+    out = []
+    for n in ray.nodes():
+        labels = n.get("Labels") or {}
+        if n["Alive"] and RANK_LABEL in labels:
+            out.append({"rank": int(labels[RANK_LABEL]), "host": labels.get(HOST_LABEL, ""), "ip": n["NodeManagerAddress"],
+                        "node_id": n["NodeID"], "gpu": n.get("Resources", {}).get("GPU", 0)})
+    return sorted(out, key=lambda n: n["rank"])
+
+
+def _results(refs: list, timeout: float) -> list[dict | None]:
+    """Each ref's value, an {"error"} for one that raised, None for one not done within `timeout`."""
+    import ray
+
+    ray.wait(refs, num_returns=len(refs), timeout=max(0.0, timeout))
+    out = []
+    for ref in refs:
+        ready, _ = ray.wait([ref], timeout=0)
+        if not ready:
+            out.append(None)
+            continue
+        try:
+            out.append(ray.get(ref))
+        except Exception as e:  # the actor died or raised: that node's failure, named by the caller
+            out.append({"error": _short(getattr(e, "cause", None) or e)})
+    return out
+
+
+def start_probes(nodes: list[dict], backend: str) -> list:
+    """One probe per node, all in one process group; a node whose probe did not join gets its error."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    remote = ray.remote(Probe)
+    probes = [remote.options(num_cpus=0, num_gpus=1 if backend == "nccl" else 0,
+                             scheduling_strategy=NodeAffinitySchedulingStrategy(n["node_id"], soft=False)).remote()
+              for n in nodes]
+    deadline = time.monotonic() + JOIN_TIMEOUT
+    master = _results([probes[0].address.remote()], JOIN_TIMEOUT)[0]
+    if not isinstance(master, (tuple, list)):
+        nodes[0]["error"] = "its probe did not start" + (f" ({master['error']})" if master else f" within {JOIN_TIMEOUT:g}s")
+        return probes
+    # the group's own timeout is JOIN_TIMEOUT from the moment each rank calls in: a little more here to hear it say so
+    joined = _results([p.join.remote(tuple(master), i, len(nodes), backend) for i, p in enumerate(probes)],
+                      deadline - time.monotonic() + TRANSFER_TIMEOUT)
+    for n, r in zip(nodes, joined):
+        if r is not True:
+            n["error"] = f"did not join the check's {backend} group" + (f" ({r['error']})" if r else "")
+    return probes
+
+
+def measure_pairs(nodes: list[dict], probes: list, deadline: float) -> None:
+    """Rank 0 with each other rank in turn; figures or an error into each node's dict."""
+    pair_limit = WARMUP_TIMEOUT + 2 * TRANSFER_TIMEOUT  # its own timeouts end a pair sooner: this is for a hung probe
+    for k in range(1, len(nodes)):
+        n = nodes[k]
+        left = deadline - time.monotonic()
+        if left <= 0:
+            n["error"] = f"not measured: the check's {BUDGET:g}s ran out on slower pairs before it"
+            continue
+        head, peer = _results([probes[0].pair.remote(k, PAIR_BYTES, True), probes[k].pair.remote(0, PAIR_BYTES, False)],
+                              min(pair_limit, left))
+        errors = [r["error"] for r in (peer, head) if r and r.get("error")]
+        if errors:  # the node's own side first: it says which direction broke
+            n["error"] = errors[0]
+        elif head is None or peer is None:
+            n["error"] = f"no answer from its pair with rank 0 within {min(pair_limit, left):.0f}s"
+        else:
+            n.update(rtt_ms=head["rtt_ms"], to_mb_s=peer["mb_s"], from_mb_s=head["mb_s"], mb_s=min(peer["mb_s"], head["mb_s"]))
+        if head is None:  # rank 0's probe is stuck in a transfer: no other pair can run
+            for m in nodes[k + 1:]:
+                m["error"] = "not measured: the head's probe hung on an earlier pair"
+            return
+
+
+def measure_allreduce(probes: list, deadline: float) -> dict:
+    out = {"bytes": ALLREDUCE_BYTES, "iterations": ALLREDUCE_ITERS}
+    if deadline - time.monotonic() < TRANSFER_TIMEOUT / 2:  # it names no node: not worth failing on a spent budget
+        return {**out, "skipped": f"the check's {BUDGET:g}s were spent"}
+    results = _results([p.allreduce.remote(ALLREDUCE_BYTES, ALLREDUCE_ITERS) for p in probes],
+                       min(WARMUP_TIMEOUT + TRANSFER_TIMEOUT, deadline - time.monotonic()))
+    errors = [f"rank {i}: {r['error'] if r else 'no answer'}" for i, r in enumerate(results) if not r or r.get("error")]
+    if errors:
+        return {**out, "error": "; ".join(errors)}
+    seconds = max(r["seconds"] for r in results)  # the collective ends when its slowest rank does
+    n = len(probes)
+    algbw = ALLREDUCE_BYTES / 1e6 / seconds
+    # bus bandwidth as nccl-tests defines it: what each link carried, comparable across node counts
+    return {**out, "seconds": seconds, "algbw_mb_s": algbw, "busbw_mb_s": algbw * 2 * (n - 1) / n}
+
+
+def collect_gpus(nodes: list[dict], probes: list) -> None:
+    for n, r in zip(nodes, _results([p.gpu_health.remote() for p in probes], TRANSFER_TIMEOUT)):
+        if r and "gpus" in r:
+            n.update(gpus=r["gpus"], gpu_probe=r["gpu_probe"])
+        else:
+            n.update(gpus=[], gpu_probe=f"no answer ({r['error']})" if r else "no answer")
+
+
+def release(probes: list, wait: float = 10.0) -> None:
+    """End the probes now, and wait until Ray counts their GPUs free again: the command's first placement group
+    must not queue behind a probe that is still going away."""
+    import ray
+
+    for p in probes:
+        ray.kill(p, no_restart=True)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and ray.available_resources().get("GPU", 0) < ray.cluster_resources().get("GPU", 0):
+        time.sleep(0.2)
+
+
+def check(nodes: list[dict], min_ratio: float, t0: float) -> dict:
+    """Start the probes, measure, judge: the report (without its end: see run)."""
+    backend = "nccl" if all(n["gpu"] >= 1 for n in nodes) else "gloo"
+    phases = {}  # seconds each part took: where the check's time goes, in the report
+
+    def lap(phase: str) -> None:
+        phases[phase] = time.monotonic() - t0 - sum(phases.values())
+
+    lap("connect")
+    probes = start_probes(nodes, backend)
+    lap("start")  # mostly each probe's `import torch`
+    allreduce: dict = {"skipped": "the group did not form"}
+    try:
+        if not any(n.get("error") for n in nodes):
+            collect_gpus(nodes, probes)
+            lap("gpus")
+            measure_pairs(nodes, probes, t0 + BUDGET)
+            lap("pairs")
+            allreduce = {"skipped": "a node failed the pairwise check"}
+            if judge(nodes, min_ratio)["ok"]:
+                allreduce = measure_allreduce(probes, t0 + BUDGET)
+                lap("allreduce")
+    finally:
+        release(probes)
+    verdict = judge(nodes, min_ratio)
+    if allreduce.get("error"):
+        verdict.update(ok=False, message=f"the all-reduce over every node failed: {allreduce['error']}")
+    return {**verdict, "verdict": "passed" if verdict["ok"] else "failed", "backend": backend, "pair_bytes": PAIR_BYTES,
+            "allreduce": allreduce, "nodes": nodes, "phases_s": phases}
+
+
+def run(min_ratio: float) -> dict:
+    """The whole check against the cluster in RAY_ADDRESS; returns the report."""
+    import logging
+
+    import ray
+
+    t0 = time.monotonic()
+    ray.init(logging_level=logging.ERROR, log_to_driver=False)  # the probes' own output is noise here
+    try:
+        nodes = cluster_nodes()
+        if len(nodes) < 2:
+            return {"ok": True, "verdict": "skipped", "message": "one node: no fabric to check", "nodes": nodes}
+        report = check(nodes, min_ratio, t0)
+    finally:
+        ray.shutdown()
+    for n in report["nodes"]:
+        n.pop("node_id", None)
+    return {**report, "seconds": time.monotonic() - t0}
+
+
+def summary(report: dict) -> str:
+    ar = report.get("allreduce") or {}
+    ar_text = (f"all-reduce {ar['bytes'] >> 20} MiB: {ar['seconds'] * 1e3:.1f} ms (bus {ar['busbw_mb_s']:.0f} MB/s)"
+               if "seconds" in ar else f"all-reduce {ar.get('skipped') or ar.get('error') or 'not run'}")
+    med = report.get("median_mb_s")
+    return (f"{report['verdict']} in {report['seconds']:.1f}s over {len(report['nodes'])} nodes ({report['backend']}): "
+            f"median {med:.1f} MB/s, {ar_text}" if med is not None else
+            f"{report['verdict']} in {report['seconds']:.1f}s over {len(report['nodes'])} nodes ({report['backend']})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m rlrig.entrypoint.fabric", description=__doc__.splitlines()[0])
+    p.add_argument("--report", required=True, help="where to write the JSON report")
+    p.add_argument("--min-ratio", type=float, default=0.5, help="a node below this x the median bandwidth fails")
+    args = p.parse_args(argv)
+    report = run(args.min_ratio)
+    if report.get("verdict") == "skipped":
+        say(f"fabric: {report['message']}")
+        return 0
+    for n in report["nodes"]:
+        say(f"fabric: {node_line(n)}")
+    for w in report["warnings"]:
+        say(f"fabric: warning: {w}")
+    os.makedirs(os.path.dirname(os.path.abspath(args.report)), exist_ok=True)
+    with open(args.report, "w") as f:
+        json.dump(report, f, indent=2)
+    say(f"fabric: {summary(report)}; report {args.report}")  # on failure the head says why, in one line
+    return 0 if report["ok"] else FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
