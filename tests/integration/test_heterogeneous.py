@@ -5,6 +5,7 @@ met refused in one line, before or while placing, never waited on."""
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -81,8 +82,6 @@ def test_a_placement_held_elsewhere_fails_at_the_bound(tmp_path):
         "pg = placement_group([{'h100': 1}])\n"
         "ray.get(pg.ready())\n"
         "sys.exit(subprocess.run([sys.executable, '-m', 'rlrig.trainer.main', *sys.argv[1:]]).returncode)\n")
-    import subprocess
-
     r = subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", "run", "--", sys.executable, str(hold), *GRPO,
                         "actor_rollout_ref.placement.resource=h100", "trainer.placement_timeout_s=5", "trainer.n_gpus_per_node=1",
                         "trainer.total_training_steps=1", f"trainer.default_local_dir={tmp_path / 'run'}"],
@@ -93,17 +92,20 @@ def test_a_placement_held_elsewhere_fails_at_the_bound(tmp_path):
 
 def test_critic_in_its_own_pool_trains_as_colocated_and_resumes(tmp_path):
     """PPO with GAE: three steps with the critic in the training workers equal two steps with the critic in its own
-    pool, a checkpoint, and a resumed third step (the critic's weights and Adam state travel in the checkpoint)."""
-    import subprocess
-
+    pool, a checkpoint, and a resumed third step (the critic's weights and Adam state travel in the checkpoint).
+    The trainer starts its own local Ray with 4 CPUs for the 2 training and 2 critic workers (this machine has 2
+    cores, which is all `rlrig train` would offer); with its own HOME, since a local Ray leaves a token file in
+    ~/.ray that later clients (rlrig submit) would pick up."""
     base = ["ray_kwargs.ray_init.num_cpus=4", "algorithm.adv_estimator=gae", "data.train_batch_size=8",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.n_gpus_per_node=2", "trainer.val_before_train=False",
-            "trainer.save_freq=2"]
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "trainer.n_gpus_per_node=2", "trainer.val_before_train=False", "trainer.save_freq=2"]
     own = ["critic.enable_resource_pool=True", "critic.nnodes=1", "critic.n_gpus_per_node=2"]
 
     def train(run, *extra):
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        env.update(HOME=str(tmp_path / "home"), RLRIG_CACHE=os.environ.get("RLRIG_CACHE", str(Path.home() / ".cache" / "rlrig")))
         r = subprocess.run([sys.executable, "-m", "rlrig.trainer.main", *base, *extra, f"trainer.default_local_dir={run}"],
-                           capture_output=True, text=True, timeout=600, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+                           capture_output=True, text=True, timeout=600, env=env)
         assert r.returncode == 0, r.stderr[-3000:]
         return r.stderr
 
