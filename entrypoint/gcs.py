@@ -98,15 +98,15 @@ class GcsStore:
 
     def nodes(self, timeout: float = 2.0) -> dict[int, dict]:
         with _answering(self.address):
-            infos = self.client.get_all_node_info(timeout=timeout).values()
+            infos = self.client.get_all_node_info(timeout=timeout).items()
         out: dict[int, dict] = {}
-        for info in infos:
+        for node_id, info in infos:
             rank = info.labels.get(RANK_LABEL)
             if rank is None:
                 continue
             alive = info.state == ALIVE
             # A restarted node may leave a dead record behind: an alive one wins.
             if alive or int(rank) not in out:
-                out[int(rank)] = {"alive": alive, "ip": info.node_manager_address, "host": info.labels.get(HOST_LABEL, ""),
+                out[int(rank)] = {"alive": alive, "id": node_id.hex(), "ip": info.node_manager_address, "host": info.labels.get(HOST_LABEL, ""),
                                   "resources": dict(info.resources_total)}
         return out

@@ -11,6 +11,7 @@ What is said to whom through the head's store is coordination.py; this module ow
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -25,6 +26,9 @@ from .plan import Plan
 from .processes import Stop, become_subreaper, install_stop_handlers, pass_on, sweep_descendants, terminate_group
 
 POLL = 0.2
+FABRIC_REPORT_ENV = "RLRIG_FABRIC_REPORT"  # the command learns where the fabric check's report is (the trainer copies it)
+RESTARTS_ENV = "RLRIG_RESTARTS"  # how many times the command was restarted in place (the trainer logs it)
+SETTLE = 15.0  # Ray declares a killed node dead within ~7 s (raystart's health-check settings); a margin on top
 FABRIC_TIMEOUT = 60.0  # the fabric check's own budget is 50 s; past this it is killed and the job stops
 
 
@@ -41,9 +45,12 @@ def _head_ray_alive(proc: subprocess.Popen) -> Callable[[], None]:
 
 
 def run_command(cmd: list[str], env: Mapping[str, str], store: coordination.Store, ray_proc: subprocess.Popen,
-                grace: float = 0.0) -> int:
+                grace: float = 0.0, settle: float = 0.0) -> int:
     """Run CMD; stop it if a node dies. Returns CMD's exit code. A stop signal is passed on to CMD, which gets
-    `grace` seconds to finish with the cluster still up."""
+    `grace` seconds to finish with the cluster still up. `settle` > 0 (restarts left): a failed CMD is first
+    checked for a node lost up to `settle` seconds after it, since the command may see a peer die (a collective
+    breaks) before Ray declares that node dead."""
+    before = coordination.members(store)
     child = subprocess.Popen(cmd, env=dict(env), start_new_session=True)
     try:
         next_check = time.monotonic() + 1.0
@@ -52,11 +59,12 @@ def run_command(cmd: list[str], env: Mapping[str, str], store: coordination.Stor
             if time.monotonic() < next_check:
                 continue
             next_check = time.monotonic() + 1.0
-            if ray_proc.poll() is not None:
-                raise NodeLost("the head's Ray processes died while the command ran; see the Ray logs in the temp dir")
-            lost = coordination.lost_nodes(store)
-            if lost:
-                raise NodeLost(f"lost node {', '.join(lost)} while the command ran; stopped the command")
+            _check_members(store, ray_proc, before)
+        if child.returncode != 0 and settle > 0:
+            end = time.monotonic() + settle
+            while time.monotonic() < end:
+                _check_members(store, ray_proc, before)
+                time.sleep(POLL)
         return child.returncode
     except Stop as s:
         if grace > 0:
@@ -67,8 +75,16 @@ def run_command(cmd: list[str], env: Mapping[str, str], store: coordination.Stor
         terminate_group(child)
 
 
+def _check_members(store: coordination.Store, ray_proc: subprocess.Popen, before: dict[int, str]) -> None:
+    if ray_proc.poll() is not None:
+        raise NodeLost("the head's Ray processes died while the command ran; see the Ray logs in the temp dir")
+    lost = coordination.lost_since(store, before)
+    if lost:
+        raise NodeLost(f"lost node {', '.join(lost)} while the command ran; stopped the command")
+
+
 def check_fabric(plan: Plan, env: Mapping[str, str], alive: Callable[[], None], timeout: float = FABRIC_TIMEOUT,
-                 command: list[str] | None = None) -> None:
+                 command: list[str] | None = None) -> str:
     """Measure the network between the nodes before the command runs (fabric.py); a RigError naming the bad node
     when it fails. A subprocess and a Ray driver in the command's environment: it reaches the cluster as the command
     will, and a hung collective in it can be killed without harming this process."""
@@ -91,12 +107,21 @@ def check_fabric(plan: Plan, env: Mapping[str, str], alive: Callable[[], None], 
     if child.returncode != 0:
         raise RigError(fabric.failure_message(report, child.returncode))
     say(f"fabric check passed ({time.monotonic() - started:.1f}s in all)")
+    return report
 
 
 def start_ray(plan: Plan, command: list[str], env: dict[str, str], cluster: dict[str, str]) -> subprocess.Popen:
     metricsbind.write_shim(raystart.hook_dir(plan.temp_dir))
     say(f"before Ray starts: {prestart.one_line(prestart.select(env, cluster))}")
-    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=_ignore_the_warning_signal)
+
+
+def _ignore_the_warning_signal() -> None:
+    """SIGUSR1 is a preemption warning for rlrig and the trainer only. Slurm (`--signal`, srun's forwarding)
+    delivers it to every process of a step, and Ray's daemons and workers would die of it (its default action);
+    an ignored signal stays ignored through exec, so Ray's whole tree started from here lets it pass."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
 def run_head(plan: Plan) -> int:
@@ -123,12 +148,22 @@ def run_head(plan: Plan) -> int:
             return code
         formed = time.monotonic() - t0
         command_env = {**plan.ray_env, "RAY_ADDRESS": address}
-        if plan.fabric_check and spec.nnodes > 1:
-            check_fabric(plan, command_env, alive)
-        say(f"{len(nodes)} node(s) alive after {formed:.1f}s; running: {' '.join(plan.command)}")
-        code = run_command(plan.command, command_env, store, ray_proc, plan.grace_period)
-        say(f"command exited with code {code}")
-        return code
+        restarts = 0
+        while True:
+            if plan.fabric_check and spec.nnodes > 1:
+                command_env[FABRIC_REPORT_ENV] = check_fabric(plan, command_env, alive)
+            say(f"{len(nodes)} node(s) alive after {formed:.1f}s; running: {' '.join(plan.command)}")
+            try:
+                code = run_command(plan.command, {**command_env, RESTARTS_ENV: str(restarts)}, store, ray_proc,
+                                   plan.grace_period, SETTLE if restarts < plan.max_restarts else 0.0)
+            except NodeLost as lost:
+                if restarts >= plan.max_restarts or ray_proc.poll() is not None:  # without the head's Ray, no rejoin
+                    raise
+                restarts += 1
+                nodes, formed = rejoin(plan, store, alive, lost, restarts)
+                continue
+            say(f"command exited with code {code}")
+            return code
     except Stop as s:
         code = s.code
         raise
@@ -142,10 +177,40 @@ def run_head(plan: Plan) -> int:
         sweep_descendants()
 
 
+def rejoin(plan: Plan, store: coordination.Store, alive: Callable[[], None], lost: NodeLost,
+           restarts: int) -> tuple[dict[int, dict], float]:
+    """Restart in place: the command is stopped, the head's Ray stays up; wait for the lost ranks to come back
+    (their launcher starts them again) and re-check them. Returns the nodes and how long the wait took."""
+    say(f"restart {restarts}/{plan.max_restarts}: {lost}; waiting up to {plan.rejoin_timeout:g}s for every rank to "
+        "rejoin (--rejoin-timeout), then running the command again")
+    t0 = time.monotonic()
+    nodes = coordination.wait_for_nodes(store, plan.spec.nnodes, t0 + plan.rejoin_timeout, alive,
+                                        hint="raise --rejoin-timeout or check that the launcher restarts lost nodes",
+                                        error=NodeLost)
+    coordination.check_versions(store)
+    say(f"restart {restarts}/{plan.max_restarts}: all {len(nodes)} node(s) back after {time.monotonic() - t0:.1f}s")
+    return nodes, time.monotonic() - t0
+
+
 def run_worker(plan: Plan) -> int:
+    """Join the head and wait for its exit code. With --max-restarts, a worker that loses its head (or its own Ray)
+    joins again, within --rejoin-timeout, the head its launcher starts again, up to that many times."""
+    deadline = time.monotonic() + plan.wait_timeout
+    for attempt in range(plan.max_restarts + 1):
+        try:
+            return serve_as_worker(plan, deadline)
+        except NodeLost as lost:
+            if attempt == plan.max_restarts:
+                raise
+            say(f"restart {attempt + 1}/{plan.max_restarts}: {lost}; joining the head again within "
+                f"{plan.rejoin_timeout:g}s (--rejoin-timeout)")
+            deadline = time.monotonic() + plan.rejoin_timeout
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def serve_as_worker(plan: Plan, deadline: float) -> int:
     spec, pf, address = plan.spec, plan.preflight, plan.gcs_address
     say(f"worker rank {spec.node_rank}/{spec.nnodes} at {spec.node_ip} joining {address} ({spec.launcher})")
-    deadline = time.monotonic() + plan.wait_timeout
     store = coordination.connect(lambda: GcsStore.open(address), deadline, f"worker {spec.node_rank}", address)
     cluster = coordination.wait_for_env(store, deadline, address)
     coordination.announce(store, spec.node_rank, coordination.node_facts(spec.node_rank, spec.node_ip, pf.num_gpus))

@@ -25,6 +25,8 @@ class Plan:
     wait_timeout: float = 300.0  # head: for all nodes to join; worker: for the head to come up
     head_loss_timeout: float = 30.0  # worker: GCS unreachable this long = head lost
     grace_period: float = 120.0  # on a stop signal: how long the command (head) and Ray (workers) may take to finish
+    max_restarts: int = 0  # head: run the command again this many times after a node's loss; workers: rejoin
+    rejoin_timeout: float = 300.0  # how long a restart waits for the lost ranks (head) or a new head (worker)
     fabric_check: bool = False  # head of a multi-node run/train: measure the network before the command (fabric.py)
     fabric_min_ratio: float = 0.5  # a node below this x the median bandwidth fails the fabric check
     standing: bool = False  # `rlrig up`: serve submitted jobs until told to stop

@@ -246,6 +246,7 @@ def train(cfg) -> int:
     out = Path(t.default_local_dir)
     out.mkdir(parents=True, exist_ok=True)
     checkpoint.clean_partial(str(out))
+    preemption.keep_fabric_report(out)
     kl_ctrl = core_algos.kl_controller(cfg.algorithm.kl_ctrl)
     say(f"model {model_path}; {len(train_rows)} prompts; {total} steps; {t.nnodes}x{t.n_gpus_per_node} workers; rollout {cfg.actor_rollout_ref.rollout.name}")
     workers, side = make_workers(cfg, model_path, rm_path)
@@ -273,7 +274,8 @@ def train(cfg) -> int:
                 + [c.load.remote(state) for c in critics])
         step, sampler.epoch, sampler.pos, kl_ctrl.value = ts["global_step"], ts["epoch"], ts["pos"], ts["kl_coef"]
         dropped = preemption.truncate_metrics(out / "metrics.jsonl", step)
-        say(f"resumed from {resume} at step {step}" + (f" (dropped {dropped} logged steps after it)" if dropped else ""))
+        say(f"resumed from {resume} at step {step}" + (f" (dropped {dropped} logged steps after it)" if dropped else "")
+            + (f"; restart {preemption.restarts()} in place" if preemption.restarts() else ""))
     elif (out / "metrics.jsonl").exists():
         (out / "metrics.jsonl").unlink()  # a fresh run starts a fresh log
     log = MetricsLog(cfg, out / "metrics.jsonl")
@@ -305,7 +307,7 @@ def train(cfg) -> int:
             saved_at = step
             m["timing_s/save_checkpoint"] = time.perf_counter() - ts0
         dt = time.perf_counter() - t0
-        m.update({"training/global_step": step, "training/epoch": sampler.epoch, "timing_s/step": dt,
+        m.update({"training/global_step": step, "training/epoch": sampler.epoch, "training/restarts": preemption.restarts(), "timing_s/step": dt,
                   "perf/time_per_step": dt, "perf/throughput": m["perf/total_num_tokens"] / (dt * len(workers)),
                   "perf/cpu_memory_used_gb": _rss_gb()})
         log.log(step, m)

@@ -43,6 +43,7 @@ class MemoryStore:
     def __init__(self):
         self.kv: dict[str, str] = {}
         self.table: dict[int, dict] = {}
+        self.joins = 0
         self.down = False
         self.lock = threading.Lock()
 
@@ -74,7 +75,10 @@ class MemoryStore:
     # what a raylet joining or dying does to Ray's node table
     def join(self, rank: int, ip: str, host: str = "", resources: dict | None = None) -> None:
         with self.lock:
-            self.table[rank] = {"alive": True, "ip": ip, "host": host, "resources": dict(resources or {})}
+            # a rank that joins again is a new Ray node: a new id, as Ray gives a restarted raylet
+            self.joins += 1
+            self.table[rank] = {"alive": True, "id": f"node{self.joins}", "ip": ip, "host": host,
+                                "resources": dict(resources or {})}
 
     def die(self, rank: int) -> None:
         with self.lock:

@@ -44,7 +44,7 @@ def test_head_and_workers_form_a_cluster_and_agree_on_the_exit_code():
     store.join(0, "10.0.0.1")
     nodes = co.wait_for_nodes(store, nnodes, soon(), poll=0.01)
     co.check_versions(store)
-    assert sorted(nodes) == [0, 1, 2] and co.lost_nodes(store) == []
+    assert sorted(nodes) == [0, 1, 2] and co.lost_since(store, co.members(store)) == []
     t0 = time.monotonic()
     co.publish_exit(store, 7, wait=5, poll=0.01)
     assert time.monotonic() - t0 < 4, "the head waited its whole grace period although every worker acknowledged"
@@ -104,12 +104,20 @@ def test_no_head_facts_no_mismatch():
     assert co.version_mismatches({1: facts(1, ray="1.0")}) == []
 
 
-def test_lost_node_is_named():
+@pytest.mark.parametrize("then, lost", [
+    (lambda s: None, []),
+    (lambda s: s.die(1), ["rank 1 (10.0.0.2)"]),
+    # restarted by its launcher before Ray declared the old one dead: the same rank, alive, on a new Ray node
+    (lambda s: s.join(1, "10.0.0.2"), ["rank 1 (10.0.0.2)"]),
+    (lambda s: s.table.pop(1), ["rank 1 (?)"]),
+])
+def test_a_rank_no_longer_served_by_the_same_node_is_lost(then, lost):
     store = MemoryStore()
     store.join(0, "10.0.0.1")
     store.join(1, "10.0.0.2")
-    store.die(1)
-    assert co.lost_nodes(store) == ["rank 1 (10.0.0.2)"]
+    before = co.members(store)
+    then(store)
+    assert co.lost_since(store, before) == lost
 
 
 def test_worker_declares_the_head_lost_after_its_timeout():
@@ -236,7 +244,7 @@ class FakeClient:
                 self.state, self.node_manager_address = state, ip
                 self.resources_total = {"CPU": 8.0, f"node:{ip}": 1.0}
 
-        return {i: info for i, info in enumerate([Info(0, 0, "10.0.0.1"), Info(1, 0, "10.0.0.2"), Info(1, 1, "10.0.0.9"),
+        return {bytes([i]): info for i, info in enumerate([Info(0, 0, "10.0.0.1"), Info(1, 0, "10.0.0.2"), Info(1, 1, "10.0.0.9"),
                                                   Info(2, 1, "10.0.0.3"), Info(None, 0, "10.0.0.8")])}
 
 
@@ -250,6 +258,7 @@ def test_gcs_store_round_trip_and_node_table():
     assert {r: (n["alive"], n["ip"]) for r, n in store.nodes().items()} == {0: (True, "10.0.0.1"), 1: (True, "10.0.0.2"),
                                                                         2: (False, "10.0.0.3")}
     # what the head's log shows per node once the cluster formed (resources.node_lines)
+    assert store.nodes()[1]["id"] == "01"  # Ray's node id: a rank restarted on a new node gets a new one
     assert store.nodes()[1]["host"] == "gpu1" and store.nodes()[1]["resources"] == {"CPU": 8.0, "node:10.0.0.2": 1.0}
 
 

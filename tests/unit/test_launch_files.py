@@ -77,6 +77,15 @@ def test_dstack_has_a_two_node_task_with_the_token_as_secret():
     assert any(c.get("nodes", 1) == 1 for c in confs.values())
 
 
+def test_dstack_multinode_task_comes_back_after_an_interruption_or_a_failure():
+    from dstack._internal.core.models.configurations import parse_run_configuration
+
+    conf = parse_run_configuration(yaml.safe_load((REPO / "dstack/grpo-multinode.dstack.yml").read_text()))
+    assert {e.value for e in conf.retry.on_events} == {"no-capacity", "interruption", "error"}
+    assert conf.retry.duration == 6 * 3600
+    assert any("/checkpoints" in c for c in conf.commands) and conf.volumes  # where the retried run resumes from
+
+
 def test_dstack_parser_rejects_a_broken_file():
     from dstack._internal.core.errors import ConfigurationError
     from dstack._internal.core.models.configurations import parse_run_configuration
@@ -92,10 +101,13 @@ def test_skypilot_yaml_parses_with_skypilots_own_parser(path):
     if not SKY_PY.exists():
         pytest.skip("SkyPilot's parser lives in .venv-sky, made by tests/run.sh")
     code = ("import sys, sky; t = sky.Task.from_yaml(sys.argv[1]); "
-            "print(t.num_nodes, sorted(t.envs), [r.image_id for r in t.resources])")
+            "print(t.num_nodes, sorted(t.envs), [r.image_id for r in t.resources]); "
+            "print('RECOVERY', [r.job_recovery for r in t.resources], sorted(t.storage_mounts))")
     r = subprocess.run([str(SKY_PY), "-c", code, str(path)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith("2 "), r.stdout
+    # a managed job comes back after a preemption or a failure, and finds its checkpoints in a bucket
+    assert "RECOVERY [{'strategy': 'FAILOVER', 'max_restarts_on_errors': 3}] ['/checkpoints']" in r.stdout, r.stdout
     data = yaml.safe_load(path.read_text())
     assert "rlrig train" in data["run"] and not RANK_LOGIC.search(data["run"])
     assert "6380" not in data["run"]  # SkyPilot's own Ray port stays SkyPilot's
