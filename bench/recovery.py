@@ -106,7 +106,10 @@ def fabric(n: int) -> dict[str, float]:
     with run.ns:
         try:
             nodes = [run.start(i, [str(BIN / "rlrig"), "run", "--", "true"], node_env(run.ns, i, n)) for i in range(n)]
-            wait(lambda: nodes[0].saw("fabric check passed"), 600, "the fabric check", run.nodes)
+            try:
+                wait(lambda: nodes[0].saw("fabric check passed"), 600, "the fabric check", run.nodes)
+            except RuntimeError:
+                raise RuntimeError("the fabric check did not pass; the head's output:\n" + "\n".join(nodes[0].lines[-15:]))
             text = "\n".join(nodes[0].lines)
             formed = float(re.search(r"node\(s\) alive after ([\d.]+)s", text).group(1))
             took = float(re.search(r"fabric check passed \(([\d.]+)s in all\)", text).group(1))

@@ -307,8 +307,8 @@ def train(cfg) -> int:
             saved_at = step
             m["timing_s/save_checkpoint"] = time.perf_counter() - ts0
         dt = time.perf_counter() - t0
-        m.update({"training/global_step": step, "training/epoch": sampler.epoch, "training/restarts": preemption.restarts(), "timing_s/step": dt,
-                  "perf/time_per_step": dt, "perf/throughput": m["perf/total_num_tokens"] / (dt * len(workers)),
+        m.update({"training/global_step": step, "training/epoch": sampler.epoch, "training/restarts": preemption.restarts(),
+                  "timing_s/step": dt, "perf/time_per_step": dt, "perf/throughput": m["perf/total_num_tokens"] / (dt * len(workers)),
                   "perf/cpu_memory_used_gb": _rss_gb()})
         log.log(step, m)
         progress(step, total, m, started, first)
