@@ -5,8 +5,8 @@
              running again, against the same cluster's first bring-up (start to command running).
   sigterm    `rlrig train` on one node, SIGTERM mid-run: seconds from the signal to the checkpoint written
              and to the exit, against one step plus one periodic checkpoint of the same run.
-  fabric     N namespace nodes under `rlrig run -- true`: the fabric check's seconds (its own line) against
-             the cluster's bring-up before it, at N = 2, 4, 8.
+  fabric     N namespace nodes under `rlrig run -- true`: the seconds the fabric check adds once every node
+             joined (its probes start as the nodes join), against the cluster's bring-up, at N = 2, 4, 8.
 Needs root (namespaces) and `unshare`. On 2 cores every node shares the same CPUs: the figures are the
 machinery's cost here, not a network's.
 
@@ -112,7 +112,7 @@ def fabric(n: int) -> dict[str, float]:
                 raise RuntimeError("the fabric check did not pass; the head's output:\n" + "\n".join(nodes[0].lines[-15:]))
             text = "\n".join(nodes[0].lines)
             formed = float(re.search(r"node\(s\) alive after ([\d.]+)s", text).group(1))
-            took = float(re.search(r"fabric check passed \(([\d.]+)s in all\)", text).group(1))
+            took = float(re.search(r"fabric check passed \(([\d.]+)s after the nodes formed\)", text).group(1))
             report = json.loads(Path(re.search(r"fabric: .*; report (\S+)", text).group(1)).read_text())
             phases = ", ".join(f"{k} {v:.1f}" for k, v in report["phases_s"].items())
             return {"bring-up s": formed, "fabric check s": took, "ratio fabric/bring-up": took / formed,

@@ -134,6 +134,16 @@ def wait_for_nodes(store: Store, nnodes: int, deadline: float, check_alive: Call
         time.sleep(poll)
 
 
+def wait_for_rank(store: Store, rank: int, deadline: float, check_alive: Callable[[], None] = _nothing,
+                  poll: float = POLL) -> None:
+    """Until `rank`'s Ray node is alive (the head's own: a Ray driver started on the head attaches to it)."""
+    while not store.nodes().get(rank, {}).get("alive"):
+        check_alive()
+        if time.monotonic() > deadline:
+            raise RigError(f"rank {rank}'s Ray node did not register with the GCS in time; see the Ray logs in the temp dir")
+        time.sleep(poll)
+
+
 def _missing_message(store: Store, nodes: dict[int, dict], nnodes: int, hint: str) -> str:
     missing = sorted(set(range(nnodes)) - set(nodes))
     known = facts(store)

@@ -2,9 +2,10 @@
 and read their GPUs' health, so that a bad node is named in one line before training instead of slowing every step
 or hanging a collective hours in.
 
-lifecycle.run_head runs it once every node joined, as `python -m rlrig.entrypoint.fabric --report PATH --min-ratio R`:
-a Ray driver in the command's own environment, so it sees the cluster as the command would. One probe actor per node
-(pinned to it, taking no CPU) joins a torch.distributed group (NCCL where every node has a GPU, else Gloo), then:
+lifecycle.run_head starts it as soon as its own Ray node is up, as `python -m rlrig.entrypoint.fabric --report PATH
+--min-ratio R --nnodes N`: a Ray driver in the command's own environment, so it sees the cluster as the command would.
+One probe actor per node (pinned to it, taking no CPU), started as its node joins, and once all N joined they form a
+torch.distributed group (NCCL where every node has a GPU, else Gloo), then:
   1. pairwise, one pair at a time: each rank k > 0 with rank 0: a small-message round trip (latency), then PAIR_BYTES
      each way, timed by the receiver (a node's bandwidth is its slower direction);
   2. an all-reduce of ALLREDUCE_BYTES over every node, timed: a whole-group figure, which names no node, so it runs
@@ -161,6 +162,10 @@ def _transfer_error(e: BaseException, step: str, timeout: float) -> str:
 
 class Probe:
     """Runs as a Ray actor on one node: its end of every transfer, and its GPUs' health."""
+
+    def __init__(self):
+        # the slow part of a probe's start (seconds of CPU), begun as soon as its node joins: see `run`
+        import torch.distributed  # noqa: F401
 
     def address(self) -> tuple[str, int]:
         """Rank 0's: where the group's TCP rendezvous listens (this node's IP and a port free here)."""
@@ -368,27 +373,28 @@ def _results(refs: list, timeout: float) -> list[dict | None]:
     return out
 
 
-def start_probes(nodes: list[dict], backend: str) -> list:
-    """One probe per node, all in one process group; a node whose probe did not join gets its error."""
+def new_probe(node: dict):
+    """A probe pinned to `node`, holding one of its GPUs if it has any (NCCL, when every node has one)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    remote = ray.remote(Probe)
-    probes = [remote.options(num_cpus=0, num_gpus=1 if backend == "nccl" else 0,
-                             scheduling_strategy=NodeAffinitySchedulingStrategy(n["node_id"], soft=False)).remote()
-              for n in nodes]
+    return ray.remote(Probe).options(num_cpus=0, num_gpus=1 if node["gpu"] >= 1 else 0,
+                                     scheduling_strategy=NodeAffinitySchedulingStrategy(node["node_id"], soft=False)).remote()
+
+
+def start_probes(nodes: list[dict], probes: list, backend: str) -> None:
+    """All probes into one process group; a node whose probe did not join gets its error."""
     deadline = time.monotonic() + JOIN_TIMEOUT
     master = _results([probes[0].address.remote()], JOIN_TIMEOUT)[0]
     if not isinstance(master, (tuple, list)):
         nodes[0]["error"] = "its probe did not start" + (f" ({master['error']})" if master else f" within {JOIN_TIMEOUT:g}s")
-        return probes
+        return
     # the group's own timeout is JOIN_TIMEOUT from the moment each rank calls in: a little more here to hear it say so
     joined = _results([p.join.remote(tuple(master), i, len(nodes), backend) for i, p in enumerate(probes)],
                       deadline - time.monotonic() + TRANSFER_TIMEOUT)
     for n, r in zip(nodes, joined):
         if r is not True:
             n["error"] = f"did not join the check's {backend} group" + (f" ({r['error']})" if r else "")
-    return probes
 
 
 def measure_pairs(nodes: list[dict], probes: list, deadline: float) -> None:
@@ -451,17 +457,16 @@ def release(probes: list, wait: float = 10.0) -> None:
         time.sleep(0.2)
 
 
-def check(nodes: list[dict], min_ratio: float, t0: float) -> dict:
-    """Start the probes, measure, judge: the report (without its end: see run)."""
+def check(nodes: list[dict], probes: list, min_ratio: float, t0: float) -> dict:
+    """Join the probes (one per node, in `nodes`' order), measure, judge: the report (without its end: see run)."""
     backend = "nccl" if all(n["gpu"] >= 1 for n in nodes) else "gloo"
-    phases = {}  # seconds each part took: where the check's time goes, in the report
+    phases = {}  # seconds each part took from t0 (the last node joined): where the check's time goes, in the report
 
     def lap(phase: str) -> None:
         phases[phase] = time.monotonic() - t0 - sum(phases.values())
 
-    lap("connect")
-    probes = start_probes(nodes, backend)
-    lap("start")  # mostly each probe's `import torch`
+    start_probes(nodes, probes, backend)
+    lap("start")  # what is left of the probes' start (`import torch`) once the last node joined, and the group
     allreduce: dict = {"skipped": "the group did not form"}
     try:
         if not any(n.get("error") for n in nodes):
@@ -482,23 +487,36 @@ def check(nodes: list[dict], min_ratio: float, t0: float) -> dict:
             "allreduce": allreduce, "nodes": nodes, "phases_s": phases}
 
 
-def run(min_ratio: float) -> dict:
-    """The whole check against the cluster in RAY_ADDRESS; returns the report."""
+def run(min_ratio: float, nnodes: int, wait: float) -> dict:
+    """The whole check against the cluster in RAY_ADDRESS; returns the report. Started by the head as soon as its own
+    Ray node is up: a probe starts on each node as it joins (each probe's `import torch` is seconds of CPU, on nodes
+    that join at different times anyway), and the measuring starts when `nnodes` joined (or `wait` ran out: the
+    head fails the job on its own then)."""
     import logging
 
     import ray
 
-    t0 = time.monotonic()
     ray.init(logging_level=logging.ERROR, log_to_driver=False)  # the probes' own output is noise here
     try:
-        nodes = cluster_nodes()
+        probes: dict[int, object] = {}
+        deadline = time.monotonic() + wait
+        while True:
+            nodes = cluster_nodes()
+            for n in nodes:
+                if n["rank"] not in probes:
+                    probes[n["rank"]] = new_probe(n)
+            if len(nodes) >= nnodes or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        t0 = time.monotonic()
         if len(nodes) < 2:
             return {"ok": True, "verdict": "skipped", "message": "one node: no fabric to check", "nodes": nodes}
-        report = check(nodes, min_ratio, t0)
+        report = check(nodes, [probes[n["rank"]] for n in nodes], min_ratio, t0)
     finally:
         ray.shutdown()
     for n in report["nodes"]:
         n.pop("node_id", None)
+    # from the last node's joining to the verdict: what the check adds to the time before the command
     return {**report, "seconds": time.monotonic() - t0}
 
 
@@ -516,8 +534,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m rlrig.entrypoint.fabric", description=__doc__.splitlines()[0])
     p.add_argument("--report", required=True, help="where to write the JSON report")
     p.add_argument("--min-ratio", type=float, default=0.5, help="a node below this x the median bandwidth fails")
+    p.add_argument("--nnodes", type=int, default=2, help="start measuring once this many rlrig nodes joined")
+    p.add_argument("--wait", type=float, default=300.0, help="seconds to wait for them (then measure the ones there)")
     args = p.parse_args(argv)
-    report = run(args.min_ratio)
+    report = run(args.min_ratio, args.nnodes, args.wait)
     if report.get("verdict") == "skipped":
         say(f"fabric: {report['message']}")
         return 0

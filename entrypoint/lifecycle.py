@@ -1,7 +1,7 @@
 """Carries out a Plan: start / wait / run / stop, on every node. Linear on purpose: read it top to bottom.
 
-Head:   ray start --head -> publish env -> wait for nnodes -> compare versions -> check the fabric (several nodes,
-        run/train: fabric.py) -> run CMD while
+Head:   ray start --head -> publish env -> (several nodes, run/train: start the fabric check, fabric.py) -> wait for
+        nnodes -> compare versions -> the fabric check's verdict -> run CMD while
         watching nodes (`rlrig up`: serve submitted jobs, standing.py) -> publish exit code -> stop.
 Worker: wait for the head's GCS -> read env -> ray start --address -> wait for the head's exit
         code (or notice the head is gone) -> stop.
@@ -83,22 +83,27 @@ def _check_members(store: coordination.Store, ray_proc: subprocess.Popen, before
         raise NodeLost(f"lost node {', '.join(lost)} while the command ran; stopped the command")
 
 
-def check_fabric(plan: Plan, env: Mapping[str, str], alive: Callable[[], None], timeout: float = FABRIC_TIMEOUT,
-                 command: list[str] | None = None) -> str:
-    """Measure the network between the nodes before the command runs (fabric.py); a RigError naming the bad node
-    when it fails. A subprocess and a Ray driver in the command's environment: it reaches the cluster as the command
-    will, and a hung collective in it can be killed without harming this process."""
+def start_fabric(plan: Plan, env: Mapping[str, str], command: list[str] | None = None) -> tuple[subprocess.Popen, str]:
+    """Start the fabric check (fabric.py): a subprocess and a Ray driver in the command's environment, so it reaches
+    the cluster as the command will, and a hung collective in it can be killed without harming this process. It
+    starts a probe on each node as the node joins and measures once all have; `finish_fabric` waits for its verdict.
+    Returns the process and the report's path."""
     report = os.path.join(plan.temp_dir, fabric.REPORT_NAME)
     command = command or [sys.executable, "-m", "rlrig.entrypoint.fabric", "--report", report,
-                          "--min-ratio", f"{plan.fabric_min_ratio:g}"]
+                          "--min-ratio", f"{plan.fabric_min_ratio:g}", "--nnodes", str(plan.spec.nnodes),
+                          "--wait", f"{plan.wait_timeout:g}"]
     say("checking the fabric between the nodes before the command (skip with --no-fabric-check)")
+    return subprocess.Popen(command, env=dict(env), start_new_session=True), report
+
+
+def finish_fabric(child: subprocess.Popen, report: str, alive: Callable[[], None], timeout: float = FABRIC_TIMEOUT) -> str:
+    """Wait, from the moment every node joined, for the check's verdict; a RigError naming the bad node when it
+    fails. Returns the report's path."""
     started = time.monotonic()
-    child = subprocess.Popen(command, env=dict(env), start_new_session=True)
-    deadline = started + timeout
     try:
         while child.poll() is None:
             alive()
-            if time.monotonic() > deadline:
+            if time.monotonic() > started + timeout:
                 raise RigError(f"fabric check: no verdict within {timeout:g}s, stopped it; a node may hang the "
                                "network (see the lines above); rerun with --no-fabric-check to skip it")
             time.sleep(POLL)
@@ -106,8 +111,15 @@ def check_fabric(plan: Plan, env: Mapping[str, str], alive: Callable[[], None], 
         terminate_group(child)
     if child.returncode != 0:
         raise RigError(fabric.failure_message(report, child.returncode))
-    say(f"fabric check passed ({time.monotonic() - started:.1f}s in all)")
+    say(f"fabric check passed ({time.monotonic() - started:.1f}s after the nodes formed)")
     return report
+
+
+def check_fabric(plan: Plan, env: Mapping[str, str], alive: Callable[[], None], timeout: float = FABRIC_TIMEOUT,
+                 command: list[str] | None = None) -> str:
+    """The fabric check on a formed cluster (after a restart in place): start it and wait for its verdict."""
+    child, report = start_fabric(plan, env, command)
+    return finish_fabric(child, report, alive, timeout)
 
 
 def start_ray(plan: Plan, command: list[str], env: dict[str, str], cluster: dict[str, str]) -> subprocess.Popen:
@@ -132,10 +144,16 @@ def run_head(plan: Plan) -> int:
     store = None
     code = 1
     t0 = time.monotonic()
+    command_env = {**plan.ray_env, "RAY_ADDRESS": address}
+    fabric_wanted = plan.fabric_check and spec.nnodes > 1
+    early = None  # the fabric check, started while the nodes join
     try:
         deadline = t0 + plan.wait_timeout
         store = coordination.connect(lambda: GcsStore.open(address), deadline, "head", address, alive)
         coordination.publish_head(store, plan.cluster_env, coordination.node_facts(0, spec.node_ip, pf.num_gpus))
+        if fabric_wanted:  # its driver attaches to this node's raylet: once that is up, not before
+            coordination.wait_for_rank(store, 0, deadline, alive)
+            early = start_fabric(plan, command_env)
         nodes = coordination.wait_for_nodes(store, spec.nnodes, deadline, alive)
         coordination.check_versions(store)
         for line in resources.node_lines(nodes):
@@ -147,11 +165,12 @@ def run_head(plan: Plan) -> int:
             code = standing.serve(store, alive, lambda: JobApi(plan.dashboard_url, plan.token), store.mark_job_failed)
             return code
         formed = time.monotonic() - t0
-        command_env = {**plan.ray_env, "RAY_ADDRESS": address}
         restarts = 0
         while True:
-            if plan.fabric_check and spec.nnodes > 1:
-                command_env[FABRIC_REPORT_ENV] = check_fabric(plan, command_env, alive)
+            if fabric_wanted:
+                child, report = early or start_fabric(plan, command_env)  # again after a restart in place
+                early = None
+                command_env[FABRIC_REPORT_ENV] = finish_fabric(child, report, alive)
             say(f"{len(nodes)} node(s) alive after {formed:.1f}s; running: {' '.join(plan.command)}")
             try:
                 code = run_command(plan.command, {**command_env, RESTARTS_ENV: str(restarts)}, store, ray_proc,
@@ -171,6 +190,8 @@ def run_head(plan: Plan) -> int:
         code = e.exit_code
         raise
     finally:
+        if early is not None:  # the job ended before the fabric check was waited for
+            terminate_group(early[0])
         if store is not None:
             coordination.publish_exit(store, code)
         terminate_group(ray_proc)

@@ -120,6 +120,21 @@ def test_a_rank_no_longer_served_by_the_same_node_is_lost(then, lost):
     assert co.lost_since(store, before) == lost
 
 
+@pytest.mark.parametrize("comes_up_after, ok", [(0, True), (0.2, True), (None, False)])
+def test_the_head_waits_for_its_own_ray_node(comes_up_after, ok):
+    store = MemoryStore()
+    store.join(1, "10.0.0.2")  # a worker's raylet may register first: it is not the one a driver on the head needs
+    if comes_up_after is not None:
+        threading.Timer(comes_up_after, store.join, (0, "10.0.0.1")).start()
+        time.sleep(0.01 if comes_up_after else 0.05)
+    if ok:
+        co.wait_for_rank(store, 0, soon(), poll=0.01)
+        assert store.nodes()[0]["alive"]
+    else:
+        with pytest.raises(RigError, match="rank 0's Ray node did not register"):
+            co.wait_for_rank(store, 0, time.monotonic() + 0.2, poll=0.01)
+
+
 def test_worker_declares_the_head_lost_after_its_timeout():
     store = MemoryStore()
     store.down = True
