@@ -115,7 +115,8 @@ def fabric(n: int) -> dict[str, float]:
             took = float(re.search(r"fabric check passed \(([\d.]+)s after the nodes formed\)", text).group(1))
             report = json.loads(Path(re.search(r"fabric: .*; report (\S+)", text).group(1)).read_text())
             phases = ", ".join(f"{k} {v:.1f}" for k, v in report["phases_s"].items())
-            return {"bring-up s": formed, "fabric check s": took, "ratio fabric/bring-up": took / formed,
+            ready = " ".join(f"{n.get('probe_ready_s', '?')}" for n in report["nodes"])
+            return {"probes ready, s after the last join": ready,"bring-up s": formed, "fabric check s": took, "ratio fabric/bring-up": took / formed,
                     "inside the check s": report["seconds"], "its phases s": phases}
         finally:
             for proc in run.nodes:

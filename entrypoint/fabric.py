@@ -167,6 +167,12 @@ class Probe:
         # the slow part of a probe's start (seconds of CPU), begun as soon as its node joins: see `run`
         import torch.distributed  # noqa: F401
 
+        self.ready_at = time.time()
+
+    def ready(self) -> float:
+        """When this probe had torch imported (wall clock): the report shows it against the cluster's forming."""
+        return self.ready_at
+
     def address(self) -> tuple[str, int]:
         """Rank 0's: where the group's TCP rendezvous listens (this node's IP and a port free here)."""
         import ray
@@ -437,6 +443,13 @@ def measure_allreduce(probes: list, deadline: float) -> dict:
     return {**out, "seconds": seconds, "algbw_mb_s": algbw, "busbw_mb_s": algbw * 2 * (n - 1) / n}
 
 
+def collect_ready(nodes: list[dict], probes: list, formed_at: float) -> None:
+    """Each probe's readiness in seconds after the last node joined (negative: it was ready before)."""
+    for n, r in zip(nodes, _results([p.ready.remote() for p in probes], TRANSFER_TIMEOUT)):
+        if isinstance(r, float):
+            n["probe_ready_s"] = round(r - formed_at, 2)
+
+
 def collect_gpus(nodes: list[dict], probes: list) -> None:
     for n, r in zip(nodes, _results([p.gpu_health.remote() for p in probes], TRANSFER_TIMEOUT)):
         if r and "gpus" in r:
@@ -457,7 +470,7 @@ def release(probes: list, wait: float = 10.0) -> None:
         time.sleep(0.2)
 
 
-def check(nodes: list[dict], probes: list, min_ratio: float, t0: float) -> dict:
+def check(nodes: list[dict], probes: list, min_ratio: float, t0: float, formed_at: float) -> dict:
     """Join the probes (one per node, in `nodes`' order), measure, judge: the report (without its end: see run)."""
     backend = "nccl" if all(n["gpu"] >= 1 for n in nodes) else "gloo"
     phases = {}  # seconds each part took from t0 (the last node joined): where the check's time goes, in the report
@@ -470,6 +483,7 @@ def check(nodes: list[dict], probes: list, min_ratio: float, t0: float) -> dict:
     allreduce: dict = {"skipped": "the group did not form"}
     try:
         if not any(n.get("error") for n in nodes):
+            collect_ready(nodes, probes, formed_at)
             collect_gpus(nodes, probes)
             lap("gpus")
             measure_pairs(nodes, probes, t0 + BUDGET)
@@ -508,10 +522,10 @@ def run(min_ratio: float, nnodes: int, wait: float) -> dict:
             if len(nodes) >= nnodes or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-        t0 = time.monotonic()
+        t0, formed_at = time.monotonic(), time.time()
         if len(nodes) < 2:
             return {"ok": True, "verdict": "skipped", "message": "one node: no fabric to check", "nodes": nodes}
-        report = check(nodes, [probes[n["rank"]] for n in nodes], min_ratio, t0)
+        report = check(nodes, [probes[n["rank"]] for n in nodes], min_ratio, t0, formed_at)
     finally:
         ray.shutdown()
     for n in report["nodes"]:
