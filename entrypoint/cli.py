@@ -178,6 +178,7 @@ def cmd_train(args) -> int:
     from . import lifecycle, trainerfit
 
     plan = make_plan(args, cmd)
+    trainerfit.check_mig(plan.preflight.mig_devices, cfg.trainer.n_gpus_per_node, cfg.trainer.device)
     if plan.spec.existing_ray:  # a submitted job, or nested under rlrig run: the cluster is already formed
         trainerfit.check_nnodes(plan.spec.existing_ray, cfg.trainer.nnodes, sum(p.nnodes for p in cfg.own_pools().values()))
     return lifecycle.main(plan)

@@ -18,6 +18,8 @@ class Gpu:
     uuid: str
     vendor: str  # "nvidia" | "amd"
     model: str = ""  # as the driver names it ("NVIDIA H100 80GB HBM3"); "" when it would not say
+    mig: bool = False  # NVIDIA MIG mode is on: CUDA then sees the GPU's MIG devices, one per process, not the GPU
+    mig_devices: list[str] = field(default_factory=list)  # their UUIDs ("MIG-..."), as nvidia-smi -L lists them
 
 
 @dataclass
@@ -53,12 +55,31 @@ def probe_nvidia() -> tuple[list[Gpu], str]:
         for i in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
             uuid, name = pynvml.nvmlDeviceGetUUID(handle), pynvml.nvmlDeviceGetName(handle)
-            gpus.append(Gpu(i, _text(uuid), "nvidia", _text(name)))
+            mig, mig_devices = _mig_devices(pynvml, handle)
+            gpus.append(Gpu(i, _text(uuid), "nvidia", _text(name), mig, mig_devices))
         return gpus, "NVML"
     except pynvml.NVMLError as e:  # a GPU fallen off the bus answers init but not its queries
         return [], f"NVML error ({e})"
     finally:
         pynvml.nvmlShutdown()
+
+
+def _mig_devices(pynvml, handle) -> tuple[bool, list[str]]:
+    """(MIG mode on, the UUIDs of the MIG devices made on it). GPUs without MIG answer NotSupported."""
+    try:
+        current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+    except pynvml.NVMLError_NotSupported:
+        return False, []
+    if current != pynvml.NVML_DEVICE_MIG_ENABLE:
+        return False, []
+    uuids = []
+    for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+        try:
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+        except pynvml.NVMLError_NotFound:  # an empty slot: no instance made there
+            continue
+        uuids.append(_text(pynvml.nvmlDeviceGetUUID(mig)))
+    return True, uuids
 
 
 def _text(value) -> str:

@@ -22,7 +22,8 @@ MIN_OBJECT_STORE = 256 * 1024**2
 NOFILE_WANTED = 65536
 TEMP_FREE_FAIL = 1 * GiB
 TEMP_FREE_WARN = 10 * GiB
-UUID_RE = re.compile(r"^(GPU|MIG)-[0-9a-fA-F-]+(/\d+/\d+)?$|^[0-9a-fA-F]{8}-[0-9a-fA-F-]{27}$")
+# GPU-<uuid>, MIG-<uuid>, the old MIG-GPU-<uuid>/<gi>/<ci>, or a bare UUID (AMD)
+UUID_RE = re.compile(r"^(GPU-|MIG-(GPU-)?)[0-9a-fA-F-]+(/\d+/\d+)?$|^[0-9a-fA-F]{8}-[0-9a-fA-F-]{27}$")
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Preflight:
     env_updates: dict[str, str] = field(default_factory=dict)  # set on this node before Ray starts
     gpu_model: str = ""  # of the GPUs Ray gets ("" when none, or the driver would not say)
     custom_resources: dict[str, float] = field(default_factory=dict)  # RLRIG_RESOURCES (resources.py)
+    mig_devices: int = 0  # NVIDIA MIG devices named in CUDA_VISIBLE_DEVICES (each one GPU to Ray, one per worker)
 
     @property
     def failed(self) -> list[Check]:
@@ -71,17 +73,45 @@ def _visible_list(var: str, value: str, inv: Inventory, pf: Preflight) -> list[s
         if beyond:
             pf.add(var, FAIL, f"{var}={value}: index {beyond[0]} but this node has {n} GPU(s) (0..{n - 1}); {fix}")
             return None
-        uuids = {g.uuid for g in inv.gpus}
-        unknown = [e for e in entries if not e.isdigit() and not any(u.startswith(e) or e.startswith(u) for u in uuids)]
+        unknown = [e for e in entries if not e.isdigit() and not any(_is_entry(g, e) for g in inv.gpus)]
         if unknown:
-            pf.add(var, FAIL, f"{var}={value}: {unknown[0]} is not a GPU on this node (see nvidia-smi -L); {fix}")
+            pf.add(var, FAIL, f"{var}={value}: {unknown[0]} is not a GPU or MIG device on this node (see nvidia-smi -L); {fix}")
             return None
     pf.add(var, PASS, f"{var}={value} ({len(entries)} device(s))")
     return entries
 
 
 def _is_entry(gpu: Gpu, entry: str) -> bool:
-    return gpu.index == int(entry) if entry.isdigit() else (gpu.uuid.startswith(entry) or entry.startswith(gpu.uuid))
+    """`entry` (an index, a UUID or its unique prefix, a MIG device's UUID, or the old MIG-GPU-<uuid>/gi/ci form)
+    names this GPU or one of its MIG devices."""
+    if entry.isdigit():
+        return gpu.index == int(entry)
+    if entry.startswith("MIG-GPU-"):
+        return gpu.mig and entry[len("MIG-"):].split("/")[0] == gpu.uuid
+    return any(u.startswith(entry) or entry.startswith(u) for u in (gpu.uuid, *gpu.mig_devices))
+
+
+def check_mig(visible: list[str] | None, inv: Inventory, pf: Preflight) -> bool:
+    """MIG: a CUDA process sees one MIG device, so each Ray worker must be handed one by its UUID. False (a failed
+    check added) when CUDA_VISIBLE_DEVICES mixes MIG devices and GPUs, or names a MIG-mode GPU as a whole."""
+    named = [e for e in visible or [] if e.startswith("MIG-")]
+    if named and len(named) != len(visible):
+        pf.add("MIG", FAIL, f"CUDA_VISIBLE_DEVICES={','.join(visible)} mixes MIG devices and whole GPUs; list only "
+               "MIG device UUIDs (one per worker) or only GPUs")
+        return False
+    whole = inv.gpus if visible is None else [g for e in visible if not e.startswith("MIG-") for g in inv.gpus if _is_entry(g, e)]
+    for g in whole:
+        if g.mig and len(g.mig_devices) != 1:
+            example = ",".join(g.mig_devices[:2]) or "MIG-<uuid> (create instances first: nvidia-smi mig -cgi ... -C)"
+            pf.add("MIG", FAIL, f"GPU {g.index} ({g.uuid}) is in MIG mode with {len(g.mig_devices)} MIG device(s): a "
+                   "process sees one of them, not the GPU, so Ray would count a GPU that is not there; set "
+                   f"CUDA_VISIBLE_DEVICES to MIG device UUIDs (nvidia-smi -L), e.g. CUDA_VISIBLE_DEVICES={example}, "
+                   f"or turn MIG off (nvidia-smi -i {g.index} -mig 0)")
+            return False
+    if named:
+        pf.mig_devices = len(named)
+        pf.add("MIG", PASS, f"{len(named)} MIG device(s), one per worker (NCCL does not run between MIG devices)")
+    return True
 
 
 def gpu_model(visible: list[str] | None, inv: Inventory, count: int) -> str:
@@ -112,6 +142,13 @@ def check_gpus(spec: NodeSpec, env: Mapping[str, str], inv: Inventory, pf: Prefl
                    f"set only HIP_VISIBLE_DEVICES on ROCm (or make both identical)")
             return
         visible = entries
+    amd_possible = not inv.gpus or any(g.vendor == "amd" for g in inv.gpus)
+    if hip is None and rocr is not None and amd_possible:
+        pf.add("ROCR_VISIBLE_DEVICES", FAIL, f"ROCR_VISIBLE_DEVICES={rocr} alone: Ray refuses it on AMD GPUs; set "
+               f"HIP_VISIBLE_DEVICES={rocr} and unset ROCR_VISIBLE_DEVICES")
+        return
+    if not check_mig(visible if cuda is not None else None, inv, pf):
+        return
     count = len(visible) if visible is not None else len(inv.gpus)
     if visible is not None and not inv.gpus and count and spec.gpus_allotted is None:
         pf.add("gpus", WARN, f"visible-devices variables list {count} GPU(s) but no GPU was found ({inv.gpu_probe})")

@@ -32,7 +32,7 @@ FAILS = [
     ("not an id", {"CUDA_VISIBLE_DEVICES": "0,gpu1"}, {}, {}, "CUDA_VISIBLE_DEVICES", "neither a GPU index nor a GPU UUID"),
     ("index beyond", {"CUDA_VISIBLE_DEVICES": "0,4"}, {}, {}, "CUDA_VISIBLE_DEVICES", "index 4 but this node has 2"),
     ("unknown uuid", {"CUDA_VISIBLE_DEVICES": "GPU-99999999-2222-3333-4444-555555555555"}, {}, {}, "CUDA_VISIBLE_DEVICES",
-     "not a GPU on this node"),
+     "not a GPU or MIG device on this node"),
     ("hip duplicate", {"HIP_VISIBLE_DEVICES": "1,1"}, {}, {}, "HIP_VISIBLE_DEVICES", "more than once"),
     ("hip vs cuda", {"CUDA_VISIBLE_DEVICES": "0,1", "HIP_VISIBLE_DEVICES": "1"}, {}, {}, "HIP_VISIBLE_DEVICES", "disagrees"),
     ("rocr with hip", {"ROCR_VISIBLE_DEVICES": "0", "HIP_VISIBLE_DEVICES": "0"}, {}, {}, "ROCR_VISIBLE_DEVICES",
@@ -148,3 +148,63 @@ def test_temp_dir_too_long_for_sockets():
     pf = preflight.run(spec(), {}, machine(), temp_dir="/tmp/" + "x" * 60)
     assert status(pf, "temp dir path").status == "fail"
     assert "RAY_TMPDIR" in status(pf, "temp dir path").message
+
+
+# --- MIG and ROCR -----------------------------------------------------------------------------------------------
+
+MIGS = ["MIG-0f0f0f0f-1111-2222-3333-444444444444", "MIG-5a5a5a5a-6666-7777-8888-999999999999"]
+
+
+def mig_machine(devices=tuple(MIGS)):
+    """GPU 0 in MIG mode with `devices` made on it, GPU 1 a whole GPU."""
+    inv = machine()
+    inv.gpus[0].mig, inv.gpus[0].mig_devices = True, list(devices)
+    return inv
+
+
+@pytest.mark.parametrize("visible, devices, ok, gpus, words", [
+    (",".join(MIGS), MIGS, True, 2, "2 MIG device(s), one per worker"),
+    (MIGS[1][:12], MIGS, True, 1, "1 MIG device(s)"),  # a unique prefix, as for GPU UUIDs
+    (f"MIG-{UUIDS[0]}/1/0", MIGS, True, 1, "1 MIG device(s)"),  # the form drivers before R470 use
+    ("1", MIGS, True, 1, "CUDA_VISIBLE_DEVICES=1"),  # the whole GPU beside the MIG one
+    ("0", MIGS[:1], True, 1, "CUDA_VISIBLE_DEVICES=0"),  # one MIG device: a process sees exactly it
+    (None, MIGS, False, 0, "GPU 0 (GPU-11111111-2222-3333-4444-555555555555) is in MIG mode with 2 MIG device(s)"),
+    ("0,1", MIGS, False, 0, f"CUDA_VISIBLE_DEVICES={MIGS[0]},{MIGS[1]}"),
+    ("0", [], False, 0, "nvidia-smi mig -cgi"),
+    (f"{MIGS[0]},1", MIGS, False, 0, "mixes MIG devices and whole GPUs"),
+    ("MIG-77777777-0000-0000-0000-000000000000", MIGS, False, 0, "not a GPU or MIG device on this node"),
+])
+def test_mig_devices_by_uuid(visible, devices, ok, gpus, words):
+    pf = run({} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}, mig_machine(devices))
+    assert bool(pf.failed) is not ok, pf.checks
+    assert any(words in c.message for c in pf.checks), pf.checks
+    if ok:
+        assert pf.num_gpus == gpus and pf.gpu_model == "NVIDIA H100 80GB HBM3"
+        assert pf.mig_devices == (gpus if visible.startswith("MIG-") else 0)
+
+
+@pytest.mark.parametrize("vendor, gpus, fails", [("amd", 2, True), (None, 0, True), ("nvidia", 2, False)])
+def test_rocr_visible_devices_alone(vendor, gpus, fails):
+    inv = machine(n_gpus=gpus)
+    for g in inv.gpus:
+        g.vendor = vendor
+    pf = run({"ROCR_VISIBLE_DEVICES": "0"}, inv)
+    rocr = [c for c in pf.checks if c.name == "ROCR_VISIBLE_DEVICES" and c.status == "fail"]
+    assert bool(rocr) is fails, pf.checks
+    if fails:
+        assert "set HIP_VISIBLE_DEVICES=0 and unset ROCR_VISIBLE_DEVICES" in rocr[0].message
+
+
+@pytest.mark.parametrize("migs, per_node, device, fails", [
+    (2, 2, "cuda", True), (2, 2, "auto", True), (2, 1, "cuda", False), (1, 1, "cuda", False), (0, 8, "cuda", False),
+    (2, 2, "cpu", False),
+])
+def test_training_workers_on_several_mig_devices_are_refused(migs, per_node, device, fails):
+    from rlrig.entrypoint.errors import RigError
+    from rlrig.entrypoint.trainerfit import check_mig
+
+    if fails:
+        with pytest.raises(RigError, match="NCCL does not run between MIG devices; use trainer.n_gpus_per_node=1"):
+            check_mig(migs, per_node, device)
+    else:
+        check_mig(migs, per_node, device)

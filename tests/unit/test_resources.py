@@ -244,10 +244,32 @@ def test_head_log_has_one_line_per_node_from_rays_node_table():
 
 
 class FakeNvml:
-    """pynvml as older releases answer (bytes) for GPU 0 and newer ones (str) for GPU 1."""
+    """pynvml as older releases answer (bytes) for GPU 0 and newer ones (str) for GPU 1; GPU 0 (a V100) has no MIG,
+    GPU 1 is in MIG mode with instances in slots 0 and 2 of 3."""
+
+    NVML_DEVICE_MIG_ENABLE = 1
 
     class NVMLError(Exception):
         pass
+
+    class NVMLError_NotSupported(NVMLError):
+        pass
+
+    class NVMLError_NotFound(NVMLError):
+        pass
+
+    def nvmlDeviceGetMigMode(self, h):
+        if h == 0:
+            raise self.NVMLError_NotSupported()
+        return 1, 1
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h):
+        return 3
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h, slot):
+        if slot == 1:
+            raise self.NVMLError_NotFound()
+        return f"mig{slot}"
 
     def nvmlInit(self):
         pass
@@ -262,7 +284,7 @@ class FakeNvml:
         return i
 
     def nvmlDeviceGetUUID(self, h):
-        return [b"GPU-0", "GPU-1"][h]
+        return f"MIG-{h}" if isinstance(h, str) else [b"GPU-0", "GPU-1"][h]
 
     def nvmlDeviceGetName(self, h):
         return [b"Tesla V100-SXM2-16GB", "NVIDIA H100 80GB HBM3"][h]
@@ -273,3 +295,4 @@ def test_nvml_probe_reads_each_gpus_model(monkeypatch):
     gpus, probe = inventory.probe_nvidia()
     assert probe == "NVML" and [(g.uuid, g.model) for g in gpus] == [("GPU-0", "Tesla V100-SXM2-16GB"),
                                                                        ("GPU-1", "NVIDIA H100 80GB HBM3")]
+    assert [(g.mig, g.mig_devices) for g in gpus] == [(False, []), (True, ["MIG-mig0", "MIG-mig2"])]
