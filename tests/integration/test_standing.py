@@ -5,6 +5,7 @@ import glob
 import json
 import os
 import subprocess
+import tempfile
 import sys
 import threading
 import time
@@ -36,6 +37,8 @@ def client_env(token: str | None = TOKEN, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RLRIG_", "RAY_"))}
     if token:
         env["RLRIG_CLUSTER_TOKEN"] = token
+    else:  # a client without a token: not even one a local `ray start` left in this machine's ~/.ray
+        env["HOME"] = tempfile.mkdtemp(prefix="rlnohome")
     return {**env, **extra}
 
 
