@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build one variant of the rlrig image with its pinned base and packages.
 #   docker/build.sh cpu|cuda|rocm [more build args]     (ENGINE=podman to use podman)
-# Offline CPU builds: put wheels in docker/wheels/ and pass
+# Offline builds: put the variant's wheels in docker/wheels/ and pass
 #   --build-arg PIP_ARGS="--no-index --find-links /tmp/wheels" --build-arg BASE_IMAGE=localhost/debian-base:bookworm
+# (tests/e2e/run.sh: cpu; tests/e2e/cuda_image.sh: cuda)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 variant=${1:?usage: docker/build.sh cpu|cuda|rocm [build args]}
@@ -16,15 +17,20 @@ case "$variant" in
           --build-arg PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu"
           --build-arg RLRIG_EXTRAS="tensorboard") ;;
   cuda)
-    args=(--build-arg BASE_IMAGE=docker.io/nvidia/cuda:12.9.1-cudnn-runtime-ubuntu24.04
-          --build-arg PRE_PACKAGES="vllm==0.32.0"
+    # a plain Debian base: PyPI's torch and vLLM carry CUDA 13.0's libraries; the host brings the driver (>= 580)
+    args=(--build-arg BASE_IMAGE=docker.io/library/debian:bookworm-slim
+          --build-arg PRE_PACKAGES="vllm==0.32.0 torch==2.13.0"
           --build-arg PIP_ARGS=""
-          --build-arg RLRIG_EXTRAS="tensorboard,wandb") ;;
+          --build-arg "RLRIG_EXTRAS=tensorboard,wandb"
+          --build-arg RUNTIME_APT="gcc libc6-dev python3-dev"
+          --build-arg CUDA_DRIVER_MIN=580.65.06
+          --build-arg NVIDIA_VISIBLE=all
+          --build-arg "NVIDIA_CAPABILITIES=compute,utility") ;;
   rocm)
     args=(--build-arg BASE_IMAGE=docker.io/rocm/vllm:rocm6.4.1_vllm_0.10.1_20250909
           --build-arg PRE_PACKAGES="amdsmi==6.4.1"
           --build-arg PIP_ARGS=""
-          --build-arg RLRIG_EXTRAS="tensorboard,wandb"
+          --build-arg "RLRIG_EXTRAS=tensorboard,wandb"
           --build-arg NOSET_HIP=1) ;;
   *) echo "docker/build.sh: unknown variant '$variant'; use cpu, cuda or rocm" >&2; exit 2 ;;
 esac

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 import resource
 import shutil
 from dataclasses import dataclass, field
@@ -26,6 +28,8 @@ class Gpu:
 class Inventory:
     gpus: list[Gpu] = field(default_factory=list)
     gpu_probe: str = ""  # which library answered, or why none did
+    nvidia_driver: str = ""  # the host's driver as NVML reports it ("580.65.06"); "" without NVIDIA GPUs
+    torch_cuda: str = ""  # the CUDA version the installed torch was built for ("13.0"); "" for CPU/ROCm builds
     interfaces: list[Interface] = field(default_factory=list)
     ib_devices: list[str] = field(default_factory=list)  # names under INFINIBAND_DIR
     shm_bytes: int | None = None  # free space in /dev/shm
@@ -41,15 +45,16 @@ INFINIBAND_DIR = Path("/sys/class/infiniband")
 CONTAINER_FILES = ("/.dockerenv", "/run/.containerenv")  # Docker's and Podman's
 
 
-def probe_nvidia() -> tuple[list[Gpu], str]:
+def probe_nvidia() -> tuple[list[Gpu], str, str]:
+    """The GPUs, which library answered (or why none did), and the driver's version."""
     try:
         import pynvml
     except ImportError:
-        return [], "pynvml not installed"
+        return [], "pynvml not installed", ""
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as e:  # LibraryNotFound / DriverNotLoaded on machines without NVIDIA GPUs
-        return [], f"NVML unavailable ({e})"
+        return [], f"NVML unavailable ({e})", ""
     try:
         gpus = []
         for i in range(pynvml.nvmlDeviceGetCount()):
@@ -57,9 +62,9 @@ def probe_nvidia() -> tuple[list[Gpu], str]:
             uuid, name = pynvml.nvmlDeviceGetUUID(handle), pynvml.nvmlDeviceGetName(handle)
             mig, mig_devices = _mig_devices(pynvml, handle)
             gpus.append(Gpu(i, _text(uuid), "nvidia", _text(name), mig, mig_devices))
-        return gpus, "NVML"
+        return gpus, "NVML", _text(pynvml.nvmlSystemGetDriverVersion())
     except pynvml.NVMLError as e:  # a GPU fallen off the bus answers init but not its queries
-        return [], f"NVML error ({e})"
+        return [], f"NVML error ({e})", ""
     finally:
         pynvml.nvmlShutdown()
 
@@ -80,6 +85,21 @@ def _mig_devices(pynvml, handle) -> tuple[bool, list[str]]:
             continue
         uuids.append(_text(pynvml.nvmlDeviceGetUUID(mig)))
     return True, uuids
+
+
+def torch_cuda_build() -> str:
+    """The CUDA version of the installed torch, read from torch/version.py as text: importing torch costs seconds
+    that doctor should not spend, and a torch that fails to import still names the CUDA it was built for."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    version_file = Path(next(iter(spec.submodule_search_locations))) / "version.py"
+    try:
+        text = version_file.read_text()
+    except OSError:
+        return ""
+    found = re.search(r"^cuda(?:\s*:\s*[\w\[\]]+)?\s*=\s*['\"]([\d.]+)['\"]", text, re.M)
+    return found.group(1) if found else ""
 
 
 def _text(value) -> str:
@@ -163,7 +183,7 @@ def in_container(env: Mapping[str, str], files=CONTAINER_FILES) -> bool:
 def collect(temp_dir: str, env: Mapping[str, str]) -> Inventory:
     import psutil
 
-    gpus, probe = probe_nvidia()
+    gpus, probe, driver = probe_nvidia()
     if not gpus:
         amd, amd_probe = probe_amd()
         if amd:
@@ -174,6 +194,8 @@ def collect(temp_dir: str, env: Mapping[str, str]) -> Inventory:
     return Inventory(
         gpus=gpus,
         gpu_probe=probe,
+        nvidia_driver=driver if gpus and gpus[0].vendor == "nvidia" else "",
+        torch_cuda=torch_cuda_build(),
         interfaces=local_interfaces(),
         ib_devices=infiniband_devices(),
         shm_bytes=_free_bytes("/dev/shm") if os.path.isdir("/dev/shm") else None,

@@ -22,6 +22,9 @@ MIN_OBJECT_STORE = 256 * 1024**2
 NOFILE_WANTED = 65536
 TEMP_FREE_FAIL = 1 * GiB
 TEMP_FREE_WARN = 10 * GiB
+# The oldest Linux driver that runs any release of a CUDA major version (NVIDIA's minor-version compatibility table):
+# PyPI's torch and vLLM wheels carry their CUDA libraries, so the host's driver is the one thing left to match.
+MIN_DRIVER_FOR_CUDA = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
 # GPU-<uuid>, MIG-<uuid>, the old MIG-GPU-<uuid>/<gi>/<ci>, or a bare UUID (AMD)
 UUID_RE = re.compile(r"^(GPU-|MIG-(GPU-)?)[0-9a-fA-F-]+(/\d+/\d+)?$|^[0-9a-fA-F]{8}-[0-9a-fA-F-]{27}$")
 
@@ -167,6 +170,31 @@ def check_gpus(spec: NodeSpec, env: Mapping[str, str], inv: Inventory, pf: Prefl
     pf.gpu_model = gpu_model(visible, inv, pf.num_gpus)
 
 
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text))
+
+
+def check_driver(inv: Inventory, pf: Preflight) -> None:
+    """NVML's driver against what the installed torch's CUDA build needs: an old driver otherwise shows up as
+    `torch.cuda.is_available() == False` (or a CUDA error 803/804) deep inside a Ray worker."""
+    if not inv.nvidia_driver or not inv.torch_cuda:
+        return
+    cuda_major = _version(inv.torch_cuda)[0]
+    needed = MIN_DRIVER_FOR_CUDA.get(cuda_major)
+    if needed is None:
+        pf.add("NVIDIA driver", WARN, f"torch is built for CUDA {inv.torch_cuda}, which rlrig has no driver minimum for; "
+               f"check NVIDIA's compatibility table against driver {inv.nvidia_driver}")
+    elif _version(inv.nvidia_driver) < _version(needed):
+        older = cuda_major - 1
+        instead = (f", or install a torch built for CUDA {older} (its driver minimum is {MIN_DRIVER_FOR_CUDA[older]})"
+                   if older in MIN_DRIVER_FOR_CUDA and _version(inv.nvidia_driver) >= _version(MIN_DRIVER_FOR_CUDA[older])
+                   else "")
+        pf.add("NVIDIA driver", FAIL, f"NVIDIA driver {inv.nvidia_driver} is older than torch's CUDA {inv.torch_cuda} "
+               f"build needs ({needed} or newer): update the host's driver{instead}")
+    else:
+        pf.add("NVIDIA driver", PASS, f"{inv.nvidia_driver} runs torch's CUDA {inv.torch_cuda} build (needs {needed}+)")
+
+
 def _iface_names(inv: Inventory) -> list[str]:
     return [i.name for i in inv.interfaces]
 
@@ -299,6 +327,7 @@ def run(spec: NodeSpec, env: Mapping[str, str], inv: Inventory, temp_dir: str = 
     pf = Preflight() if pf is None else pf
     check_temp_dir(temp_dir, pf)
     check_gpus(spec, env, inv, pf)
+    check_driver(inv, pf)
     check_network(spec, env, inv, pf)
     check_reachability(spec, inv, pf)
     check_resources(spec, inv, pf)

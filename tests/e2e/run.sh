@@ -5,36 +5,7 @@
 #   bash tests/e2e/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-[ "$(id -u)" = 0 ] || { echo "tests/e2e/run.sh: needs root (podman, debootstrap)" >&2; exit 2; }
-need=()
-for tool in podman runc debootstrap; do command -v "$tool" >/dev/null 2>&1 || need+=("$tool"); done
-if [ ${#need[@]} -gt 0 ]; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
-fi
-# crun fails on this kernel's hybrid cgroups; default rlimits must stay under the host's hard limit
-hard=$(ulimit -Hn)
-conf=/etc/containers/containers.conf
-if ! grep -q "rlrig e2e" "$conf" 2>/dev/null; then
-  mkdir -p /etc/containers
-  cat >>"$conf" <<CONF
-# rlrig e2e
-[containers]
-default_ulimits = ["nofile=$hard:$hard", "nproc=4096:4096"]
-[engine]
-runtime = "runc"
-CONF
-fi
-[ -x .venv/bin/python ] || bash tests/run.sh --co -q >/dev/null  # makes .venv with podman-compose
-
-stage() { printf '== %s\n' "$*"; }
-base=localhost/debian-base:bookworm
-if ! podman image exists "$base"; then
-  stage "base image from debootstrap"
-  rootfs=$(mktemp -d /var/tmp/rlrig-rootfs.XXXXXX)
-  debootstrap --variant=minbase bookworm "$rootfs" http://deb.debian.org/debian >/dev/null
-  tar -C "$rootfs" -c . | podman import - "$base" >/dev/null
-  rm -rf "$rootfs"
-fi
+source tests/e2e/podman_setup.sh
 
 stage "wheels for an offline image build"
 .venv/bin/python -m pip wheel -q --wheel-dir docker/wheels ".[tensorboard,debug]" "torch==2.13.0" setuptools wheel

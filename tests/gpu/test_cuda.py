@@ -69,8 +69,10 @@ def doctor(env_updates: dict) -> dict:
 def test_preflight_reads_real_gpus_through_nvml():
     from rlrig.entrypoint.inventory import probe_nvidia
 
-    gpus, probe = probe_nvidia()
-    assert probe == "NVML" and len(gpus) == torch.cuda.device_count() >= 1
+    gpus, probe, driver = probe_nvidia()
+    assert probe == "NVML" and len(gpus) == torch.cuda.device_count() >= 1 and driver
+    fine_driver = [c for c in doctor({})["checks"] if c["name"] == "NVIDIA driver"]
+    assert fine_driver and fine_driver[0]["status"] == "pass", fine_driver
     fine = doctor({})
     assert fine["rc"] == 0 and fine["num_gpus"] == len(gpus), fine
     by_uuid = doctor({"CUDA_VISIBLE_DEVICES": gpus[0].uuid})

@@ -208,3 +208,47 @@ def test_training_workers_on_several_mig_devices_are_refused(migs, per_node, dev
             check_mig(migs, per_node, device)
     else:
         check_mig(migs, per_node, device)
+
+
+DRIVERS = [
+    # (id, driver, torch's CUDA, status or None for no check, words)
+    ("cuda 13 on r580", "580.65.06", "13.0", "pass", "needs 580.65.06+"),
+    ("cuda 13 on r575", "575.57.08", "13.0", "fail", "install a torch built for CUDA 12"),
+    ("cuda 13 on r470", "470.256.02", "13.0", "fail", "update the host's driver"),
+    ("cuda 12.9 on r550", "550.163.01", "12.9", "pass", "CUDA 12.9"),
+    ("cuda 12 on r515", "515.105.01", "12.1", "fail", "(525.60.13 or newer): update the host's driver, or install a torch built for CUDA 11"),
+    ("cuda 14", "600.10", "14.0", "warn", "no driver minimum"),
+    ("cpu torch", "580.65.06", "", None, ""),
+    ("no nvidia driver", "", "13.0", None, ""),
+]
+
+
+@pytest.mark.parametrize("driver,cuda,expect,words", [r[1:] for r in DRIVERS], ids=[r[0] for r in DRIVERS])
+def test_driver_against_torchs_cuda_build(driver, cuda, expect, words):
+    pf = run(inv=machine(nvidia_driver=driver, torch_cuda=cuda))
+    checks = [c for c in pf.checks if c.name == "NVIDIA driver"]
+    if expect is None:
+        assert checks == []
+        return
+    assert checks[0].status == expect and words in checks[0].message and "\n" not in checks[0].message, checks
+    if expect == "fail":
+        assert f"driver {driver} is older" in checks[0].message
+        assert ("install a torch" in checks[0].message) == ("install a torch" in words)
+
+
+@pytest.mark.parametrize("text,expect", [
+    ("cuda: Optional[str] = '13.0'\n", "13.0"),
+    ("cuda = '12.9'\n", "12.9"),
+    ("cuda: Optional[str] = None\nhip: Optional[str] = '6.4'\n", ""),
+])
+def test_torch_cuda_build_is_read_without_importing_torch(tmp_path, monkeypatch, text, expect):
+    import importlib.util
+
+    from rlrig.entrypoint import inventory
+
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "version.py").write_text(text)
+    spec = importlib.util.spec_from_file_location("torch", tmp_path / "torch" / "__init__.py",
+                                                  submodule_search_locations=[str(tmp_path / "torch")])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec)
+    assert inventory.torch_cuda_build() == expect

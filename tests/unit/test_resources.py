@@ -289,10 +289,13 @@ class FakeNvml:
     def nvmlDeviceGetName(self, h):
         return [b"Tesla V100-SXM2-16GB", "NVIDIA H100 80GB HBM3"][h]
 
+    def nvmlSystemGetDriverVersion(self):
+        return b"580.95.05"
+
 
 def test_nvml_probe_reads_each_gpus_model(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml())
-    gpus, probe = inventory.probe_nvidia()
-    assert probe == "NVML" and [(g.uuid, g.model) for g in gpus] == [("GPU-0", "Tesla V100-SXM2-16GB"),
+    gpus, probe, driver = inventory.probe_nvidia()
+    assert probe == "NVML" and driver == "580.95.05" and [(g.uuid, g.model) for g in gpus] == [("GPU-0", "Tesla V100-SXM2-16GB"),
                                                                        ("GPU-1", "NVIDIA H100 80GB HBM3")]
     assert [(g.mig, g.mig_devices) for g in gpus] == [(False, []), (True, ["MIG-mig0", "MIG-mig2"])]
