@@ -28,7 +28,7 @@ podman image inspect "$image" --format \
 size=$(podman image inspect "$image" --format '{{.Size}}')
 layers=$(podman history -q "$image" | wc -l)
 echo "size: $(( size / 1024 / 1024 )) MiB in $layers layers; largest:"
-podman history --format '{{.Size}} {{.CreatedBy}}' "$image" | sort -hr | head -3 | cut -c1-110
+podman history --format '{{.Size}}\t{{.CreatedBy}}' "$image" | grep -E '^[0-9.]+ (MB|GB)' | cut -c1-110
 
 stage "what is inside: torch's CUDA build, vLLM, a C compiler for Triton, no wheel left behind"
 podman run --rm --entrypoint python "$image" -c '
