@@ -33,3 +33,14 @@ if ! podman image exists "$base"; then
 fi
 # docker/wheels is the one wheel folder the Dockerfile mounts: each script fills it for its own variant
 find docker/wheels -name '*.whl' -delete
+
+build_cpu_image() {  # localhost/rlrig:cpu from the local base and wheels built here (offline)
+  stage "wheels for an offline image build"
+  find docker/wheels -name '*.whl' -delete
+  .venv/bin/python -m pip wheel -q --wheel-dir docker/wheels ".[tensorboard,debug]" "torch==2.13.0" setuptools wheel
+  stage "podman build (cpu variant)"
+  ENGINE=podman docker/build.sh cpu --format docker --build-arg BASE_IMAGE="$base" \
+    --build-arg PIP_ARGS="--no-index --find-links /tmp/wheels" -q >/dev/null
+  find docker/wheels -name '*.whl' -delete
+  podman image inspect localhost/rlrig:cpu --format '{{index .Labels "org.opencontainers.image.title"}} {{.Config.User}}'
+}

@@ -7,13 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 source tests/e2e/podman_setup.sh
 
-stage "wheels for an offline image build"
-.venv/bin/python -m pip wheel -q --wheel-dir docker/wheels ".[tensorboard,debug]" "torch==2.13.0" setuptools wheel
-
-stage "podman build (cpu variant)"
-ENGINE=podman docker/build.sh cpu --format docker --build-arg BASE_IMAGE="$base" \
-  --build-arg PIP_ARGS="--no-index --find-links /tmp/wheels" -q >/dev/null
-podman image inspect localhost/rlrig:cpu --format '{{index .Labels "org.opencontainers.image.title"}} {{.Config.User}}'
+build_cpu_image
 
 stage "doctor in the image, as an arbitrary UID"
 json=$(podman run --rm --user 4242:4242 --shm-size=1g localhost/rlrig:cpu doctor --json || true)
