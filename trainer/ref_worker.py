@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from .devices import gpu_index
+
 
 class RefWorker:
     def __init__(self, cfg_dict: dict, model_path: str, use_gpu: bool):
@@ -20,7 +22,7 @@ class RefWorker:
         cfg = from_dict(cfg_dict)
         a = cfg.actor_rollout_ref
         torch.set_num_threads(1)
-        self.device = torch.device("cuda", 0) if use_gpu else torch.device("cpu")  # Ray shows it only its own GPU
+        self.device = torch.device("cuda", gpu_index()) if use_gpu else torch.device("cpu")
         ensure_local_embedded_model(model_path)
         import_external_lib(a.model)
         prec = resolve(a.ref.fsdp_config, self.device.type, "ddp", "ref")  # bf16 on GPU, as in the training workers

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from .devices import gpu_index
+
 
 class RewardModelWorker:
     def __init__(self, cfg_dict: dict, path: str, use_gpu: bool):
@@ -13,8 +15,7 @@ class RewardModelWorker:
 
         cfg = from_dict(cfg_dict)
         torch.set_num_threads(1)
-        # Ray shows the worker only its own GPU, so it is cuda:0 here
-        device = torch.device("cuda", 0) if use_gpu else torch.device("cpu")
+        device = torch.device("cuda", gpu_index()) if use_gpu else torch.device("cpu")
         self.scorer = RewardScorer(cfg.reward_model, path, device, *scorer_settings(cfg))
 
     def score_chats(self, chats: list[list[dict]]) -> list[float]:

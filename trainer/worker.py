@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from . import core_algos as algos
 from . import batching, estimators, generate_score, lr_schedule, metrics as M, models, offload, parallel, precision, worker_state
+from .devices import gpu_index
 from .engines import EngineContext, EngineUnavailable, Sampling, engine_class, make_engine
 from .logprobs import in_micro_batches, token_logprobs, values as critic_values
 from .ppo_update import mean_stats, update_actor, update_critic
@@ -94,8 +95,7 @@ def start_rank(cfg, rank: int, world: int, master: tuple[str, int], model_paths:
     torch.set_num_threads(1)
     dev, device = cfg.trainer.device, torch.device("cpu")
     if dev == "cuda" or (dev == "auto" and torch.cuda.is_available()):
-        # Ray shows each worker only its own GPU (CUDA_VISIBLE_DEVICES), so it is cuda:0 here
-        device = torch.device("cuda", 0)
+        device = torch.device("cuda", gpu_index())
         torch.cuda.set_device(device)
         precision.allow_tf32()
     for path in model_paths:

