@@ -43,4 +43,7 @@ build_cpu_image() {  # localhost/rlrig:cpu from the local base and wheels built 
     --build-arg PIP_ARGS="--no-index --find-links /tmp/wheels" -q >/dev/null
   find docker/wheels -name '*.whl' -delete
   podman image inspect localhost/rlrig:cpu --format '{{index .Labels "org.opencontainers.image.title"}} {{.Config.User}}'
+  # the torch stack pinned for any later pip install in the image
+  podman run --rm --entrypoint bash localhost/rlrig:cpu -c 'echo "PIP_CONSTRAINT=$PIP_CONSTRAINT:" $(cat "$PIP_CONSTRAINT")' \
+    | tee /dev/stderr | grep -q "torch==2.13.0"
 }
