@@ -126,9 +126,11 @@ def injected(doc: dict, role: str, index: int) -> tuple[dict[str, str], str]:
     if doc["kind"] == "PyTorchJob":
         replicas = sum(r["replicas"] for r in spec["pytorchReplicaSpecs"].values())
         rank = index + (1 if role == "worker" else 0)
-        return ({"MASTER_ADDR": f"{name}-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": str(replicas * int(spec["nprocPerNode"])),
-                 "RANK": str(rank), "PET_NODE_RANK": str(rank), "PET_NNODES": str(replicas),
-                 "PET_NPROC_PER_NODE": spec["nprocPerNode"], "PYTHONUNBUFFERED": "1"}, f"{name}-{role}-{index}")
+        nproc = {"PET_NPROC_PER_NODE": spec["nprocPerNode"]} if "nprocPerNode" in spec else {}
+        return ({"MASTER_ADDR": f"{name}-master-0", "MASTER_PORT": "23456",
+                 "WORLD_SIZE": str(replicas * int(spec.get("nprocPerNode", 1))), "RANK": str(rank),
+                 "PET_NODE_RANK": str(rank), "PET_NNODES": str(replicas), **nproc, "PYTHONUNBUFFERED": "1"},
+                f"{name}-{role}-{index}")
     return {"RAY_CLUSTER_NAME": f"{name}-raycluster", "KUBERAY_GEN_RAY_START_CMD": "ray start --head",
             "RAY_ADDRESS": "127.0.0.1:6379"}, f"{name}-head"
 
