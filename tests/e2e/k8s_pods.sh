@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The Kubernetes manifests' pods simulated with podman: for kubernetes/indexed-job.yaml and pytorchjob.yaml, the CPU
+# The Kubernetes manifests' pods simulated with podman: for kubernetes/indexed-job.yaml, pytorchjob.yaml and
+# leaderworkerset.yaml (a standing cluster: a job submitted from the leader, then `rlrig down`), the CPU
 # image as one container per pod on one network, each with the host name, DNS name (network alias) and environment
 # its pod would get (the manifest's env, the token its Secret holds, what the controller injects: see
 # tests/unit/test_kubernetes.py), running the manifest's own args made small and CPU-only; they must form one
@@ -35,25 +36,33 @@ def podman(*args, **kw):
 def pods(doc):
     """(hostname, DNS name, env, args) of each pod the controller would create."""
     templates = pod_templates(doc)
+    subdomain = None
     if doc["kind"] == "Job":
-        n = doc["spec"]["completions"]
-        members = [("job", i) for i in range(n)]
+        members = [("job", i) for i in range(doc["spec"]["completions"])]
         subdomain = templates["job"]["spec"]["subdomain"]
+    elif doc["kind"] == "LeaderWorkerSet":
+        size = doc["spec"]["leaderWorkerTemplate"]["size"]
+        members = [("leader", 0)] + [("worker", i) for i in range(1, size)]
     else:  # PyTorchJob
         members = [(role.lower(), i) for role, r in doc["spec"]["pytorchReplicaSpecs"].items() for i in range(r["replicas"])]
-        subdomain = None
     for role, i in members:
         template = templates[role]
         env, hostname = injected(doc, role, i)
         env = {**container_env(template), **env, "RLRIG_CLUSTER_TOKEN": TOKEN}
         args = [a if a.split("=")[0] not in SMALL else f"{a.split('=')[0]}={SMALL[a.split('=')[0]]}"
-                for a in template["spec"]["containers"][0]["args"]] + EXTRA
-        yield hostname, f"{hostname}.{subdomain}" if subdomain else hostname, env, args
+                for a in template["spec"]["containers"][0]["args"]]
+        args += EXTRA if args[0] == "train" else []
+        dns = f"{hostname}.{subdomain}" if subdomain else hostname
+        if doc["kind"] == "LeaderWorkerSet" and role == "leader":
+            dns = env["LWS_LEADER_ADDRESS"]  # the leader's name through the group's headless Service
+        yield hostname, dns, env, args
 
 
 failed = []
-for name in ("indexed-job.yaml", "pytorchjob.yaml"):
-    doc = next(d for d in documents(REPO / "kubernetes" / name) if d["kind"] in ("Job", "PyTorchJob"))
+SUBMIT = ["rlrig", "submit", "--", "rlrig", "train", "trainer.nnodes=2", "trainer.n_gpus_per_node=1", "trainer.device=cpu",
+          *EXTRA]
+for name in ("indexed-job.yaml", "pytorchjob.yaml", "leaderworkerset.yaml"):
+    doc = next(d for d in documents(REPO / "kubernetes" / name) if d["kind"] in ("Job", "PyTorchJob", "LeaderWorkerSet"))
     # CPU-only pods: no GPUs per node for the operator to announce (PET_NPROC_PER_NODE would be GPUs rlrig expects)
     doc["spec"].pop("nprocPerNode", None)
     podman("network", "rm", "-f", NET)
@@ -69,11 +78,17 @@ for name in ("indexed-job.yaml", "pytorchjob.yaml"):
         if r.returncode:
             sys.exit(f"FAIL: podman run {cname}: {r.stderr.strip()}")
         names.append(cname)
+    job_log = ""
+    if doc["kind"] == "LeaderWorkerSet":  # what a user does through a port-forward, from inside the leader here
+        r = podman("exec", names[0], *SUBMIT, timeout=900)
+        job_log = r.stdout + r.stderr + f"\nsubmit exited {r.returncode}"
+        podman("exec", names[0], "rlrig", "down", timeout=300)
     codes = [podman("wait", c, timeout=900).stdout.strip() for c in names]
-    head_log = podman("logs", names[0]).stdout + podman("logs", names[0]).stderr
-    launcher = "indexed-job" if doc["kind"] == "Job" else "pytorchjob"
+    logs = podman("logs", names[0])
+    head_log = logs.stdout + logs.stderr + job_log
+    launcher = {"Job": "indexed-job", "PyTorchJob": "pytorchjob", "LeaderWorkerSet": "lws"}[doc["kind"]]
     ok = codes == ["0"] * len(names) and "head of 2 node(s)" in head_log and f"({launcher})" in head_log \
-        and "done: 2 steps" in head_log
+        and "done: 2 steps" in head_log and "submit exited 1" not in head_log
     print(f"{name}: pods {', '.join(names)} exited {codes}; "
           + "; ".join(l.strip() for l in head_log.splitlines() if "head of" in l or "workers on" in l or "done:" in l))
     if not ok:
@@ -84,4 +99,4 @@ for name in ("indexed-job.yaml", "pytorchjob.yaml"):
     podman("network", "rm", "-f", NET)
 sys.exit(f"FAIL: {failed}" if failed else 0)
 PY
-echo "PASS: the Indexed Job's and the PyTorchJob's pods, simulated, formed a cluster and trained"
+echo "PASS: the Indexed Job's, the PyTorchJob's and the LeaderWorkerSet's pods, simulated, formed a cluster and trained"
