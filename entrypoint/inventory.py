@@ -194,7 +194,7 @@ def collect(temp_dir: str, env: Mapping[str, str]) -> Inventory:
     return Inventory(
         gpus=gpus,
         gpu_probe=probe,
-        nvidia_driver=driver if gpus and gpus[0].vendor == "nvidia" else "",
+        nvidia_driver=driver,
         torch_cuda=torch_cuda_build(),
         interfaces=local_interfaces(),
         ib_devices=infiniband_devices(),
