@@ -4,8 +4,9 @@
 #   srun --ntasks-per-node=1 slurm/rlrig-container-node.sh IMAGE train ...
 # CONTAINER_ENGINE: docker (default) or podman.  RLRIG_GPUS: nvidia (default), amd or none.
 # RLRIG_SHM: the container's /dev/shm (default 64g).  RLRIG_MOUNTS: extra "-v" specs, space-separated.
-# RLRIG_NOFILE / RLRIG_MEMLOCK: the container's open-files and locked-memory limits (65536 / -1, unlimited, which
-# InfiniBand needs); lower them where the node's hard limits are lower, or the container does not start.
+# RLRIG_NOFILE / RLRIG_MEMLOCK / RLRIG_NPROC: the container's open-files, locked-memory and process limits (65536;
+# -1, unlimited, which InfiniBand needs; this task's own hard limit). A Slurm task may lack CAP_SYS_RESOURCE, so no
+# limit may exceed the task's hard one (podman fills in any limit not given with its own, higher, default).
 set -euo pipefail
 image=${1:?usage: rlrig-container-node.sh IMAGE RLRIG-ARGS...}
 shift
@@ -13,8 +14,10 @@ engine=${CONTAINER_ENGINE:-docker}
 # host networking: Ray and NCCL advertise the node's own address; the image's tini is already PID 1
 nofile=${RLRIG_NOFILE:-65536}
 memlock=${RLRIG_MEMLOCK:--1}
+nproc=${RLRIG_NPROC:-$(ulimit -Hu)}
+[ "$nproc" = unlimited ] && nproc=-1
 args=(run --rm --network host --shm-size "${RLRIG_SHM:-64g}" --ulimit "nofile=$nofile:$nofile"
-      --ulimit "memlock=$memlock:$memlock")
+      --ulimit "memlock=$memlock:$memlock" --ulimit "nproc=$nproc:$nproc")
 # as the submitting user, so checkpoints and outputs in the mounted directories are theirs (the image runs as any
 # UID); rootless podman maps that user through its own user namespace instead
 if [ "$engine" = podman ] && [ "$(id -u)" != 0 ]; then args+=(--userns keep-id); else args+=(--user "$(id -u):$(id -g)"); fi
