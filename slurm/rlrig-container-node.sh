@@ -11,11 +11,11 @@ set -euo pipefail
 image=${1:?usage: rlrig-container-node.sh IMAGE RLRIG-ARGS...}
 shift
 engine=${CONTAINER_ENGINE:-docker}
-# host networking: Ray and NCCL advertise the node's own address; the image's tini is already PID 1
 nofile=${RLRIG_NOFILE:-65536}
 memlock=${RLRIG_MEMLOCK:--1}
 nproc=${RLRIG_NPROC:-$(ulimit -Hu)}
 [ "$nproc" = unlimited ] && nproc=-1
+# host networking: Ray and NCCL advertise the node's own address; the image's tini is already PID 1
 args=(run --rm --network host --shm-size "${RLRIG_SHM:-64g}" --ulimit "nofile=$nofile:$nofile"
       --ulimit "memlock=$memlock:$memlock" --ulimit "nproc=$nproc:$nproc")
 # as the submitting user, so checkpoints and outputs in the mounted directories are theirs (the image runs as any
@@ -34,7 +34,7 @@ while IFS= read -r name; do
   args+=(-e "$name")
 done < <(compgen -e | grep -E '^(SLURM_|RLRIG_|RAY_TMPDIR$|HF_TOKEN$|WANDB_API_KEY$|CUDA_VISIBLE_DEVICES$|HIP_VISIBLE_DEVICES$)')
 # Ray's temp dir must be the same path inside and out: rlrig names it in logs, and `rlrig down` looks there
-[ -n "${RAY_TMPDIR:-}" ] && args+=(-v "$RAY_TMPDIR:$RAY_TMPDIR")
+if [ -n "${RAY_TMPDIR:-}" ]; then mkdir -p "$RAY_TMPDIR"; args+=(-v "$RAY_TMPDIR:$RAY_TMPDIR"); fi
 for mount in ${RLRIG_MOUNTS:-}; do args+=(-v "$mount"); done
 # exec: Slurm's signals (scancel's SIGTERM, --signal=USR1@T) reach the engine's client, which passes them on to the
 # container (--sig-proxy, on by default in docker and podman); rlrig checkpoints within --grace-period. Slurm's
