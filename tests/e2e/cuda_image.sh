@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CUDA image, built for real with podman from the local Debian base and PyPI's wheels (vLLM 0.32, torch 2.13
-# CUDA 13.0; about 6 GB of wheels), then checked on this GPU-less machine: its labels, its size, `doctor` and the
+# CUDA 13.0; about 4 GB of wheels), then checked on this GPU-less machine: its labels, its size, `doctor` and the
 # seconds to its output, `import vllm` with torch's CUDA build, and a short `rlrig train` on CPU with the hf engine.
 # Needs root and PyPI; outside CI (downloads and a build of many minutes). Prints PASS/FAIL per stage.
 #   bash tests/e2e/cuda_image.sh
@@ -10,6 +10,7 @@ source tests/e2e/podman_setup.sh
 image=localhost/rlrig:cuda
 
 stage "wheels from PyPI (not this machine's CPU torch: --isolated leaves out its pip config)"
+clear_wheels
 # the cert flag: --isolated also drops PIP_CERT, which machines behind a proxy need
 .venv/bin/python -m pip --isolated wheel -q --cert "${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}" \
   --wheel-dir docker/wheels "vllm==0.32.0" "torch==2.13.0" ".[tensorboard,wandb,debug]" setuptools wheel
@@ -21,7 +22,7 @@ t0=$(date +%s)
 ENGINE=podman docker/build.sh cuda --format docker --build-arg BASE_IMAGE="$base" \
   --build-arg PIP_ARGS="--no-index --find-links /tmp/wheels" -q >/dev/null
 echo "built in $(( $(date +%s) - t0 )) s"
-find docker/wheels -name '*.whl' -delete
+clear_wheels
 podman image inspect "$image" --format \
   'labels: {{index .Labels "io.rlrig.variant"}} driver>={{index .Labels "io.rlrig.cuda-driver-min"}} user {{.Config.User}}'
 [ "$(podman image inspect "$image" --format '{{index .Labels "io.rlrig.cuda-driver-min"}}')" = 580.65.06 ]

@@ -31,17 +31,17 @@ if ! podman image exists "$base"; then
   tar -C "$rootfs" -c . | podman import - "$base" >/dev/null
   rm -rf "$rootfs"
 fi
-# docker/wheels is the one wheel folder the Dockerfile mounts: each script fills it for its own variant
-find docker/wheels -name '*.whl' -delete
+# docker/wheels is the one wheel folder the Dockerfile mounts: each build fills it for its own variant, then empties it
+clear_wheels() { find docker/wheels -name '*.whl' -delete; }
 
 build_cpu_image() {  # localhost/rlrig:cpu from the local base and wheels built here (offline)
   stage "wheels for an offline image build"
-  find docker/wheels -name '*.whl' -delete
+  clear_wheels
   .venv/bin/python -m pip wheel -q --wheel-dir docker/wheels ".[tensorboard,debug]" "torch==2.13.0" setuptools wheel
   stage "podman build (cpu variant)"
   ENGINE=podman docker/build.sh cpu --format docker --build-arg BASE_IMAGE="$base" \
     --build-arg PIP_ARGS="--no-index --find-links /tmp/wheels" -q >/dev/null
-  find docker/wheels -name '*.whl' -delete
+  clear_wheels
   podman image inspect localhost/rlrig:cpu --format '{{index .Labels "org.opencontainers.image.title"}} {{.Config.User}}'
   # the torch stack pinned for any later pip install in the image
   podman run --rm --entrypoint bash localhost/rlrig:cpu -c 'echo "PIP_CONSTRAINT=$PIP_CONSTRAINT:" $(cat "$PIP_CONSTRAINT")' \

@@ -47,6 +47,14 @@ def test_hadolint_clean_at_error_level():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_cuda_image_driver_label_is_what_doctor_checks():
+    """The CUDA image's driver minimum (a build.sh literal) and preflight's table for torch's CUDA 13 must agree."""
+    from rlrig.entrypoint.preflight import MIN_DRIVER_FOR_CUDA
+
+    label = re.search(r"CUDA_DRIVER_MIN=([\d.]+)", (REPO / "docker/build.sh").read_text()).group(1)
+    assert label == MIN_DRIVER_FOR_CUDA[13]
+
+
 def test_dockerfile_entrypoint_and_arbitrary_uid():
     text = (REPO / "docker/Dockerfile").read_text()
     assert 'ENTRYPOINT ["/usr/bin/tini", "-g", "--", "rlrig"]' in text
