@@ -258,6 +258,27 @@ class RewardModelModelConfig:
 
 
 @dataclass
+class RewardModelRolloutConfig:
+    """The reward model's engine under reward_model.use_reward_loop=True (verl's reward_model.rollout.*)."""
+    name: str = "vllm"  # vllm; sglang is refused (rlrig's reward loop serves with vLLM only)
+    dtype: str = "auto"  # auto: bfloat16 on GPU (verl's default), float32 on CPU
+    gpu_memory_utilization: float = 0.5
+    enforce_eager: bool = True
+    free_cache_engine: bool = True  # on GPU the engine sleeps (weights to host memory) except while it scores
+    tensor_model_parallel_size: int = 1  # verl's default is 2; rlrig's reward engines run on one GPU each
+    max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None  # None: prompt_length + response_length
+    max_num_seqs: int = 1024
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    load_format: str = "auto"
+    engine_kwargs: dict = field(default_factory=lambda: {"vllm": {}})
+    # the longest rendered input the engine takes: prompt_length + response_length tokens, cut on the right beyond
+    prompt_length: int = 2048
+    response_length: int = 2048
+
+
+@dataclass
 class RewardModelConfig:
     enable: bool = False  # score responses with a sequence-classification model (one label)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
@@ -272,7 +293,11 @@ class RewardModelConfig:
     forward_max_token_len_per_gpu: int | None = None  # None: critic.forward_max_token_len_per_gpu
     reward_manager: str = "naive"  # naive | dapo (the overlong penalty, reward_kwargs.overlong_buffer_cfg)
     reward_kwargs: dict = field(default_factory=dict)
-    use_reward_loop: bool = False  # verl's server-based reward loop (True) is refused; rlrig scores as verl's legacy worker
+    # True: the reward model scores through a vLLM engine in pooling mode (verl's reward loop, reward_model.rollout.*);
+    # False: through transformers, as verl's legacy RewardModelWorker
+    use_reward_loop: bool = False
+    rollout: RewardModelRolloutConfig = field(default_factory=RewardModelRolloutConfig)
+    num_workers: int = 1  # no effect in rlrig (verl_keys.NO_EFFECT)
 
 
 @dataclass
@@ -637,6 +662,28 @@ def validate_reward_model(cfg: Config) -> None:
                        ("reward_model.max_length", rm.max_length)):
         if value is not None and value < 1:
             raise ConfigError(f"{key}={value} must be at least 1 (or null)")
+    if rm.use_reward_loop:
+        validate_reward_loop(rm.rollout)
+
+
+def validate_reward_loop(r: RewardModelRolloutConfig) -> None:
+    if r.name != "vllm":
+        raise ConfigError(f"reward_model.rollout.name={r.name}: rlrig's reward loop serves the reward model with vLLM; "
+                          "set reward_model.rollout.name=vllm (or use_reward_loop=False to score with transformers)")
+    if r.tensor_model_parallel_size != 1:
+        raise ConfigError(f"reward_model.rollout.tensor_model_parallel_size={r.tensor_model_parallel_size}: rlrig's reward "
+                          "engines run on one GPU each; set it to 1 (reward_model.n_gpus_per_node gives more engines)")
+    unknown = set(r.engine_kwargs) - {"vllm"}
+    if unknown:
+        raise ConfigError(f"reward_model.rollout.engine_kwargs.{sorted(unknown)[0]}: the reward loop's engine is vLLM; "
+                          "put its arguments under reward_model.rollout.engine_kwargs.vllm")
+    for key, value in (("prompt_length", r.prompt_length), ("response_length", r.response_length),
+                       ("max_num_batched_tokens", r.max_num_batched_tokens), ("max_num_seqs", r.max_num_seqs),
+                       ("max_model_len", r.max_model_len)):
+        if value is not None and value < 1:
+            raise ConfigError(f"reward_model.rollout.{key}={value} must be at least 1")
+    if not 0 < r.gpu_memory_utilization <= 1:
+        raise ConfigError(f"reward_model.rollout.gpu_memory_utilization={r.gpu_memory_utilization} must be in (0, 1]")
 
 
 def from_dict(d: dict, cls=Config):

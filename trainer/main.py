@@ -221,7 +221,7 @@ def train(cfg) -> int:
     import ray
 
     from . import core_algos
-    from .reward_model import resolve_path
+    from .reward_model import check_installed, resolve_path
     from .rewards import check_reward_setup
     from .tiny_model import ensure_tiny_model
 
@@ -236,6 +236,7 @@ def train(cfg) -> int:
     tokenizer = load_tokenizer(cfg, model_path)
     train_rows, val_rows = load_rows(cfg, tokenizer)
     check_reward_setup(cfg, {r["data_source"] for r in train_rows + val_rows})
+    check_installed(cfg.reward_model)
     rm_path = resolve_path(cfg.reward_model) if cfg.reward_model.enable else None
     t = cfg.trainer
     sampler = Sampler(len(train_rows), cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle)

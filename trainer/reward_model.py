@@ -1,6 +1,8 @@
-"""A model-based reward (reward_model.enable), as verl's RewardModelWorker scores: a Hugging Face model with a
-one-label head, read at the last token of the prompt and response rendered with the reward model's own chat
-template. The scorer runs inside each training worker (colocated) or in its own workers (reward_worker.py).
+"""A model-based reward (reward_model.enable), as verl scores it: a model with a one-label head, read at the last
+token of the prompt and response rendered with the reward model's own chat template. Two scorers, chosen by
+reward_model.use_reward_loop as verl chooses: transformers (its legacy RewardModelWorker) or a vLLM engine in
+pooling mode (its reward loop, reward_vllm.py). A scorer runs inside each training worker (colocated) or in
+its own workers (reward_worker.py).
 """
 
 from __future__ import annotations
@@ -23,23 +25,15 @@ def scorer_settings(cfg) -> tuple[int, int | None]:
             batching.token_budgets(cfg)["reward_model.forward_max_token_len_per_gpu"])
 
 
-class RewardScorer:
-    def __init__(self, rm_cfg, path: str, device: torch.device, default_max_length: int, budget: int | None):
-        from transformers import AutoModelForTokenClassification, AutoTokenizer
+class ChatScorer:
+    """What every reward-model scorer shares: the reward model's tokenizer and its rendering of a conversation."""
 
-        m = rm_cfg.model
-        self.device, self.micro, self.budget = device, rm_cfg.micro_batch_size_per_gpu, budget
-        self.max_length = rm_cfg.max_length or default_max_length
-        self.offload = m.fsdp_config.param_offload
+    def __init__(self, m, path: str, max_length: int):
+        from transformers import AutoTokenizer
+
         import_external_lib(m)
-        kw = {"trust_remote_code": True} if m.trust_remote_code else {}
-        self.tok = AutoTokenizer.from_pretrained(path, **kw)
-        # verl: AutoModelForTokenClassification with one label and no dropout; held in bf16 on GPU (nothing trains)
-        mkw = model_kwargs(m, path, num_labels=1, classifier_dropout=0.0)
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        self.model = AutoModelForTokenClassification.from_pretrained(path, dtype=dtype, **mkw).eval()
-        self.model.requires_grad_(False)
-        self.model.to("cpu" if self.offload else device)
+        self.tok = AutoTokenizer.from_pretrained(path, **({"trust_remote_code": True} if m.trust_remote_code else {}))
+        self.max_length = max_length
 
     def render(self, chat: list[dict]) -> list[int]:
         """The conversation with the response as the assistant's turn, in the reward model's template, cut on the right."""
@@ -48,6 +42,27 @@ class RewardScorer:
 
     def score_chats(self, chats: list[list[dict]]) -> list[float]:
         return self.score_ids([self.render(c) for c in chats])
+
+    def close(self) -> None:
+        pass
+
+
+class RewardScorer(ChatScorer):
+    """reward_model.use_reward_loop=False: transformers, as verl's legacy RewardModelWorker."""
+
+    def __init__(self, rm_cfg, path: str, device: torch.device, default_max_length: int, budget: int | None):
+        from transformers import AutoModelForTokenClassification
+
+        m = rm_cfg.model
+        super().__init__(m, path, rm_cfg.max_length or default_max_length)
+        self.device, self.micro, self.budget = device, rm_cfg.micro_batch_size_per_gpu, budget
+        self.offload = m.fsdp_config.param_offload
+        # verl: AutoModelForTokenClassification with one label and no dropout; held in bf16 on GPU (nothing trains)
+        mkw = model_kwargs(m, path, num_labels=1, classifier_dropout=0.0)
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        self.model = AutoModelForTokenClassification.from_pretrained(path, dtype=dtype, **mkw).eval()
+        self.model.requires_grad_(False)
+        self.model.to("cpu" if self.offload else device)
 
     @torch.no_grad()
     def score_ids(self, seqs: list[list[int]]) -> list[float]:
@@ -71,3 +86,42 @@ class RewardScorer:
         logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits[..., 0]
         last = mask.sum(-1) - 1
         return logits[torch.arange(len(seqs), device=self.device), last].float().tolist()
+
+
+class LoopScorer(ChatScorer):
+    """reward_model.use_reward_loop=True: a vLLM engine in pooling mode, as verl's reward loop. vLLM batches and
+    schedules by itself, so micro_batch_size_per_gpu, use_dynamic_bsz and param_offload (transformers' knobs) play
+    no part here, as in verl's reward loop; the engine's sleep mode frees the device between scorings instead."""
+
+    def __init__(self, rm_cfg, path: str, device: torch.device, default_max_length: int, budget: int | None):
+        from transformers import AutoConfig
+
+        from .reward_vllm import VLLMEngineScorer, max_length
+
+        m = rm_cfg.model
+        conf = AutoConfig.from_pretrained(path, **({"trust_remote_code": True} if m.trust_remote_code else {}))
+        super().__init__(m, path, max_length(rm_cfg.rollout, getattr(conf, "max_position_embeddings", None)))
+        self.engine = VLLMEngineScorer(rm_cfg.rollout, path, device.type, self.max_length, m.trust_remote_code)
+
+    def score_ids(self, seqs: list[list[int]]) -> list[float]:
+        return self.engine.score_ids([s[:self.max_length] for s in seqs])  # vLLM refuses what exceeds max_model_len
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def make_scorer(rm_cfg, path: str, device: torch.device, default_max_length: int, budget: int | None) -> ChatScorer:
+    cls = LoopScorer if rm_cfg.use_reward_loop else RewardScorer
+    return cls(rm_cfg, path, device, default_max_length, budget)
+
+
+def check_installed(rm_cfg) -> None:
+    """Before any worker starts: the reward loop's engine must be importable (one line, not a dead actor)."""
+    import importlib.util
+
+    from .errors import ConfigError
+    from .reward_vllm import INSTALL_HINT
+
+    if rm_cfg.enable and rm_cfg.use_reward_loop and importlib.util.find_spec("vllm") is None:
+        raise ConfigError(f"reward_model.use_reward_loop=True scores with vLLM, which is not installed here: {INSTALL_HINT}, "
+                          "or set reward_model.use_reward_loop=False (transformers)")

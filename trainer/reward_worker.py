@@ -11,12 +11,12 @@ from .devices import gpu_index
 class RewardModelWorker:
     def __init__(self, cfg_dict: dict, path: str, use_gpu: bool):
         from .config import from_dict
-        from .reward_model import RewardScorer, scorer_settings
+        from .reward_model import make_scorer, scorer_settings
 
         cfg = from_dict(cfg_dict)
         torch.set_num_threads(1)
         device = torch.device("cuda", gpu_index()) if use_gpu else torch.device("cpu")
-        self.scorer = RewardScorer(cfg.reward_model, path, device, *scorer_settings(cfg))
+        self.scorer = make_scorer(cfg.reward_model, path, device, *scorer_settings(cfg))
 
     def score_chats(self, chats: list[list[dict]]) -> list[float]:
         return self.scorer.score_chats(chats)

@@ -36,15 +36,15 @@ REFUSED = {
                                                               "sequence stays on one GPU (use_dynamic_bsz bounds the tokens)",
     "critic.ulysses_sequence_parallel_size": "sequence parallelism (Ulysses) is not in rlrig; each sequence stays on one GPU",
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": "sequence parallelism (Ulysses) is not in rlrig",
-    "reward_model.use_reward_loop": "verl's reward loop serves the reward model from vLLM/SGLang servers, which rlrig "
-                                    "does not run; set reward_model.use_reward_loop=False (rlrig scores with transformers, "
-                                    "as verl's RewardModelWorker does)",
     "reward_model.micro_batch_size": "verl's deprecated global micro batch; set reward_model.micro_batch_size_per_gpu",
     "reward_model.launch_reward_fn_async": "rlrig scores in the step, not asynchronously during the log-prob pass",
     "reward_model.ulysses_sequence_parallel_size": "sequence parallelism (Ulysses) is not in rlrig",
-    "reward_model.reward_loop_source": "verl's reward loop is not in rlrig (reward_model.use_reward_loop=False)",
-    "reward_model.reward_loop_module_path": "verl's reward loop is not in rlrig (reward_model.use_reward_loop=False)",
-    "reward_model.reward_loop_class_name": "verl's reward loop is not in rlrig (reward_model.use_reward_loop=False)",
+    "reward_model.reward_loop_source": "a reward-loop class of your own is not in rlrig; its reward loop scores "
+        "with vLLM in pooling mode",
+    "reward_model.reward_loop_module_path": "a reward-loop class of your own is not in rlrig; its reward loop scores "
+        "with vLLM in pooling mode",
+    "reward_model.reward_loop_class_name": "a reward-loop class of your own is not in rlrig; its reward loop scores "
+        "with vLLM in pooling mode",
     "data.custom_cls.path": "custom dataset classes are not in rlrig; it reads verl's parquet schema",
     "data.custom_cls.name": "custom dataset classes are not in rlrig; it reads verl's parquet schema",
 }
@@ -55,7 +55,6 @@ ACCEPTED_DEFAULTS = {
     "critic.ulysses_sequence_parallel_size": ("1",),
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": ("1",),
     "algorithm.use_pf_ppo": ("False", "false"),
-    "reward_model.use_reward_loop": ("False", "false"),
     "reward_model.micro_batch_size": ("null", "None"),
     "reward_model.launch_reward_fn_async": ("False", "false"),
     "reward_model.ulysses_sequence_parallel_size": ("1",),
@@ -70,8 +69,6 @@ ACCEPTED_DEFAULTS = {
 # so for rlrig as for verl they change nothing. Accepted and not stored.
 INERT_PREFIXES = {
     "actor_rollout_ref.rollout.multi_turn.": "read by verl only with multi_turn.enable=True",
-    "reward_model.rollout.": "read by verl only with reward_model.use_reward_loop=True",
-    "reward_model.num_workers": "read by verl only with reward_model.use_reward_loop=True",
 }
 
 # Keys accepted because, for rlrig, they change nothing; `--print-config` lists them with the reason.
@@ -93,13 +90,18 @@ NO_EFFECT = {
                                              "scores are the same",
     "reward_model.model.use_shm": "rlrig loads the model from its path as it is",
     "reward_model.model.use_fused_kernels": "the reward model computes no log-probs",
+    "reward_model.num_workers": "verl's reward-loop workers render and send requests to reward servers; rlrig "
+                                "renders in the workers that score, with no servers between",
 }
 
 # Where rlrig's default is not verl's, and why.
 DEFAULTS_DIFFER = {
     "actor_rollout_ref.rollout.mode": "verl's default is async (a server-based agent loop, not in rlrig); rlrig's rollout is sync",
-    "reward_model.use_reward_loop": "verl's default is True (vLLM/SGLang reward servers, not in rlrig); rlrig scores "
-                                    "as verl's legacy RewardModelWorker (False)",
+    "reward_model.use_reward_loop": "verl's default is True; rlrig's False scores with transformers, as verl's "
+                                    "legacy RewardModelWorker (True: a vLLM engine in pooling mode, as verl)",
+    "reward_model.rollout.tensor_model_parallel_size": "verl's default is 2; rlrig's reward engines run on one GPU each",
+    "reward_model.rollout.dtype": "verl's default is bfloat16; rlrig's auto is bfloat16 on GPU, float32 on CPU",
+    "reward_model.rollout.name": "verl has no default (it must be given); rlrig's is vllm, its only engine here",
     "reward_model.model.path": "verl's default is ~/models/FsfairX-LLaMA3-RM-v0.1; rlrig's empty default is its "
                                "embedded tiny reward model",
     "actor_rollout_ref.actor.strategy": "verl's default is fsdp; rlrig's is ddp, faster for models that fit on one device "

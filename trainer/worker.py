@@ -158,9 +158,9 @@ class Worker:
 
                 model = lambda kind, inputs: ray.get(getattr(rm_worker, f"score_{kind}").remote(inputs))
             else:
-                from .reward_model import RewardScorer, scorer_settings
+                from .reward_model import make_scorer, scorer_settings
 
-                self.rm_scorer = RewardScorer(rm, rm_path, self.device, *scorer_settings(cfg))
+                self.rm_scorer = make_scorer(rm, rm_path, self.device, *scorer_settings(cfg))
                 model = lambda kind, inputs: getattr(self.rm_scorer, f"score_{kind}")(inputs)
             if rm.model.input_tokenizer is not None:
                 from transformers import AutoTokenizer
@@ -364,5 +364,7 @@ class Worker:
             self.engine.sync_weights(parallel.full_tensors(actor.module))
 
     def shutdown(self) -> None:
+        if getattr(self, "rm_scorer", None) is not None:
+            self.rm_scorer.close()
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from conftest import dstack_env
+from crashlog import excerpt
 
 pytestmark = pytest.mark.integration
 STEPS = 6
@@ -48,7 +49,7 @@ def test_a_killed_worker_started_again_rejoins_and_the_run_completes(cluster_hos
     kill_node(psutil.Process(worker.proc.pid))
     head.wait_for("restart 1/1: lost node rank 1", 60)
     again = start(1)
-    assert head.wait(600) == 0, head.output[-4000:]
+    assert head.wait(600) == 0, excerpt(head.output, 4000)
     assert again.wait(120) == 0, again.output[-3000:]
     out = head.output
     assert "restart 1/1: all 2 node(s) back" in out and "resumed from" in out, out[-4000:]

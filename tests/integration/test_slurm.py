@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TOKEN
+from crashlog import excerpt
 
 pytestmark = pytest.mark.integration
 CHECK = str(Path(__file__).with_name("check_cluster.py"))
@@ -52,7 +53,7 @@ def test_baremetal_sbatch_script_trains_on_two_nodes(slurm_cluster, tmp_path):
     r = s.run("sbatch", "--wait", f"--output={out}", f"--chdir={tmp_path}", str(REPO / "slurm/rlrig-baremetal.sbatch"),
               *TINY, f"trainer.default_local_dir={run}", env=env, timeout=600)
     text = out.read_text()
-    assert r.returncode == 0, text[-4000:] + r.stderr
+    assert r.returncode == 0, excerpt(text, 4000) + r.stderr
     assert "head of 2 node(s)" in text and "(slurm)" in text, text[-3000:]
     assert f"workers on {s.ns.ip(0)}, {s.ns.ip(1)}" in text, text[-3000:]
     assert (run / "metrics.jsonl").read_text().count("\n") == 2
@@ -69,7 +70,7 @@ def test_standing_cluster_sbatch_recipe_submits_training_to_both_nodes(slurm_clu
               "rlrig", "train", *TINY, "trainer.nnodes=2", "trainer.n_gpus_per_node=1", f"trainer.default_local_dir={run}",
               env=env, timeout=600)
     text = out.read_text()
-    assert r.returncode == 0, text[-4000:] + r.stderr
+    assert r.returncode == 0, excerpt(text, 4000) + r.stderr
     assert f"workers on {s.ns.ip(0)}, {s.ns.ip(1)}" in text, text[-3000:]
     assert (run / "metrics.jsonl").read_text().count("\n") == 2
 

@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from conftest import TOKEN, dstack_env
+from crashlog import excerpt
 from test_train import TINY, metrics
 
 pytestmark = pytest.mark.integration
@@ -162,7 +163,7 @@ def test_submitted_trainer_trains_on_both_nodes(cluster_hosts, tmp_path):
     args = ["submit", "--", "rlrig", "train", *TINY, "trainer.nnodes=2", "trainer.n_gpus_per_node=1",
             "trainer.total_training_steps=2", f"trainer.default_local_dir={run}"]
     r = rlrig(ns, 0, *args, timeout=600)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert r.returncode == 0, excerpt(r.stdout + r.stderr, 4000)
     assert f"workers on {ns.ip(0)}, {ns.ip(1)}" in r.stdout, r.stdout[-3000:]
     assert [m["training/global_step"] for m in metrics(run)] == [1, 2]
     # the trainer uses the cluster that is there, so its size must match

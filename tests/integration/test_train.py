@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import dstack_env
+from crashlog import excerpt
 
 pytestmark = pytest.mark.integration
 TINY = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.val_before_train=False",
@@ -63,7 +64,7 @@ def test_two_nodes_train_stop_and_resume(cluster_hosts, tmp_path):
         args = ["train", *TINY, "trainer.nnodes=2", "trainer.n_gpus_per_node=1", f"trainer.default_local_dir={run}", *extra]
         nodes = [cluster_hosts.start(ns, i, {**dstack_env(ns, i, tag), "HOME": str(Path.home())}, args) for i in range(2)]
         codes = [n.wait(600) for n in nodes]
-        assert codes == [0, 0], nodes[0].output[-4000:]
+        assert codes == [0, 0], excerpt(nodes[0].output, 4000)
         assert f"workers on {ns.ip(0)}, {ns.ip(1)}" in nodes[0].output, nodes[0].output[-3000:]
         return nodes[0].output
 

@@ -122,7 +122,16 @@ BASE = ["reward_model.enable=True"]
 
 
 @pytest.mark.parametrize("overrides, refusal", [
-    (["reward_model.use_reward_loop=True"], "reward_model.use_reward_loop: a verl key rlrig does not implement"),
+    (["reward_model.use_reward_loop=True", "reward_model.rollout.name=sglang"],
+     "reward_model.rollout.name=sglang: rlrig's reward loop serves the reward model with vLLM"),
+    (["reward_model.use_reward_loop=True", "reward_model.rollout.tensor_model_parallel_size=2"],
+     "reward_model.rollout.tensor_model_parallel_size=2: rlrig's reward engines run on one GPU each"),
+    (["reward_model.use_reward_loop=True", "+reward_model.rollout.engine_kwargs.sglang.x=1"],
+     "reward_model.rollout.engine_kwargs.sglang: the reward loop's engine is vLLM"),
+    (["reward_model.use_reward_loop=True", "reward_model.rollout.prompt_length=0"], "reward_model.rollout.prompt_length=0 must be"),
+    (["reward_model.use_reward_loop=True", "reward_model.rollout.gpu_memory_utilization=1.5"],
+     "reward_model.rollout.gpu_memory_utilization=1.5 must be in (0, 1]"),
+    (["reward_model.rollout.skip_tokenizer_init=True"], "unknown config key 'reward_model.rollout.skip_tokenizer_init'"),
     (["reward_model.reward_manager=prime"], "reward_model.reward_manager=prime: rlrig has verl's naive, dapo"),
     (["reward_model.enable_resource_pool=True", "reward_model.nnodes=1"], "reward_model.enable_resource_pool=True needs reward_model.nnodes"),
     (["+reward_model.reward_kwargs.max_resp_len=8"], "reward_model.reward_kwargs.max_resp_len: verl's naive reward manager takes no"),
@@ -140,12 +149,59 @@ def test_reward_model_keys_are_refused_in_one_line(overrides, refusal):
     assert str(e.value).startswith(refusal) and "\n" not in str(e.value), str(e.value)
 
 
-def test_dapo_without_a_reward_model_and_the_inert_reward_loop_keys():
+def test_dapo_without_a_reward_model_and_the_reward_loop_keys():
     cfg = parse_overrides(["reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
                            "+reward_model.reward_kwargs.overlong_buffer_cfg.len=4", "+reward_model.reward_kwargs.max_resp_len=8",
-                           "reward_model.rollout.name=vllm", "reward_model.num_workers=8", "reward_model.use_reward_loop=False"])
+                           "reward_model.rollout.name=vllm", "reward_model.num_workers=8", "reward_model.use_reward_loop=True",
+                           "reward_model.rollout.prompt_length=100"])
     assert cfg.reward_model.reward_kwargs["overlong_buffer_cfg"]["len"] == 4
-    assert "rollout" not in cfg.to_dict()["reward_model"]
+    assert cfg.reward_model.rollout.prompt_length == 100 and cfg.reward_model.num_workers == 8
+
+
+@pytest.mark.parametrize("overrides, device, expected", [
+    ([], "cpu", {"dtype": "float32", "max_model_len": 64, "enforce_eager": True, "max_num_batched_tokens": 8192}),
+    ([], "cuda", {"dtype": "bfloat16", "gpu_memory_utilization": 0.5, "enable_sleep_mode": True}),
+    (["reward_model.rollout.dtype=float16", "reward_model.rollout.gpu_memory_utilization=0.8",
+      "reward_model.rollout.free_cache_engine=False", "reward_model.rollout.max_num_seqs=32"],
+     "cuda", {"dtype": "float16", "gpu_memory_utilization": 0.8, "enable_sleep_mode": False, "max_num_seqs": 32}),
+    (["+reward_model.rollout.engine_kwargs.vllm.max_num_seqs=7", "reward_model.rollout.enable_prefix_caching=False"],
+     "cpu", {"max_num_seqs": 7, "enable_prefix_caching": False}),
+])
+def test_reward_loop_engine_arguments(overrides, device, expected):
+    from rlrig.trainer.reward_vllm import engine_kwargs
+
+    r = parse_overrides([*BASE, "reward_model.use_reward_loop=True", *overrides]).reward_model.rollout
+    kw = engine_kwargs(r, "/rm", device, 64)
+    assert kw["runner"] == "pooling" and kw["convert"] == "classify" and kw["pooler_config"] == {"task": "classify"}
+    assert {k: kw[k] for k in expected} == expected
+    if device == "cpu":
+        assert "gpu_memory_utilization" not in kw and "enable_sleep_mode" not in kw
+
+
+@pytest.mark.parametrize("overrides, model_limit, expected", [
+    ([], None, 4096),  # verl's prompt_length + response_length
+    ([], 64, 64),  # capped at the model's positions
+    (["reward_model.rollout.prompt_length=10", "reward_model.rollout.response_length=6"], 64, 16),
+    (["reward_model.rollout.max_model_len=100"], 64, 100),  # the user's word, as verl passes it to vLLM
+])
+def test_reward_loop_max_length(overrides, model_limit, expected):
+    from rlrig.trainer.reward_vllm import max_length
+
+    assert max_length(parse_overrides([*BASE, *overrides]).reward_model.rollout, model_limit) == expected
+
+
+def test_reward_loop_without_vllm_is_refused_before_workers_start(monkeypatch):
+    import importlib.util
+
+    from rlrig.trainer.reward_model import check_installed
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    cfg = parse_overrides([*BASE, "reward_model.use_reward_loop=True"])
+    with pytest.raises(ConfigError) as e:
+        check_installed(cfg.reward_model)
+    assert "scores with vLLM, which is not installed here" in str(e.value) and "\n" not in str(e.value)
+    check_installed(parse_overrides(BASE).reward_model)  # transformers: nothing to check
 
 
 def test_a_custom_function_beside_the_reward_model_must_take_rm_score(tmp_path):

@@ -100,7 +100,7 @@ def test_external_lib_is_imported_or_refused(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("override,words", [
     ("actor_rollout_ref.model.lora_rank=8", "a verl key rlrig does not implement: LoRA"),
-    ("reward_model.use_reward_loop=True", "reward loop serves the reward model from vLLM/SGLang servers"),
+    ("reward_model.reward_loop_class_name=MyLoop", "a reward-loop class of your own is not in rlrig"),
     ("actor_rollout_ref.rollout.multi_turn.enable=True", "multi-turn"),
     ("algorithm.rollout_correction.rollout_is=token", "rollout correction"),
     ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "Ulysses"),

