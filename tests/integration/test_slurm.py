@@ -92,38 +92,3 @@ def test_apptainer_node_script_forwards_each_tasks_slurm_variables(slurm_cluster
         assert f"APPTAINERENV_SLURM_NODEID={task}" in mine, mine
         assert f"APPTAINERENV_RLRIG_CLUSTER_TOKEN={TOKEN}" in mine and "APPTAINERENV_RAY_TMPDIR=/tmp/rlrig-j" in mine
         assert any(m.startswith("APPTAINERENV_SLURM_JOB_NODELIST=") for m in mine)
-
-
-def test_baremetal_sbatch_checkpoints_on_the_warning_signal_and_requeues_itself(slurm_cluster, tmp_path):
-    """The time-limit warning (#SBATCH --signal=USR1@180), sent now with `scancel --signal=USR1`: Slurm delivers it
-    to every process of the step (Ray's daemons, which ignore it, included); the trainer ends its step and writes a
-    checkpoint, srun exits 138, the script requeues the job, and its second start resumes and finishes the run with
-    every step logged once."""
-    import json
-    import time
-
-    s = slurm_cluster
-    out, run = tmp_path / "job.out", tmp_path / "run"
-    steps = 10
-    env = {"RLRIG_VENV": str(Path(sys.executable).parent.parent), "HOME": str(Path.home())}
-    args = [*TINY[:-1], "trainer.test_freq=0", "trainer.save_freq=0", f"trainer.total_training_steps={steps}",
-            f"trainer.default_local_dir={run}"]
-    r = s.run("sbatch", "--parsable", f"--output={out}", f"--chdir={tmp_path}", str(REPO / "slurm/rlrig-baremetal.sbatch"),
-              *args, env=env, timeout=60)
-    assert r.returncode == 0, r.stderr
-    job = r.stdout.strip().split(";")[0]
-    metrics = run / "metrics.jsonl"
-    deadline = time.monotonic() + 400
-    while not (metrics.exists() and metrics.read_text().count("\n") >= 3):
-        assert time.monotonic() < deadline, (out.read_text() if out.exists() else "") + s.logs()
-        time.sleep(0.5)
-    assert s.run("scancel", "--signal=USR1", job).returncode == 0
-    deadline = time.monotonic() + 600
-    while s.run("squeue", "-h", "-j", job).stdout.strip():
-        assert time.monotonic() < deadline, out.read_text()[-4000:] + s.logs()
-        time.sleep(1)
-    text = out.read_text()
-    assert "checkpointed on SIGUSR1; requeueing job" in text and "start 2" in text, text[-4000:]
-    assert "resumed from" in text, text[-4000:]
-    steps_logged = [json.loads(line)["training/global_step"] for line in metrics.read_text().splitlines()]
-    assert steps_logged == list(range(1, steps + 1)), text[-3000:]
