@@ -137,7 +137,7 @@ class ValKwargsConfig:
 @dataclass
 class RolloutConfig:
     name: str = "hf"
-    mode: str = "sync"  # verl's async (server-based agent loop) is refused
+    mode: str = "async"  # async (verl's default and only mode today) or sync (older verl): see verl_keys.NO_EFFECT
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
@@ -548,9 +548,9 @@ def validate(cfg: Config) -> None:
             # DDP keeps a full replica and gradient buckets on the device: moving the weights out saves little
             raise ConfigError(f"{prefix}.param_offload=True offloads FSDP shards; set actor_rollout_ref.actor.strategy=fsdp "
                               "(or leave param_offload=False)")
-    if r.mode != "sync":
-        raise ConfigError(f"actor_rollout_ref.rollout.mode={r.mode}: verl's server-based agent-loop rollout is not in rlrig; "
-                          "set rollout.mode=sync (the same single-turn samples)")
+    if r.mode not in ("async", "sync"):
+        raise ConfigError(f"actor_rollout_ref.rollout.mode={r.mode}: verl's modes are async (its default) and sync; "
+                          "both give rlrig's single-turn rollout")
     bad_loggers = [x for x in t.logger if x not in LOGGERS]
     if bad_loggers:
         raise ConfigError(f"trainer.logger: {', '.join(map(str, bad_loggers))} is not in rlrig; it logs to {', '.join(LOGGERS)}")

@@ -73,6 +73,11 @@ INERT_PREFIXES = {
 
 # Keys accepted because, for rlrig, they change nothing; `--print-config` lists them with the reason.
 NO_EFFECT = {
+    "actor_rollout_ref.rollout.mode": "verl runs every rollout through its async agent loop (sync is removed from "
+                                      "verl); with multi_turn off that loop is its single_turn_agent, which samples "
+                                      "each prompt once per rollout.n as rlrig's engines do; async and sync give the "
+                                      "same single-turn rollout here, and what async adds beyond it (multi_turn, "
+                                      "agent.*) is refused",
     "data.return_raw_chat": "rlrig applies the chat template itself on the driver; raw or templated, the engine gets the same tokens",
     "data.dataloader_num_workers": "rlrig reads the data set in the driver process",
     "data.filter_overlong_prompts_workers": "rlrig filters over-long prompts in the driver process",
@@ -96,7 +101,6 @@ NO_EFFECT = {
 
 # Where rlrig's default is not verl's, and why.
 DEFAULTS_DIFFER = {
-    "actor_rollout_ref.rollout.mode": "verl's default is async (a server-based agent loop, not in rlrig); rlrig's rollout is sync",
     "reward_model.use_reward_loop": "verl's default is True; rlrig's False scores with transformers, as verl's "
                                     "legacy RewardModelWorker (True: a vLLM engine in pooling mode, as verl)",
     "reward_model.rollout.tensor_model_parallel_size": "verl's default is 2; rlrig's reward engines run on one GPU each",

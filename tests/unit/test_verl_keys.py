@@ -104,7 +104,7 @@ def test_external_lib_is_imported_or_refused(tmp_path, monkeypatch):
     ("actor_rollout_ref.rollout.multi_turn.enable=True", "multi-turn"),
     ("algorithm.rollout_correction.rollout_is=token", "rollout correction"),
     ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "Ulysses"),
-    ("actor_rollout_ref.rollout.mode=async", "rollout.mode=sync"),
+    ("actor_rollout_ref.rollout.mode=agent", "verl's modes are async (its default) and sync"),
     ("trainer.logger=['console','mlflow']", "mlflow is not in rlrig"),
     ("data.sampler.class_name=Curriculum", "custom samplers are not in rlrig"),
     ("actor_rollout_ref.ref.strategy=fsdp", "shards the reference as it does the actor"),  # the actor: ddp
@@ -117,6 +117,7 @@ def test_verl_keys_rlrig_does_not_implement_are_refused_in_one_line(override, wo
 
 @pytest.mark.parametrize("override", [
     "actor_rollout_ref.model.lora_rank=0", "reward_model.use_reward_loop=False", "actor_rollout_ref.rollout.multi_turn.enable=False",
+    "actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.mode=sync",
     "actor_rollout_ref.rollout.multi_turn.format=hermes", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",
     "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.ref.strategy=fsdp2",
 ])
