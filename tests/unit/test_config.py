@@ -120,8 +120,8 @@ BAD = [
     (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=3", "trainer.n_gpus_per_node=2"], "must divide trainer.n_gpus_per_node=2"),
     (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=4", "trainer.n_gpus_per_node=2"], "divide the 2 workers"),
     (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=0"], "tensor_model_parallel_size=0"),
-    (["actor_rollout_ref.rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.name=sglang"],
-     "works with rollout.name=vllm"),
+    (["actor_rollout_ref.rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.name=hf"],
+     "works with rollout.name=vllm, sglang; rlrig's hf engine runs one GPU per worker"),
 ]
 
 # tensor-parallel engines span whole groups of workers: within a node, or whole nodes

@@ -130,7 +130,7 @@ def test_auto_falls_back_to_hf_only_without_vllm(monkeypatch, capsys):
 @pytest.mark.parametrize("name,devices,full_module,tp", [
     ("hf", ("cpu", "cuda"), True, False),
     ("vllm", ("cpu", "cuda"), False, True),
-    ("sglang", ("cuda",), False, False),
+    ("sglang", ("cuda",), False, True),
 ])
 def test_engines_declare_what_they_need(name, devices, full_module, tp):
     e = engines.ENGINES[name]

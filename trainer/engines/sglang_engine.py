@@ -1,4 +1,5 @@
 """SGLang as the rollout engine (GPU only; written against SGLang's offline Engine API, not run here).
+With tensor_model_parallel_size > 1 one engine spans that many workers (sglang_tp.py).
 
 Weights reach the engine with `update_weights_from_tensor` (CUDA IPC handles, no disk), in buckets of
 at most BUCKET_BYTES in the engine's dtype, so the whole model is never materialised twice on the GPU.
@@ -9,8 +10,12 @@ and a rollout after a validation pass (no weight sync in between) would generate
 
 from __future__ import annotations
 
-import torch
+import os
 
+import torch
+import torch.distributed as dist
+
+from . import sglang_tp
 from .base import EngineContext, EngineNotInstalled, RolloutEngine, Sampling, pack_responses
 
 INSTALL_HINT = "pip install 'rlrig[sglang]' on a CUDA machine"
@@ -65,9 +70,19 @@ def unpack(outputs: list[dict]) -> tuple[list[list[int]], list[list[float]]]:
     return tokens, logps
 
 
+def tp_engine_kwargs(layout: sglang_tp.NodeLayout, tp: int, dist_init_addr: str, rank: int) -> dict:
+    """What an engine spanning workers adds: its size and this node's place in it. Each engine's ports are kept
+    apart by the worker's rank, since the workers share a seed from which SGLang would draw the same ones."""
+    kw = dict(tp_size=tp, nnodes=layout.nnodes, node_rank=layout.node_rank, base_gpu_id=0, port=30000 + 8 * rank)
+    if layout.nnodes > 1:
+        kw["dist_init_addr"] = dist_init_addr
+    return kw
+
+
 class SGLangRollout(RolloutEngine):
     name = "sglang"
     devices = ("cuda",)
+    tensor_parallel = True
 
     def __init__(self, ctx: EngineContext):
         try:
@@ -75,9 +90,49 @@ class SGLangRollout(RolloutEngine):
         except ImportError as e:
             raise EngineNotInstalled(f"SGLang is not installed ({e}); {INSTALL_HINT}") from None
         self.tok, self.cfg, self.max_new = ctx.tokenizer, ctx.cfg, ctx.max_response_length
-        self.engine = sglang.Engine(**engine_kwargs(ctx.cfg, ctx.model_path, ctx.max_prompt_length + ctx.max_response_length, ctx.seed))
-        self.released = False
         self.dtype = getattr(torch, engine_dtype(ctx.cfg))  # what the engine holds its weights in
+        self.released = False
+        kw = engine_kwargs(ctx.cfg, ctx.model_path, ctx.max_prompt_length + ctx.max_response_length, ctx.seed)
+        self.group = self.me = None
+        self.engine, self.leads = None, True  # leads: this worker talks to the engine
+        tp = ctx.cfg.tensor_model_parallel_size
+        if tp == 1:
+            self.engine = sglang.Engine(**kw)
+            return
+        self._start_group(sglang, kw, tp)
+
+    def _start_group(self, sglang, kw: dict, tp: int) -> None:
+        rank = dist.get_rank()
+        for ranks in sglang_tp.groups(dist.get_world_size(), tp):  # every rank makes every group, in one order
+            g = dist.new_group(ranks, backend="gloo")
+            if rank in ranks:
+                self.group, self.me, self.members = g, ranks.index(rank), ranks
+        node, ip = _where()
+        addr = f"{ip}:{_free_port()}" if self.me == 0 else ""
+        mine = (node, os.environ.get("CUDA_VISIBLE_DEVICES", ""), addr)
+        members = [None] * tp
+        dist.all_gather_object(members, mine, group=self.group)
+        try:
+            layout = sglang_tp.node_layout([(node, visible) for node, visible, _ in members], self.me)
+        except ValueError as e:
+            raise RuntimeError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}: {e}") from None
+        self.leads = self.me == 0
+        if layout.starts_engine:
+            own = os.environ.get("CUDA_VISIBLE_DEVICES")
+            # read by SGLang's scheduler processes when they start; this process's CUDA context is made already
+            os.environ.update(CUDA_VISIBLE_DEVICES=layout.devices, SGLANG_BLOCK_NONZERO_RANK_CHILDREN="0",
+                              SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK="false")
+            try:
+                self.engine = sglang.Engine(**{**kw, **tp_engine_kwargs(layout, tp, members[0][2], rank)})
+            finally:  # anything this worker starts later (the reward model's engine) gets its own GPU again
+                if own is None:
+                    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+                else:
+                    os.environ["CUDA_VISIBLE_DEVICES"] = own
+        dist.barrier(group=self.group)  # every node's schedulers are up before the first request
+
+    def describe(self) -> str:
+        return self.name if self.group is None else f"{self.name}, tensor parallel over {len(self.members)} workers"
 
     def _resume_kv(self):
         if self.released:
@@ -85,18 +140,61 @@ class SGLangRollout(RolloutEngine):
             self.released = False
 
     def generate(self, prompts, n, sampling=None):
-        self._resume_kv()
-        expanded = [p for p in prompts for _ in range(n)]  # sample i*n..i*n+n-1 belong to prompt i
-        outs = self.engine.generate(input_ids=expanded, return_logprob=True,
-                                    sampling_params=sampling_params(sampling or Sampling.of(self.cfg), self.max_new, self.tok.eos_token_id))
-        tokens, logps = unpack(outs)
-        if self.cfg.free_cache_engine:
-            self.engine.release_memory_occupation(tags=KV)
-            self.released = True
+        asked, mine = prompts, slice(0, len(prompts) * n)
+        if self.group is not None:  # the group's prompts in rank order; the lead asks the engine for all of them
+            per_rank = [None] * len(self.members)
+            dist.all_gather_object(per_rank, prompts, group=self.group)
+            start = sum(len(p) for p in per_rank[:self.me]) * n
+            asked, mine = [p for part in per_rank for p in part], slice(start, start + len(prompts) * n)
+        result = [None]
+        if self.leads:
+            self._resume_kv()
+            expanded = [p for p in asked for _ in range(n)]  # sample i*n..i*n+n-1 belong to prompt i
+            outs = self.engine.generate(input_ids=expanded, return_logprob=True,
+                                        sampling_params=sampling_params(sampling or Sampling.of(self.cfg), self.max_new, self.tok.eos_token_id))
+            result[0] = unpack(outs)
+            if self.cfg.free_cache_engine:
+                self.engine.release_memory_occupation(tags=KV)
+                self.released = True
+        if self.group is not None:
+            dist.broadcast_object_list(result, src=self.members[0], group=self.group)
+        tokens, logps = (x[mine] for x in result[0])
         return pack_responses(prompts, n, tokens, logps, self.max_new, self.tok.pad_token_id, self.tok.eos_token_id)
 
     def sync_weights(self, weights) -> None:
         # the weights are resident (only the KV cache is ever released); the cache is flushed once, at the end
+        if self.group is None:
+            for chunk in buckets(weights, self.dtype):
+                self.engine.update_weights_from_tensor(named_tensors=chunk, flush_cache=False)
+            self.engine.flush_cache()
+            return
+        from sglang.srt.model_executor.model_runner_components.weight_updater import LocalSerializedTensor
+        from sglang.srt.utils import MultiprocessingSerializer
+        from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+
+        monkey_patch_torch_reductions()  # handles name GPUs by UUID: the schedulers number the GPUs differently
         for chunk in buckets(weights, self.dtype):
-            self.engine.update_weights_from_tensor(named_tensors=chunk, flush_cache=False)
-        self.engine.flush_cache()
+            handles = [(name, MultiprocessingSerializer.serialize(t.detach())) for name, t in chunk]
+            gathered = [None] * len(self.members) if self.leads else None
+            dist.gather_object(handles, gathered, dst=self.members[0], group=self.group)
+            if self.leads:
+                named = [(name, LocalSerializedTensor(values=h)) for name, h in sglang_tp.transpose(gathered)]
+                self.engine.update_weights_from_tensor(named_tensors=named, flush_cache=False)
+            dist.barrier(group=self.group)  # the engine has read every handle before `chunk`'s tensors are freed
+        if self.leads:
+            self.engine.flush_cache()
+
+
+def _where() -> tuple[str, str]:
+    """(Ray's id of this worker's node, its IP)."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
