@@ -265,7 +265,7 @@ class RewardModelRolloutConfig:
     gpu_memory_utilization: float = 0.5
     enforce_eager: bool = True
     free_cache_engine: bool = True  # on GPU the engine sleeps (weights to host memory) except while it scores
-    tensor_model_parallel_size: int = 1  # verl's default is 2; rlrig's reward engines run on one GPU each
+    tensor_model_parallel_size: int = 1  # verl's default is 2; k > 1: one engine over k colocated training workers
     max_num_batched_tokens: int = 8192
     max_model_len: int | None = None  # None: prompt_length + response_length
     max_num_seqs: int = 1024
@@ -663,16 +663,20 @@ def validate_reward_model(cfg: Config) -> None:
         if value is not None and value < 1:
             raise ConfigError(f"{key}={value} must be at least 1 (or null)")
     if rm.use_reward_loop:
-        validate_reward_loop(rm.rollout)
+        validate_reward_loop(rm.rollout, rm.enable_resource_pool, cfg.trainer.n_gpus_per_node)
 
 
-def validate_reward_loop(r: RewardModelRolloutConfig) -> None:
+def validate_reward_loop(r: RewardModelRolloutConfig, own_pool: bool, per_node: int) -> None:
     if r.name != "vllm":
         raise ConfigError(f"reward_model.rollout.name={r.name}: rlrig's reward loop serves the reward model with vLLM; "
                           "set reward_model.rollout.name=vllm (or use_reward_loop=False to score with transformers)")
-    if r.tensor_model_parallel_size != 1:
-        raise ConfigError(f"reward_model.rollout.tensor_model_parallel_size={r.tensor_model_parallel_size}: rlrig's reward "
-                          "engines run on one GPU each; set it to 1 (reward_model.n_gpus_per_node gives more engines)")
+    k = r.tensor_model_parallel_size
+    if k < 1 or k > 1 and own_pool:
+        raise ConfigError(f"reward_model.rollout.tensor_model_parallel_size={k}: rlrig's reward engines span workers only "
+                          "colocated (reward_model.enable_resource_pool=False); in a pool of their own they run on one GPU each")
+    if per_node % k:
+        raise ConfigError(f"reward_model.rollout.tensor_model_parallel_size={k}: one reward engine spans that many "
+                          f"training workers of one node, so it must divide trainer.n_gpus_per_node={per_node}")
     unknown = set(r.engine_kwargs) - {"vllm"}
     if unknown:
         raise ConfigError(f"reward_model.rollout.engine_kwargs.{sorted(unknown)[0]}: the reward loop's engine is vLLM; "

@@ -151,6 +151,14 @@ def shard(rows: list, parts: int) -> list[list]:
     return [rows[i * size:(i + 1) * size] for i in range(parts)]
 
 
+def val_parts(rows: list, workers: int) -> tuple[list[list], list[bool]]:
+    """Each worker's validation prompts, and which are fillers: a worker left without any gets the first prompt
+    again, its result dropped, since an engine spanning workers (tensor parallel) generates or scores only when all
+    of its workers ask, and a worker left out would leave the others waiting."""
+    parts = spread(rows, workers)
+    return [p or rows[:1] for p in parts], [not p for p in parts]
+
+
 def spread(rows: list, parts: int) -> list[list]:
     """Every row, in order, over `parts` lists as evenly as possible (validation keeps every prompt)."""
     size, extra = divmod(len(rows), parts)
@@ -173,9 +181,10 @@ def validate_rows(workers, val_rows, cfg, step: int = 0, out: Path | None = None
     shown = []
     step_size = cfg.data.val_batch_size or len(val_rows)
     for start in range(0, len(val_rows), step_size):
-        parts = spread(val_rows[start:start + step_size], len(workers))
-        results = ray.get([w.evaluate.remote(p) for w, p in zip(workers, parts) if p])
-        rows = [r for p in parts if p for r in p]
+        parts, fillers = val_parts(val_rows[start:start + step_size], len(workers))
+        results = [res for res, filler in zip(ray.get([w.evaluate.remote(p) for w, p in zip(workers, parts)]), fillers)
+                   if not filler]
+        rows = [r for p, filler in zip(parts, fillers) if not filler for r in p]
         scores = [s for res in results for s in res[0]]
         texts = [t for res in results for t in res[1]]
         for i, r in enumerate(rows):

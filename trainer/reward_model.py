@@ -7,7 +7,10 @@ its own workers (reward_worker.py).
 
 from __future__ import annotations
 
+import os
+
 import torch
+import torch.distributed as dist
 
 from . import batching, offload
 from .models import import_external_lib, model_kwargs
@@ -91,23 +94,54 @@ class RewardScorer(ChatScorer):
 class LoopScorer(ChatScorer):
     """reward_model.use_reward_loop=True: a vLLM engine in pooling mode, as verl's reward loop. vLLM batches and
     schedules by itself, so micro_batch_size_per_gpu, use_dynamic_bsz and param_offload (transformers' knobs) play
-    no part here, as in verl's reward loop; the engine's sleep mode frees the device between scorings instead."""
+    no part here, as in verl's reward loop; the engine's sleep mode frees the device between scorings instead.
+
+    With reward_model.rollout.tensor_model_parallel_size = k > 1 (colocated), k consecutive training workers share
+    one engine over their GPUs, as verl's colocated reward replicas span k of the pool's GPUs: the group's first
+    worker starts it with CUDA_VISIBLE_DEVICES set to the group's GPUs (tp_groups.py) and scores the whole group's
+    inputs; each worker keeps its own scores. Every worker of a group must score at the same time, as they do."""
 
     def __init__(self, rm_cfg, path: str, device: torch.device, default_max_length: int, budget: int | None):
         from transformers import AutoConfig
 
+        from . import tp_groups
         from .reward_vllm import VLLMEngineScorer, max_length
 
-        m = rm_cfg.model
+        m, r = rm_cfg.model, rm_cfg.rollout
         conf = AutoConfig.from_pretrained(path, **({"trust_remote_code": True} if m.trust_remote_code else {}))
-        super().__init__(m, path, max_length(rm_cfg.rollout, getattr(conf, "max_position_embeddings", None)))
-        self.engine = VLLMEngineScorer(rm_cfg.rollout, path, device.type, self.max_length, m.trust_remote_code)
+        super().__init__(m, path, max_length(r, getattr(conf, "max_position_embeddings", None)))
+        start = lambda: VLLMEngineScorer(r, path, device.type, self.max_length, m.trust_remote_code)
+        k, self.group, self.engine = r.tensor_model_parallel_size, None, None
+        if k == 1:
+            self.engine = start()
+            return
+        self.group, self.me, self.members = tp_groups.make_group(k)
+        members = [None] * k
+        dist.all_gather_object(members, (tp_groups.where()[0], os.environ.get("CUDA_VISIBLE_DEVICES", "")), group=self.group)
+        try:
+            layout = tp_groups.node_layout(members, self.me)
+        except ValueError as e:
+            raise RuntimeError(f"reward_model.rollout.tensor_model_parallel_size={k}: {e}") from None
+        if layout.nnodes > 1:  # the config allows only groups within a node; vLLM's mp executor stays on one
+            raise RuntimeError(f"reward_model.rollout.tensor_model_parallel_size={k}: its workers are on {layout.nnodes} nodes")
+        if self.me == 0:
+            self.engine = tp_groups.with_devices(layout.devices if device.type == "cuda" else None, start)
+        dist.barrier(group=self.group)
 
     def score_ids(self, seqs: list[list[int]]) -> list[float]:
-        return self.engine.score_ids([s[:self.max_length] for s in seqs])  # vLLM refuses what exceeds max_model_len
+        seqs = [s[:self.max_length] for s in seqs]  # vLLM refuses what exceeds max_model_len
+        if self.group is None:
+            return self.engine.score_ids(seqs)
+        from . import tp_groups
+
+        asked, mine = tp_groups.gather_share(self.group, self.me, len(self.members), seqs)
+        result = [self.engine.score_ids(asked) if self.engine is not None and asked else []]
+        dist.broadcast_object_list(result, src=self.members[0], group=self.group)
+        return result[0][mine]
 
     def close(self) -> None:
-        self.engine.close()
+        if self.engine is not None:
+            self.engine.close()
 
 
 def make_scorer(rm_cfg, path: str, device: torch.device, default_max_length: int, budget: int | None) -> ChatScorer:

@@ -26,6 +26,9 @@ def engine_kwargs(r, path: str, device: str, max_model_len: int, trust_remote_co
               enforce_eager=r.enforce_eager, max_model_len=max_model_len, max_num_seqs=r.max_num_seqs,
               max_num_batched_tokens=r.max_num_batched_tokens, enable_chunked_prefill=r.enable_chunked_prefill,
               enable_prefix_caching=r.enable_prefix_caching, load_format=r.load_format, trust_remote_code=trust_remote_code)
+    if r.tensor_model_parallel_size > 1:
+        # one engine over the GPUs of k training workers (tp_groups): vLLM's own worker processes, one per GPU
+        kw.update(tensor_parallel_size=r.tensor_model_parallel_size, distributed_executor_backend="mp")
     if device == "cuda":
         kw["gpu_memory_utilization"] = r.gpu_memory_utilization
         kw["enable_sleep_mode"] = r.free_cache_engine

@@ -103,7 +103,7 @@ NO_EFFECT = {
 DEFAULTS_DIFFER = {
     "reward_model.use_reward_loop": "verl's default is True; rlrig's False scores with transformers, as verl's "
                                     "legacy RewardModelWorker (True: a vLLM engine in pooling mode, as verl)",
-    "reward_model.rollout.tensor_model_parallel_size": "verl's default is 2; rlrig's reward engines run on one GPU each",
+    "reward_model.rollout.tensor_model_parallel_size": "verl's default is 2; rlrig's is 1, a reward engine per GPU",
     "reward_model.rollout.dtype": "verl's default is bfloat16; rlrig's auto is bfloat16 on GPU, float32 on CPU",
     "reward_model.rollout.name": "verl has no default (it must be given); rlrig's is vllm, its only engine here",
     "reward_model.model.path": "verl's default is ~/models/FsfairX-LLaMA3-RM-v0.1; rlrig's empty default is its "

@@ -124,8 +124,11 @@ BASE = ["reward_model.enable=True"]
 @pytest.mark.parametrize("overrides, refusal", [
     (["reward_model.use_reward_loop=True", "reward_model.rollout.name=sglang"],
      "reward_model.rollout.name=sglang: rlrig's reward loop serves the reward model with vLLM"),
-    (["reward_model.use_reward_loop=True", "reward_model.rollout.tensor_model_parallel_size=2"],
-     "reward_model.rollout.tensor_model_parallel_size=2: rlrig's reward engines run on one GPU each"),
+    (["reward_model.use_reward_loop=True", "reward_model.rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2",
+      "reward_model.enable_resource_pool=True", "reward_model.nnodes=1", "reward_model.n_gpus_per_node=2"],
+     "reward_model.rollout.tensor_model_parallel_size=2: rlrig's reward engines span workers only colocated"),
+    (["reward_model.use_reward_loop=True", "reward_model.rollout.tensor_model_parallel_size=3", "trainer.n_gpus_per_node=4"],
+     "reward_model.rollout.tensor_model_parallel_size=3: one reward engine spans that many training workers of one node"),
     (["reward_model.use_reward_loop=True", "+reward_model.rollout.engine_kwargs.sglang.x=1"],
      "reward_model.rollout.engine_kwargs.sglang: the reward loop's engine is vLLM"),
     (["reward_model.use_reward_loop=True", "reward_model.rollout.prompt_length=0"], "reward_model.rollout.prompt_length=0 must be"),
@@ -166,6 +169,8 @@ def test_dapo_without_a_reward_model_and_the_reward_loop_keys():
      "cuda", {"dtype": "float16", "gpu_memory_utilization": 0.8, "enable_sleep_mode": False, "max_num_seqs": 32}),
     (["+reward_model.rollout.engine_kwargs.vllm.max_num_seqs=7", "reward_model.rollout.enable_prefix_caching=False"],
      "cpu", {"max_num_seqs": 7, "enable_prefix_caching": False}),
+    (["reward_model.rollout.tensor_model_parallel_size=4", "trainer.n_gpus_per_node=8"],
+     "cuda", {"tensor_parallel_size": 4, "distributed_executor_backend": "mp"}),
 ])
 def test_reward_loop_engine_arguments(overrides, device, expected):
     from rlrig.trainer.reward_vllm import engine_kwargs
@@ -262,3 +267,16 @@ def test_own_pools_need_a_size_and_a_reference_in_use():
     cfg = parse_overrides(["trainer.n_gpus_per_node=2", "algorithm.adv_estimator=gae", "critic.enable_resource_pool=True",
                            "critic.nnodes=1", "critic.n_gpus_per_node=2"])
     assert list(cfg.own_pools()) == ["critic"]
+
+
+@pytest.mark.parametrize("rows, workers, parts, fillers", [
+    ([1, 2, 3, 4], 2, [[1, 2], [3, 4]], [False, False]),
+    ([1, 2, 3], 2, [[1, 2], [3]], [False, False]),
+    # fewer prompts than workers: every worker still asks (engines spanning workers need all of them)
+    ([1], 3, [[1], [1], [1]], [False, True, True]),
+    ([1, 2], 4, [[1], [2], [1], [1]], [False, False, True, True]),
+])
+def test_every_worker_takes_part_in_validation(rows, workers, parts, fillers):
+    from rlrig.trainer.main import val_parts
+
+    assert val_parts(rows, workers) == (parts, fillers)

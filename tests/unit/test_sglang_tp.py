@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from rlrig.trainer.config import ConfigError, parse_overrides
-from rlrig.trainer.engines import sglang_tp as T
+from rlrig.trainer import tp_groups as T
 from rlrig.trainer.engines.sglang_engine import tp_engine_kwargs
 
 A, B = "node-a", "node-b"
@@ -119,11 +119,12 @@ rank, world, init, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.ar
 os.environ.update(FAKE_RANK=str(rank), FAKE_OUT=out, CUDA_VISIBLE_DEVICES=["1", "0", "0", "1"][rank])
 dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
 from rlrig.trainer.config import RolloutConfig
+from rlrig.trainer import tp_groups
 from rlrig.trainer.engines import sglang_engine
 from rlrig.trainer.engines.base import EngineContext
 from rlrig.trainer.tiny_model import build_tokenizer
 node = "node-a" if rank < 2 else "node-b"
-sglang_engine._where = lambda: (node, "10.0.0.%d" % (1 if rank < 2 else 2))
+tp_groups.where = lambda: (node, "10.0.0.%d" % (1 if rank < 2 else 2))
 tok = build_tokenizer()
 cfg = RolloutConfig(name="sglang", tensor_model_parallel_size=4)
 eng = sglang_engine.SGLangRollout(EngineContext(None, tok, cfg, 8, 4, "/m", "cuda", 7))

@@ -38,12 +38,17 @@ def test_vllm_scores_what_transformers_scores_and_its_process_ends_with_it():
     assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
 
 
-def test_training_with_vllm_rollout_and_the_reward_loop(tmp_path):
+@pytest.mark.parametrize("extra", [
+    [],
+    # one reward engine over both workers (vLLM's TP over its own processes); validation scores too, at step 2
+    ["reward_model.rollout.tensor_model_parallel_size=2", "trainer.test_freq=2"],
+], ids=["engine-per-worker", "one-engine-tp2"])
+def test_training_with_vllm_rollout_and_the_reward_loop(tmp_path, extra):
     run = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", "train", "actor_rollout_ref.rollout.name=vllm",
                         "reward_model.enable=True", "reward_model.use_reward_loop=True", "reward_model.rollout.name=vllm",
                         "reward_model.num_workers=8", "trainer.total_training_steps=2", "trainer.val_before_train=False",
-                        f"trainer.default_local_dir={run}"], capture_output=True, text=True, timeout=900)
+                        f"trainer.default_local_dir={run}", *extra], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-4000:]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["training/global_step"] for m in rows] == [1, 2]
@@ -51,5 +56,7 @@ def test_training_with_vllm_rollout_and_the_reward_loop(tmp_path):
         # the reward model's logits, not the rule's 0/1
         assert m["critic/score/min"] < m["critic/score/max"], m
         assert any(m[k] not in (0.0, 1.0) for k in ("critic/score/min", "critic/score/mean", "critic/score/max")), m
+    if extra:
+        assert "val-core/rlrig/arithmetic/reward/mean@1" in rows[1]
     # every reward engine's process ended with its worker
     assert not [p for p in psutil.process_iter(["cmdline"]) if "multiprocessing.spawn" in " ".join(p.info["cmdline"] or [])]

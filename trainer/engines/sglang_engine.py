@@ -1,5 +1,9 @@
 """SGLang as the rollout engine (GPU only; written against SGLang's offline Engine API, not run here).
-With tensor_model_parallel_size > 1 one engine spans that many workers (sglang_tp.py).
+With tensor_model_parallel_size > 1 one engine spans that many workers, as verl's hybrid SGLang rollout runs
+it: the group's first worker on each node starts SGLang there (tp_size, nnodes, node_rank; tp_groups.py);
+only the group's first worker talks to it (the other nodes' Engine objects have no tokenizer manager). The
+group's prompts are generated at once and each worker keeps its own; for a weight sync each worker hands
+over CUDA IPC handles of its own full tensors, and SGLang's TP rank i opens those of worker i.
 
 Weights reach the engine with `update_weights_from_tensor` (CUDA IPC handles, no disk), in buckets of
 at most BUCKET_BYTES in the engine's dtype, so the whole model is never materialised twice on the GPU.
@@ -15,7 +19,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from . import sglang_tp
+from .. import tp_groups
 from .base import EngineContext, EngineNotInstalled, RolloutEngine, Sampling, pack_responses
 
 INSTALL_HINT = "pip install 'rlrig[sglang]' on a CUDA machine"
@@ -70,7 +74,7 @@ def unpack(outputs: list[dict]) -> tuple[list[list[int]], list[list[float]]]:
     return tokens, logps
 
 
-def tp_engine_kwargs(layout: sglang_tp.NodeLayout, tp: int, dist_init_addr: str, rank: int) -> dict:
+def tp_engine_kwargs(layout: tp_groups.NodeLayout, tp: int, dist_init_addr: str, rank: int) -> dict:
     """What an engine spanning workers adds: its size and this node's place in it. Each engine's ports are kept
     apart by the worker's rank, since the workers share a seed from which SGLang would draw the same ones."""
     kw = dict(tp_size=tp, nnodes=layout.nnodes, node_rank=layout.node_rank, base_gpu_id=0, port=30000 + 8 * rank)
@@ -102,33 +106,20 @@ class SGLangRollout(RolloutEngine):
         self._start_group(sglang, kw, tp)
 
     def _start_group(self, sglang, kw: dict, tp: int) -> None:
-        rank = dist.get_rank()
-        for ranks in sglang_tp.groups(dist.get_world_size(), tp):  # every rank makes every group, in one order
-            g = dist.new_group(ranks, backend="gloo")
-            if rank in ranks:
-                self.group, self.me, self.members = g, ranks.index(rank), ranks
-        node, ip = _where()
+        self.group, self.me, self.members = tp_groups.make_group(tp)
+        node, ip = tp_groups.where()
         addr = f"{ip}:{_free_port()}" if self.me == 0 else ""
-        mine = (node, os.environ.get("CUDA_VISIBLE_DEVICES", ""), addr)
         members = [None] * tp
-        dist.all_gather_object(members, mine, group=self.group)
+        dist.all_gather_object(members, (node, os.environ.get("CUDA_VISIBLE_DEVICES", ""), addr), group=self.group)
         try:
-            layout = sglang_tp.node_layout([(node, visible) for node, visible, _ in members], self.me)
+            layout = tp_groups.node_layout([(n, visible) for n, visible, _ in members], self.me)
         except ValueError as e:
             raise RuntimeError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}: {e}") from None
         self.leads = self.me == 0
         if layout.starts_engine:
-            own = os.environ.get("CUDA_VISIBLE_DEVICES")
-            # read by SGLang's scheduler processes when they start; this process's CUDA context is made already
-            os.environ.update(CUDA_VISIBLE_DEVICES=layout.devices, SGLANG_BLOCK_NONZERO_RANK_CHILDREN="0",
-                              SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK="false")
-            try:
-                self.engine = sglang.Engine(**{**kw, **tp_engine_kwargs(layout, tp, members[0][2], rank)})
-            finally:  # anything this worker starts later (the reward model's engine) gets its own GPU again
-                if own is None:
-                    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-                else:
-                    os.environ["CUDA_VISIBLE_DEVICES"] = own
+            os.environ.update(SGLANG_BLOCK_NONZERO_RANK_CHILDREN="0", SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK="false")
+            kw = {**kw, **tp_engine_kwargs(layout, tp, members[0][2], dist.get_rank())}
+            self.engine = tp_groups.with_devices(layout.devices, lambda: sglang.Engine(**kw))
         dist.barrier(group=self.group)  # every node's schedulers are up before the first request
 
     def describe(self) -> str:
@@ -142,10 +133,8 @@ class SGLangRollout(RolloutEngine):
     def generate(self, prompts, n, sampling=None):
         asked, mine = prompts, slice(0, len(prompts) * n)
         if self.group is not None:  # the group's prompts in rank order; the lead asks the engine for all of them
-            per_rank = [None] * len(self.members)
-            dist.all_gather_object(per_rank, prompts, group=self.group)
-            start = sum(len(p) for p in per_rank[:self.me]) * n
-            asked, mine = [p for part in per_rank for p in part], slice(start, start + len(prompts) * n)
+            asked, share = tp_groups.gather_share(self.group, self.me, len(self.members), prompts)
+            mine = slice(share.start * n, share.stop * n)
         result = [None]
         if self.leads:
             self._resume_kv()
@@ -178,18 +167,11 @@ class SGLangRollout(RolloutEngine):
             gathered = [None] * len(self.members) if self.leads else None
             dist.gather_object(handles, gathered, dst=self.members[0], group=self.group)
             if self.leads:
-                named = [(name, LocalSerializedTensor(values=h)) for name, h in sglang_tp.transpose(gathered)]
+                named = [(name, LocalSerializedTensor(values=h)) for name, h in tp_groups.transpose(gathered)]
                 self.engine.update_weights_from_tensor(named_tensors=named, flush_cache=False)
             dist.barrier(group=self.group)  # the engine has read every handle before `chunk`'s tensors are freed
         if self.leads:
             self.engine.flush_cache()
-
-
-def _where() -> tuple[str, str]:
-    """(Ray's id of this worker's node, its IP)."""
-    import ray
-
-    return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
 
 
 def _free_port() -> int:
