@@ -227,6 +227,12 @@ class KlCtrlConfig:
 
 
 @dataclass
+class PfPpoConfig:
+    reweight_method: str = "pow"  # pow | max_min | max_random (pf_ppo.weights)
+    weight_pow: float = 2.0
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "gae"  # gae | grpo | rloo | reinforce_plus_plus
     gamma: float = 1.0
@@ -235,6 +241,8 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"  # k1 ("kl"), abs, mse (k2), low_var_kl (k3)
     kl_ctrl: KlCtrlConfig = field(default_factory=KlCtrlConfig)
+    use_pf_ppo: bool = False  # resample the batch by score weights after GAE (pf_ppo.py)
+    pf_ppo: PfPpoConfig = field(default_factory=PfPpoConfig)
 
 
 @dataclass
@@ -523,6 +531,7 @@ def validate(cfg: Config) -> None:
         "actor_rollout_ref.actor.kl_loss_type": (a.kl_loss_type, KL_KINDS),
         "algorithm.kl_penalty": (cfg.algorithm.kl_penalty, KL_KINDS),
         "algorithm.kl_ctrl.type": (cfg.algorithm.kl_ctrl.type, ("fixed", "adaptive")),
+        "algorithm.pf_ppo.reweight_method": (cfg.algorithm.pf_ppo.reweight_method, ("pow", "max_min", "max_random")),
         "data.truncation": (d.truncation, ("error", "left", "right")),
         "trainer.resume_mode": (t.resume_mode, ("auto", "disable", "resume_path")),
         "trainer.device": (t.device, ("auto", "cuda", "cpu")),
@@ -615,6 +624,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"actor_rollout_ref.rollout.tensor_model_parallel_size>1 works with rollout.name={capable}; "
                           f"rlrig's {r.name} engine runs one GPU per worker (tensor_model_parallel_size=1)")
     est = ESTIMATORS[cfg.algorithm.adv_estimator]
+    if cfg.algorithm.use_pf_ppo and est.name != "gae":
+        raise ConfigError(f"algorithm.use_pf_ppo=True: verl resamples only after adv_estimator=gae (with {est.name} it "
+                          "does nothing); set algorithm.adv_estimator=gae or use_pf_ppo=False")
     if est.needs_groups and r.n < 2:
         raise ConfigError(f"algorithm.adv_estimator={est.name} compares samples of one prompt; "
                           "set actor_rollout_ref.rollout.n to 2 or more")

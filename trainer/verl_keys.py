@@ -15,7 +15,6 @@ REFUSED_PREFIXES = {
     "actor_rollout_ref.rollout.agent.": "verl's agent loop is not in rlrig; its rollout is single-turn",
     "algorithm.rollout_correction.": "verl's rollout correction (importance weights between engine and actor) is not in rlrig "
                                      "yet; training/rollout_probs_diff_* reports the gap",
-    "algorithm.pf_ppo.": "verl's PF-PPO reweighting is not in rlrig",
     "global_profiler.": "verl's profilers are not in rlrig; use ray_kwargs.timeline_json_file for a Ray timeline",
     "actor_rollout_ref.actor.profiler.": "verl's profilers are not in rlrig; use ray_kwargs.timeline_json_file",
     "actor_rollout_ref.rollout.profiler.": "verl's profilers are not in rlrig; use ray_kwargs.timeline_json_file",
@@ -26,7 +25,6 @@ REFUSED_PREFIXES = {
 REFUSED = {
     "actor_rollout_ref.rollout.multi_turn.enable": "verl's multi-turn and tool-calling rollout is not in rlrig; its rollout is "
                                                    "single-turn",
-    "algorithm.use_pf_ppo": "verl's PF-PPO reweighting is not in rlrig",
     "actor_rollout_ref.model.lora_rank": "LoRA is not in rlrig yet; it trains all weights",
     "actor_rollout_ref.model.lora_alpha": "LoRA is not in rlrig yet; it trains all weights",
     "actor_rollout_ref.model.target_modules": "LoRA is not in rlrig yet; it trains all weights",
@@ -54,7 +52,6 @@ ACCEPTED_DEFAULTS = {
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": ("1",),
     "critic.ulysses_sequence_parallel_size": ("1",),
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": ("1",),
-    "algorithm.use_pf_ppo": ("False", "false"),
     "reward_model.micro_batch_size": ("null", "None"),
     "reward_model.launch_reward_fn_async": ("False", "false"),
     "reward_model.ulysses_sequence_parallel_size": ("1",),

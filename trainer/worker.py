@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from . import core_algos as algos
-from . import batching, estimators, generate_score, lr_schedule, metrics as M, models, offload, parallel, precision, worker_state
+from . import batching, estimators, generate_score, lr_schedule, metrics as M, models, offload, parallel, pf_ppo, precision, worker_state
 from .devices import gpu_index
 from .engines import EngineContext, EngineUnavailable, Sampling, engine_class, make_engine
 from .logprobs import in_micro_batches, token_logprobs, values as critic_values
@@ -282,6 +282,15 @@ class Worker:
             adv, returns = self.estimator.fn(estimators.AdvantageInput(
                 rewards, mask, [i // n for i in range(len(mask))], values, al.gamma, al.lam, al.norm_adv_by_std_in_grpo,
                 allreduce_sum))
+        if al.use_pf_ppo:
+            with phases("pf_ppo"):
+                ro, r = pf_ppo.resample(ro, dict(mask=mask, old_logp=old_logp, ref_logp=ref_logp, values=values, adv=adv,
+                                                 returns=returns, rewards=rewards, scores=sc.scores, token_scores=sc.token_scores),
+                                        sc.token_scores.sum(-1), al.pf_ppo.reweight_method, al.pf_ppo.weight_pow,
+                                        cfg.trainer.seed * 1_000_003 + global_step, self.tok.pad_token_id)
+                mask, old_logp, ref_logp, values, adv, returns, rewards = (
+                    r[k] for k in ("mask", "old_logp", "ref_logp", "values", "adv", "returns", "rewards"))
+                sc = generate_score.Scored(ro, mask, r["scores"], r["token_scores"])
         # the update's random draws (dropout) come from a forked stream: the ranks of one tensor-parallel
         # engine, which must sample the same tokens, keep the same generator state whatever the update draws
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
