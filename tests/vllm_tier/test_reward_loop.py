@@ -39,10 +39,10 @@ def test_vllm_scores_what_transformers_scores_and_its_process_ends_with_it():
 
 
 @pytest.mark.parametrize("extra", [
-    [],
-    # one reward engine over both workers (vLLM's TP over its own processes); validation scores too, at step 2
+    # one reward engine over both workers (vLLM's TP over its own processes) beside each worker's rollout engine;
+    # validation scores too, at step 2. (One engine per worker: the scorer test above.)
     ["reward_model.rollout.tensor_model_parallel_size=2", "trainer.test_freq=2"],
-], ids=["engine-per-worker", "one-engine-tp2"])
+], ids=["one-engine-tp2"])
 def test_training_with_vllm_rollout_and_the_reward_loop(tmp_path, extra):
     run = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", "train", "actor_rollout_ref.rollout.name=vllm",
