@@ -7,22 +7,10 @@ four. Needs root. Run it as
 import sys
 from pathlib import Path
 
-import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests"))
-import slurm  # noqa: E402
-
-TINY = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.val_before_train=False"]
-
-
-@pytest.fixture
-def slurm_cluster():
-    why = slurm.available()
-    if why:
-        pytest.fail(f"a real Slurm needs: {why}")
-    with slurm.Slurm(2) as s:
-        yield s
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent / "integration"), str(HERE.parent)]
+from conftest import slurm_cluster  # noqa: E402,F401  (the two-node Slurm fixture of the integration tests)
+from test_slurm import REPO, TINY  # noqa: E402
 
 
 def test_baremetal_sbatch_checkpoints_on_the_warning_signal_and_requeues_itself(slurm_cluster, tmp_path):
@@ -37,7 +25,7 @@ def test_baremetal_sbatch_checkpoints_on_the_warning_signal_and_requeues_itself(
     out, run = tmp_path / "job.out", tmp_path / "run"
     steps = 10
     env = {"RLRIG_VENV": str(Path(sys.executable).parent.parent), "HOME": str(Path.home())}
-    args = [*TINY, "trainer.test_freq=0", "trainer.save_freq=0", f"trainer.total_training_steps={steps}",
+    args = [*TINY[:-1], "trainer.test_freq=0", "trainer.save_freq=0", f"trainer.total_training_steps={steps}",
             f"trainer.default_local_dir={run}"]
     r = s.run("sbatch", "--parsable", f"--output={out}", f"--chdir={tmp_path}", str(REPO / "slurm/rlrig-baremetal.sbatch"),
               *args, env=env, timeout=60)

