@@ -58,7 +58,8 @@ ro = Rollout(ids, torch.ones_like(ids), torch.ones(3, 1, dtype=torch.bool), plen
 scores = torch.tensor([[1.0, 0.2, 0.0], [0.5, 3.0, 0.1]][rank])
 out, r = pf_ppo.resample(ro, {"adv": base.float(), "none": None}, scores, "pow", 2.0, 11, -1)
 print(json.dumps({"ids": out.input_ids.tolist(), "mask": out.attention_mask.tolist(), "plen": out.prompt_len,
-                  "adv": r["adv"].tolist(), "none": r["none"]}))
+                  "adv": r["adv"].tolist(), "none": r["none"]}), flush=True)
+dist.destroy_process_group()  # Gloo's threads joined before exit (else C++ may abort the process as it ends)
 """
 
 

@@ -132,7 +132,8 @@ prompts = [[10 + rank, 20 + rank], [30 + rank]]
 ro = eng.generate(prompts, 2)
 eng.sync_weights([("w", torch.full((2,), rank + 1.0)), ("v", torch.tensor([float(rank)]))])
 resp = [[int(t) for t, m in zip(r, mk) if m] for r, mk in zip(ro.input_ids[:, ro.prompt_len:].tolist(), ro.response_mask.tolist())]
-print(json.dumps({"responses": resp, "describe": eng.describe()}))
+print(json.dumps({"responses": resp, "describe": eng.describe()}), flush=True)
+dist.destroy_process_group()  # Gloo's threads joined before exit (else C++ may abort the process as it ends)
 """
 
 
