@@ -63,9 +63,19 @@ def latest(root: str) -> Path | None:
     return path if (path / "trainer.json").is_file() else None
 
 
-def load(path: Path) -> tuple[dict, list, dict]:
+def _check_complete(path: Path) -> None:
     if not (path / "state.pt").is_file() or not (path / "trainer.json").is_file():
         raise ConfigError(f"{path} is not a complete rlrig checkpoint (state.pt and trainer.json); check trainer.resume_from_path")
+
+
+def trainer_state(path: Path) -> dict:
+    """The driver's part alone (step, sampler, what the model was), without reading the tensors."""
+    _check_complete(path)
+    return json.loads((path / "trainer.json").read_text())
+
+
+def load(path: Path) -> tuple[dict, list, dict]:
+    _check_complete(path)
     blob = torch.load(path / "state.pt", weights_only=False)
     return blob["worker"], blob["rng"], json.loads((path / "trainer.json").read_text())
 

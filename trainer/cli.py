@@ -56,9 +56,19 @@ def cmd_export(args) -> int:
     # the architecture from the base, the weights all from the checkpoint: from_config, since a model
     # read from GGUF stays marked as quantized and transformers refuses to save it
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base, **kw), dtype=torch.float32)
-    model.load_state_dict(state["model"])
     out = Path(args.out)
     tmp = out.with_name(out.name + ".tmp")
+    if ts.get("lora"):
+        # a LoRA run: the adapter as peft saves it (verl's lora_adapter/), and the model with it merged in
+        from peft import LoraConfig, TaskType, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(task_type=TaskType.CAUSAL_LM, bias="none", **ts["lora"]))
+        model.load_state_dict(state["model"])
+        model.peft_config["default"].base_model_name_or_path = str(base)
+        model.save_pretrained(tmp / "lora_adapter")
+        model = model.merge_and_unload()
+    else:
+        model.load_state_dict(state["model"])
     model.save_pretrained(tmp, safe_serialization=True)
     AutoTokenizer.from_pretrained(base, **kw).save_pretrained(tmp)
     if out.exists():

@@ -92,6 +92,16 @@ class ModelConfig:
 
 
 @dataclass
+class ActorModelConfig(ModelConfig):
+    # LoRA (lora.py): a rank above 0, or an adapter to go on training, makes the actor train adapters only
+    lora_rank: int = 0
+    lora_alpha: int = 16
+    target_modules: Any = "all-linear"  # peft's: "all-linear", a module-name regex, or a list of names
+    exclude_modules: Any = None  # the same forms; None excludes nothing
+    lora_adapter_path: str | None = None  # a peft adapter directory; its own config replaces the three above
+
+
+@dataclass
 class PolicyLossConfig:
     loss_mode: str = "vanilla"  # a name in policy_losses.POLICY_LOSSES
     clip_cov_ratio: float = 0.0002  # clip_cov: share of tokens cut out of the gradient
@@ -189,7 +199,7 @@ class RefConfig:
 @dataclass
 class ActorRolloutRefConfig:
     placement: PlacementConfig = field(default_factory=PlacementConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ActorModelConfig = field(default_factory=ActorModelConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     ref: RefConfig = field(default_factory=RefConfig)
@@ -634,6 +644,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"trainer.default_hdfs_dir={t.default_hdfs_dir}: rlrig does not copy checkpoints to HDFS; leave it "
                           "null and point trainer.default_local_dir at shared storage")
     validate_reward_model(cfg)
+    validate_lora(cfg)
     ref = cfg.actor_rollout_ref.ref
     if ref.enable_resource_pool and not cfg.ref_in_use:
         raise ConfigError("actor_rollout_ref.ref.enable_resource_pool=True but this run has no reference model (it needs "
@@ -663,6 +674,23 @@ def validate(cfg: Config) -> None:
 
 
 RAY_RESERVED = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+def validate_lora(cfg: Config) -> None:
+    m = cfg.actor_rollout_ref.model
+    if m.lora_rank < 0 or m.lora_alpha <= 0:
+        raise ConfigError(f"actor_rollout_ref.model.lora_rank={m.lora_rank}, lora_alpha={m.lora_alpha}: the rank is 0 "
+                          "(no LoRA) or more, the alpha above 0")
+    for key, value, optional in (("target_modules", m.target_modules, False), ("exclude_modules", m.exclude_modules, True)):
+        if value is None and optional:
+            continue
+        names = value if isinstance(value, list) else [value]
+        if not names or not all(isinstance(x, str) and x for x in names):
+            raise ConfigError(f"actor_rollout_ref.model.{key}={value!r}: give all-linear, a module-name regex, or a list "
+                              "of module names such as [q_proj,v_proj]")
+    if (m.lora_rank > 0 or m.lora_adapter_path) and cfg.actor_rollout_ref.ref.enable_resource_pool:
+        raise ConfigError("actor_rollout_ref.ref.enable_resource_pool=True with LoRA: the reference is the actor with its "
+                          "adapters disabled, as in verl, so it has no workers of its own; set it False")
 
 
 def validate_reward_model(cfg: Config) -> None:

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import checkpoint, placement, preemption
+from . import checkpoint, lora, placement, preemption
 from . import metrics as M
 from .config import ConfigError, parse_overrides
 from .presets import with_preset
@@ -239,10 +239,12 @@ def train(cfg) -> int:
         ray.init(num_cpus=cfg.ray_kwargs.ray_init.num_cpus)
     else:
         ray.init(log_to_driver=True)
-    from .models import import_external_lib, load_tokenizer
+    from .models import import_external_lib, load_kwargs, load_tokenizer
 
     import_external_lib(cfg.actor_rollout_ref.model)
     tokenizer = load_tokenizer(cfg, model_path)
+    adapter = lora.check(cfg.actor_rollout_ref.model, model_path, load_kwargs(cfg.actor_rollout_ref.model)) \
+        if lora.enabled(cfg.actor_rollout_ref.model) else None
     train_rows, val_rows = load_rows(cfg, tokenizer)
     check_reward_setup(cfg, {r["data_source"] for r in train_rows + val_rows})
     check_installed(cfg.reward_model)
@@ -259,6 +261,13 @@ def train(cfg) -> int:
     preemption.keep_fabric_report(out)
     kl_ctrl = core_algos.kl_controller(cfg.algorithm.kl_ctrl)
     say(f"model {model_path}; {len(train_rows)} prompts; {total} steps; {t.nnodes}x{t.n_gpus_per_node} workers; rollout {cfg.actor_rollout_ref.rollout.name}")
+    resume = None
+    if t.resume_mode == "resume_path":
+        resume = Path(t.resume_from_path)
+    elif t.resume_mode == "auto":
+        resume = checkpoint.latest(str(out))
+    if resume is not None:
+        lora.check_resume(checkpoint.trainer_state(resume).get("lora"), adapter, resume)
     workers, side = make_workers(cfg, model_path, rm_path)
     critics = side.get("critic", [])
     say("workers on " + ", ".join(ray.get([w.node_ip.remote() for w in workers])))
@@ -273,11 +282,6 @@ def train(cfg) -> int:
         raise ConfigError(errors[0])
     say(f"rollout engine: {', '.join(sorted({name for name, _ in engines}))}")
     step = 0
-    resume = None
-    if t.resume_mode == "resume_path":
-        resume = Path(t.resume_from_path)
-    elif t.resume_mode == "auto":
-        resume = checkpoint.latest(str(out))
     if resume is not None:
         state, rngs, ts = checkpoint.load(resume)
         ray.get([w.load.remote(state, rngs[i] if i < len(rngs) else None) for i, w in enumerate(workers)]
@@ -299,7 +303,8 @@ def train(cfg) -> int:
         return 0
     started, first = time.monotonic(), step + 1
     stop, saved_at = preemption.StopRequest(), None
-    save = lambda at: save_checkpoint(workers, critics, out, at, sampler, kl_ctrl, model_path, cfg.actor_rollout_ref.model.gguf_file)
+    save = lambda at: save_checkpoint(workers, critics, out, at, sampler, kl_ctrl, model_path, cfg.actor_rollout_ref.model.gguf_file,
+                                      adapter)
     while step < total and stop.signum is None:
         step += 1
         t0 = time.perf_counter()
@@ -334,8 +339,10 @@ def train(cfg) -> int:
     return 0
 
 
-def save_checkpoint(workers, critics, out: Path, step: int, sampler: Sampler, kl_ctrl, model_path: str, gguf_file: str) -> None:
-    """`critics`: the critic's own workers, if it has a pool of its own; their state joins the training workers'."""
+def save_checkpoint(workers, critics, out: Path, step: int, sampler: Sampler, kl_ctrl, model_path: str, gguf_file: str,
+                    adapter: dict | None) -> None:
+    """`critics`: the critic's own workers, if it has a pool of its own; their state joins the training workers'.
+    `adapter`: the LoRA adapter's shape (lora.check), which a resume must match and `rlrig export` rebuilds."""
     import ray
 
     state = ray.get([w.state.remote() for w in workers])[0]  # under FSDP gathering the state is a collective
@@ -344,7 +351,7 @@ def save_checkpoint(workers, critics, out: Path, step: int, sampler: Sampler, kl
     rngs = ray.get([w.rng_state.remote() for w in workers])
     checkpoint.save(str(out), step, state, rngs, {"global_step": step, "epoch": sampler.epoch, "pos": sampler.pos,
                                                   "kl_coef": kl_ctrl.value, "model_path": model_path,
-                                                  "gguf_file": gguf_file})
+                                                  "gguf_file": gguf_file, "lora": adapter})
 
 
 def _rss_gb() -> float:

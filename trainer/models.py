@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import parallel
+from . import lora, parallel
 from .precision import Precision, cast_buffers, resolve
 
 
@@ -32,6 +32,8 @@ class Models:
     ref_offload: bool  # the reference's weights live in host memory between its passes
     critic: Trainable | None
     gen_module: torch.nn.Module  # the actor itself, or under FSDP a full copy for an engine that generates with it
+    gen_is_actor: bool = False  # the engine generates with the actor's own model: the live weights, nothing to sync
+    ref_in_actor: bool = False  # LoRA: the reference is the actor with its adapters disabled (ref is None)
 
 
 def load_kwargs(model_cfg) -> dict:
@@ -88,7 +90,8 @@ def trainable(module, device, precision: Precision, optim, checkpointing: bool, 
         else:
             module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     train = parallel.wrap(module, device, precision)
-    opt = torch.optim.AdamW(module.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
+    # frozen weights (LoRA's base) get no optimizer state
+    opt = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=optim.lr, weight_decay=optim.weight_decay)
     return Trainable(module, train, opt, precision, checkpointing, fsdp_config.optimizer_offload, device, fsdp_config.param_offload)
 
 
@@ -105,11 +108,16 @@ def build(cfg, path: str, device: torch.device, needs_critic: bool, engine_needs
     module = AutoModelForCausalLM.from_pretrained(path, dtype=prec.model_dtype, **kw).to(device)
     # transformers' generate cannot run on a sharded module (ranks would step out of lockstep at EOS), so
     # under FSDP an engine that generates with the actor's module gets its own full copy, refreshed by sync_weights
+    # (taken before LoRA, which changes the model in place: the copy takes merged weights)
     gen_module = copy.deepcopy(module) if strategy == "fsdp" and engine_needs_full_module else module
+    gen_is_actor = engine_needs_full_module and gen_module is module
+    with_lora = lora.enabled(a.model)
+    if with_lora:
+        module = lora.apply(module, a.model)
     actor = trainable(module, device, prec, a.actor.optim, a.model.enable_gradient_checkpointing, a.actor.fsdp_config)
     ref = ref_prec = None
     ref_offload = a.ref.fsdp_config.param_offload
-    if cfg.ref_in_use and not remote_ref:
+    if cfg.ref_in_use and not remote_ref and not with_lora:
         ref_prec = resolve(a.ref.fsdp_config, device.type, strategy, "ref")
         ref = AutoModelForCausalLM.from_pretrained(path, dtype=ref_prec.model_dtype, **model_kwargs(a.model, path)).to(device).eval()
         ref.requires_grad_(False)
@@ -119,7 +127,7 @@ def build(cfg, path: str, device: torch.device, needs_critic: bool, engine_needs
         if ref_offload:
             ref.to("cpu")
     critic = build_critic(cfg, path, device) if needs_critic else None
-    return Models(actor, ref, ref_prec, ref_offload, critic, gen_module)
+    return Models(actor, ref, ref_prec, ref_offload, critic, gen_module, gen_is_actor, cfg.ref_in_use and with_lora)
 
 
 def build_critic(cfg, path: str, device: torch.device) -> Trainable:

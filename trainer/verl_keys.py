@@ -25,11 +25,11 @@ REFUSED_PREFIXES = {
 REFUSED = {
     "actor_rollout_ref.rollout.multi_turn.enable": "verl's multi-turn and tool-calling rollout is not in rlrig; its rollout is "
                                                    "single-turn",
-    "actor_rollout_ref.model.lora_rank": "LoRA is not in rlrig yet; it trains all weights",
-    "actor_rollout_ref.model.lora_alpha": "LoRA is not in rlrig yet; it trains all weights",
-    "actor_rollout_ref.model.target_modules": "LoRA is not in rlrig yet; it trains all weights",
-    "actor_rollout_ref.model.exclude_modules": "LoRA is not in rlrig yet; it trains all weights",
-    "actor_rollout_ref.model.lora_adapter_path": "LoRA is not in rlrig yet; it trains all weights",
+    "critic.model.lora_rank": "LoRA on the critic is not in rlrig; the critic trains all its weights (the actor's "
+                              "LoRA is actor_rollout_ref.model.lora_rank)",
+    "critic.model.lora_alpha": "LoRA on the critic is not in rlrig (see critic.model.lora_rank)",
+    "critic.model.target_modules": "LoRA on the critic is not in rlrig (see critic.model.lora_rank)",
+    "critic.model.lora_adapter_path": "LoRA on the critic is not in rlrig (see critic.model.lora_rank)",
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "sequence parallelism (Ulysses) is not in rlrig; each "
                                                               "sequence stays on one GPU (use_dynamic_bsz bounds the tokens)",
     "critic.ulysses_sequence_parallel_size": "sequence parallelism (Ulysses) is not in rlrig; each sequence stays on one GPU",
@@ -48,7 +48,11 @@ REFUSED = {
 }
 # A value rlrig accepts for a key it otherwise refuses: verl's default, which asks for nothing.
 ACCEPTED_DEFAULTS = {
-    "actor_rollout_ref.model.lora_rank": ("0",),
+    # verl's critic defaults: LoRA off
+    "critic.model.lora_rank": ("0",),
+    "critic.model.lora_alpha": ("16",),
+    "critic.model.target_modules": ("all-linear",),
+    "critic.model.lora_adapter_path": ("null", "None"),
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": ("1",),
     "critic.ulysses_sequence_parallel_size": ("1",),
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": ("1",),

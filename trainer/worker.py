@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from . import core_algos as algos
-from . import batching, estimators, generate_score, lr_schedule, metrics as M, models, offload, parallel, pf_ppo, precision, worker_state
+from . import batching, estimators, generate_score, lora, lr_schedule, metrics as M, models, offload, parallel, pf_ppo, precision, worker_state
 from .devices import gpu_index
 from .engines import EngineContext, EngineUnavailable, Sampling, engine_class, make_engine
 from .logprobs import in_micro_batches, token_logprobs, values as critic_values
@@ -142,10 +142,20 @@ class Worker:
             self.engine, self.engine_error = None, str(e)
             return
         # the wrapper just broadcast rank 0's weights, which this node's copy on disk need not equal
-        self.engine.sync_weights(parallel.full_tensors(self.models.actor.module))
+        self._sync_engine()
         for t in (self.models.actor, self.models.critic):
             if t is not None and t.param_offload:
                 t.module.to("cpu")  # param_offload: back on the device only for the phases that use it
+
+    def _sync_engine(self) -> None:
+        """The actor's weights into the rollout engine (merged with LoRA's adapters), every rank taking part."""
+        m = self.models
+        if m.gen_is_actor:
+            return
+        tensors = parallel.full_tensors(m.actor.module)
+        if lora.enabled(self.cfg.actor_rollout_ref.model):
+            tensors = lora.merged(lora.scalings(m.actor.module), tensors)
+        self.engine.sync_weights(tensors)
 
     def _reward_source(self, model_path: str, rm_path: str | None, rm_worker) -> generate_score.RewardSource:
         cfg, rf = self.cfg, self.cfg.custom_reward_function
@@ -264,6 +274,10 @@ class Worker:
                 with phases("ref"), offload.module_on(m.ref, self.device, m.ref_offload):
                     ref_logp = self._logprobs(m.ref, ro, a.ref.log_prob_micro_batch_size_per_gpu, m.ref_precision,
                                               "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu")
+            elif m.ref_in_actor:
+                with phases("ref"), m.actor.module.disable_adapter():
+                    ref_logp = self._logprobs(m.actor.module, ro, a.ref.log_prob_micro_batch_size_per_gpu, m.actor.precision,
+                                              "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu")
             if self.critic_worker is not None:
                 import ray
 
@@ -300,7 +314,7 @@ class Worker:
         actor_logp = actor_logp if actor_logp is not None else old_logp
         if update_actor_now:
             with phases("update_weights"):
-                self.engine.sync_weights(parallel.full_tensors(m.actor.module))  # the next rollout samples from the new policy
+                self._sync_engine()  # the next rollout samples from the new policy
         if ro.engine_logp is not None and actor_logp is not None:
             out.update(probs_diff(ro.engine_logp, actor_logp, mask))
         lengths = mask.sum(-1)
@@ -370,7 +384,7 @@ class Worker:
             worker_state.set_rng_state(rng)
         actor = self.models.actor
         with offload.module_on(actor.module, self.device, actor.param_offload):
-            self.engine.sync_weights(parallel.full_tensors(actor.module))
+            self._sync_engine()
 
     def shutdown(self) -> None:
         if getattr(self, "rm_scorer", None) is not None:

@@ -101,6 +101,42 @@ def test_fsdp_and_packing_train_like_ddp_and_resume_either_way(tmp_path):
     assert [third[0][k] for k in keys] == pytest.approx([third[1][k] for k in keys], rel=1e-4, abs=1e-6)
 
 
+LORA = [*TINY, "trainer.n_gpus_per_node=2", "trainer.test_freq=0", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
+        "actor_rollout_ref.actor.optim.lr=1e-2"]
+
+
+def test_lora_trains_sharded_resumes_under_ddp_and_exports_merged(tmp_path):
+    """verl's LoRA keys through `rlrig train` on two FSDP workers: adapters trained against the actor with them
+    disabled (the KL loss starts at 0 and grows); the checkpoint resumes under DDP and exports as the merged
+    model plus the adapter as peft saves it. (DDP against FSDP step by step, and a run without LoRA refusing
+    the checkpoint: tests/e2e/lora_e2e.py.)"""
+    run = tmp_path / "run"
+    r = rlrig("train", *LORA, "trainer.total_training_steps=2", "actor_rollout_ref.actor.strategy=fsdp", f"trainer.default_local_dir={run}")
+    assert r.returncode == 0, excerpt(r.stderr)
+    assert metrics(run)[0]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-7)  # adapters start at zero
+    r = rlrig("train", *LORA, "trainer.total_training_steps=3", "actor_rollout_ref.actor.strategy=ddp", f"trainer.default_local_dir={run}")
+    assert r.returncode == 0 and "resumed from" in r.stderr, excerpt(r.stderr)
+    assert metrics(run)[2]["actor/kl_loss"] > 0  # the adapters moved the policy off its reference
+    hf = tmp_path / "hf"
+    r = rlrig("export", str(run), "--out", str(hf))
+    assert r.returncode == 0, r.stderr
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from rlrig.trainer.tiny_model import ensure_tiny_model
+
+    ids = torch.tensor([[3, 5, 7, 9, 11, 13]])
+    with torch.no_grad():
+        merged = AutoModelForCausalLM.from_pretrained(hf)(ids).logits
+        base = AutoModelForCausalLM.from_pretrained(ensure_tiny_model())
+        plain = base(ids).logits
+        adapted = PeftModel.from_pretrained(base, hf / "lora_adapter")(ids).logits
+    torch.testing.assert_close(merged, adapted, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(merged, plain, atol=1e-3)
+
+
 def test_ppo_with_critic_packed_equals_padded(tmp_path):
     """verl's default estimator (gae): the critic trains beside the actor, padded or padding-free
     (both models packed), to the same numbers, and its phases are timed under verl's names."""

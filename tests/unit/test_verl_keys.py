@@ -99,7 +99,7 @@ def test_external_lib_is_imported_or_refused(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("override,words", [
-    ("actor_rollout_ref.model.lora_rank=8", "a verl key rlrig does not implement: LoRA"),
+    ("critic.model.lora_rank=8", "a verl key rlrig does not implement: LoRA on the critic"),
     ("reward_model.reward_loop_class_name=MyLoop", "a reward-loop class of your own is not in rlrig"),
     ("actor_rollout_ref.rollout.multi_turn.enable=True", "multi-turn"),
     ("algorithm.rollout_correction.rollout_is=token", "rollout correction"),
@@ -116,7 +116,7 @@ def test_verl_keys_rlrig_does_not_implement_are_refused_in_one_line(override, wo
 
 
 @pytest.mark.parametrize("override", [
-    "actor_rollout_ref.model.lora_rank=0", "reward_model.use_reward_loop=False", "actor_rollout_ref.rollout.multi_turn.enable=False",
+    "critic.model.lora_rank=0", "critic.model.target_modules=all-linear", "reward_model.use_reward_loop=False", "actor_rollout_ref.rollout.multi_turn.enable=False",
     "actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.mode=sync",
     "actor_rollout_ref.rollout.multi_turn.format=hermes", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",
     "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.ref.strategy=fsdp2",

@@ -78,10 +78,14 @@ def test_a_deliberate_weight_change_moves_the_output(tiny, engine):
 @pytest.mark.parametrize("extra,engine", [
     ([], "vllm"),  # DDP, two mini batches: old log-probs from their own pass
     # FSDP: the engine gets all-gathered tensors; one mini batch: old log-probs from the update's forward;
-    # one engine spans both workers (tensor parallel), each holding half of every layer's heads
+    # one engine spans both workers (tensor parallel), each holding half of every layer's heads. With LoRA
+    # (a learning rate that moves the adapters far): the engine gets W + scaling * B @ A, which must sample
+    # as the actor's live adapters score
     (["actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.actor.ppo_mini_batch_size=32",
-      "actor_rollout_ref.rollout.tensor_model_parallel_size=2"], "vllm, tensor parallel over 2 workers"),
-], ids=["ddp", "fsdp-on-policy-tp2"])
+      "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.model.lora_rank=4",
+      "actor_rollout_ref.model.lora_alpha=8", "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.actor.use_kl_loss=True"],
+     "vllm, tensor parallel over 2 workers"),
+], ids=["ddp", "fsdp-lora-on-policy-tp2"])
 def test_training_with_vllm_rollout_logs_probs_diff(tmp_path, extra, engine):
     run = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", "train", "actor_rollout_ref.rollout.name=vllm",
@@ -94,6 +98,8 @@ def test_training_with_vllm_rollout_logs_probs_diff(tmp_path, extra, engine):
     for m in rows:
         assert m["training/rollout_probs_diff_max"] < TOL, m
     assert "val-core/rlrig/arithmetic/reward/mean@1" in rows[1]
+    if any("lora_rank" in x for x in extra):
+        assert rows[-1]["actor/kl_loss"] > 1e-3, rows[-1]  # the adapters moved the policy: the merge is not the base
 
 
 def test_embedded_default_picks_vllm_and_says_so(tmp_path):
