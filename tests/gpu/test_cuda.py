@@ -85,7 +85,8 @@ def test_preflight_reads_real_gpus_through_nvml():
 
 def _linear_dtypes(w, phase_fn) -> set:
     seen = set()
-    lin = w.models.actor.module.model.layers[0].mlp.down_proj
+    # the first layer's down projection, also under peft's wrapping (LoRA)
+    lin = next(mod for name, mod in w.models.actor.module.named_modules() if name.endswith("layers.0.mlp.down_proj"))
     h = lin.register_forward_hook(lambda mod, inp, out: seen.add(out.dtype))
     try:
         phase_fn()
@@ -110,6 +111,29 @@ def test_bf16_mixed_precision_on_cuda(strategy):
         assert dtypes == {torch.bfloat16}, dtypes
         assert all(v.dtype == torch.float32 for st in m.actor.opt.state.values() for k, v in st.items() if k != "step")
         assert out["actor/grad_norm"] > 0 and out["perf/max_memory_allocated_gb"] > 0
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_lora_in_bf16_on_cuda_trains_adapters_only_with_less_optimizer_memory(strategy):
+    """LoRA under verl's GPU defaults: fp32 adapters (bf16 products), the frozen base untouched, Adam state
+    for the adapters alone, and the reference (adapters disabled) on the device with no second copy."""
+    from rlrig.trainer.presets import EMBEDDED
+    from rlrig.trainer.single_process import single_worker
+
+    with single_worker([*EMBEDDED, "trainer.device=cuda", "actor_rollout_ref.rollout.name=hf", f"actor_rollout_ref.actor.strategy={strategy}",
+                        "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
+                        "actor_rollout_ref.actor.optim.lr=1e-3"]) as (w, batches):
+        m = w.models
+        assert m.ref is None and m.ref_in_actor
+        frozen = {n: p.detach().clone() for n, p in m.actor.module.named_parameters() if not p.requires_grad}
+        dtypes = _linear_dtypes(w, lambda: [w.step(next(batches), 0.001, s + 1) for s in range(2)])
+        assert dtypes == {torch.bfloat16}, dtypes
+        for n, p in m.actor.module.named_parameters():
+            if not p.requires_grad:
+                assert torch.equal(p.detach(), frozen[n]), n
+        adam = sum(v.numel() for st in m.actor.opt.state.values() for k, v in st.items() if k != "step")
+        trainable = sum(p.numel() for p in m.actor.module.parameters() if p.requires_grad)
+        assert adam == 2 * trainable and 0 < trainable < sum(p.numel() for p in m.actor.module.parameters()) // 5
 
 
 def _layer_calls(w, steps, batches) -> int:

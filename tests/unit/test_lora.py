@@ -186,3 +186,24 @@ def test_check_resume(saved, now, message):
     with pytest.raises(ConfigError) as e:
         lora.check_resume(saved, now, "/ckpt/global_step_2")
     assert message in str(e.value) and str(e.value).startswith("/ckpt/global_step_2 holds")
+
+
+def test_training_goes_on_from_an_adapter_directory(tmp_path):
+    from rlrig.trainer.logprobs import token_logprobs
+    from rlrig.trainer.single_process import single_worker
+
+    saved = tiny_peft("actor_rollout_ref.model.lora_rank=2", "actor_rollout_ref.model.lora_alpha=4",
+                      "actor_rollout_ref.model.target_modules=[q_proj,v_proj]")
+    saved.save_pretrained(tmp_path)
+    ids, mask = torch.tensor([[5, 6, 7, 8, 9, 10]]), torch.ones(1, 6, dtype=torch.long)
+    with torch.no_grad():
+        expected = token_logprobs(saved, ids, mask, 2)[0]
+    rest = [x for x in TRAIN if "lora_" not in x]
+    with single_worker([*rest, f"actor_rollout_ref.model.lora_adapter_path={tmp_path}"]) as (w, batches):
+        module = w.models.actor.module
+        assert set(lora.scalings(module)) == {n for n in lora.scalings(saved)}  # the adapter's own targets, not all-linear
+        with torch.no_grad():
+            torch.testing.assert_close(token_logprobs(module, ids, mask, 2)[0], expected)
+        first = w.step(next(batches), 0.0, 1)
+        assert first["actor/kl_loss"] > 1e-6  # the reference is the base (0 exactly were it the adapted actor)
+        assert all(p.requires_grad for n, p in module.named_parameters() if "lora_" in n)
