@@ -243,6 +243,18 @@ class PfPpoConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    # truncated importance weights between the actor's and the engine's log-probs (rollout_correction.py)
+    rollout_is: str | None = None  # None (off) | token | sequence
+    rollout_is_threshold: float = 2.0  # the weights' upper bound
+    rollout_is_batch_normalize: bool = False  # divide by the batch's mean weight
+    rollout_rs: str | None = None  # verl's rejection sampling: refused unless None
+    rollout_rs_threshold: Any = None  # refused unless None
+    bypass_mode: bool = False  # verl's bypass mode (no old log-prob pass): refused unless False
+    loss_type: str = "ppo_clip"  # bypass mode's loss: refused unless ppo_clip
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "gae"  # gae | grpo | rloo | reinforce_plus_plus
     gamma: float = 1.0
@@ -253,6 +265,7 @@ class AlgorithmConfig:
     kl_ctrl: KlCtrlConfig = field(default_factory=KlCtrlConfig)
     use_pf_ppo: bool = False  # resample the batch by score weights after GAE (pf_ppo.py)
     pf_ppo: PfPpoConfig = field(default_factory=PfPpoConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 @dataclass
@@ -645,6 +658,7 @@ def validate(cfg: Config) -> None:
                           "null and point trainer.default_local_dir at shared storage")
     validate_reward_model(cfg)
     validate_lora(cfg)
+    validate_rollout_correction(cfg)
     ref = cfg.actor_rollout_ref.ref
     if ref.enable_resource_pool and not cfg.ref_in_use:
         raise ConfigError("actor_rollout_ref.ref.enable_resource_pool=True but this run has no reference model (it needs "
@@ -674,6 +688,23 @@ def validate(cfg: Config) -> None:
 
 
 RAY_RESERVED = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+def validate_rollout_correction(cfg: Config) -> None:
+    rc, p = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
+    for key, value, off in (("rollout_rs", rc.rollout_rs, None), ("rollout_rs_threshold", rc.rollout_rs_threshold, None),
+                            ("bypass_mode", rc.bypass_mode, False), ("loss_type", rc.loss_type, "ppo_clip")):
+        if value != off:
+            raise ConfigError(f"{p}.{key}={value}: a verl key rlrig does not implement: of verl's rollout correction rlrig has "
+                              f"the importance weights of the decoupled mode ({p}.rollout_is=token|sequence, "
+                              "rollout_is_threshold, rollout_is_batch_normalize), not rejection sampling or bypass mode")
+    if rc.rollout_is not in (None, "token", "sequence"):
+        raise ConfigError(f"{p}.rollout_is={rc.rollout_is}: choose token, sequence or null (off)")
+    if rc.rollout_is_threshold <= 0:
+        raise ConfigError(f"{p}.rollout_is_threshold={rc.rollout_is_threshold} must be positive")
+    if rc.rollout_is and cfg.actor_rollout_ref.rollout.name == "hf":
+        raise ConfigError(f"{p}.rollout_is={rc.rollout_is} weighs by the engine's own log-probs, which the hf engine does "
+                          "not compute; use actor_rollout_ref.rollout.name=vllm or sglang")
 
 
 def validate_lora(cfg: Config) -> None:

@@ -280,6 +280,11 @@ def train(cfg) -> int:
     errors = [err for _, err in engines if err]
     if errors:
         raise ConfigError(errors[0])
+    rc = cfg.algorithm.rollout_correction
+    if rc.rollout_is and any(name == "hf" for name, _ in engines):  # rollout.name=auto found no vLLM or SGLang
+        raise ConfigError(f"algorithm.rollout_correction.rollout_is={rc.rollout_is} weighs by the engine's own log-probs, "
+                          "and this run's engine is hf, which computes none; install vLLM or SGLang and set "
+                          "actor_rollout_ref.rollout.name to it")
     say(f"rollout engine: {', '.join(sorted({name for name, _ in engines}))}")
     step = 0
     if resume is not None:

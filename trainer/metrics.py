@@ -24,6 +24,11 @@ RULES: dict[str, str] = {
     "training/rollout_probs_diff_max": MAX, "training/rollout_probs_diff_mean": TOKEN_MEAN,
     "training/rollout_probs_diff_std": MEAN,
     "perf/total_num_tokens": SUM, "perf/max_memory_allocated_gb": MAX,
+    # rollout correction (rollout_correction.py): token weights' mean and fractions over tokens; sequence level's
+    # fractions are over sequences, of which every worker holds as many
+    "rollout_corr/rollout_is_mean": TOKEN_MEAN, "rollout_corr/rollout_is_max": MAX, "rollout_corr/rollout_is_min": MIN,
+    "rollout_corr/rollout_is_ratio_fraction_high": TOKEN_MEAN, "rollout_corr/rollout_is_ratio_fraction_low": TOKEN_MEAN,
+    "rollout_corr/rollout_is_batch_norm_factor": MEAN,
 }
 # families: the phases run in parallel on every worker, so the step waits for the slowest
 PREFIXES: dict[str, str] = {"timing_s/": MAX}

@@ -26,11 +26,12 @@ def training(t: Trainable):
         t.opt.zero_grad(set_to_none=True)  # gradients are not held through the next rollout
 
 
-def update_actor(t: Trainable, ro, mask, old_logp, ref_logp, adv, cfg, minis: list[list], mini: int, packed: bool):
+def update_actor(t: Trainable, ro, mask, old_logp, ref_logp, adv, cfg, minis: list[list], mini: int, packed: bool,
+                 is_weights=None):
     """`minis`: each mini batch (one optimizer step) as its micro batches (batching.py); `mini`: the rows
     of a full mini batch, which scales each micro batch's share of the gradient. Returns the stats (lists
     per metric) and the log-probs before the first optimizer step: old_logp, or on-policy (old_logp None)
-    those of the update's own first forwards."""
+    those of the update's own first forwards. `is_weights`: rollout correction's per-token weights, or None."""
     a = cfg.actor_rollout_ref.actor
     loss_fn = policy_losses.get(a.policy_loss.loss_mode).fn
     stats: dict[str, list[float]] = {}
@@ -47,7 +48,7 @@ def update_actor(t: Trainable, ro, mask, old_logp, ref_logp, adv, cfg, minis: li
                     if old_logp is None:  # on-policy: one epoch, one mini batch, so these are the old log-probs
                         first[sl] = logp.detach()
                     old = old_logp[sl] if old_logp is not None else logp.detach()
-                    pg, extra = loss_fn(old, logp, adv[sl], m, a, a.loss_agg_mode)
+                    pg, extra = loss_fn(old, logp, adv[sl], m, a, a.loss_agg_mode, None if is_weights is None else is_weights[sl])
                     entropy = algos.agg_loss(ent, m, a.loss_agg_mode)
                     loss = pg - a.entropy_coeff * entropy
                     if a.use_kl_loss:

@@ -13,8 +13,6 @@ REFUSED_PREFIXES = {
                                     "custom_reward_function.path/name",
     "reward_model.profiler.": "verl's profilers are not in rlrig; use ray_kwargs.timeline_json_file",
     "actor_rollout_ref.rollout.agent.": "verl's agent loop is not in rlrig; its rollout is single-turn",
-    "algorithm.rollout_correction.": "verl's rollout correction (importance weights between engine and actor) is not in rlrig "
-                                     "yet; training/rollout_probs_diff_* reports the gap",
     "global_profiler.": "verl's profilers are not in rlrig; use ray_kwargs.timeline_json_file for a Ray timeline",
     "actor_rollout_ref.actor.profiler.": "verl's profilers are not in rlrig; use ray_kwargs.timeline_json_file",
     "actor_rollout_ref.rollout.profiler.": "verl's profilers are not in rlrig; use ray_kwargs.timeline_json_file",

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from . import core_algos as algos
-from . import batching, estimators, generate_score, lora, lr_schedule, metrics as M, models, offload, parallel, pf_ppo, precision, worker_state
+from . import batching, estimators, generate_score, lora, lr_schedule, metrics as M, models, offload, parallel, pf_ppo, precision, rollout_correction, worker_state
 from .devices import gpu_index
 from .engines import EngineContext, EngineUnavailable, Sampling, engine_class, make_engine
 from .logprobs import in_micro_batches, token_logprobs, values as critic_values
@@ -256,8 +256,9 @@ class Worker:
         update_actor_now = global_step >= cfg.trainer.critic_warmup  # verl: the critic trains alone until then
         # On-policy (one epoch, one mini batch, so one optimizer step after all the forwards) the
         # update's own first forward yields these log-probs: skip the extra pass, as verl and TRL do
+        rc = cfg.algorithm.rollout_correction
         on_policy = (a.actor.ppo_epochs == 1 and a.actor.ppo_mini_batch_size * n // self.world >= len(ro.input_ids)
-                     and not cfg.algorithm.use_kl_in_reward and update_actor_now)
+                     and not cfg.algorithm.use_kl_in_reward and update_actor_now and not rc.rollout_is)
         old_logp = ref_logp = values = None
         with torch.no_grad():
             with phases("old_log_prob"):
@@ -296,20 +297,26 @@ class Worker:
             adv, returns = self.estimator.fn(estimators.AdvantageInput(
                 rewards, mask, [i // n for i in range(len(mask))], values, al.gamma, al.lam, al.norm_adv_by_std_in_grpo,
                 allreduce_sum))
+            is_w = None
+            if rc.rollout_is:  # between the policy that trains (old log-probs) and the engine that sampled
+                is_w, corr = rollout_correction.is_weights(old_logp, ro.engine_logp, mask, rc.rollout_is, rc.rollout_is_threshold,
+                                                           rc.rollout_is_batch_normalize, allreduce_sum)
+                out.update(corr)
         if al.use_pf_ppo:
             with phases("pf_ppo"):
                 ro, r = pf_ppo.resample(ro, dict(mask=mask, old_logp=old_logp, ref_logp=ref_logp, values=values, adv=adv,
-                                                 returns=returns, rewards=rewards, scores=sc.scores, token_scores=sc.token_scores),
+                                                 returns=returns, rewards=rewards, scores=sc.scores, token_scores=sc.token_scores,
+                                                 is_w=is_w),
                                         sc.token_scores.sum(-1), al.pf_ppo.reweight_method, al.pf_ppo.weight_pow,
                                         cfg.trainer.seed * 1_000_003 + global_step, self.tok.pad_token_id)
-                mask, old_logp, ref_logp, values, adv, returns, rewards = (
-                    r[k] for k in ("mask", "old_logp", "ref_logp", "values", "adv", "returns", "rewards"))
+                mask, old_logp, ref_logp, values, adv, returns, rewards, is_w = (
+                    r[k] for k in ("mask", "old_logp", "ref_logp", "values", "adv", "returns", "rewards", "is_w"))
                 sc = generate_score.Scored(ro, mask, r["scores"], r["token_scores"])
         # the update's random draws (dropout) come from a forked stream: the ranks of one tensor-parallel
         # engine, which must sample the same tokens, keep the same generator state whatever the update draws
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             update_stats, actor_logp = self._update(phases, ro, mask, old_logp, ref_logp, adv, values, returns, global_step,
-                                                    update_actor_now)
+                                                    update_actor_now, is_w)
         out.update(update_stats)
         actor_logp = actor_logp if actor_logp is not None else old_logp
         if update_actor_now:
@@ -334,7 +341,8 @@ class Worker:
             out["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         return out
 
-    def _update(self, phases, ro, mask, old_logp, ref_logp, adv, values, returns, global_step: int, update_actor_now: bool):
+    def _update(self, phases, ro, mask, old_logp, ref_logp, adv, values, returns, global_step: int, update_actor_now: bool,
+                is_w=None):
         """The critic's update, then the actor's (each at its scheduled learning rate); returns the stats and
         the actor's log-probs before its first optimizer step (None when the actor did not update)."""
         cfg, a, m = self.cfg, self.cfg.actor_rollout_ref, self.models
@@ -358,7 +366,7 @@ class Worker:
                 lr_schedule.apply(m.actor.opt, out["actor/lr"])
                 stats, actor_logp = update_actor(m.actor, ro, mask, old_logp, ref_logp, adv, cfg,
                                                  minis(a.actor.ppo_micro_batch_size_per_gpu, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"),
-                                                 mini, a.model.use_remove_padding)
+                                                 mini, a.model.use_remove_padding, is_w)
                 out.update(mean_stats(stats))
         if remote_critic is not None:
             import ray

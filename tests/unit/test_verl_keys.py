@@ -102,7 +102,7 @@ def test_external_lib_is_imported_or_refused(tmp_path, monkeypatch):
     ("critic.model.lora_rank=8", "a verl key rlrig does not implement: LoRA on the critic"),
     ("reward_model.reward_loop_class_name=MyLoop", "a reward-loop class of your own is not in rlrig"),
     ("actor_rollout_ref.rollout.multi_turn.enable=True", "multi-turn"),
-    ("algorithm.rollout_correction.rollout_is=token", "rollout correction"),
+    ("algorithm.rollout_correction.rollout_rs=token", "not rejection sampling or bypass mode"),
     ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "Ulysses"),
     ("actor_rollout_ref.rollout.mode=agent", "verl's modes are async (its default) and sync"),
     ("trainer.logger=['console','mlflow']", "mlflow is not in rlrig"),

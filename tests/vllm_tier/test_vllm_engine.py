@@ -76,7 +76,9 @@ def test_a_deliberate_weight_change_moves_the_output(tiny, engine):
 
 
 @pytest.mark.parametrize("extra,engine", [
-    ([], "vllm"),  # DDP, two mini batches: old log-probs from their own pass
+    # DDP, two mini batches: old log-probs from their own pass; verl's rollout correction weighs each token's loss
+    # by exp(old - engine), which is ~1 here (a float32 engine agreeing with a float32 actor)
+    (["algorithm.rollout_correction.rollout_is=token"], "vllm"),
     # FSDP: the engine gets all-gathered tensors; one mini batch: old log-probs from the update's forward;
     # one engine spans both workers (tensor parallel), each holding half of every layer's heads. With LoRA
     # (a learning rate that moves the adapters far): the engine gets W + scaling * B @ A, which must sample
@@ -98,6 +100,10 @@ def test_training_with_vllm_rollout_logs_probs_diff(tmp_path, extra, engine):
     for m in rows:
         assert m["training/rollout_probs_diff_max"] < TOL, m
     assert "val-core/rlrig/arithmetic/reward/mean@1" in rows[1]
+    if any("rollout_is=" in x for x in extra):
+        for m in rows:
+            assert m["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=TOL), m
+            assert m["rollout_corr/rollout_is_ratio_fraction_high"] == 0.0, m
     if any("lora_rank" in x for x in extra):
         assert rows[-1]["actor/kl_loss"] > 1e-3, rows[-1]  # the adapters moved the policy: the merge is not the base
 

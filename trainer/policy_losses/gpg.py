@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from ..core_algos import agg_loss
-from .registry import register
+from .registry import register, weighted
 
 
 @register("gpg")
-def gpg(old_logp, logp, adv, mask, actor_cfg, agg: str):
+def gpg(old_logp, logp, adv, mask, actor_cfg, agg: str, is_weights=None):
     # L = -logp A
-    return agg_loss(-logp * adv, mask, agg), {}
+    return agg_loss(weighted(-logp * adv, is_weights), mask, agg), {}

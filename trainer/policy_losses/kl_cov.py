@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from ..core_algos import agg_loss, masked_mean
-from .registry import register
+from .registry import register, weighted
 
 
-def kl_cov_loss(old_logp, logp, adv, mask, ratio_k, kl_coef, agg):
+def kl_cov_loss(old_logp, logp, adv, mask, ratio_k, kl_coef, agg, is_weights=None):
     # r = exp(logp - old); L = -A r, and on the top max(1, ratio_k * #tokens) tokens by (A - mean A)(logp - mean logp):
     # L = -A r + kl_coef |logp - old|
     diff = logp - old_logp
@@ -22,11 +22,11 @@ def kl_cov_loss(old_logp, logp, adv, mask, ratio_k, kl_coef, agg):
         rows, cols = top // adv.shape[1], top % adv.shape[1]
         loss = loss.clone()
         loss[rows, cols] = loss[rows, cols] + kl_coef * diff.abs()[rows, cols]
-    return agg_loss(loss, mask, agg), masked_mean(diff.abs(), mask)
+    return agg_loss(weighted(loss, is_weights), mask, agg), masked_mean(diff.abs(), mask)
 
 
 @register("kl_cov")
-def kl_cov(old_logp, logp, adv, mask, actor_cfg, agg: str):
+def kl_cov(old_logp, logp, adv, mask, actor_cfg, agg: str, is_weights=None):
     p = actor_cfg.policy_loss
-    loss, ppo_kl = kl_cov_loss(old_logp, logp, adv, mask, p.kl_cov_ratio, p.ppo_kl_coef, agg)
+    loss, ppo_kl = kl_cov_loss(old_logp, logp, adv, mask, p.kl_cov_ratio, p.ppo_kl_coef, agg, is_weights)
     return loss, {"actor/ppo_kl": ppo_kl}

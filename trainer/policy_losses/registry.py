@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-# (old_logp, logp, advantages, mask, actor config, loss_agg_mode) -> (loss, {"actor/pg_clipfrac": ..., ...})
+# (old_logp, logp, advantages, mask, actor config, loss_agg_mode, is_weights) -> (loss, {"actor/pg_clipfrac": ..., ...});
+# is_weights: rollout correction's [B, R] importance weights (rollout_correction.py) or None, multiplying each token's
+# loss before aggregation, as verl's losses take rollout_is_weights
 LossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
@@ -22,6 +24,10 @@ class PolicyLoss:
 
 
 POLICY_LOSSES: dict[str, PolicyLoss] = {}
+
+
+def weighted(per_token: torch.Tensor, is_weights: torch.Tensor | None) -> torch.Tensor:
+    return per_token if is_weights is None else per_token * is_weights
 
 
 def register(name: str):

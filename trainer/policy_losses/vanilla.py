@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from ..core_algos import agg_loss, masked_mean
-from .registry import register
+from .registry import register, weighted
 
 
-def clipped_surrogate(old_logp, logp, adv, mask, clip_low=0.2, clip_high=0.2, clip_c=3.0, agg="token-mean"):
+def clipped_surrogate(old_logp, logp, adv, mask, clip_low=0.2, clip_high=0.2, clip_c=3.0, agg="token-mean", is_weights=None):
     # r = exp(clamp(logp - old, +-20)); L = max(-A r, -A clip(r, 1-lo, 1+hi)); for A<0 also min(L, -A c) (dual clip)
     ratio = torch.exp((logp - old_logp).clamp(-20.0, 20.0))
     ppo_kl = masked_mean(old_logp - logp, mask)
@@ -18,7 +18,7 @@ def clipped_surrogate(old_logp, logp, adv, mask, clip_low=0.2, clip_high=0.2, cl
     clipfrac = masked_mean((l2 > l1).float(), mask)
     l3 = -adv * clip_c
     dual = torch.minimum(l3, clipped)
-    loss = torch.where(adv < 0, dual, clipped)
+    loss = weighted(torch.where(adv < 0, dual, clipped), is_weights)
     return agg_loss(loss, mask, agg), clipfrac, ppo_kl
 
 
@@ -36,8 +36,8 @@ def dual_clip_fraction(old_logp, logp, adv, mask, clip_low, clip_high, clip_c):
 
 
 @register("vanilla")
-def vanilla(old_logp, logp, adv, mask, actor_cfg, agg: str):
+def vanilla(old_logp, logp, adv, mask, actor_cfg, agg: str, is_weights=None):
     lo, hi = clip_range(actor_cfg)
-    loss, clipfrac, ppo_kl = clipped_surrogate(old_logp, logp, adv, mask, lo, hi, actor_cfg.clip_ratio_c, agg)
+    loss, clipfrac, ppo_kl = clipped_surrogate(old_logp, logp, adv, mask, lo, hi, actor_cfg.clip_ratio_c, agg, is_weights)
     lower = dual_clip_fraction(old_logp.detach(), logp.detach(), adv, mask, lo, hi, actor_cfg.clip_ratio_c)
     return loss, {"actor/pg_clipfrac": clipfrac, "actor/ppo_kl": ppo_kl, "actor/pg_clipfrac_lower": lower}
