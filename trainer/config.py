@@ -256,7 +256,7 @@ class RolloutCorrectionConfig:
 
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: str = "gae"  # gae | grpo | rloo | reinforce_plus_plus
+    adv_estimator: str = "gae"  # a name in estimators.ESTIMATORS
     gamma: float = 1.0
     lam: float = 1.0
     norm_adv_by_std_in_grpo: bool = True

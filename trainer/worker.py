@@ -21,7 +21,7 @@ import torch.distributed as dist
 from . import core_algos as algos
 from . import batching, estimators, generate_score, lora, lr_schedule, metrics as M, models, offload, parallel, pf_ppo, precision, rollout_correction, worker_state
 from .devices import gpu_index
-from .engines import EngineContext, EngineUnavailable, Sampling, engine_class, make_engine
+from .engines import GREEDY, EngineContext, EngineUnavailable, Sampling, engine_class, make_engine
 from .logprobs import in_micro_batches, token_logprobs, values as critic_values
 from .ppo_update import mean_stats, update_actor, update_critic
 from .reward_managers import overlong
@@ -243,14 +243,19 @@ class Worker:
             ro = generate_score.generate(self.engine, rows, n, self.device)
         with phases("reward"):
             sc = generate_score.score_rollout(self.tok, self.reward, rows, ro, n)
+        baselines = None
+        if self.estimator.needs_greedy_baseline:  # verl's ReMax: each prompt's greedy response, scored
+            with phases("gen_max"):
+                greedy = self.engine.generate([r["input_ids"] for r in rows], 1, GREEDY).to(self.device)
+                baselines = generate_score.score_rollout(self.tok, self.reward, rows, greedy, 1).scores.repeat_interleave(n)
         actor_on = offload.module_on(m.actor.module, self.device, m.actor.param_offload)
         critic_on = offload.module_on(m.critic.module, self.device, m.critic.param_offload) if m.critic else contextlib.nullcontext()
         # param_offload: the actor is on the device from its log-prob pass to the weight sync, the critic from
         # its values to its update; both in host memory through generation and scoring
         with actor_on, critic_on:
-            return self._train_phases(phases, ro, sc, rows, kl_coef, global_step)
+            return self._train_phases(phases, ro, sc, rows, kl_coef, global_step, baselines)
 
-    def _train_phases(self, phases, ro, sc, rows, kl_coef: float, global_step: int) -> dict:
+    def _train_phases(self, phases, ro, sc, rows, kl_coef: float, global_step: int, baselines=None) -> dict:
         cfg, a, m = self.cfg, self.cfg.actor_rollout_ref, self.models
         n, mask = a.rollout.n, sc.mask
         update_actor_now = global_step >= cfg.trainer.critic_warmup  # verl: the critic trains alone until then
@@ -296,7 +301,7 @@ class Worker:
             al = cfg.algorithm
             adv, returns = self.estimator.fn(estimators.AdvantageInput(
                 rewards, mask, [i // n for i in range(len(mask))], values, al.gamma, al.lam, al.norm_adv_by_std_in_grpo,
-                allreduce_sum))
+                allreduce_sum, baselines))
             is_w = None
             if rc.rollout_is:  # between the policy that trains (old log-probs) and the engine that sampled
                 is_w, corr = rollout_correction.is_weights(old_logp, ro.engine_logp, mask, rc.rollout_is, rc.rollout_is_threshold,

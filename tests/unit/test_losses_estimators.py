@@ -84,6 +84,21 @@ def test_estimators(name, scores, mask, index, norm, first_token):
     assert (adv * (1 - T(mask)) == 0).all()
 
 
+@pytest.mark.parametrize("rewards, mask, baselines, advantages, returns", [
+    # reward-to-go [1, 1, 1] minus the greedy response's 0.5 on every response token
+    ([[0.0, 0.0, 1.0]], [[1.0, 1.0, 1.0]], [0.5], [[0.5, 0.5, 0.5]], [[1.0, 1.0, 1.0]]),
+    # a shorter response: padding stays 0; a KL-shaped reward counts from its token on: [2 - 0.5, 2, 0] - 1
+    ([[-0.5, 2.0, 9.0]], [[1.0, 1.0, 0.0]], [1.0], [[0.5, 1.0, 0.0]], [[1.5, 2.0, 0.0]]),
+    # a greedy response that scored higher than the sample: a negative advantage
+    ([[0.0, 0.0]], [[1.0, 1.0]], [1.0], [[-1.0, -1.0]], [[0.0, 0.0]]),
+])
+def test_remax_by_hand(rewards, mask, baselines, advantages, returns):
+    x = estimators.AdvantageInput(T(rewards), T(mask), [0], None, 1.0, 1.0, True, lambda t: t, torch.tensor(baselines))
+    adv, ret = estimators.get("remax").fn(x)
+    torch.testing.assert_close(adv, T(advantages))
+    torch.testing.assert_close(ret, T(returns))
+
+
 def test_every_registered_name_is_accepted_by_config():
     from rlrig.trainer.config import parse_overrides
 
@@ -91,3 +106,35 @@ def test_every_registered_name_is_accepted_by_config():
         parse_overrides(["actor_rollout_ref.model.path=/m", f"algorithm.adv_estimator={name}", "actor_rollout_ref.rollout.n=2"])
     for name in policy_losses.POLICY_LOSSES:
         parse_overrides(["actor_rollout_ref.model.path=/m", f"actor_rollout_ref.actor.policy_loss.loss_mode={name}"])
+
+
+def test_remax_through_a_worker_scores_each_prompts_greedy_response():
+    """The worker generates each prompt's greedy response once, scores it, and hands the estimator that score for
+    each of the prompt's n samples."""
+    from rlrig.trainer import generate_score
+    from rlrig.trainer.engines import GREEDY
+    from rlrig.trainer.single_process import single_worker
+
+    with single_worker(["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "algorithm.adv_estimator=remax",
+                        "actor_rollout_ref.rollout.n=3", "actor_rollout_ref.rollout.name=hf"]) as (w, batches):
+        seen, greedy = {}, []
+        real_generate, real_fn = w.engine.generate, w.estimator.fn
+
+        def generate(prompts, n, sampling=None):
+            ro = real_generate(prompts, n, sampling)
+            if sampling == GREEDY:
+                greedy.append(ro)
+            return ro
+
+        def fn(x):
+            seen["baselines"] = x.baselines.clone()
+            return real_fn(x)
+
+        w.engine.generate = generate
+        w.estimator = estimators.Estimator(w.estimator.name, fn, needs_greedy_baseline=True)
+        rows = next(batches)
+        out = w.step(rows, 0.0, 1)
+        assert len(greedy) == 1 and greedy[0].input_ids.shape[0] == len(rows)  # one greedy response per prompt
+        expected = generate_score.score_rollout(w.tok, w.reward, rows, greedy[0], 1).scores.repeat_interleave(3)
+        torch.testing.assert_close(seen["baselines"], expected.to(seen["baselines"].dtype))
+        assert "timing_s/gen_max" in out

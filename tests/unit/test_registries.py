@@ -9,12 +9,13 @@ from rlrig.trainer.config import ConfigError, parse_overrides
 MODEL = "actor_rollout_ref.model.path=/m"
 
 
-@pytest.mark.parametrize("name,critic,groups", [
-    ("gae", True, False), ("grpo", False, True), ("rloo", False, True), ("reinforce_plus_plus", False, False),
+@pytest.mark.parametrize("name,critic,groups,greedy", [
+    ("gae", True, False, False), ("grpo", False, True, False), ("rloo", False, True, False),
+    ("reinforce_plus_plus", False, False, False), ("remax", False, False, True),
 ])
-def test_estimators_declare_what_they_need(name, critic, groups):
+def test_estimators_declare_what_they_need(name, critic, groups, greedy):
     e = estimators.get(name)
-    assert (e.needs_critic, e.needs_groups) == (critic, groups)
+    assert (e.needs_critic, e.needs_groups, e.needs_greedy_baseline) == (critic, groups, greedy)
 
 
 def test_a_new_estimator_is_one_registration(monkeypatch):

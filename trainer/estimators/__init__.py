@@ -2,7 +2,7 @@
 import below."""
 
 from .registry import ESTIMATORS, AdvantageInput, Estimator, register
-from . import gae, gpg, grpo, grpo_passk, opo, reinforce_pp, reinforce_pp_baseline, rloo  # noqa: E402,F401  (each registers itself)
+from . import gae, gpg, grpo, grpo_passk, opo, reinforce_pp, reinforce_pp_baseline, remax, rloo  # noqa: E402,F401  (each registers itself)
 
 __all__ = ["ESTIMATORS", "AdvantageInput", "Estimator", "register", "get"]
 

@@ -24,6 +24,7 @@ class AdvantageInput:
     lam: float
     norm_adv_by_std_in_grpo: bool
     allreduce: AllReduce  # sums over every worker's shard: batch statistics over the whole batch
+    baselines: torch.Tensor | None = None  # [B]: the greedy response's reward of each sample's prompt, where declared
 
 
 @dataclass(frozen=True)
@@ -32,16 +33,17 @@ class Estimator:
     fn: Callable[[AdvantageInput], tuple[torch.Tensor, torch.Tensor]]  # -> (advantages, returns), both [B, R]
     needs_critic: bool = False  # a value model is built and trained
     needs_groups: bool = False  # compares the n samples of one prompt: rollout.n >= 2
+    needs_greedy_baseline: bool = False  # each prompt's greedy response is generated and scored (AdvantageInput.baselines)
 
 
 ESTIMATORS: dict[str, Estimator] = {}
 
 
-def register(name: str, *, needs_critic: bool = False, needs_groups: bool = False):
+def register(name: str, *, needs_critic: bool = False, needs_groups: bool = False, needs_greedy_baseline: bool = False):
     def deco(fn):
         if name in ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is registered twice")
-        ESTIMATORS[name] = Estimator(name, fn, needs_critic, needs_groups)
+        ESTIMATORS[name] = Estimator(name, fn, needs_critic, needs_groups, needs_greedy_baseline)
         return fn
 
     return deco
