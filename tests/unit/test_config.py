@@ -106,7 +106,7 @@ BAD = [
     (["actor_rollout_ref.rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2"], "rlrig's hf engine runs one GPU"),
     (["actor_rollout_ref.actor.clip_ratio_c=1.0"], "must be greater than 1"),
     (["algorithm.kl_ctrl.horizon=0"], "horizon=0 must be at least 1"),
-    (["algorithm.adv_estimator=nope"], "choose one of gae, grpo, gpg, grpo_passk, opo, reinforce_plus_plus, reinforce_plus_plus_baseline, rloo"),
+    (["algorithm.adv_estimator=nope"], "choose one of gae, grpo, gpg, grpo_passk, opo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, rloo"),
     (["actor_rollout_ref.actor.policy_loss.loss_mode=ppo"], "choose one of vanilla, cispo, clip_cov"),
     (["actor_rollout_ref.actor.fsdp_config.param_offload=True"], "offloads FSDP shards; set actor_rollout_ref.actor.strategy=fsdp"),
     (["critic.model.fsdp_config.param_offload=True"], "offloads FSDP shards"),
