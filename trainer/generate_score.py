@@ -47,12 +47,13 @@ def model_inputs(rows: list[dict], ro: Rollout, n: int, src: RewardSource) -> tu
     return ("ids" if src.input_tokenizer is None else "chats"), out
 
 
-def score(tokenizer, src: RewardSource, rows: list[dict], ro: Rollout, n: int) -> tuple[torch.Tensor, list[str]]:
-    """The reward of each sample (prompt i's n samples at rows i*n .. i*n+n-1) and its decoded text."""
+def score(tokenizer, src: RewardSource, rows: list[dict], ro: Rollout, n: int) -> tuple[torch.Tensor, list[str], list[dict]]:
+    """The reward of each sample (prompt i's n samples at rows i*n .. i*n+n-1), its decoded text, and the fields a
+    reward function returned beside the score (verl's reward_extra_info: `acc`, `pred`, ...; {} for a number)."""
     texts = tokenizer.batch_decode(ro.input_ids[:, ro.prompt_len:].tolist(), skip_special_tokens=True)
     rm = src.model(*model_inputs(rows, ro, n, src)) if src.model else None
     lengths = ro.response_mask.sum(-1).tolist()
-    out = []
+    out, extras = [], []
     for i, text in enumerate(texts):
         r = rows[i // n]
         if src.fn is None:
@@ -60,12 +61,14 @@ def score(tokenizer, src: RewardSource, rows: list[dict], ro: Rollout, n: int) -
         else:
             extra = {"rm_score": rm[i]} if rm is not None else {}
             s = src.fn(r["data_source"], text, (r.get("reward_model") or {}).get("ground_truth"), r.get("extra_info"), **extra)
-            s = s["score"] if isinstance(s, dict) else s  # verl's functions may return {"score": ..., other fields}
+        fields = dict(s) if isinstance(s, dict) else {}  # verl's functions may return {"score": ..., other fields}
+        s = s["score"] if isinstance(s, dict) else s
         s = float(s)
         if src.overlong:
             s += src.overlong.penalty(int(lengths[i]))
         out.append(s)
-    return torch.tensor(out), texts
+        extras.append(fields)
+    return torch.tensor(out), texts, extras
 
 
 def generate(engine: RolloutEngine, rows: list[dict], n: int, device) -> Rollout:

@@ -168,16 +168,16 @@ def spread(rows: list, parts: int) -> list[list]:
 
 def validate_rows(workers, val_rows, cfg, step: int = 0, out: Path | None = None) -> dict:
     """Validation with rollout.val_kwargs (n samples a prompt), data.val_batch_size prompts at a time (None: all
-    at once) spread over the workers: verl's val-core/<source>/reward/mean@n, and for n > 1 std@n and best@n/mean
-    in val-aux (best@n exact over the n samples, where verl bootstraps). trainer.log_val_generations samples
-    are printed and appended to val_generations.jsonl."""
+    at once) spread over the workers: verl's val-core/val-aux metrics (val_metrics.py). trainer.log_val_generations
+    samples are printed and appended to val_generations.jsonl."""
     import ray
-    import statistics
+
+    from .val_metrics import validation_metrics
 
     if not val_rows:
         return {}
     n = cfg.actor_rollout_ref.rollout.val_kwargs.n
-    by_source: dict[str, list[list[float]]] = {}
+    prompts: list[tuple[str, list[dict]]] = []  # (data source, each sample's variables)
     shown = []
     step_size = cfg.data.val_batch_size or len(val_rows)
     for start in range(0, len(val_rows), step_size):
@@ -187,17 +187,13 @@ def validate_rows(workers, val_rows, cfg, step: int = 0, out: Path | None = None
         rows = [r for p, filler in zip(parts, fillers) if not filler for r in p]
         scores = [s for res in results for s in res[0]]
         texts = [t for res in results for t in res[1]]
+        extras = [e for res in results for e in res[2]]
         for i, r in enumerate(rows):
-            by_source.setdefault(r["data_source"], []).append(scores[i * n:(i + 1) * n])
+            prompts.append((r["data_source"], [{"reward": scores[j], **extras[j]} for j in range(i * n, (i + 1) * n)]))
             if len(shown) < cfg.trainer.log_val_generations:
                 shown.append({"step": step, "data_source": r["data_source"], "prompt": r[cfg.data.prompt_key],
                               "response": texts[i * n], "score": scores[i * n]})
-    m = {}
-    for src, groups in by_source.items():
-        m[f"val-core/{src}/reward/mean@{n}"] = statistics.fmean(s for g in groups for s in g)
-        if n > 1:
-            m[f"val-aux/{src}/reward/std@{n}"] = statistics.fmean(statistics.pstdev(g) for g in groups)
-            m[f"val-aux/{src}/reward/best@{n}/mean"] = statistics.fmean(max(g) for g in groups)
+    m = validation_metrics(prompts)
     if shown:
         for g in shown:
             say(f"validation sample (step {step}, score {g['score']}): {g['response']!r}")

@@ -194,12 +194,12 @@ class Worker:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def evaluate(self, rows) -> tuple[list[float], list[str]]:
-        """Validation with rollout.val_kwargs: each prompt's n scores and texts, prompt by prompt."""
+    def evaluate(self, rows) -> tuple[list[float], list[str], list[dict]]:
+        """Validation with rollout.val_kwargs: each prompt's n scores, texts and reward-function fields, prompt by prompt."""
         vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
         ro = self.engine.generate([r["input_ids"] for r in rows], vk.n, Sampling.of(vk))
-        scores, texts = generate_score.score(self.tok, self.reward, rows, ro, vk.n)
-        return scores.tolist(), texts
+        scores, texts, extras = generate_score.score(self.tok, self.reward, rows, ro, vk.n)
+        return scores.tolist(), texts, extras
 
     def _agree_max(self, k: int) -> int:
         t = torch.tensor([k], device=self.device)

@@ -165,8 +165,9 @@ def test_val_only_with_several_samples_and_logged_generations(tmp_path):
     [row] = metrics(run)
     assert row["training/global_step"] == 0
     src = "rlrig/arithmetic"
-    assert {f"val-core/{src}/reward/mean@2", f"val-aux/{src}/reward/std@2", f"val-aux/{src}/reward/best@2/mean"} <= set(row)
-    assert row[f"val-aux/{src}/reward/best@2/mean"] >= row[f"val-core/{src}/reward/mean@2"]
+    assert {f"val-core/{src}/reward/mean@2", f"val-aux/{src}/reward/std@2", f"val-core/{src}/reward/best@2/mean",
+            f"val-aux/{src}/reward/worst@2/mean"} <= set(row)
+    assert row[f"val-aux/{src}/reward/worst@2/mean"] <= row[f"val-core/{src}/reward/mean@2"] <= row[f"val-core/{src}/reward/best@2/mean"]
     shown = (run / "val_generations.jsonl").read_text().splitlines()
     assert len(shown) == 3 and "validation sample" in r.stderr
     assert not list(run.glob("global_step_*"))  # nothing trained, nothing saved

@@ -107,11 +107,12 @@ def test_what_the_reward_model_reads_and_how_scores_combine():
     kind, ids = model_inputs(rows, ro, 1, RewardSource(None, model, None, "prompt", None))
     assert kind == "ids" and ids[1] == enc("10+1=#### 2")
     # no function: the model's score is the reward
-    scores, texts = score(tok, src, rows, ro, 1)
-    assert scores.tolist() == [0.25, -1.5] and texts == ["#### 7", "#### 2"]
-    # a custom function gets it as rm_score and decides; a dict result gives its "score"
-    fn = lambda ds, text, gt, extra, rm_score: {"score": rm_score + (1.0 if text.endswith(gt) else 0.0)}
-    assert score(tok, RewardSource(fn, model, tok, "prompt", None), rows, ro, 1)[0].tolist() == [1.25, -1.5]
+    scores, texts, fields = score(tok, src, rows, ro, 1)
+    assert scores.tolist() == [0.25, -1.5] and texts == ["#### 7", "#### 2"] and fields == [{}, {}]
+    # a custom function gets it as rm_score and decides; a dict result gives its "score", and its fields go to validation
+    fn = lambda ds, text, gt, extra, rm_score: {"score": rm_score + (1.0 if text.endswith(gt) else 0.0), "pred": text[-1]}
+    scores, _, fields = score(tok, RewardSource(fn, model, tok, "prompt", None), rows, ro, 1)
+    assert scores.tolist() == [1.25, -1.5] and fields == [{"score": 1.25, "pred": "7"}, {"score": -1.5, "pred": "2"}]
     # dapo's penalty on top of a function's score: responses of 7 (EOS included) and 6 tokens, max 8, buffer 4
     plain = lambda ds, text, gt, extra: float(text.endswith(gt))
     out = score(tok, RewardSource(plain, None, None, "prompt", Overlong(4, 1.0, 8)), rows, ro, 1)[0].tolist()
