@@ -24,8 +24,8 @@ RULES: dict[str, str] = {
     "training/rollout_probs_diff_max": MAX, "training/rollout_probs_diff_mean": TOKEN_MEAN,
     "training/rollout_probs_diff_std": MEAN,
     "perf/total_num_tokens": SUM, "perf/max_memory_allocated_gb": MAX,
-    # rollout correction (rollout_correction.py): token weights' mean and fractions over tokens; sequence level's
-    # fractions are over sequences, of which every worker holds as many
+    # rollout correction (rollout_correction.py): each worker's mean and fractions, combined by its response tokens
+    # (exact for rollout_is=token; for sequence, whose fractions count sequences, a token-weighted mean of them)
     "rollout_corr/rollout_is_mean": TOKEN_MEAN, "rollout_corr/rollout_is_max": MAX, "rollout_corr/rollout_is_min": MIN,
     "rollout_corr/rollout_is_ratio_fraction_high": TOKEN_MEAN, "rollout_corr/rollout_is_ratio_fraction_low": TOKEN_MEAN,
     "rollout_corr/rollout_is_batch_norm_factor": MEAN,
