@@ -207,3 +207,15 @@ def test_training_goes_on_from_an_adapter_directory(tmp_path):
         first = w.step(next(batches), 0.0, 1)
         assert first["actor/kl_loss"] > 1e-6  # the reference is the base (0 exactly were it the adapted actor)
         assert all(p.requires_grad for n, p in module.named_parameters() if "lora_" in n)
+
+
+def test_padding_free_forwards_train_lora_as_padded_ones():
+    """verl's LoRA scripts set use_remove_padding=True: the packed forwards pass through peft's wrapper unchanged."""
+    from rlrig.trainer.single_process import run_steps
+
+    keys = ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "critic/score/mean")
+    more = [*TRAIN, "actor_rollout_ref.actor.ppo_epochs=2"]  # a second epoch: KL and ratios away from their start
+    padded, packed = run_steps(more, 3), run_steps([*more, "actor_rollout_ref.model.use_remove_padding=True"], 3)
+    assert any(r["actor/kl_loss"] > 0 for r in padded)
+    for a, b in zip(padded, packed):
+        assert [a[k] for k in keys] == pytest.approx([b[k] for k in keys], rel=1e-4, abs=1e-6)
