@@ -248,10 +248,7 @@ class RolloutCorrectionConfig:
     rollout_is: str | None = None  # None (off) | token | sequence
     rollout_is_threshold: float = 2.0  # the weights' upper bound
     rollout_is_batch_normalize: bool = False  # divide by the batch's mean weight
-    rollout_rs: str | None = None  # verl's rejection sampling: refused unless None
-    rollout_rs_threshold: Any = None  # refused unless None
-    bypass_mode: bool = False  # verl's bypass mode (no old log-prob pass): refused unless False
-    loss_type: str = "ppo_clip"  # bypass mode's loss: refused unless ppo_clip
+    # verl's rejection sampling and bypass mode: refused in verl_keys (their defaults accepted)
 
 
 @dataclass
@@ -692,12 +689,6 @@ RAY_RESERVED = ("CPU", "GPU", "memory", "object_store_memory")
 
 def validate_rollout_correction(cfg: Config) -> None:
     rc, p = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
-    for key, value, off in (("rollout_rs", rc.rollout_rs, None), ("rollout_rs_threshold", rc.rollout_rs_threshold, None),
-                            ("bypass_mode", rc.bypass_mode, False), ("loss_type", rc.loss_type, "ppo_clip")):
-        if value != off:
-            raise ConfigError(f"{p}.{key}={value}: a verl key rlrig does not implement: of verl's rollout correction rlrig has "
-                              f"the importance weights of the decoupled mode ({p}.rollout_is=token|sequence, "
-                              "rollout_is_threshold, rollout_is_batch_normalize), not rejection sampling or bypass mode")
     if rc.rollout_is not in (None, "token", "sequence"):
         raise ConfigError(f"{p}.rollout_is={rc.rollout_is}: choose token, sequence or null (off)")
     if rc.rollout_is_threshold <= 0:

@@ -23,6 +23,10 @@ REFUSED_PREFIXES = {
 REFUSED = {
     "actor_rollout_ref.rollout.multi_turn.enable": "verl's multi-turn and tool-calling rollout is not in rlrig; its rollout is "
                                                    "single-turn",
+    **{f"algorithm.rollout_correction.{k}": "of verl's rollout correction rlrig has the importance weights of the decoupled "
+                                            "mode (algorithm.rollout_correction.rollout_is=token|sequence, rollout_is_threshold, "
+                                            "rollout_is_batch_normalize), not rejection sampling or bypass mode"
+       for k in ("rollout_rs", "rollout_rs_threshold", "bypass_mode", "loss_type")},
     "critic.model.lora_rank": "LoRA on the critic is not in rlrig; the critic trains all its weights (the actor's "
                               "LoRA is actor_rollout_ref.model.lora_rank)",
     "critic.model.lora_alpha": "LoRA on the critic is not in rlrig (see critic.model.lora_rank)",
@@ -46,6 +50,11 @@ REFUSED = {
 }
 # A value rlrig accepts for a key it otherwise refuses: verl's default, which asks for nothing.
 ACCEPTED_DEFAULTS = {
+    # verl's rollout correction defaults: no rejection sampling, no bypass mode
+    "algorithm.rollout_correction.rollout_rs": ("null", "None"),
+    "algorithm.rollout_correction.rollout_rs_threshold": ("null", "None"),
+    "algorithm.rollout_correction.bypass_mode": ("False", "false"),
+    "algorithm.rollout_correction.loss_type": ("ppo_clip",),
     # verl's critic defaults: LoRA off
     "critic.model.lora_rank": ("0",),
     "critic.model.lora_alpha": ("16",),

@@ -86,7 +86,8 @@ def test_every_loss_takes_the_weights(name):
 
 @pytest.mark.parametrize("overrides, message", [
     (["algorithm.rollout_correction.rollout_rs=token"], "not rejection sampling or bypass mode"),
-    (["algorithm.rollout_correction.bypass_mode=True"], "algorithm.rollout_correction.bypass_mode=True: a verl key rlrig"),
+    (["algorithm.rollout_correction.bypass_mode=True"], "algorithm.rollout_correction.bypass_mode: a verl key rlrig does not implement"),
+    (["algorithm.rollout_correction.loss_type=reinforce"], "algorithm.rollout_correction.loss_type: a verl key rlrig does not implement"),
     (["algorithm.rollout_correction.rollout_rs_threshold=0.5"], "not rejection sampling"),
     (["algorithm.rollout_correction.rollout_is=geometric"], "choose token, sequence or null"),
     (["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=0"], "must be positive"),
