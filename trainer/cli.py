@@ -62,9 +62,11 @@ def cmd_export(args) -> int:
         # a LoRA run: the adapter as peft saves it (verl's lora_adapter/), and the model with it merged in
         from peft import LoraConfig, TaskType, get_peft_model
 
+        from .lora import ADAPTER
+
         model = get_peft_model(model, LoraConfig(task_type=TaskType.CAUSAL_LM, bias="none", **ts["lora"]))
         model.load_state_dict(state["model"])
-        model.peft_config["default"].base_model_name_or_path = str(base)
+        model.peft_config[ADAPTER].base_model_name_or_path = str(base)
         model.save_pretrained(tmp / "lora_adapter")
         model = model.merge_and_unload()
     else:

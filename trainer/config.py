@@ -100,6 +100,11 @@ class ActorModelConfig(ModelConfig):
     exclude_modules: Any = None  # the same forms; None excludes nothing
     lora_adapter_path: str | None = None  # a peft adapter directory; its own config replaces the three above
 
+    @property
+    def uses_lora(self) -> bool:
+        """verl's test: a rank above 0, or an adapter to go on training."""
+        return self.lora_rank > 0 or bool(self.lora_adapter_path)
+
 
 @dataclass
 class PolicyLossConfig:
@@ -710,7 +715,7 @@ def validate_lora(cfg: Config) -> None:
         if not names or not all(isinstance(x, str) and x for x in names):
             raise ConfigError(f"actor_rollout_ref.model.{key}={value!r}: give all-linear, a module-name regex, or a list "
                               "of module names such as [q_proj,v_proj]")
-    if (m.lora_rank > 0 or m.lora_adapter_path) and cfg.actor_rollout_ref.ref.enable_resource_pool:
+    if m.uses_lora and cfg.actor_rollout_ref.ref.enable_resource_pool:
         raise ConfigError("actor_rollout_ref.ref.enable_resource_pool=True with LoRA: the reference is the actor with its "
                           "adapters disabled, as in verl, so it has no workers of its own; set it False")
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .engines import Rollout, RolloutEngine
+from .engines import Rollout, RolloutEngine, Sampling
 from .reward_managers import Overlong
 
 
@@ -61,8 +61,9 @@ def score(tokenizer, src: RewardSource, rows: list[dict], ro: Rollout, n: int) -
         else:
             extra = {"rm_score": rm[i]} if rm is not None else {}
             s = src.fn(r["data_source"], text, (r.get("reward_model") or {}).get("ground_truth"), r.get("extra_info"), **extra)
-        fields = dict(s) if isinstance(s, dict) else {}  # verl's functions may return {"score": ..., other fields}
-        s = s["score"] if isinstance(s, dict) else s
+        fields = {}
+        if isinstance(s, dict):  # verl's functions may return {"score": ..., other fields}
+            fields, s = dict(s), s["score"]
         s = float(s)
         if src.overlong:
             s += src.overlong.penalty(int(lengths[i]))
@@ -71,8 +72,9 @@ def score(tokenizer, src: RewardSource, rows: list[dict], ro: Rollout, n: int) -
     return torch.tensor(out), texts, extras
 
 
-def generate(engine: RolloutEngine, rows: list[dict], n: int, device) -> Rollout:
-    return engine.generate([r["input_ids"] for r in rows], n).to(device)
+def generate(engine: RolloutEngine, rows: list[dict], n: int, device, sampling: Sampling | None = None) -> Rollout:
+    """n samples of each row's prompt, with `sampling` (None: rollout.*'s)."""
+    return engine.generate([r["input_ids"] for r in rows], n, sampling).to(device)
 
 
 def score_rollout(tokenizer, src: RewardSource, rows: list[dict], ro: Rollout, n: int) -> Scored:

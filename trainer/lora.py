@@ -18,11 +18,6 @@ WRAPPED = "base_model.model."  # where a PeftModel keeps the wrapped model's par
 RESUME_FIELDS = ("r", "lora_alpha", "target_modules", "exclude_modules", "use_rslora", "rank_pattern", "alpha_pattern")
 
 
-def enabled(model_cfg) -> bool:
-    """verl's test: a rank above 0, or an adapter to continue training."""
-    return model_cfg.lora_rank > 0 or bool(model_cfg.lora_adapter_path)
-
-
 def peft_config(model_cfg):
     """The adapter's LoraConfig: read from lora_adapter_path, or built from the keys as verl builds it."""
     from peft import LoraConfig, PeftConfig, TaskType
@@ -53,11 +48,11 @@ def apply(module: torch.nn.Module, model_cfg) -> torch.nn.Module:
 def check(model_cfg, model_path: str, load_kwargs: dict) -> dict:
     """Before any worker starts: the adapter fits the model (its target layers exist and are ones rlrig can
     merge), on a weightless copy of the model. Returns what a checkpoint records of the adapter."""
-    from peft import get_peft_model
+    from peft import PeftType, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = peft_config(model_cfg)
-    if getattr(cfg, "peft_type", None) is None or str(getattr(cfg.peft_type, "value", cfg.peft_type)) != "LORA":
+    if cfg.peft_type != PeftType.LORA:
         raise ConfigError(f"actor_rollout_ref.model.lora_adapter_path={model_cfg.lora_adapter_path}: a {cfg.peft_type} "
                           "adapter; rlrig trains LoRA adapters")
     if getattr(cfg, "use_dora", False):

@@ -240,7 +240,7 @@ def train(cfg) -> int:
     import_external_lib(cfg.actor_rollout_ref.model)
     tokenizer = load_tokenizer(cfg, model_path)
     adapter = lora.check(cfg.actor_rollout_ref.model, model_path, load_kwargs(cfg.actor_rollout_ref.model)) \
-        if lora.enabled(cfg.actor_rollout_ref.model) else None
+        if cfg.actor_rollout_ref.model.uses_lora else None
     train_rows, val_rows = load_rows(cfg, tokenizer)
     check_reward_setup(cfg, {r["data_source"] for r in train_rows + val_rows})
     check_installed(cfg.reward_model)

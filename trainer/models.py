@@ -111,7 +111,7 @@ def build(cfg, path: str, device: torch.device, needs_critic: bool, engine_needs
     # (taken before LoRA, which changes the model in place: the copy takes merged weights)
     gen_module = copy.deepcopy(module) if strategy == "fsdp" and engine_needs_full_module else module
     gen_is_actor = engine_needs_full_module and gen_module is module
-    with_lora = lora.enabled(a.model)
+    with_lora = a.model.uses_lora
     if with_lora:
         module = lora.apply(module, a.model)
     actor = trainable(module, device, prec, a.actor.optim, a.model.enable_gradient_checkpointing, a.actor.fsdp_config)

@@ -12,8 +12,6 @@ import torch.distributed as dist
 
 from .engines.base import Rollout
 
-METHODS = ("pow", "max_min", "max_random")
-
 
 def weights(scores: torch.Tensor, method: str, weight_pow: float) -> torch.Tensor:
     """verl's weights of each sample's score s (the sum of its token-level scores), floored at 1e-8:

@@ -153,7 +153,7 @@ class Worker:
         if m.gen_is_actor:
             return
         tensors = parallel.full_tensors(m.actor.module)
-        if lora.enabled(self.cfg.actor_rollout_ref.model):
+        if self.cfg.actor_rollout_ref.model.uses_lora:
             tensors = lora.merged(lora.scalings(m.actor.module), tensors)
         self.engine.sync_weights(tensors)
 
@@ -246,7 +246,7 @@ class Worker:
         baselines = None
         if self.estimator.needs_greedy_baseline:  # verl's ReMax: each prompt's greedy response, scored
             with phases("gen_max"):
-                greedy = self.engine.generate([r["input_ids"] for r in rows], 1, GREEDY).to(self.device)
+                greedy = generate_score.generate(self.engine, rows, 1, self.device, GREEDY)
                 baselines = generate_score.score_rollout(self.tok, self.reward, rows, greedy, 1).scores.repeat_interleave(n)
         actor_on = offload.module_on(m.actor.module, self.device, m.actor.param_offload)
         critic_on = offload.module_on(m.critic.module, self.device, m.critic.param_offload) if m.critic else contextlib.nullcontext()
