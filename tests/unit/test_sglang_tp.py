@@ -117,12 +117,13 @@ import json, os, sys
 import torch, torch.distributed as dist
 rank, world, init, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 os.environ.update(FAKE_RANK=str(rank), FAKE_OUT=out, CUDA_VISIBLE_DEVICES=["1", "0", "0", "1"][rank])
-dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
 from rlrig.trainer.config import RolloutConfig
 from rlrig.trainer import tp_groups
 from rlrig.trainer.engines import sglang_engine
 from rlrig.trainer.engines.base import EngineContext
 from rlrig.trainer.tiny_model import build_tokenizer
+# after the imports: torch.distributed.fsdp imported after the group exists keeps it alive past destroy
+dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
 node = "node-a" if rank < 2 else "node-b"
 tp_groups.where = lambda: (node, "10.0.0.%d" % (1 if rank < 2 else 2))
 tok = build_tokenizer()

@@ -35,9 +35,12 @@ def _advantages(name, rewards, values, mask, allreduce):
 
 
 def _shard_worker(rank, world, port, out_dir):
+    # Imported before the group exists: torch.distributed.fsdp, imported after, keeps the default group alive
+    # past destroy_process_group, and its Gloo threads then abort the process as it exits (1 run in ~15).
+    from rlrig.trainer.worker import allreduce_sum
+
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    from rlrig.trainer.worker import allreduce_sum
 
     rewards, values, mask = _batch()
     half = len(mask) // world
