@@ -10,7 +10,8 @@ torch.distributed group (NCCL where every node has a GPU, else Gloo), then:
      each way, timed by the receiver (a node's bandwidth is its slower direction);
   2. an all-reduce of ALLREDUCE_BYTES over every node, timed: a whole-group figure, which names no node, so it runs
      only once the pairs passed;
-  3. NVML on each node: uncorrected ECC errors and pending page retirements fail the node; clocks held down and a
+  3. NVML or amdsmi on each node (gpu_health.py, read as its probe starts): uncorrected ECC errors, pending page
+     retirements and a GPU mostly held by another process fail the node; clocks held down, memory partly held and a
      PCIe link below its maximum warn.
 A node whose bandwidth is below min_ratio x the median, or whose transfer failed or timed out, fails the check.
 Every pair has rank 0 at one end: a slow head slows all pairs alike and stands out from no median (the all-reduce
@@ -29,10 +30,10 @@ import sys
 import time
 from datetime import timedelta
 
+from . import gpu_health
 from .addresses import format_hostport
 from .console import say
 from .coordination import HOST_LABEL, RANK_LABEL, describe
-from .inventory import _text
 
 REPORT_NAME = "fabric.json"  # in the head's temp dir
 FAILED = 2
@@ -48,13 +49,6 @@ WARMUP_TIMEOUT = 20.0  # the first operation of a pair or of the group: NCCL set
 JOIN_TIMEOUT = 30.0  # actors started (they import torch) and the process group formed
 BUDGET = 50.0  # the whole check, inside the head's 60 s limit: pairs not reached by then fail as unmeasured
 
-# nvmlClocksEventReason* bits (nvml.h) that mean the GPU runs slower than asked for. Left out on purpose: idle,
-# application clocks and the software power cap, which a healthy GPU shows in normal work.
-SLOWDOWNS = {0x8: "hardware slowdown", 0x20: "software thermal slowdown", 0x40: "hardware thermal slowdown",
-             0x80: "power brake slowdown"}
-GPU_IDLE = 0x1
-
-
 # --- the verdict: pure, so that tests can feed it figures -----------------------------------------------------
 
 def median(values: list[float]) -> float | None:
@@ -66,39 +60,11 @@ def name(node: dict) -> str:
     return describe(node["rank"], {node["rank"]: {"hostname": node.get("host", "")}}, node.get("ip", ""))
 
 
-def gpu_problems(gpu: dict) -> tuple[list[str], list[str]]:
-    """(failures, warnings) for one GPU's NVML readings; a reading of None is one this GPU or driver does not give."""
-    what = f"GPU {gpu['index']}" + (f" ({gpu['name']})" if gpu.get("name") else "")
-    if gpu.get("error"):  # e.g. fallen off the bus: NVML lists it but cannot read it
-        return [f"{what}: NVML cannot read it ({gpu['error']})"], []
-    fails, warns = [], []
-    if gpu.get("ecc_uncorrected"):
-        fails.append(f"{what}: {gpu['ecc_uncorrected']} uncorrected ECC error(s) since the driver loaded")
-    if gpu.get("retired_pages_pending"):
-        fails.append(f"{what}: a page retirement is pending (it takes effect after a GPU reset)")
-    if gpu.get("remap_pending"):
-        fails.append(f"{what}: a row remapping is pending (it takes effect after a GPU reset)")
-    if gpu.get("remap_failed"):
-        fails.append(f"{what}: a row remapping failed (the GPU needs service)")
-    reasons = gpu.get("clock_reasons") or 0
-    slow = [text for bit, text in SLOWDOWNS.items() if reasons & bit]
-    if slow:
-        warns.append(f"{what}: clocks held down ({', '.join(slow)})")
-    width, max_width = gpu.get("pcie_width"), gpu.get("pcie_max_width")
-    if width and max_width and width < max_width:
-        warns.append(f"{what}: PCIe link x{width}, below its x{max_width}")
-    gen, max_gen = gpu.get("pcie_gen"), gpu.get("pcie_max_gen")
-    # an idle GPU lowers its link generation to save power: only a busy one's is worth a word
-    if gen and max_gen and gen < max_gen and not reasons & GPU_IDLE:
-        warns.append(f"{what}: PCIe gen {gen}, below its gen {max_gen}")
-    return fails, warns
-
-
 def judge(nodes: list[dict], min_ratio: float) -> dict:
     """The verdict on the per-node figures: {ok, median_mb_s, failed: [{rank, host, ip, reasons}], warnings, message}.
 
     A node's figures: rank, host, ip, mb_s (None for the head, which is every pair's other end), error (its pair or
-    its probe failed), gpus (NVML readings)."""
+    its probe failed), gpus (gpu_health readings)."""
     med = median([n["mb_s"] for n in nodes if n.get("mb_s") is not None and not n.get("error")])
     failed, warnings = [], []
     for n in sorted(nodes, key=lambda n: n["rank"]):
@@ -108,7 +74,7 @@ def judge(nodes: list[dict], min_ratio: float) -> dict:
         elif n.get("mb_s") is not None and med and n["mb_s"] < min_ratio * med:
             reasons.append(f"{n['mb_s']:.1f} MB/s, below {min_ratio:g} x the median {med:.1f} MB/s")
         for gpu in n.get("gpus") or []:
-            fails, warns = gpu_problems(gpu)
+            fails, warns = gpu_health.problems(gpu)
             reasons += fails
             warnings += [f"{name(n)}: {w}" for w in warns]
         if reasons:
@@ -164,6 +130,8 @@ class Probe:
     """Runs as a Ray actor on one node: its end of every transfer, and its GPUs' health."""
 
     def __init__(self):
+        # before this process touches a GPU: its own CUDA context is not memory another process holds
+        self.gpus, self.gpu_probe = gpu_health.read_gpus()
         # the slow part of a probe's start (seconds of CPU), begun as soon as its node joins: see `run`
         import torch.distributed  # noqa: F401
 
@@ -286,64 +254,9 @@ class Probe:
         except Exception as e:
             return {"error": _short(e)}
 
-    def gpu_health(self) -> dict:
-        gpus, probe = read_gpus()
-        return {"gpus": gpus, "gpu_probe": probe}
-
-
-def read_gpus() -> tuple[list[dict], str]:
-    """This node's GPUs' health readings from NVML, and which library answered or why none did (CPU nodes: none)."""
-    try:
-        import pynvml
-    except ImportError:
-        return [], "pynvml not installed"
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as e:  # no NVIDIA driver: a CPU node
-        return [], f"NVML unavailable ({e})"
-    try:
-        return [_read_gpu(pynvml, i) for i in range(pynvml.nvmlDeviceGetCount())], "NVML"
-    except pynvml.NVMLError as e:
-        return [], f"NVML error ({e})"
-    finally:
-        pynvml.nvmlShutdown()
-
-
-def _read_gpu(nv, index: int) -> dict:
-    try:
-        handle = nv.nvmlDeviceGetHandleByIndex(index)
-    except nv.NVMLError as e:  # a GPU fallen off the bus is counted but cannot be opened
-        return {"index": index, "error": str(e)}
-
-    def ask(fn_name: str, *args):
-        """None where this GPU or driver does not support the query (ECC off, no row remapper, old driver)."""
-        fn = getattr(nv, fn_name, None)
-        if fn is None:
-            return None
-        try:
-            return fn(handle, *args)
-        except nv.NVMLError:
-            return None
-
-    remapped = ask("nvmlDeviceGetRemappedRows")  # (corrected, uncorrected, pending, failure): Ampere and newer
-    reasons = ask("nvmlDeviceGetCurrentClocksEventReasons")
-    if reasons is None:  # the older name of the same query
-        reasons = ask("nvmlDeviceGetCurrentClocksThrottleReasons")
-    pending = ask("nvmlDeviceGetRetiredPagesPendingStatus")
-    gpu_name = ask("nvmlDeviceGetName")
-    return {
-        "index": index,
-        "name": _text(gpu_name) if gpu_name is not None else "",
-        "ecc_uncorrected": ask("nvmlDeviceGetTotalEccErrors", nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC),
-        "retired_pages_pending": None if pending is None else pending == nv.NVML_FEATURE_ENABLED,
-        "remap_pending": None if remapped is None else bool(remapped[2]),
-        "remap_failed": None if remapped is None else bool(remapped[3]),
-        "clock_reasons": reasons,
-        "pcie_width": ask("nvmlDeviceGetCurrPcieLinkWidth"),
-        "pcie_max_width": ask("nvmlDeviceGetMaxPcieLinkWidth"),
-        "pcie_gen": ask("nvmlDeviceGetCurrPcieLinkGeneration"),
-        "pcie_max_gen": ask("nvmlDeviceGetMaxPcieLinkGeneration"),
-    }
+    def health(self) -> dict:
+        """This node's GPU readings, taken as this probe started."""
+        return {"gpus": self.gpus, "gpu_probe": self.gpu_probe}
 
 
 # --- the driver -----------------------------------------------------------------------------------------------
@@ -451,7 +364,7 @@ def collect_ready(nodes: list[dict], probes: list, formed_at: float) -> None:
 
 
 def collect_gpus(nodes: list[dict], probes: list) -> None:
-    for n, r in zip(nodes, _results([p.gpu_health.remote() for p in probes], TRANSFER_TIMEOUT)):
+    for n, r in zip(nodes, _results([p.health.remote() for p in probes], TRANSFER_TIMEOUT)):
         if r and "gpus" in r:
             n.update(gpus=r["gpus"], gpu_probe=r["gpu_probe"])
         else:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from . import gpu_libraries
 from .addresses import Interface, local_interfaces
 
 
@@ -47,26 +48,19 @@ CONTAINER_FILES = ("/.dockerenv", "/run/.containerenv")  # Docker's and Podman's
 
 def probe_nvidia() -> tuple[list[Gpu], str, str]:
     """The GPUs, which library answered (or why none did), and the driver's version."""
-    try:
-        import pynvml
-    except ImportError:
-        return [], "pynvml not installed", ""
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as e:  # LibraryNotFound / DriverNotLoaded on machines without NVIDIA GPUs
-        return [], f"NVML unavailable ({e})", ""
-    try:
-        gpus = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            uuid, name = pynvml.nvmlDeviceGetUUID(handle), pynvml.nvmlDeviceGetName(handle)
-            mig, mig_devices = _mig_devices(pynvml, handle)
-            gpus.append(Gpu(i, _text(uuid), "nvidia", _text(name), mig, mig_devices))
-        return gpus, "NVML", _text(pynvml.nvmlSystemGetDriverVersion())
-    except pynvml.NVMLError as e:  # a GPU fallen off the bus answers init but not its queries
-        return [], f"NVML error ({e})", ""
-    finally:
-        pynvml.nvmlShutdown()
+    with gpu_libraries.nvml() as (pynvml, why):
+        if pynvml is None:
+            return [], why, ""
+        try:
+            gpus = []
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                uuid, name = pynvml.nvmlDeviceGetUUID(handle), pynvml.nvmlDeviceGetName(handle)
+                mig, mig_devices = _mig_devices(pynvml, handle)
+                gpus.append(Gpu(i, _text(uuid), "nvidia", _text(name), mig, mig_devices))
+            return gpus, "NVML", _text(pynvml.nvmlSystemGetDriverVersion())
+        except pynvml.NVMLError as e:  # a GPU fallen off the bus answers init but not its queries
+            return [], f"NVML error ({e})", ""
 
 
 def _mig_devices(pynvml, handle) -> tuple[bool, list[str]]:
@@ -115,27 +109,15 @@ def _amd_model(amdsmi, handle) -> str:
 
 
 def probe_amd() -> tuple[list[Gpu], str]:
-    try:
-        import amdsmi
-    except ImportError:
-        return [], "amdsmi not installed"
-    except OSError as e:  # the Python package is there but libamd_smi.so is not
-        return [], f"amdsmi unavailable ({e})"
-    try:
-        amdsmi.amdsmi_init()
-    except amdsmi.AmdSmiException as e:  # no driver loaded
-        return [], f"amdsmi unavailable ({e})"
-    try:
-        handles = amdsmi.amdsmi_get_processor_handles()
-        return [Gpu(i, str(amdsmi.amdsmi_get_gpu_device_uuid(h)), "amd", _amd_model(amdsmi, h))
-                for i, h in enumerate(handles)], "amdsmi"
-    except amdsmi.AmdSmiException as e:
-        return [], f"amdsmi error ({e})"
-    finally:
+    with gpu_libraries.amdsmi() as (amdsmi, why):
+        if amdsmi is None:
+            return [], why
         try:
-            amdsmi.amdsmi_shut_down()
-        except amdsmi.AmdSmiException:
-            pass  # the GPUs are already read; a failed release changes nothing for this process
+            handles = amdsmi.amdsmi_get_processor_handles()
+            return [Gpu(i, str(amdsmi.amdsmi_get_gpu_device_uuid(h)), "amd", _amd_model(amdsmi, h))
+                    for i, h in enumerate(handles)], "amdsmi"
+        except amdsmi.AmdSmiException as e:
+            return [], f"amdsmi error ({e})"
 
 
 def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:

@@ -83,6 +83,26 @@ def test_preflight_reads_real_gpus_through_nvml():
         assert r["rc"] != 0 and failed and failed[0]["name"] == "CUDA_VISIBLE_DEVICES", (bad, r)
 
 
+def test_fabric_gpu_health_reads_real_nvml_and_counts_memory_another_process_holds():
+    """The fabric check's readings on a real GPU: every query answers (or says it is unsupported), a healthy lent GPU
+    passes, and memory this process holds shows as held by another process to a reader in a fresh process."""
+    from rlrig.entrypoint import gpu_health
+
+    gpus, library = gpu_health.read_gpus()
+    assert library == "NVML" and len(gpus) >= torch.cuda.device_count() >= 1 and not gpus[0].get("error")
+    g = gpus[0]
+    assert g["memory_total"] and g["memory_used"] is not None and g["pcie_max_gen"] and g["slowdowns"] is not None, g
+    fails, _ = gpu_health.problems(g)
+    assert fails == [], fails
+    held = torch.empty(int(g["memory_total"] * 0.8), dtype=torch.uint8, device="cuda:0")
+    torch.cuda.synchronize()
+    r = subprocess.run([sys.executable, "-c", "import json; from rlrig.entrypoint import gpu_health as h; "
+                        "g = h.read_gpus()[0][0]; print(json.dumps(h.problems(g)))"], capture_output=True, text=True)
+    del held
+    fails, _ = json.loads(r.stdout)
+    assert any("held by other processes (a leftover job?)" in f for f in fails), (fails, r.stderr)
+
+
 def _linear_dtypes(w, phase_fn) -> set:
     seen = set()
     # the first layer's down projection, also under peft's wrapping (LoRA)
