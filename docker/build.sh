@@ -27,8 +27,10 @@ case "$variant" in
           --build-arg NVIDIA_VISIBLE=all
           --build-arg "NVIDIA_CAPABILITIES=compute,utility") ;;
   rocm)
-    args=(--build-arg BASE_IMAGE=docker.io/rocm/vllm:rocm6.4.1_vllm_0.10.1_20250909
-          --build-arg PRE_PACKAGES="amdsmi==6.4.1"
+    # AMD's vLLM image for Instinct (CDNA) GPUs, as ROCm 7.14's vLLM page names it: vLLM 0.23.0 takes weights in memory
+    # (reload_weights(weights_iterator=...)) and sleeps on ROCm; it brings amdsmi (vLLM's ROCm platform imports it)
+    args=(--build-arg BASE_IMAGE=docker.io/rocm/vllm:rocm7.14.0_cdna_ubuntu24.04_py3.14_pytorch_2.11.0_vllm_0.23.0
+          --build-arg PRE_PACKAGES=""
           --build-arg PIP_ARGS=""
           --build-arg "RLRIG_EXTRAS=tensorboard,wandb"
           --build-arg NOSET_HIP=1) ;;

@@ -6,6 +6,7 @@ these tables are what exercises its code on this machine.
 
 import math
 import sys
+import types
 from types import SimpleNamespace
 
 import pytest
@@ -71,6 +72,40 @@ def test_vllm_engine_kwargs(device, dtype, cfg_dtype, gpu_keys):
     assert "distributed_executor_backend" not in vllm_rollout.engine_kwargs(RolloutConfig(), "/m", 48, device, 3)
 
 
+class _Runner012:  # vLLM 0.12's GPUModelRunner (verl#7130): reload_weights takes nothing
+    def reload_weights(self) -> None: ...
+
+
+class _Runner016:  # 0.16 and later
+    def reload_weights(self, weights_iterator=None, weights_path=None, is_checkpoint_format=True) -> None: ...
+
+
+def _fake_vllm(monkeypatch, runner):
+    """vLLM's import path to its model runner, with the runner given (None: a vLLM without the V1 engine)."""
+    mods = {"vllm": types.ModuleType("vllm"), "vllm.v1": types.ModuleType("vllm.v1"),
+            "vllm.v1.worker": types.ModuleType("vllm.v1.worker")}
+    mods["vllm"].__version__ = "0.12.0"
+    if runner is not None:
+        mods["vllm.v1.worker.gpu_model_runner"] = types.ModuleType("vllm.v1.worker.gpu_model_runner")
+        mods["vllm.v1.worker.gpu_model_runner"].GPUModelRunner = runner
+    else:
+        monkeypatch.setitem(sys.modules, "vllm.v1.worker.gpu_model_runner", None)
+    for name, mod in mods.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+
+
+@pytest.mark.parametrize("runner, takes", [(_Runner016, True), (_Runner012, False), (None, False)])
+def test_a_vllm_that_cannot_take_weights_in_memory_is_refused_in_one_line(monkeypatch, runner, takes):
+    _fake_vllm(monkeypatch, runner)
+    assert vllm_rollout.takes_weights_in_memory() is takes
+    if not takes:
+        ctx = rollout.EngineContext(None, None, RolloutConfig(name="vllm"), 8, 4, "/m", "cpu", 7)
+        with pytest.raises(engines.EngineUnavailable) as e:
+            vllm_rollout.VLLMRollout(ctx)
+        assert str(e.value) == ("vLLM 0.12.0 cannot take the actor's weights in memory (its reload_weights has no "
+                                "weights_iterator); install vLLM 0.16.0 or newer, or set actor_rollout_ref.rollout.name=hf")
+
+
 @pytest.mark.parametrize("per_rank,rank,share", [
     ([[1, 2], [3, 4]], 0, [1, 2]),
     ([[1, 2], [3, 4]], 1, [3, 4]),
@@ -121,7 +156,8 @@ def test_auto_falls_back_to_hf_only_without_vllm(monkeypatch, capsys):
     assert engines.engine_class("auto") is engines.ENGINES["hf"]
     assert "auto -> hf: vLLM is not installed" in capsys.readouterr().err
     # vLLM present: auto is vLLM, and whatever goes wrong when it starts is that error, not a fallback
-    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(LLM=lambda **kw: (_ for _ in ()).throw(MemoryError("KV cache"))))
+    _fake_vllm(monkeypatch, _Runner016)
+    sys.modules["vllm"].LLM = lambda **kw: (_ for _ in ()).throw(MemoryError("KV cache"))
     assert engines.engine_class("auto") is engines.ENGINES["vllm"]
     with pytest.raises(MemoryError, match="KV cache"):
         engines.make_engine(engines.engine_class("auto"), ctx())

