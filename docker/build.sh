@@ -31,6 +31,7 @@ case "$variant" in
     # (reload_weights(weights_iterator=...)) and sleeps on ROCm; it brings amdsmi (vLLM's ROCm platform imports it)
     args=(--build-arg BASE_IMAGE=docker.io/rocm/vllm:rocm7.14.0_cdna_ubuntu24.04_py3.14_pytorch_2.11.0_vllm_0.23.0
           --build-arg PRE_PACKAGES=""
+          --build-arg PYTHON_APT=""
           --build-arg PIP_ARGS=""
           --build-arg "RLRIG_EXTRAS=tensorboard,wandb"
           --build-arg NOSET_HIP=1) ;;

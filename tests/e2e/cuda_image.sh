@@ -40,6 +40,15 @@ assert not os.path.exists("/tmp/wheels") or not os.listdir("/tmp/wheels")
 print("torch", torch.__version__, "CUDA", torch.version.cuda, "| vllm", vllm.__version__)
 ' 2>&1 | grep -v "^INFO\|^WARNING" | tail -2
 
+stage "the torch stack pinned for later pip installs (SGLang must not replace vLLM's torch)"
+constraints=$(podman run --rm --entrypoint sh "$image" -c 'echo "PIP_CONSTRAINT=$PIP_CONSTRAINT"; cat "$PIP_CONSTRAINT"')
+echo "$constraints"
+grep -qx 'torch==2.13.0' <<<"$constraints" && grep -qx 'vllm==0.32.0' <<<"$constraints"
+# pip names the constraint in its refusal (without reaching an index: no torch satisfies both pins)
+refusal=$(podman run --rm --entrypoint pip "$image" install --dry-run --no-deps "torch==2.14.1" 2>&1 || true)
+grep -q "(constraint) torch==2.13.0" <<<"$refusal" || { echo "FAIL: pip did not refuse by the constraint: $refusal"; exit 1; }
+echo "pip install torch==2.14.1 in the image: refused, naming the constraint torch==2.13.0"
+
 stage "doctor in the image, as an arbitrary UID, timed"
 t0=$EPOCHREALTIME
 json=$(podman run --rm --user 4242:4242 --shm-size=1g "$image" doctor --json || true)
