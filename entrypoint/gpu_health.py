@@ -4,7 +4,7 @@ and which of them fail the node or only warn.
 A reading (one dict per GPU; None wherever this GPU or driver does not answer):
   index, name, vendor, error (the GPU is listed but cannot be read),
   ecc_uncorrected, retired_pages_pending, remap_pending, remap_failed, retire_failed,
-  slowdowns (names of the clock limits active now), idle,
+  slowdowns (names of the clock limits active now), idle, clock_reasons (NVIDIA's raw bitmask, for the report),
   pcie_width, pcie_max_width, pcie_gen, pcie_max_gen,
   memory_total, memory_used (bytes, on the whole GPU; None on a MIG-partitioned one, whose other instances are
   other tenants' by design).
@@ -15,7 +15,7 @@ counted as memory someone else holds.
 from __future__ import annotations
 
 from . import gpu_libraries
-from .inventory import _text
+from .inventory import _amd_model, _text
 
 GIB = 1 << 30
 # Less free than this share of a GPU fails its node: a leftover process holds what a 7B actor, its optimizer and the
@@ -173,7 +173,6 @@ def _number(value):
 
 def _amd_gpu(amd, index: int, handle) -> dict:
     ask = _asker(amd.AmdSmiException, amd, handle)
-    asic = ask("amdsmi_get_gpu_asic_info") or {}
     ecc = ask("amdsmi_get_gpu_total_ecc_count") or {}
     pages = ask("amdsmi_get_gpu_bad_page_info")
     status = [p.get("status") for p in pages or []]
@@ -189,7 +188,7 @@ def _amd_gpu(amd, index: int, handle) -> dict:
     return {
         "index": index,
         "vendor": "amd",
-        "name": str(asic.get("market_name") or ""),
+        "name": _amd_model(amd, handle),
         "ecc_uncorrected": _number(ecc.get("uncorrectable_count")),
         "retired_pages_pending": None if pages is None else amd.AmdSmiMemoryPageStatus.PENDING in status,
         "retire_failed": None if pages is None else amd.AmdSmiMemoryPageStatus.UNRESERVABLE in status,
