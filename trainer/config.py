@@ -162,6 +162,8 @@ class RolloutConfig:
     calculate_log_probs: bool = False  # no effect in rlrig
     enable_chunked_prefill: bool = True  # vLLM
     max_num_batched_tokens: int = 8192  # vLLM
+    # vLLM's prefix cache, SGLang's radix cache; hf: each prompt's prefill shared by its n samples
+    enable_prefix_caching: bool = True
     max_model_len: int | None = None  # vLLM; None: data.max_prompt_length + data.max_response_length
     load_format: str = "dummy"  # vLLM/SGLang: dummy starts from random weights, which the first sync replaces
     layered_summon: bool = False  # no effect in rlrig

@@ -70,6 +70,8 @@ def test_vllm_engine_kwargs(device, dtype, cfg_dtype, gpu_keys):
     assert ("gpu_memory_utilization" in kw) == gpu_keys and ("enable_sleep_mode" in kw) == gpu_keys
     assert kw["distributed_executor_backend"] == "external_launcher" and kw.get("disable_custom_all_reduce", False) == gpu_keys
     assert "distributed_executor_backend" not in vllm_rollout.engine_kwargs(RolloutConfig(), "/m", 48, device, 3)
+    for on in (True, False):
+        assert vllm_rollout.engine_kwargs(RolloutConfig(enable_prefix_caching=on), "/m", 48, device, 3)["enable_prefix_caching"] is on
 
 
 class _Runner012:  # vLLM 0.12's GPUModelRunner (verl#7130): reload_weights takes nothing
@@ -126,7 +128,8 @@ def test_sglang_arguments_and_unpack():
     cfg = RolloutConfig(temperature=0.8, top_p=0.95, gpu_memory_utilization=0.6, free_cache_engine=True)
     kw = sglang_rollout.engine_kwargs(cfg, "/m", 64, 1)
     assert kw["mem_fraction_static"] == 0.6 and kw["enable_memory_saver"] and kw["dtype"] == "bfloat16"
-    assert kw["context_length"] == 64 and kw["skip_tokenizer_init"]
+    assert kw["context_length"] == 64 and kw["skip_tokenizer_init"] and kw["disable_radix_cache"] is False
+    assert sglang_rollout.engine_kwargs(RolloutConfig(enable_prefix_caching=False), "/m", 64, 1)["disable_radix_cache"]
     sp = sglang_rollout.sampling_params(engines.Sampling.of(cfg), 8, EOS)
     assert sp["max_new_tokens"] == 8 and sp["stop_token_ids"] == [EOS] and sp["temperature"] == 0.8
     outs = [{"output_ids": [4, EOS], "meta_info": {"output_token_logprobs": [(-0.25, 4, None), (-0.5, EOS, None)]}}]
@@ -225,3 +228,65 @@ def test_mixture_of_experts_is_refused_for_engines_with_their_own_loader(tmp_pat
     assert (why is not None) == refused
     if refused:
         assert "mixture-of-experts" in why and "rollout.name=hf" in why
+
+
+def _hf_engine(model, tok, prefix_caching):
+    cfg = RolloutConfig(enable_prefix_caching=prefix_caching)
+    return hf_engine.HFRollout(engines.EngineContext(model, tok, cfg, 16, 6, "/m", "cpu", 0))
+
+
+def _embedded_tokens(model):
+    """A counter of the token positions the model's embedding sees, and the hook's handle."""
+    seen = [0]
+    handle = model.get_input_embeddings().register_forward_hook(lambda _m, args, _out: seen.__setitem__(0, seen[0] + args[0].numel()))
+    return seen, handle
+
+
+@pytest.mark.parametrize("sampling", [engines.GREEDY, engines.Sampling(1.0, 1.0, -1, True), engines.Sampling(0.7, 0.9, 5, True)])
+@pytest.mark.parametrize("prompts", [
+    [[5, 6, 7, 8], [9, 10, 11, 12]],  # no padding
+    [[5, 6, 7, 8, 9, 10], [11], [12, 13, 14]],  # left padding, a one-token prompt among them
+])
+def test_hf_prefix_caching_draws_the_samples_generate_draws_and_prefills_each_prompt_once(prompts, sampling):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlrig.trainer.tiny_model import ensure_tiny_model
+
+    path = ensure_tiny_model()
+    model, tok = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path)
+    n, width = 4, max(map(len, prompts))
+    seen, handle = _embedded_tokens(model)
+    outs = {}
+    for shared in (False, True):
+        torch.manual_seed(3)
+        seen[0] = 0
+        outs[shared] = (_hf_engine(model, tok, shared).generate(prompts, n, sampling), seen[0])
+    handle.remove()
+    (plain, plain_tokens), (fast, fast_tokens) = outs[False], outs[True]
+    assert torch.equal(plain.input_ids, fast.input_ids) and torch.equal(plain.response_mask, fast.response_mask)
+    # the prompts' first width - 1 positions: once per prompt instead of once per sample
+    assert plain_tokens - fast_tokens == (n - 1) * len(prompts) * (width - 1)
+
+
+def test_hf_prefix_caching_leaves_a_recurrent_cache_to_generate():
+    from transformers import AutoModelForCausalLM, Qwen3NextConfig
+
+    # a hybrid model: its linear-attention layers keep a state that cannot be repeated per sample
+    cfg = Qwen3NextConfig(vocab_size=32, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                          num_key_value_heads=1, head_dim=32, linear_num_value_heads=2, linear_num_key_heads=1,
+                          linear_key_head_dim=16, linear_value_head_dim=16, num_experts=2, num_experts_per_tok=1,
+                          moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                          layer_types=["linear_attention", "full_attention"], max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg)
+    tok = SimpleNamespace(pad_token_id=0, eos_token_id=1)
+    engine = _hf_engine(model, tok, True)
+    ids, mask = rollout.left_pad([[5, 6, 7], [8, 9, 10]], 0)
+    assert engine.shared_prefill(ids, mask, 2) is None
+    seen, handle = _embedded_tokens(model)
+    torch.manual_seed(3)
+    fast = engine.generate([[5, 6, 7], [8, 9, 10]], 2, engines.GREEDY)
+    handle.remove()
+    torch.manual_seed(3)
+    plain = _hf_engine(model, tok, False).generate([[5, 6, 7], [8, 9, 10]], 2, engines.GREEDY)
+    assert torch.equal(fast.input_ids, plain.input_ids) and seen[0] >= 2 * 2 * 3  # every sample prefilled

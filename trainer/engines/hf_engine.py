@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import torch
+from transformers import DynamicCache
 
 from .base import EngineContext, Rollout, RolloutEngine, Sampling, left_pad, response_mask_from
+
+
+def repeatable(cache) -> bool:
+    return all(hasattr(layer, "batch_repeat_interleave") for layer in cache.layers)
 
 
 class HFRollout(RolloutEngine):
@@ -21,15 +26,16 @@ class HFRollout(RolloutEngine):
     @torch.no_grad()
     def generate(self, prompts, n, sampling=None):
         sampling = sampling or Sampling.of(self.cfg)
-        expanded = [p for p in prompts for _ in range(n)]
         dev = next(self.model.parameters()).device
-        ids, mask = (t.to(dev) for t in left_pad(expanded, self.tok.pad_token_id))
+        ids, mask = (t.to(dev) for t in left_pad(prompts, self.tok.pad_token_id))
         was_training = self.model.training
         self.model.eval()
         sample = not sampling.greedy
         with torch.autocast(dev.type, dtype=self.dtype, enabled=self.dtype is not None):
+            cache = self.shared_prefill(ids, mask, n) if self.cfg.enable_prefix_caching and n > 1 else None
+            ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
             out = self.model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=self.max_new, do_sample=sample,
+                input_ids=ids, attention_mask=mask, past_key_values=cache, max_new_tokens=self.max_new, do_sample=sample,
                 temperature=sampling.temperature if sample else None, top_p=sampling.top_p if sample else None,
                 top_k=max(sampling.top_k, 0) if sample else None,  # transformers: 0 is no top-k
                 eos_token_id=self.tok.eos_token_id, pad_token_id=self.tok.pad_token_id,
@@ -42,6 +48,24 @@ class HFRollout(RolloutEngine):
         rmask = response_mask_from(responses, self.tok.eos_token_id)
         responses = responses.masked_fill(rmask == 0, self.tok.pad_token_id)
         return Rollout(torch.cat([ids, responses], 1), torch.cat([mask, rmask], 1), rmask, ids.shape[1])
+
+    def shared_prefill(self, ids, mask, n):
+        """rollout.enable_prefix_caching: each prompt's keys and values computed once for its n samples
+        (what vLLM's prefix cache does for them), then repeated; generate computes only the prompts' last
+        token and the responses. The last token is left out so that generate has one to start from.
+        Position ids as generate makes them for left padding, so the samples are the ones it would draw.
+        None (generate prefills each sample) for one-token prompts and for caches that cannot be repeated
+        (linear-attention layers keep a recurrent state instead of keys and values)."""
+        cache = DynamicCache(config=self.model.config)
+        if ids.shape[1] < 2 or not repeatable(cache):
+            return None
+        pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        self.model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=pos[:, :-1], past_key_values=cache,
+                   use_cache=True, logits_to_keep=1)
+        if not repeatable(cache):  # layers made during the forward
+            return None
+        cache.batch_repeat_interleave(n)
+        return cache
 
     @torch.no_grad()
     def sync_weights(self, weights):

@@ -51,7 +51,8 @@ def engine_kwargs(cfg, model_path: str, max_model_len: int, seed: int) -> dict:
     kw = dict(model_path=model_path, skip_tokenizer_init=True, dtype=engine_dtype(cfg), random_seed=seed,
               tp_size=cfg.tensor_model_parallel_size, mem_fraction_static=cfg.gpu_memory_utilization,
               context_length=cfg.max_model_len or max_model_len, enable_memory_saver=cfg.free_cache_engine,
-              load_format=cfg.load_format, disable_cuda_graph=cfg.enforce_eager, log_level="error")
+              load_format=cfg.load_format, disable_cuda_graph=cfg.enforce_eager,
+              disable_radix_cache=not cfg.enable_prefix_caching, log_level="error")
     return {**kw, **cfg.engine_kwargs.get("sglang", {})}  # rollout.engine_kwargs.sglang.*: the user's word is last
 
 

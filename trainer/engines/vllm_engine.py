@@ -44,7 +44,7 @@ def engine_kwargs(cfg, model_path: str, max_model_len: int, device: str, seed: i
         dtype = "bfloat16" if device == "cuda" else "float32"
     kw = dict(model=model_path, tokenizer=model_path, skip_tokenizer_init=True, dtype=dtype, seed=seed,
               enforce_eager=cfg.enforce_eager, tensor_parallel_size=cfg.tensor_model_parallel_size,
-              max_model_len=cfg.max_model_len or max_model_len, max_logprobs=1, enable_prefix_caching=True,
+              max_model_len=cfg.max_model_len or max_model_len, max_logprobs=1, enable_prefix_caching=cfg.enable_prefix_caching,
               enable_chunked_prefill=cfg.enable_chunked_prefill, max_num_batched_tokens=cfg.max_num_batched_tokens,
               # dummy: random weights at start, replaced by the actor's at the first sync (no read from disk)
               load_format=cfg.load_format)
