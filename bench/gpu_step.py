@@ -63,13 +63,16 @@ def run(precision: str, path: str, args) -> dict:
             m = w.step(next(batches), 0.001, s + 1)
             m["step_s"] = time.perf_counter() - t0
             rows.append(m)
+        epochs = w.cfg.actor_rollout_ref.actor.ppo_epochs
+    del w, batches  # the worker's modules sit in reference cycles (DDP, FSDP): collected before the next run
     gc.collect()
     if args.device == "cuda":
         torch.cuda.empty_cache()
     m = rows[-1]
     tokens = m["perf/total_num_tokens"]
     resp = m["_response_tokens"]
-    return {"precision": precision, "params": params, "tokens": tokens, "response_tokens": resp, "metrics": m}
+    return {"precision": precision, "params": params, "tokens": tokens, "response_tokens": resp, "epochs": epochs,
+            "metrics": m}
 
 
 def main() -> None:
@@ -103,7 +106,7 @@ def main() -> None:
         r = run(prec, path, args)
         m = r["metrics"]
         upd = m["timing_s/update_actor"]
-        r["update_mfu"] = 6 * r["params"] * r["tokens"] / upd / (peak * 1e12)
+        r["update_mfu"] = 6 * r["params"] * r["tokens"] * r["epochs"] / upd / (peak * 1e12)
         results.append(r)
         print(f"\n== {prec}: {r['params'] / 1e6:.0f}M parameters; {r['tokens']:.0f} tokens, {r['response_tokens']:.0f} generated; "
               f"step {m['step_s']:.1f} s; peak GPU memory {m.get('perf/max_memory_allocated_gb', 0):.1f} GB")
@@ -112,9 +115,10 @@ def main() -> None:
             s = m.get(f"timing_s/{k}", 0.0)
             count = r["response_tokens"] if k == "gen" else r["tokens"]
             print(f"{k:16} {s:8.2f} {count / s if s > 0.001 else float('nan'):10.0f}")
-        print(f"update MFU {100 * r['update_mfu']:.1f}% of the measured bf16 peak (6 x params x tokens / update seconds)")
-    if len(results) == 2:
-        a, b = (r["metrics"] for r in results)
+        print(f"update MFU {100 * r['update_mfu']:.1f}% of the measured bf16 peak (6 x params x tokens x epochs / update seconds)")
+    by = {r["precision"]: r["metrics"] for r in results}
+    if {"fp32", "bf16"} <= by.keys():
+        a, b = by["fp32"], by["bf16"]
         print(f"\nbf16 vs fp32: step {a['step_s'] / b['step_s']:.2f}x faster, update {a['timing_s/update_actor'] / b['timing_s/update_actor']:.2f}x, "
               f"generation {a['timing_s/gen'] / b['timing_s/gen']:.2f}x; peak memory "
               f"{b.get('perf/max_memory_allocated_gb', 0) / a.get('perf/max_memory_allocated_gb', 1):.2f}x")

@@ -8,6 +8,7 @@ CI has no GPU, so there these skip. They ran on a lent H100 (README, "What was r
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -19,15 +20,24 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 
 
-def run_worker(overrides: list[str], steps: int | None = None, device: str = "cuda", model_path: str | None = None) -> list[dict]:
+def run_worker(overrides: list[str], steps: int | None = None, device: str = "cuda", model_path: str | None = None,
+               tf32: bool = True) -> list[dict]:
     """A one-rank job without Ray: the Worker the Ray actors run, on cuda:0 with NCCL (or on the CPU
-    with Gloo, to try this helper where there is no GPU)."""
+    with Gloo, to try this helper where there is no GPU). The GPU's peak-memory counter starts from what
+    this run holds (perf/max_memory_allocated_gb is, as in verl, the process's peak since the last reset).
+    tf32=False: what stays fp32 is computed in fp32 (the worker allows TF32 for it)."""
+    if device == "cuda":
+        gc.collect()  # a previous run's modules sit in reference cycles (DDP, FSDP)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     from rlrig.trainer.presets import EMBEDDED
     from rlrig.trainer.single_process import single_worker
 
     with single_worker([*EMBEDDED, f"trainer.device={device}", "actor_rollout_ref.rollout.name=hf", *overrides], model_path) as (w, batches):
         assert w.device.type == device and next(w.models.actor.module.parameters()).device.type == device
         assert torch.distributed.get_backend() == ("nccl" if device == "cuda" else "gloo")
+        if not tf32:
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
         steps = steps or w.cfg.trainer.total_training_steps
         return [w.step(next(batches), w.cfg.algorithm.kl_ctrl.kl_coef, s + 1) for s in range(steps)]
 
@@ -37,7 +47,7 @@ def test_fsdp_and_packed_forwards_match_ddp_on_cuda():
     policy and DDP's autocast round differently by design."""
     keys = ("critic/score/mean", "actor/pg_loss", "actor/kl_loss", "response_length/mean")
     fp32 = ["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32", "actor_rollout_ref.ref.fsdp_config.model_dtype=fp32"]
-    runs = {name: run_worker([*fp32, *extra], steps=2) for name, extra in {
+    runs = {name: run_worker([*fp32, *extra], steps=2, tf32=False) for name, extra in {
         "ddp": ["actor_rollout_ref.actor.strategy=ddp"],
         "fsdp": ["actor_rollout_ref.actor.strategy=fsdp"],
         "packed": ["actor_rollout_ref.actor.strategy=ddp", "actor_rollout_ref.model.use_remove_padding=True"],
@@ -70,7 +80,8 @@ def test_preflight_reads_real_gpus_through_nvml():
     from rlrig.entrypoint.inventory import probe_nvidia
 
     gpus, probe, driver = probe_nvidia()
-    assert probe == "NVML" and len(gpus) == torch.cuda.device_count() >= 1 and driver
+    # NVML sees the node's GPUs whatever CUDA_VISIBLE_DEVICES hides from torch
+    assert probe == "NVML" and len(gpus) >= torch.cuda.device_count() >= 1 and driver
     fine_driver = [c for c in doctor({})["checks"] if c["name"] == "NVIDIA driver"]
     assert fine_driver and fine_driver[0]["status"] == "pass", fine_driver
     fine = doctor({})
