@@ -13,7 +13,9 @@ whole batch (AdamW, the same lr), on the same CPU cores.
 Per method and run: --steps steps, the first --warmup dropped; seconds per step is the median of the
 rest; runs are interleaved --repeats times and the table shows the median run;
 tokens/s is verl's perf/throughput, (prompt + response tokens of the step) / seconds, here per
-machine rather than per device since all three share the same cores. Last line: the two ratios.
+machine rather than per device since all three share the same cores. Then the floor's tokens/s over TRL's in
+each round (rlrig calls the floor's kernels: with rlrig's step at the floor's, rlrig/TRL is about this) and,
+last, the two ratios.
 Targets: rlrig at least 1.5x TRL's tokens/s and within 1.15x of the floor's seconds per step.
 
     python bench/ppo_step.py            # needs `pip install 'rlrig[bench]'` (TRL) for the TRL column
@@ -230,6 +232,9 @@ def main(argv=None) -> int:
     for name, (secs, tps) in results.items():
         print(f"{name:>6} {secs:8.3f} {tps:9.0f}")
     phase_table(phases["rlrig"], phases["floor"], results["rlrig"][0], results["floor"][0])
+    # rlrig calls the floor's kernels: with its step at the floor's, rlrig/TRL is about floor/TRL
+    rounds = ", ".join(f"{f[1] / t[1]:.2f}x" for f, t in zip(runs["floor"], runs["TRL"]))
+    print(f"floor/TRL tokens/s per round: {rounds}")
     print(f"rlrig/TRL tokens/s {results['rlrig'][1] / results['TRL'][1]:.2f}x (target >= 1.5); "
           f"rlrig/floor s/step {results['rlrig'][0] / results['floor'][0]:.2f}x (target <= 1.15)")
     return 0
