@@ -56,14 +56,15 @@ class HFRollout(RolloutEngine):
         Position ids as generate makes them for left padding, so the samples are the ones it would draw.
         None (generate prefills each sample) for one-token prompts and for caches that cannot be repeated
         (linear-attention layers keep a recurrent state instead of keys and values)."""
+        if ids.shape[1] < 2:
+            return None
+        # built from the config, the cache has every layer's kind before the forward (none is added lazily)
         cache = DynamicCache(config=self.model.config)
-        if ids.shape[1] < 2 or not repeatable(cache):
+        if not repeatable(cache):
             return None
         pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
         self.model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=pos[:, :-1], past_key_values=cache,
                    use_cache=True, logits_to_keep=1)
-        if not repeatable(cache):  # layers made during the forward
-            return None
         cache.batch_repeat_interleave(n)
         return cache
 
