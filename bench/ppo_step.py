@@ -4,18 +4,20 @@ Same work for all three: the embedded model and tokenizer, the offline arithmeti
 prompts x --n samples a step, --response-len new tokens at temperature 1, GRPO advantages, a
 low-variance KL loss against a frozen reference (k3, coefficient 0.001), one optimizer step over the
 whole batch (AdamW, the same lr), on the same CPU cores.
-- rlrig: `rlrig train` as a user runs it (its own local Ray, two data-parallel workers of one thread).
+- rlrig: `rlrig train` as a user runs it (its own local Ray, two data-parallel workers of one thread), with
+  verl's `actor_rollout_ref.actor.use_prefix_grouper=True`: the reference's and the update's forwards compute
+  each prompt once for its n samples (TRL has no such option).
 - TRL: GRPOTrainer with per_device_train_batch_size = batch x n, num_generations = n, one generation
   per optimizer step, beta 0.001, torch on all cores.
 - floor: one process, no Ray and no torch.distributed, calling the same kernels rlrig's worker calls
-  (transformers generate, the log-prob pass, core_algos) in a loop, torch on all cores.
+  (transformers generate, the log-prob pass with shared prompts, core_algos) in a loop, torch on all cores.
 
 Per method and run: --steps steps, the first --warmup dropped; seconds per step is the median of the
 rest; runs are interleaved --repeats times and the table shows the median run;
 tokens/s is verl's perf/throughput, (prompt + response tokens of the step) / seconds, here per
-machine rather than per device since all three share the same cores. Then the floor's tokens/s over TRL's in
-each round (rlrig calls the floor's kernels: with rlrig's step at the floor's, rlrig/TRL is about this) and,
-last, the two ratios.
+machine rather than per device since all three share the same cores. Then rlrig's and the floor's tokens/s
+over TRL's in each round (rlrig calls the floor's kernels: with rlrig's step at the floor's, rlrig/TRL is about
+floor/TRL) and, last, the two ratios.
 Targets: rlrig at least 1.5x TRL's tokens/s and within 1.15x of the floor's seconds per step.
 
     python bench/ppo_step.py            # needs `pip install 'rlrig[bench]'` (TRL) for the TRL column
@@ -48,7 +50,7 @@ def run_rlrig(a) -> list[tuple[float, float]]:
                 f"data.train_batch_size={a.batch}", f"actor_rollout_ref.rollout.n={a.n}",
                 f"actor_rollout_ref.actor.ppo_mini_batch_size={a.batch}", f"data.max_response_length={a.response_len}",
                 "actor_rollout_ref.rollout.name=hf", f"actor_rollout_ref.actor.optim.lr={LR}",
-                "actor_rollout_ref.actor.use_kl_loss=True", f"actor_rollout_ref.actor.kl_loss_coef={KL_COEF}",
+                "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.use_prefix_grouper=True", f"actor_rollout_ref.actor.kl_loss_coef={KL_COEF}",
                 "actor_rollout_ref.actor.kl_loss_type=low_var_kl", f"trainer.total_training_steps={a.steps}",
                 "trainer.val_before_train=False", "trainer.test_freq=0", "trainer.save_freq=0",
                 f"trainer.default_local_dir={d}/run"]
@@ -96,12 +98,13 @@ def run_floor(a) -> list[tuple[float, float]]:
         mask = ro.response_mask.float()
         t_reward = time.perf_counter()
         with torch.no_grad():
-            ref_logp = token_logprobs(ref, ro.input_ids, ro.attention_mask, ro.prompt_len)[0]
+            ref_logp = token_logprobs(ref, ro.input_ids, ro.attention_mask, ro.prompt_len, share_prompts=True)[0]
         t_ref = time.perf_counter()
         adv, _ = grpo_advantages(scores, mask, [i // a.n for i in range(len(scores))], True)
         t_adv = time.perf_counter()
         opt.zero_grad()
-        logp, ent = token_logprobs(policy, ro.input_ids, ro.attention_mask, ro.prompt_len, with_entropy=True, entropy_grad=False)
+        logp, ent = token_logprobs(policy, ro.input_ids, ro.attention_mask, ro.prompt_len, with_entropy=True, entropy_grad=False,
+                                   share_prompts=True)
         # one optimizer step over the whole batch: on-policy, the old log-probs are these (as in rlrig and TRL)
         pg, _, _ = clipped_surrogate(logp.detach(), logp, adv, mask, 0.2, 0.2, 3.0, "token-mean")
         kl = algos.agg_loss(algos.kl_penalty(logp, ref_logp, "low_var_kl"), mask, "token-mean")
@@ -233,8 +236,9 @@ def main(argv=None) -> int:
         print(f"{name:>6} {secs:8.3f} {tps:9.0f}")
     phase_table(phases["rlrig"], phases["floor"], results["rlrig"][0], results["floor"][0])
     # rlrig calls the floor's kernels: with its step at the floor's, rlrig/TRL is about floor/TRL
-    rounds = ", ".join(f"{f[1] / t[1]:.2f}x" for f, t in zip(runs["floor"], runs["TRL"]))
-    print(f"floor/TRL tokens/s per round: {rounds}")
+    for name in ("rlrig", "floor"):
+        rounds = ", ".join(f"{f[1] / t[1]:.2f}x" for f, t in zip(runs[name], runs["TRL"]))
+        print(f"{name}/TRL tokens/s per round: {rounds}")
     print(f"rlrig/TRL tokens/s {results['rlrig'][1] / results['TRL'][1]:.2f}x (target >= 1.5); "
           f"rlrig/floor s/step {results['rlrig'][0] / results['floor'][0]:.2f}x (target <= 1.15)")
     return 0

@@ -134,6 +134,8 @@ class ActorConfig:
     loss_agg_mode: str = "token-mean"
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
+    # the actor's and reference's forwards compute each distinct prompt once for its samples (prefix_grouper.py)
+    use_prefix_grouper: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     strategy: str = "ddp"  # ddp | fsdp
@@ -623,6 +625,9 @@ def validate(cfg: Config) -> None:
         if budget is not None and budget < longest:
             raise ConfigError(f"{key}={budget} is shorter than one sequence (data.max_prompt_length + "
                               f"data.max_response_length = {longest}); raise it")
+    if a.use_prefix_grouper and cfg.actor_rollout_ref.model.use_remove_padding:
+        raise ConfigError("actor_rollout_ref.actor.use_prefix_grouper=True shares prompts in the padded layout; set "
+                          "actor_rollout_ref.model.use_remove_padding=False (verl's grouper does not run with it either)")
     if a.clip_ratio_c <= 1:
         raise ConfigError(f"actor_rollout_ref.actor.clip_ratio_c={a.clip_ratio_c}: the dual-clip bound must be greater than 1 "
                           "(verl's default is 3.0)")

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from . import packing
+from . import packing, prefix_grouper
 
 
 def response_outputs(model, input_ids, attention_mask, prompt_len, remove_padding=False, causal_lm=True):
@@ -26,10 +26,12 @@ def response_outputs(model, input_ids, attention_mask, prompt_len, remove_paddin
         return out.flatten(0, 1)[pk.at - 1], pk.input_ids.flatten()[pk.at], pk.filled
     resp = input_ids.shape[1] - prompt_len
     pos = (attention_mask.cumsum(-1) - 1).clamp_min(0)
-    # a causal LM computes logits only for the last resp + 1 positions: the prompt's are never needed
-    keep = {"logits_to_keep": resp + 1} if causal_lm else {}
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False, **keep).logits
-    return out[:, -(resp + 1):-1], input_ids[:, prompt_len:], None
+    # the last token predicts nothing that is scored, so it is left out; a causal LM computes logits only for
+    # the response positions: the prompt's are never needed
+    keep = {"logits_to_keep": resp} if causal_lm else {}
+    out = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=pos[:, :-1], use_cache=False,
+                **keep).logits
+    return out[:, -resp:], input_ids[:, prompt_len:], None
 
 
 def logprobs_from_logits(logits, targets, with_entropy=False, entropy_grad=True):
@@ -45,9 +47,15 @@ def logprobs_from_logits(logits, targets, with_entropy=False, entropy_grad=True)
     return logp, ent
 
 
-def token_logprobs(model, input_ids, attention_mask, prompt_len, with_entropy=False, entropy_grad=True, remove_padding=False):
+def token_logprobs(model, input_ids, attention_mask, prompt_len, with_entropy=False, entropy_grad=True, remove_padding=False,
+                   share_prompts=False):
     """Log-probs [B, R] of the response tokens under the model (and the entropy, [B, R]). With
-    entropy_coeff 0 the entropy is only a metric: `entropy_grad=False` keeps it out of the backward pass."""
+    entropy_coeff 0 the entropy is only a metric: `entropy_grad=False` keeps it out of the backward pass.
+    share_prompts: each distinct prompt computed once (prefix_grouper.py)."""
+    if share_prompts:
+        pieces = [logprobs_from_logits(z, y, with_entropy, entropy_grad)
+                  for z, y in prefix_grouper.response_logits(model, input_ids, attention_mask, prompt_len)]
+        return torch.cat([p[0] for p in pieces], 1), (torch.cat([p[1] for p in pieces], 1) if with_entropy else None)
     logits, targets, filled = response_outputs(model, input_ids, attention_mask, prompt_len, remove_padding)
     logp, ent = logprobs_from_logits(logits, targets, with_entropy, entropy_grad)
     if filled is not None:

@@ -239,6 +239,10 @@ def train(cfg) -> int:
 
     import_external_lib(cfg.actor_rollout_ref.model)
     tokenizer = load_tokenizer(cfg, model_path)
+    if cfg.actor_rollout_ref.actor.use_prefix_grouper:
+        from . import prefix_grouper
+
+        prefix_grouper.check(model_path, load_kwargs(cfg.actor_rollout_ref.model))
     adapter = lora.check(cfg.actor_rollout_ref.model, model_path, load_kwargs(cfg.actor_rollout_ref.model)) \
         if cfg.actor_rollout_ref.model.uses_lora else None
     train_rows, val_rows = load_rows(cfg, tokenizer)

@@ -44,7 +44,8 @@ def update_actor(t: Trainable, ro, mask, old_logp, ref_logp, adv, cfg, minis: li
                     m = mask[sl]
                     with t.precision.autocast():
                         logp, ent = token_logprobs(t.train, ro.input_ids[sl], ro.attention_mask[sl], ro.prompt_len,
-                                                   with_entropy=True, entropy_grad=a.entropy_coeff != 0, remove_padding=packed)
+                                                   with_entropy=True, entropy_grad=a.entropy_coeff != 0, remove_padding=packed,
+                                                   share_prompts=a.use_prefix_grouper)
                     if old_logp is None:  # on-policy: one epoch, one mini batch, so these are the old log-probs
                         first[sl] = logp.detach()
                     old = old_logp[sl] if old_logp is not None else logp.detach()

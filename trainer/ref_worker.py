@@ -31,7 +31,7 @@ class RefWorker:
         self.model.eval().requires_grad_(False)
         cast_buffers(self.model, prec)
         self.model.to("cpu" if self.offload else self.device)
-        self.micro, self.packed = a.ref.log_prob_micro_batch_size_per_gpu, a.model.use_remove_padding
+        self.micro, self.packed, self.shared = a.ref.log_prob_micro_batch_size_per_gpu, a.model.use_remove_padding, a.actor.use_prefix_grouper
         self.budget = batching.token_budgets(cfg)["actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"]
 
     @torch.no_grad()
@@ -45,7 +45,8 @@ class RefWorker:
         # the whole model is here, so micro batches need no agreement with other workers
         parts = batching.plan(lengths, 0, len(ids), self.micro, self.budget, lambda k: k)
         with offload.module_on(self.model, self.device, self.offload):
-            out = in_micro_batches(parts, lambda p: token_logprobs(self.model, ids[p], mask[p], prompt_len, remove_padding=self.packed)[0])
+            out = in_micro_batches(parts, lambda p: token_logprobs(self.model, ids[p], mask[p], prompt_len, remove_padding=self.packed,
+                                                                       share_prompts=self.shared)[0])
         return out.cpu()
 
     def node_ip(self) -> str:

@@ -213,11 +213,12 @@ class Worker:
     def _logprobs(self, module, ro, micro, prec, budget_key) -> torch.Tensor:
         """No-grad log-probs in micro batches; `module` is the bare model (under DDP, the wrapper's
         forward would broadcast buffers: a collective for a pass that needs none)."""
-        packed = self.cfg.actor_rollout_ref.model.use_remove_padding
+        a = self.cfg.actor_rollout_ref
 
         def part(sl):
             with prec.autocast():
-                return token_logprobs(module, ro.input_ids[sl], ro.attention_mask[sl], ro.prompt_len, remove_padding=packed)[0]
+                return token_logprobs(module, ro.input_ids[sl], ro.attention_mask[sl], ro.prompt_len,
+                                      remove_padding=a.model.use_remove_padding, share_prompts=a.actor.use_prefix_grouper)[0]
 
         return in_micro_batches(self._parts(ro, 0, len(ro.input_ids), micro, budget_key), part)
 

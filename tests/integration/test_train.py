@@ -78,19 +78,23 @@ def test_two_nodes_train_stop_and_resume(cluster_hosts, tmp_path):
 
 
 def test_fsdp_and_packing_train_like_ddp_and_resume_either_way(tmp_path):
-    """Same seeds, same data: FSDP's sharded step and padding-free (packed) forwards must equal
-    DDP's padded step, and checkpoints (full tensors by name) must move between the strategies."""
+    """Same seeds, same data: FSDP's sharded step, padding-free (packed) forwards and shared prompts
+    (use_prefix_grouper, under DDP and under FSDP with gradient checkpointing) must equal DDP's padded
+    step, and checkpoints (full tensors by name) must move between the strategies."""
     two = [*TINY, "trainer.n_gpus_per_node=2", "trainer.test_freq=0"]
     keys = ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/kl_loss")
     variants = {"ddp": ["actor_rollout_ref.actor.strategy=ddp"], "fsdp": ["actor_rollout_ref.actor.strategy=fsdp"],
-                "packed": ["actor_rollout_ref.actor.strategy=ddp", "actor_rollout_ref.model.use_remove_padding=True"]}
+                "packed": ["actor_rollout_ref.actor.strategy=ddp", "actor_rollout_ref.model.use_remove_padding=True"],
+                "grouped": ["actor_rollout_ref.actor.strategy=ddp", "actor_rollout_ref.actor.use_prefix_grouper=True"],
+                "grouped_fsdp": ["actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.actor.use_prefix_grouper=True",
+                                 "actor_rollout_ref.model.enable_gradient_checkpointing=True"]}
     runs = {}
     for name, extra in variants.items():
         runs[name] = tmp_path / name
         r = rlrig("train", *two, "trainer.total_training_steps=2", *extra, f"trainer.default_local_dir={runs[name]}")
         assert r.returncode == 0, r.stderr[-3000:]
     ddp = metrics(runs["ddp"])
-    for other in ("fsdp", "packed"):
+    for other in ("fsdp", "packed", "grouped", "grouped_fsdp"):
         for a, b in zip(ddp, metrics(runs[other])):
             assert [a[k] for k in keys] == pytest.approx([b[k] for k in keys], rel=1e-4, abs=1e-6), other
     for saved, other in (("ddp", "fsdp"), ("fsdp", "ddp")):

@@ -62,8 +62,10 @@ def test_dynamic_batches_train_like_fixed_ones_in_fewer_forwards():
                                                 "actor_rollout_ref.actor.use_dynamic_bsz=True",
                                                 "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=160",
                                                 "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=False"])
+    # Adam's first step moves each weight by about lr (5e-4) x g / (|g| + eps): where |g| is near eps (1e-8), float
+    # rounding in differently shaped micro batches moves it by a few 1e-6; a different gradient would move it by ~lr
     for a, b in zip(fixed_params, dyn_params):
-        torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-5)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     assert dyn_out["actor/grad_norm"] == pytest.approx(fixed_out["actor/grad_norm"], rel=1e-5)
     # fixed: 256 rows / 8 = 32 update forwards (+ the old-log-prob pass and generation, the same in both); dynamic:
     # the short sequences (about 10 real tokens) fill a 160-token budget with more than 8 each (seen: 20 forwards)

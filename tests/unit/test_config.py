@@ -105,6 +105,8 @@ BAD = [
     (["data.filter_overlong_prompts=maybe"], "expected True or False"),
     (["actor_rollout_ref.rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2"], "rlrig's hf engine runs one GPU"),
     (["actor_rollout_ref.actor.clip_ratio_c=1.0"], "must be greater than 1"),
+    (["actor_rollout_ref.actor.use_prefix_grouper=True", "actor_rollout_ref.model.use_remove_padding=True"],
+     "set actor_rollout_ref.model.use_remove_padding=False"),
     (["algorithm.kl_ctrl.horizon=0"], "horizon=0 must be at least 1"),
     (["algorithm.adv_estimator=nope"], "choose one of gae, grpo, gpg, grpo_passk, opo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, rloo"),
     (["actor_rollout_ref.actor.policy_loss.loss_mode=ppo"], "choose one of vanilla, cispo, clip_cov"),

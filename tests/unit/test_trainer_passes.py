@@ -251,6 +251,44 @@ def test_every_offload_key_runs_through_a_step_under_fsdp():
     assert changed and [plain[k] for k in keys] == pytest.approx([moved[k] for k in keys], rel=1e-6)
 
 
+@pytest.mark.parametrize("extra", [
+    [],  # on-policy: the update's own forward gives the old log-probs; the reference's pass
+    ["actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=48"],
+    ["actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32"],
+    ["actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=300"],
+])
+def test_prefix_grouper_steps_as_the_padded_forwards_do(extra):
+    """Every pass that shares prompts (old log-probs, reference, update) gives the padded passes' numbers;
+    the embedding counts fewer tokens."""
+    def tokens(w):
+        seen = [0]
+        for m in (w.models.actor.module, w.models.ref):
+            m.get_input_embeddings().register_forward_hook(lambda _m, args, _o: seen.__setitem__(0, seen[0] + args[0].numel()))
+        return seen
+    keys = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac", "actor/ppo_kl")
+    plain, _, plain_tokens = _one_step(extra, tokens)
+    shared, changed, shared_tokens = _one_step([*extra, "actor_rollout_ref.actor.use_prefix_grouper=True"], tokens)
+    assert changed and [shared[k] for k in keys] == pytest.approx([plain[k] for k in keys], rel=1e-4, abs=1e-6)
+    assert shared_tokens[0] < plain_tokens[0]
+
+
+def test_prefix_grouper_refuses_a_sliding_window_model_at_start_up(tmp_path):
+    from transformers import AutoConfig
+
+    from rlrig.trainer import prefix_grouper
+    from rlrig.trainer.errors import ConfigError
+    from rlrig.trainer.tiny_model import ensure_tiny_model
+
+    prefix_grouper.check(ensure_tiny_model(), {})
+    conf = AutoConfig.from_pretrained(ensure_tiny_model())
+    conf.use_sliding_window, conf.sliding_window, conf.max_window_layers = True, 4, 0
+    conf.layer_types = ["sliding_attention"] * conf.num_hidden_layers
+    conf.save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match="use_prefix_grouper=True needs a model whose every layer"):
+        prefix_grouper.check(str(tmp_path), {})
+
+
 def test_the_critic_trains_without_dropout():
     """transformers gives a token-classification head dropout 0.1; verl sets it to 0, and since the update runs in
     training mode it would otherwise make the critic's update random (padded and packed runs would differ)."""
