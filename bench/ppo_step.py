@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--batch", type=int, default=32, help="prompts a step")
     ap.add_argument("--n", type=int, default=8, help="samples a prompt")
     ap.add_argument("--response-len", type=int, default=8)

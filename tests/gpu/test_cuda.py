@@ -42,8 +42,8 @@ def run_worker(overrides: list[str], steps: int | None = None, device: str = "cu
         return [w.step(next(batches), w.cfg.algorithm.kl_ctrl.kl_coef, s + 1) for s in range(steps)]
 
 
-def test_fsdp_and_packed_forwards_match_ddp_on_cuda():
-    """In fp32 (mixed precision off) the three ways of computing a step agree closely; in bf16 FSDP's
+def test_fsdp_packed_and_grouped_forwards_match_ddp_on_cuda():
+    """In fp32 (mixed precision off) the four ways of computing a step agree closely; in bf16 FSDP's
     policy and DDP's autocast round differently by design."""
     keys = ("critic/score/mean", "actor/pg_loss", "actor/kl_loss", "response_length/mean")
     fp32 = ["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32", "actor_rollout_ref.ref.fsdp_config.model_dtype=fp32"]
@@ -51,8 +51,10 @@ def test_fsdp_and_packed_forwards_match_ddp_on_cuda():
         "ddp": ["actor_rollout_ref.actor.strategy=ddp"],
         "fsdp": ["actor_rollout_ref.actor.strategy=fsdp"],
         "packed": ["actor_rollout_ref.actor.strategy=ddp", "actor_rollout_ref.model.use_remove_padding=True"],
+        "grouped": ["actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.actor.use_prefix_grouper=True",
+                    "actor_rollout_ref.model.enable_gradient_checkpointing=True"],
     }.items()}
-    for other in ("fsdp", "packed"):
+    for other in ("fsdp", "packed", "grouped"):
         for a, b in zip(runs["ddp"], runs[other]):
             # GPU kernels differ by reduction order (sdpa picks kernels by mask), hence looser than on CPU
             assert [a[k] for k in keys] == pytest.approx([b[k] for k in keys], rel=1e-3, abs=1e-4), other
