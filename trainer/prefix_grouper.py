@@ -82,9 +82,8 @@ def response_logits(model, input_ids, attention_mask, prompt_len) -> list[tuple[
     pos = (attention_mask.cumsum(-1) - 1).clamp_min(0)
     # identical prompt rows (tokens and padding) are one prompt: its n samples, or a prompt drawn twice
     uniq, inv = torch.unique(torch.cat([input_ids[:, :P], attention_mask[:, :P]], 1), dim=0, return_inverse=True)
-    n_layers = len(DynamicCache(config=_config(model)).layers)
     record = DynamicCache(config=_config(model))
-    record.layers = [_RecordLayer() for _ in range(n_layers)]
+    record.layers = [_RecordLayer() for _ in record.layers]
     targets = input_ids[:, P:]
     with _caches_kept_under_checkpointing(model):
         out = model(input_ids=uniq[:, :P], attention_mask=uniq[:, P:], position_ids=(uniq[:, P:].cumsum(-1) - 1).clamp_min(0),
@@ -92,12 +91,10 @@ def response_logits(model, input_ids, attention_mask, prompt_len) -> list[tuple[
         pieces = [(out.index_select(0, inv), targets[:, :1])]
         if R > 1:
             read = DynamicCache(config=_config(model))
-            read.layers = []
-            for rec in record.layers:
-                layer = _ReadLayer()
+            read.layers = [_ReadLayer() for _ in record.layers]
+            for layer, rec in zip(read.layers, record.layers):
                 layer.lazy_initialization(rec.keys, rec.values)
                 layer.keys, layer.values = rec.keys.index_select(0, inv), rec.values.index_select(0, inv)
-                read.layers.append(layer)
             rest = model(input_ids=input_ids[:, P:-1], attention_mask=attention_mask[:, :-1], position_ids=pos[:, P:-1],
                          past_key_values=read, use_cache=False).logits
             pieces.append((rest, targets[:, 1:]))

@@ -257,13 +257,14 @@ def test_every_offload_key_runs_through_a_step_under_fsdp():
     ["actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.model.enable_gradient_checkpointing=True",
      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32"],
     ["actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=300"],
+    ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8"],  # the reference: adapters disabled
 ])
 def test_prefix_grouper_steps_as_the_padded_forwards_do(extra):
     """Every pass that shares prompts (old log-probs, reference, update) gives the padded passes' numbers;
     the embedding counts fewer tokens."""
     def tokens(w):
         seen = [0]
-        for m in (w.models.actor.module, w.models.ref):
+        for m in {w.models.actor.module, w.models.ref} - {None}:
             m.get_input_embeddings().register_forward_hook(lambda _m, args, _o: seen.__setitem__(0, seen[0] + args[0].numel()))
         return seen
     keys = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac", "actor/ppo_kl")
