@@ -56,7 +56,7 @@ def test_engine_logprobs_match_the_actor_after_each_sync(tiny, engine):
 
 
 def test_a_deliberate_weight_change_moves_the_output(tiny, engine):
-    _, tok, model = tiny
+    path, tok, model = tiny
     engine.sync_weights(model.state_dict().items())
     before = engine.generate(prompts(tok), 1, GREEDY)
     forced = 5
@@ -66,13 +66,19 @@ def test_a_deliberate_weight_change_moves_the_output(tiny, engine):
     try:
         engine.sync_weights(model.state_dict().items())
         after = engine.generate(prompts(tok), 1, GREEDY)
+        # transformers' greedy decoding with the changed weights: what the engine must now produce. (The change
+        # does not force the token everywhere: it raises its logit by 50 x the sum of the final hidden state,
+        # which is negative at some positions of some weights.)
+        hf = make_engine(ENGINES["hf"], EngineContext(model, tok, RolloutConfig(), 16, 8, path, "cpu", 1))
+        expected = hf.generate(prompts(tok), 1, GREEDY)
     finally:
         with torch.no_grad():
             model.lm_head.weight[forced] = saved
         engine.sync_weights(model.state_dict().items())
     resp = after.input_ids[:, after.prompt_len:]
     assert not torch.equal(before.input_ids, after.input_ids)
-    assert (resp == forced).all(), resp
+    assert torch.equal(after.input_ids, expected.input_ids), (resp, expected.input_ids[:, expected.prompt_len:])
+    assert (resp == forced).float().mean() > 0.5, resp
 
 
 @pytest.mark.parametrize("extra,engine", [
