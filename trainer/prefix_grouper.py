@@ -99,4 +99,3 @@ def response_logits(model, input_ids, attention_mask, prompt_len) -> list[tuple[
                          past_key_values=read, use_cache=False).logits
             pieces.append((rest, targets[:, 1:]))
     return pieces
-

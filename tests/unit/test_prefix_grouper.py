@@ -4,6 +4,7 @@ each distinct prompt computed once (tokens counted at the embedding), with and w
 import pytest
 import torch
 
+from model_hooks import embedded_tokens
 from rlrig.trainer import prefix_grouper
 from rlrig.trainer.logprobs import token_logprobs
 
@@ -31,12 +32,6 @@ def rollout(prompts, n, response_lens, R, vocab):
     return ids, mask, P
 
 
-def _embedded_tokens(model):
-    seen = [0]
-    handle = model.get_input_embeddings().register_forward_hook(lambda _m, args, _out: seen.__setitem__(0, seen[0] + args[0].numel()))
-    return seen, handle
-
-
 def _grads(model, logp, mask):
     model.zero_grad()
     (logp * mask).sum().backward()
@@ -60,7 +55,7 @@ def test_shared_prompts_give_the_padded_numbers_from_fewer_tokens(model, prompts
     if checkpointing:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-    seen, handle = _embedded_tokens(model)
+    seen, remove = embedded_tokens(model)
     try:
         outs, tokens, grads = {}, {}, {}
         for shared in (False, True):
@@ -69,7 +64,7 @@ def test_shared_prompts_give_the_padded_numbers_from_fewer_tokens(model, prompts
             tokens[shared] = seen[0]
             grads[shared] = _grads(model, outs[shared][0] + outs[shared][1], resp_mask)
     finally:
-        handle.remove()
+        remove()
         model.activation_checkpointing_disable()
         model.eval()
     filled = resp_mask.bool()

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from model_hooks import embedded_tokens
 from rlrig.trainer import engines
 from rlrig.trainer.engines import base as rollout, hf_engine, sglang_engine as sglang_rollout, vllm_engine as vllm_rollout
 from rlrig.trainer.config import RolloutConfig
@@ -235,13 +236,6 @@ def _hf_engine(model, tok, prefix_caching):
     return hf_engine.HFRollout(engines.EngineContext(model, tok, cfg, 16, 6, "/m", "cpu", 0))
 
 
-def _embedded_tokens(model):
-    """A counter of the token positions the model's embedding sees, and the hook's handle."""
-    seen = [0]
-    handle = model.get_input_embeddings().register_forward_hook(lambda _m, args, _out: seen.__setitem__(0, seen[0] + args[0].numel()))
-    return seen, handle
-
-
 @pytest.mark.parametrize("sampling", [engines.GREEDY, engines.Sampling(1.0, 1.0, -1, True), engines.Sampling(0.7, 0.9, 5, True)])
 @pytest.mark.parametrize("prompts", [
     [[5, 6, 7, 8], [9, 10, 11, 12]],  # no padding
@@ -255,13 +249,13 @@ def test_hf_prefix_caching_draws_the_samples_generate_draws_and_prefills_each_pr
     path = ensure_tiny_model()
     model, tok = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path)
     n, width = 4, max(map(len, prompts))
-    seen, handle = _embedded_tokens(model)
+    seen, remove = embedded_tokens(model)
     outs = {}
     for shared in (False, True):
         torch.manual_seed(3)
         seen[0] = 0
         outs[shared] = (_hf_engine(model, tok, shared).generate(prompts, n, sampling), seen[0])
-    handle.remove()
+    remove()
     (plain, plain_tokens), (fast, fast_tokens) = outs[False], outs[True]
     assert torch.equal(plain.input_ids, fast.input_ids) and torch.equal(plain.response_mask, fast.response_mask)
     # the prompts' first width - 1 positions: once per prompt instead of once per sample
@@ -283,13 +277,13 @@ def test_hf_prefix_caching_leaves_a_recurrent_cache_to_generate():
     engine = _hf_engine(model, tok, True)
     ids, mask = rollout.left_pad([[5, 6, 7], [8, 9, 10]], 0)
     assert engine.shared_prefill(ids, mask, 2) is None
-    seen, handle = _embedded_tokens(model)
+    seen, remove = embedded_tokens(model)
     outs = []
     for prefix_caching in (True, False):
         torch.manual_seed(3)
         seen[0] = 0
         outs.append((_hf_engine(model, tok, prefix_caching).generate([[5, 6, 7], [8, 9, 10]], 2, engines.GREEDY), seen[0]))
-    handle.remove()
+    remove()
     (fast, fast_tokens), (plain, plain_tokens) = outs
     # every sample prefilled, as without prefix caching: the same tokens through the model, the same samples
     assert torch.equal(fast.input_ids, plain.input_ids) and fast_tokens == plain_tokens

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from model_hooks import embedded_tokens
 from rlrig.trainer import core_algos as A
 from rlrig.trainer import lr_schedule, precision
 from rlrig.trainer.config import FsdpConfig, MixedPrecisionConfig, OptimConfig
@@ -262,11 +263,7 @@ def test_every_offload_key_runs_through_a_step_under_fsdp():
 def test_prefix_grouper_steps_as_the_padded_forwards_do(extra):
     """Every pass that shares prompts (old log-probs, reference, update) gives the padded passes' numbers;
     the embedding counts fewer tokens."""
-    def tokens(w):
-        seen = [0]
-        for m in {w.models.actor.module, w.models.ref} - {None}:
-            m.get_input_embeddings().register_forward_hook(lambda _m, args, _o: seen.__setitem__(0, seen[0] + args[0].numel()))
-        return seen
+    tokens = lambda w: embedded_tokens(*({w.models.actor.module, w.models.ref} - {None}))[0]
     keys = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac", "actor/ppo_kl")
     plain, _, plain_tokens = _one_step(extra, tokens)
     shared, changed, shared_tokens = _one_step([*extra, "actor_rollout_ref.actor.use_prefix_grouper=True"], tokens)
