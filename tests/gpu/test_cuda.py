@@ -139,6 +139,8 @@ def test_bf16_mixed_precision_on_cuda(strategy):
         m = w.models
         assert all(p.dtype == torch.float32 for p in m.actor.module.parameters())
         assert all(p.dtype == torch.bfloat16 for p in m.ref.parameters())
+        if strategy == "fsdp":  # the full copy the hf engine generates with: in the compute dtype
+            assert all(p.dtype == torch.bfloat16 for p in m.gen_module.parameters())
         out = {}
         dtypes = _linear_dtypes(w, lambda: out.update(w.step(next(batches), 0.001, 1)))
         assert dtypes == {torch.bfloat16}, dtypes

@@ -287,3 +287,29 @@ def test_hf_prefix_caching_leaves_a_recurrent_cache_to_generate():
     (fast, fast_tokens), (plain, plain_tokens) = outs
     # every sample prefilled, as without prefix caching: the same tokens through the model, the same samples
     assert torch.equal(fast.input_ids, plain.input_ids) and fast_tokens == plain_tokens
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+@pytest.mark.parametrize("sampling", [engines.GREEDY, engines.Sampling(1.0, 1.0, -1, True)])
+def test_hf_under_autocast_caches_keys_and_values_in_the_compute_dtype_and_draws_the_same_samples(
+        monkeypatch, prefix_caching, sampling):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+    from rlrig.trainer.tiny_model import ensure_tiny_model
+
+    path = ensure_tiny_model()
+    model, tok = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path)
+    caches = []
+    generate = model.generate
+    monkeypatch.setattr(model, "generate", lambda **kw: caches.append(kw["past_key_values"]) or generate(**kw))
+    prompts, outs = [[5, 6, 7, 8, 9, 10], [11], [12, 13, 14]], []
+    for cast in (True, False):
+        if not cast:  # the cache transformers builds: keys take the fp32 residual stream's dtype from the rotary embedding
+            monkeypatch.setattr(hf_engine, "new_cache", lambda config, dtype: DynamicCache(config=config))
+        cfg = RolloutConfig(enable_prefix_caching=prefix_caching)
+        engine = hf_engine.HFRollout(engines.EngineContext(model, tok, cfg, 16, 6, "/m", "cpu", 0, torch.bfloat16))
+        torch.manual_seed(3)
+        outs.append(engine.generate(prompts, 3, sampling))
+    assert [(layer.keys.dtype, layer.values.dtype) for layer in caches[0].layers] == [(torch.bfloat16,) * 2] * len(caches[0].layers)
+    assert caches[1].layers[0].keys.dtype == torch.float32  # what the cast saves
+    assert torch.equal(outs[0].input_ids, outs[1].input_ids) and torch.equal(outs[0].response_mask, outs[1].response_mask)

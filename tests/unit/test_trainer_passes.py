@@ -252,6 +252,23 @@ def test_every_offload_key_runs_through_a_step_under_fsdp():
     assert changed and [plain[k] for k in keys] == pytest.approx([moved[k] for k in keys], rel=1e-6)
 
 
+def test_the_hf_engine_generates_under_fsdp_with_a_copy_in_the_compute_dtype():
+    """Mixed precision (asked for on CPU, as on every GPU by default): the full copy the hf engine generates
+    with holds the actor's weights in bf16 (half an fp32 copy), its rotary buffers in fp32, and a step runs."""
+    from rlrig.trainer import parallel
+    from rlrig.trainer.single_process import single_worker
+
+    with single_worker([*EMBEDDED, "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.strategy=fsdp",
+                        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16"]) as (w, batches):
+        gen = w.models.gen_module
+        assert {p.dtype for p in gen.parameters()} == {torch.bfloat16}
+        assert {b.dtype for b in gen.buffers() if b.is_floating_point()} == {torch.float32}
+        live = dict(parallel.full_tensors(w.models.actor.module))
+        assert live and all(torch.equal(t.to(torch.bfloat16), gen.state_dict()[n]) for n, t in live.items())
+        out = w.step(next(batches), 0.001, 1)
+        assert out["actor/grad_norm"] > 0 and out["response_length/mean"] > 0
+
+
 @pytest.mark.parametrize("extra", [
     [],  # on-policy: the update's own forward gives the old log-probs; the reference's pass
     ["actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=48"],

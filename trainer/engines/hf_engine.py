@@ -2,14 +2,44 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import CacheLayerMixin, DynamicLayer
 
 from .base import EngineContext, Rollout, RolloutEngine, Sampling, left_pad, response_mask_from
 
 
 def repeatable(cache) -> bool:
     return all(hasattr(layer, "batch_repeat_interleave") for layer in cache.layers)
+
+
+class _StoresIn(CacheLayerMixin):  # a mixin of the layers' base: their layout, so a layer can take it
+    """A cache layer that keeps keys and values in store_dtype. Under autocast the rotary embedding takes
+    the dtype of the fp32 residual stream, so keys (and, concatenated with them, values) would be cached in
+    fp32: twice the memory of a bf16 cache. Attention casts them to the autocast dtype in any case (SDPA and
+    matmul are autocast ops), so storing them cast changes no number."""
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        return super().update(key_states.to(self.store_dtype), value_states.to(self.store_dtype), *args, **kwargs)
+
+
+@functools.cache
+def _storing(layer_cls: type) -> type:
+    return type(f"{layer_cls.__name__}Cast", (_StoresIn, layer_cls), {})
+
+
+def new_cache(config, dtype: torch.dtype | None):
+    """A cache built from the model's config (every layer's kind known before the forward), its key/value
+    layers storing in `dtype` (None: as computed). Linear-attention layers keep their recurrent state as is."""
+    cache = DynamicCache(config=config)
+    if dtype is not None:
+        for layer in cache.layers:
+            if isinstance(layer, DynamicLayer):
+                layer.__class__ = _storing(type(layer))
+                layer.store_dtype = dtype
+    return cache
 
 
 class HFRollout(RolloutEngine):
@@ -33,6 +63,8 @@ class HFRollout(RolloutEngine):
         sample = not sampling.greedy
         with torch.autocast(dev.type, dtype=self.dtype, enabled=self.dtype is not None):
             cache = self.shared_prefill(ids, mask, n) if self.cfg.enable_prefix_caching and n > 1 else None
+            if cache is None and self.dtype is not None:
+                cache = new_cache(self.model.config, self.dtype)  # generate's own would store fp32 keys
             ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
             out = self.model.generate(
                 input_ids=ids, attention_mask=mask, past_key_values=cache, max_new_tokens=self.max_new, do_sample=sample,
@@ -58,8 +90,7 @@ class HFRollout(RolloutEngine):
         (linear-attention layers keep a recurrent state instead of keys and values)."""
         if ids.shape[1] < 2:
             return None
-        # built from the config, the cache has every layer's kind before the forward (none is added lazily)
-        cache = DynamicCache(config=self.model.config)
+        cache = new_cache(self.model.config, self.dtype)
         if not repeatable(cache):
             return None
         pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
