@@ -357,6 +357,7 @@ class TrainerConfig:
     test_freq: int = -1
     val_before_train: bool = False
     critic_warmup: int = 0
+    balance_batch: bool = True  # workers trade prompt groups to even out tokens (balance_batch.py)
     default_local_dir: str = "checkpoints/rlrig/default"
     default_hdfs_dir: str | None = None
     resume_mode: str = "auto"  # auto | disable | resume_path

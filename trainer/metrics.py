@@ -24,6 +24,9 @@ RULES: dict[str, str] = {
     "training/rollout_probs_diff_max": MAX, "training/rollout_probs_diff_mean": TOKEN_MEAN,
     "training/rollout_probs_diff_std": MEAN,
     "perf/total_num_tokens": SUM, "perf/max_memory_allocated_gb": MAX,
+    # balance_batch.py: every worker computes the same numbers from all workers' samples
+    "global_seqlen/min": MAX, "global_seqlen/max": MAX, "global_seqlen/minmax_diff": MAX, "global_seqlen/balanced_min": MAX,
+    "global_seqlen/balanced_max": MAX, "global_seqlen/mean": MAX,
     # rollout correction (rollout_correction.py): each worker's mean and fractions, combined by its response tokens
     # (exact for rollout_is=token; for sequence, whose fractions count sequences, a token-weighted mean of them)
     "rollout_corr/rollout_is_mean": TOKEN_MEAN, "rollout_corr/rollout_is_max": MAX, "rollout_corr/rollout_is_min": MIN,

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from . import core_algos as algos
-from . import batching, estimators, generate_score, lora, lr_schedule, metrics as M, models, offload, parallel, pf_ppo, precision, rollout_correction, worker_state
+from . import balance_batch, batching, estimators, generate_score, lora, lr_schedule, metrics as M, models, offload, parallel, pf_ppo, precision, rollout_correction, worker_state
 from .devices import gpu_index
 from .engines import GREEDY, EngineContext, EngineUnavailable, Sampling, engine_class, make_engine
 from .logprobs import in_micro_batches, token_logprobs, values as critic_values
@@ -249,14 +249,18 @@ class Worker:
             with phases("gen_max"):
                 greedy = generate_score.generate(self.engine, rows, 1, self.device, GREEDY)
                 baselines = generate_score.score_rollout(self.tok, self.reward, rows, greedy, 1).scores.repeat_interleave(n)
+        balanced = {}
+        if self.cfg.trainer.balance_batch:
+            with phases("balance"):
+                ro, sc, baselines, balanced = balance_batch.balance(ro, sc, baselines, n, self.tok.pad_token_id)
         actor_on = offload.module_on(m.actor.module, self.device, m.actor.param_offload)
         critic_on = offload.module_on(m.critic.module, self.device, m.critic.param_offload) if m.critic else contextlib.nullcontext()
         # param_offload: the actor is on the device from its log-prob pass to the weight sync, the critic from
         # its values to its update; both in host memory through generation and scoring
         with actor_on, critic_on:
-            return self._train_phases(phases, ro, sc, rows, kl_coef, global_step, baselines)
+            return {**self._train_phases(phases, ro, sc, kl_coef, global_step, baselines), **balanced}
 
-    def _train_phases(self, phases, ro, sc, rows, kl_coef: float, global_step: int, baselines=None) -> dict:
+    def _train_phases(self, phases, ro, sc, kl_coef: float, global_step: int, baselines=None) -> dict:
         cfg, a, m = self.cfg, self.cfg.actor_rollout_ref, self.models
         n, mask = a.rollout.n, sc.mask
         update_actor_now = global_step >= cfg.trainer.critic_warmup  # verl: the critic trains alone until then

@@ -94,6 +94,9 @@ def test_fsdp_and_packing_train_like_ddp_and_resume_either_way(tmp_path):
         r = rlrig("train", *two, "trainer.total_training_steps=2", *extra, f"trainer.default_local_dir={runs[name]}")
         assert r.returncode == 0, r.stderr[-3000:]
     ddp = metrics(runs["ddp"])
+    for m in ddp:  # trainer.balance_batch (on by default): the workers traded groups to even out their tokens
+        assert m["global_seqlen/balanced_max"] <= m["global_seqlen/max"]
+        assert m["global_seqlen/mean"] * 2 == m["perf/total_num_tokens"]
     for other in ("fsdp", "packed", "grouped", "grouped_fsdp"):
         for a, b in zip(ddp, metrics(runs[other])):
             assert [a[k] for k in keys] == pytest.approx([b[k] for k in keys], rel=1e-4, abs=1e-6), other

@@ -221,6 +221,13 @@ def test_critic_warmup_holds_the_actor():
     assert changed and out["actor/lr"] == pytest.approx(5e-4)
 
 
+def test_balance_batch_reports_verls_metrics_and_turns_off():
+    on, _, _ = _one_step([])  # one worker: nothing to trade, the metrics as verl logs them still
+    off, _, _ = _one_step(["trainer.balance_batch=False"])
+    assert on["global_seqlen/balanced_max"] == on["global_seqlen/max"] == on["perf/total_num_tokens"] > 0
+    assert "timing_s/balance" in on and not any(k.startswith("global_seqlen/") or k == "timing_s/balance" for k in off)
+
+
 def test_lr_warmup_reaches_the_optimizer():
     out, changed, _ = _one_step(["actor_rollout_ref.actor.optim.lr_warmup_steps=4"])
     assert out["actor/lr"] == 0.0 and not changed  # step 1 of a warm-up from 0, as verl
