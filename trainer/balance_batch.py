@@ -1,6 +1,7 @@
 """`trainer.balance_batch` (verl's key, on by default): once every worker has sampled and scored its prompts,
 the workers trade whole prompt groups so that each holds about the same work for the passes that follow
-(log-probs, reference, values, update), which wait at every collective for the slowest worker.
+(log-probs, reference, values, update), which wait at every collective for the slowest worker. It pays where
+the work follows the tokens (`use_remove_padding`, `use_dynamic_bsz`); padded forwards cost the widest sequence.
 
 Whole groups move (a prompt's n samples stay together, as in verl's balancing under its prefix grouper), since
 each worker computes its own groups' advantages; each worker keeps equally many groups, so mini batches and the
@@ -59,11 +60,6 @@ def seqlen_metrics(before: list[int], after: list[int]) -> dict:
             "global_seqlen/balanced_max": max(after), "global_seqlen/mean": sum(before) / len(before)}
 
 
-# what travels: token ids as int32 and masks as bool, a quarter and an eighth of their int64 size
-_COMPACT = {"prompt_ids": torch.int32, "response_ids": torch.int32, "prompt_mask": torch.bool, "response_attn": torch.bool,
-            "response_mask": torch.bool, "mask": torch.bool}
-
-
 def _named(ro: Rollout, sc: Scored, baselines) -> dict:
     """A worker's samples by name, prompts and responses apart so that workers' widths can differ."""
     P = ro.prompt_len
@@ -77,49 +73,72 @@ def _pad(t: torch.Tensor, width: int, value, left: bool) -> torch.Tensor:
     return torch.cat([pad, t] if left else [t, pad], 1)
 
 
-def join(per_worker: list[dict], pad_id: int) -> dict:
-    """All workers' samples in worker order: prompts left-padded and responses right-padded to the widest."""
-    P = max(f["prompt_ids"].shape[1] for f in per_worker)
-    R = max(f["response_ids"].shape[1] for f in per_worker)
-    widths = {"prompt_ids": (P, pad_id, True), "prompt_mask": (P, 0, True), "response_ids": (R, pad_id, False)}
-    out = {}
-    for k in per_worker[0]:
-        if per_worker[0][k] is None:
+def padded(f: dict, P: int, R: int, pad_id: int) -> dict:
+    """A worker's fields at the widest prompt (P, left-padded) and response (R, right-padded) of all workers."""
+    prompt = {"prompt_ids": pad_id, "prompt_mask": 0}
+    return {k: None if t is None else _pad(t, P, prompt[k], True) if k in prompt else
+            _pad(t, R, pad_id if k == "response_ids" else 0, False) if t.dim() == 2 else t for k, t in f.items()}
+
+
+def _pack(f: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two tensors to all-gather: token ids and integer masks as int32, floats as float32, a field after another."""
+    cols = lambda t: t if t.dim() == 2 else t[:, None]
+    ints = [cols(t).to(torch.int32) for t in f.values() if t is not None and not t.is_floating_point()]
+    floats = [cols(t).to(torch.float32) for t in f.values() if t is not None and t.is_floating_point()]
+    return torch.cat(ints, 1), torch.cat(floats, 1)
+
+
+def _unpack(ints: torch.Tensor, floats: torch.Tensor, like: dict) -> dict:
+    """The fields again, from tensors packed as _pack packs `like` (shapes and dtypes as like's)."""
+    out, at = {}, {False: 0, True: 0}
+    for k, t in like.items():
+        if t is None:
             out[k] = None
             continue
-        parts = [f[k] for f in per_worker]
-        if parts[0].dim() == 2:
-            width, value, left = widths.get(k, (R, 0, False))
-            parts = [_pad(t, width, value, left) for t in parts]
-        out[k] = torch.cat(parts)
+        src, w = (floats if t.is_floating_point() else ints), (t.shape[1] if t.dim() == 2 else 1)
+        col = at[t.is_floating_point()]
+        piece = src[:, col:col + w]
+        out[k] = (piece if t.dim() == 2 else piece[:, 0]).to(t.dtype)
+        at[t.is_floating_point()] += w
     return out
 
 
-def take(all_rows: dict, rows: list[int], like: dict) -> tuple[Rollout, Scored, torch.Tensor | None]:
-    """This worker's share: the given rows, with the prompt columns that none of them uses left out, on the device
-    and in the dtypes of `like` (the worker's own fields as it sampled them)."""
+def take(all_rows: dict, rows: list[int]) -> tuple[Rollout, Scored, torch.Tensor | None]:
+    """This worker's share: the given rows, with the prompt columns that none of them uses left out."""
     f = {k: v[rows] if v is not None else None for k, v in all_rows.items()}
     used = f["prompt_mask"].any(0).nonzero()
     first = int(used[0]) if len(used) else f["prompt_mask"].shape[1] - 1
     f["prompt_ids"], f["prompt_mask"] = f["prompt_ids"][:, first:], f["prompt_mask"][:, first:]
-    f = {k: v.to(like[k].device, like[k].dtype) if v is not None else None for k, v in f.items()}
     ro = Rollout(torch.cat([f["prompt_ids"], f["response_ids"]], 1), torch.cat([f["prompt_mask"], f["response_attn"]], 1),
                  f["response_mask"], f["prompt_ids"].shape[1], f["engine_logp"])
     return ro, Scored(ro, f["mask"], f["scores"], f["token_scores"]), f["baselines"]
 
 
+def _all_gather(t: torch.Tensor, world: int) -> torch.Tensor:
+    import torch.distributed as dist
+
+    out = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(out, t)
+    return torch.cat(out)
+
+
 def balance(ro: Rollout, sc: Scored, baselines, n: int, pad_id: int) -> tuple[Rollout, Scored, torch.Tensor | None, dict]:
-    """Every worker calls this at the same point of its step (a collective over all of them)."""
+    """Every worker calls this at the same point of its step (collectives over all of them). First each worker's
+    widths and tokens per sample, from which every worker computes the same assignment; then, when groups move,
+    everyone's samples (tensor all-gathers on the workers' own devices: NCCL on GPUs, Gloo on CPU)."""
     import torch.distributed as dist
 
     world, rank = dist.get_world_size(), dist.get_rank()
-    own, per_worker = _named(ro, sc, baselines), [None] * world
-    dist.all_gather_object(per_worker, {k: v.to("cpu", _COMPACT.get(k, v.dtype)) if v is not None else None
-                                        for k, v in own.items()})
-    everything = join(per_worker, pad_id)
-    seqlen = torch.cat([everything["prompt_mask"], everything["response_attn"]], 1).sum(-1)
-    groups = seqlen.view(-1, n)  # each sample's tokens, a row per prompt group
-    parts = assign(workload(groups).sum(-1).tolist(), world)
-    mine = [g * n + j for g in parts[rank] for j in range(n)]
-    tokens = lambda parts: [int(groups[p].sum()) for p in parts]
-    return (*take(everything, mine, own), seqlen_metrics(tokens(as_sampled(len(groups), world)), tokens(parts)))
+    widths = torch.tensor([ro.prompt_len, ro.response_mask.shape[1]], device=ro.input_ids.device)
+    heads = _all_gather(torch.cat([widths, ro.attention_mask.sum(-1)]).to(torch.int64)[None], world).cpu()
+    P, R = int(heads[:, 0].max()), int(heads[:, 1].max())
+    groups = heads[:, 2:].reshape(-1, n)  # each sample's tokens (prompt + response), a row per prompt group
+    parts, sampled = assign(workload(groups).sum(-1).tolist(), world), as_sampled(len(groups), world)
+    tokens = lambda assignment: [int(groups[p].sum()) for p in assignment]
+    metrics = seqlen_metrics(tokens(sampled), tokens(parts))
+    if parts == sampled:
+        return ro, sc, baselines, metrics
+    own = padded(_named(ro, sc, baselines), P, R, pad_id)
+    ints, floats = _pack(own)
+    everything = _unpack(_all_gather(ints, world), _all_gather(floats, world), own)
+    return (*take(everything, [g * n + j for g in parts[rank] for j in range(n)]), metrics)
