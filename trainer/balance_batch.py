@@ -10,8 +10,8 @@ computes advantages for the whole batch; here a group of n = 1 (GAE, REINFORCE++
 
 Work per sequence is verl's estimate of a transformer's forward cost (`workload`), and the parts come from a
 greedy assignment: heaviest group first, each into the lightest part that still has room (kept as sampled where
-that would leave the heaviest worker no lighter). The metrics are
-verl's `global_seqlen/*`: tokens per worker before and after."""
+that would leave the heaviest worker no lighter). The metrics are verl's `global_seqlen/*`: tokens per worker
+before and after."""
 
 from __future__ import annotations
 
@@ -19,9 +19,6 @@ import torch
 
 from .engines import Rollout
 from .generate_score import Scored
-
-KEY = "trainer.balance_batch"
-
 
 def workload(seqlen: torch.Tensor) -> torch.Tensor:
     # FLOPs of a dense block ~ 12 h^2 s + 2 h s^2; with verl's h = 4096 (a 7B model), in units of 2h: 24576 s + s^2
