@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from .engines import Rollout
+from .engines.base import Rollout, left_pad_to
 from .generate_score import Scored
+from .parallel import gather_rows
 
 def workload(seqlen: torch.Tensor) -> torch.Tensor:
     # FLOPs of a dense block ~ 12 h^2 s + 2 h s^2; with verl's h = 4096 (a 7B model), in units of 2h: 24576 s + s^2
@@ -57,85 +58,33 @@ def seqlen_metrics(before: list[int], after: list[int]) -> dict:
             "global_seqlen/balanced_max": max(after), "global_seqlen/mean": sum(before) / len(before)}
 
 
-def _named(ro: Rollout, sc: Scored, baselines) -> dict:
-    """A worker's samples by name, prompts and responses apart so that workers' widths can differ."""
-    P = ro.prompt_len
-    return {"prompt_ids": ro.input_ids[:, :P], "prompt_mask": ro.attention_mask[:, :P], "response_ids": ro.input_ids[:, P:],
-            "response_attn": ro.attention_mask[:, P:], "response_mask": ro.response_mask, "mask": sc.mask,
-            "scores": sc.scores, "token_scores": sc.token_scores, "engine_logp": ro.engine_logp, "baselines": baselines}
-
-
-def _pad(t: torch.Tensor, width: int, value, left: bool) -> torch.Tensor:
-    pad = t.new_full((t.shape[0], width - t.shape[1]), value)
-    return torch.cat([pad, t] if left else [t, pad], 1)
-
-
-def padded(f: dict, P: int, R: int, pad_id: int) -> dict:
-    """A worker's fields at the widest prompt (P, left-padded) and response (R, right-padded) of all workers."""
-    prompt = {"prompt_ids": pad_id, "prompt_mask": 0}
-    return {k: None if t is None else _pad(t, P, prompt[k], True) if k in prompt else
-            _pad(t, R, pad_id if k == "response_ids" else 0, False) if t.dim() == 2 else t for k, t in f.items()}
-
-
-def _pack(f: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two tensors to all-gather: token ids and integer masks as int32, floats as float32, a field after another."""
-    cols = lambda t: t if t.dim() == 2 else t[:, None]
-    ints = [cols(t).to(torch.int32) for t in f.values() if t is not None and not t.is_floating_point()]
-    floats = [cols(t).to(torch.float32) for t in f.values() if t is not None and t.is_floating_point()]
-    return torch.cat(ints, 1), torch.cat(floats, 1)
-
-
-def _unpack(ints: torch.Tensor, floats: torch.Tensor, like: dict) -> dict:
-    """The fields again, from tensors packed as _pack packs `like` (shapes and dtypes as like's)."""
-    out, at = {}, {False: 0, True: 0}
-    for k, t in like.items():
-        if t is None:
-            out[k] = None
-            continue
-        src, w = (floats if t.is_floating_point() else ints), (t.shape[1] if t.dim() == 2 else 1)
-        col = at[t.is_floating_point()]
-        piece = src[:, col:col + w]
-        out[k] = (piece if t.dim() == 2 else piece[:, 0]).to(t.dtype)
-        at[t.is_floating_point()] += w
-    return out
-
-
-def take(all_rows: dict, rows: list[int]) -> tuple[Rollout, Scored, torch.Tensor | None]:
-    """This worker's share: the given rows, with the prompt columns that none of them uses left out."""
-    f = {k: v[rows] if v is not None else None for k, v in all_rows.items()}
-    used = f["prompt_mask"].any(0).nonzero()
-    first = int(used[0]) if len(used) else f["prompt_mask"].shape[1] - 1
-    f["prompt_ids"], f["prompt_mask"] = f["prompt_ids"][:, first:], f["prompt_mask"][:, first:]
-    ro = Rollout(torch.cat([f["prompt_ids"], f["response_ids"]], 1), torch.cat([f["prompt_mask"], f["response_attn"]], 1),
-                 f["response_mask"], f["prompt_ids"].shape[1], f["engine_logp"])
-    return ro, Scored(ro, f["mask"], f["scores"], f["token_scores"]), f["baselines"]
-
-
-def _all_gather(t: torch.Tensor, world: int) -> torch.Tensor:
-    import torch.distributed as dist
-
-    out = [torch.empty_like(t) for _ in range(world)]
-    dist.all_gather(out, t)
-    return torch.cat(out)
+def take(ro: Rollout, sc: Scored, baselines, rows: torch.Tensor, width: int, pad_id: int):
+    """This worker's share of every worker's samples: `rows` of them in worker order. Prompts are widened to the
+    widest worker's (each worker padded its own to its longest), then cut to the widest of the rows taken;
+    responses are as wide on every worker (the engines pad them to max_response_length)."""
+    gather = lambda t: None if t is None else gather_rows(t)[rows]
+    widen = lambda t, fill: torch.cat([left_pad_to(t[:, :ro.prompt_len], width, fill), t[:, ro.prompt_len:]], 1)
+    ids, attn = gather(widen(ro.input_ids, pad_id)), gather(widen(ro.attention_mask, 0))
+    used = attn[:, :width].any(0).nonzero()
+    first = int(used[0]) if len(used) else width - 1
+    out = Rollout(ids[:, first:], attn[:, first:], gather(ro.response_mask), width - first, gather(ro.engine_logp))
+    return out, Scored(out, gather(sc.mask), gather(sc.scores), gather(sc.token_scores)), gather(baselines)
 
 
 def balance(ro: Rollout, sc: Scored, baselines, n: int, pad_id: int) -> tuple[Rollout, Scored, torch.Tensor | None, dict]:
     """Every worker calls this at the same point of its step (collectives over all of them). First each worker's
-    widths and tokens per sample, from which every worker computes the same assignment; then, when groups move,
-    everyone's samples (tensor all-gathers on the workers' own devices: NCCL on GPUs, Gloo on CPU)."""
+    prompt width and tokens per sample, from which every worker computes the same assignment; then, when groups
+    move, everyone's samples, each tensor all-gathered on the workers' own devices (NCCL on GPUs, Gloo on CPU)."""
     import torch.distributed as dist
 
     world, rank = dist.get_world_size(), dist.get_rank()
-    widths = torch.tensor([ro.prompt_len, ro.response_mask.shape[1]], device=ro.input_ids.device)
-    heads = _all_gather(torch.cat([widths, ro.attention_mask.sum(-1)]).to(torch.int64)[None], world).cpu()
-    P, R = int(heads[:, 0].max()), int(heads[:, 1].max())
-    groups = heads[:, 2:].reshape(-1, n)  # each sample's tokens (prompt + response), a row per prompt group
+    head = torch.cat([torch.tensor([ro.prompt_len], device=ro.input_ids.device), ro.attention_mask.sum(-1)])
+    heads = gather_rows(head.to(torch.int64)[None]).cpu()
+    groups = heads[:, 1:].reshape(-1, n)  # each sample's tokens (prompt + response), a row per prompt group
     parts, sampled = assign(workload(groups).sum(-1).tolist(), world), as_sampled(len(groups), world)
     tokens = lambda assignment: [int(groups[p].sum()) for p in assignment]
     metrics = seqlen_metrics(tokens(sampled), tokens(parts))
     if parts == sampled:
         return ro, sc, baselines, metrics
-    own = padded(_named(ro, sc, baselines), P, R, pad_id)
-    ints, floats = _pack(own)
-    everything = _unpack(_all_gather(ints, world), _all_gather(floats, world), own)
-    return (*take(everything, [g * n + j for g in parts[rank] for j in range(n)]), metrics)
+    rows = torch.tensor([g * n + j for g in parts[rank] for j in range(n)], device=ro.input_ids.device)
+    return (*take(ro, sc, baselines, rows, int(heads[:, 0].max()), pad_id), metrics)

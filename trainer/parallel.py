@@ -19,6 +19,16 @@ _GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)  # rank 0 get
 _SCATTER = StateDictOptions(full_state_dict=True)  # every rank passes the full state; each keeps its shard
 
 
+def gather_rows(t: torch.Tensor) -> torch.Tensor:
+    """Every rank's rows in rank order (each rank holds as many)."""
+    flag = t.dtype == torch.bool  # not every backend gathers bool
+    t = t.to(torch.uint8) if flag else t
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, t.contiguous())
+    out = torch.cat(parts)
+    return out.bool() if flag else out
+
+
 def broadcast_from_rank0(module: torch.nn.Module) -> None:
     # DDP does this itself; FSDP does not, and another node's copy of the model on disk need not match
     for t in itertools.chain(module.parameters(), module.buffers()):

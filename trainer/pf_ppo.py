@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .engines.base import Rollout
+from .engines.base import Rollout, left_pad_to
+from .parallel import gather_rows
 
 
 def weights(scores: torch.Tensor, method: str, weight_pow: float) -> torch.Tensor:
@@ -33,21 +34,6 @@ def draw(scores: torch.Tensor, method: str, weight_pow: float, generator: torch.
     """As many indices as samples, with replacement, each i with probability w_i / sum(w)."""
     return torch.multinomial(weights(scores.float().cpu(), method, weight_pow), len(scores), replacement=True,
                              generator=generator)
-
-
-def left_pad_to(t: torch.Tensor, width: int, value) -> torch.Tensor:
-    """[B, P] left-padded prompt columns widened to `width` (more padding on the left)."""
-    return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value)
-
-
-def gather_rows(t: torch.Tensor) -> torch.Tensor:
-    """Every rank's rows in rank order (each rank holds as many)."""
-    flag = t.dtype == torch.bool  # not every backend gathers bool
-    t = t.to(torch.uint8) if flag else t
-    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, t.contiguous())
-    out = torch.cat(parts)
-    return out.bool() if flag else out
 
 
 def resample(ro: Rollout, rows: dict, scores: torch.Tensor, method: str, weight_pow: float, seed: int,

@@ -48,10 +48,10 @@ def test_metrics_say_tokens_per_worker_before_and_after():
                  "global_seqlen/balanced_min": 19, "global_seqlen/balanced_max": 21, "global_seqlen/mean": 20.0}
 
 
-def _worker_samples(prompts: list[list[int]], responses: list[list[int]], n: int, seed: int):
+def _worker_samples(prompts: list[list[int]], responses: list[list[int]], n: int, seed: int, R: int = 9):
     """A worker's rollout as an engine returns it: prompt i's n samples at rows i*n.., left-padded prompts,
-    right-padded responses, scores and engine log-probs that identify each sample."""
-    P, R = max(map(len, prompts)), max(map(len, responses))
+    responses right-padded to max_response_length (R), scores and engine log-probs that identify each sample."""
+    P = max(map(len, prompts))
     ids, attn, rmask = [], [], []
     for i, resp in enumerate(responses):
         p = prompts[i // n]
@@ -80,6 +80,7 @@ def _as_samples(ro: Rollout, sc: Scored, baselines) -> list[tuple]:
 
 
 # two workers of 2 prompts x 2 samples: worker 0's responses long, worker 1's short, their prompt widths differ
+# (responses are as wide on every worker: the engines pad them to max_response_length)
 N = 2
 WORKERS = [
     ([[11, 12, 13], [14]], [[1] * 9, [2] * 8, [3] * 9, [4] * 7]),

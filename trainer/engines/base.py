@@ -133,6 +133,11 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
     return ids, mask
 
 
+def left_pad_to(t: torch.Tensor, width: int, value) -> torch.Tensor:
+    """[B, P] left-padded prompt columns widened to `width` (more padding on the left)."""
+    return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value)
+
+
 class EngineUnavailable(RuntimeError):
     """The engine cannot run here (its package is missing, or this device is not one it runs on);
     the message says how to fix it. Any other failure of an engine is an error of its own."""
