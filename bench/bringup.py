@@ -39,11 +39,16 @@ STARTED = "Ray runtime started"
 BIN = Path(sys.executable).parent
 
 
-
 def node_env(ns, i: int, n: int) -> dict[str, str]:
     """What dstack would set on node i of n (rlrig reads it as a user's run would), one CPU each."""
-    return {"DSTACK_NODE_RANK": str(i), "DSTACK_NODES_NUM": str(n), "DSTACK_MASTER_NODE_IP": ns.ip(0),
-            "DSTACK_RUN_NAME": "bench", "RLRIG_NUM_CPUS": "1"}
+    return {
+        "DSTACK_NODE_RANK": str(i),
+        "DSTACK_NODES_NUM": str(n),
+        "DSTACK_MASTER_NODE_IP": ns.ip(0),
+        "DSTACK_RUN_NAME": "bench",
+        "RLRIG_NUM_CPUS": "1",
+    }
+
 
 class SleepsTooShort(RuntimeError):
     """The fixed sleeps ran out before the nodes were up: the failure the seed scripts are known for."""
@@ -82,9 +87,16 @@ class Run:
         self.nodes: list[NodeProc] = []
 
     def env(self, i: int) -> dict[str, str]:
-        env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": TOKEN, "RLRIG_CLUSTER_TOKEN": TOKEN,
-               "RAY_TMPDIR": str(self.tmp / f"n{i}"), "PATH": f"{BIN}:{os.environ['PATH']}",
-               "PYTHONUNBUFFERED": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+        env = {
+            **os.environ,
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": TOKEN,
+            "RLRIG_CLUSTER_TOKEN": TOKEN,
+            "RAY_TMPDIR": str(self.tmp / f"n{i}"),
+            "PATH": f"{BIN}:{os.environ['PATH']}",
+            "PYTHONUNBUFFERED": "1",
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }
         env.pop("RAY_ADDRESS", None)
         return env
 
@@ -96,8 +108,14 @@ class Run:
     def ray_start(self, i: int) -> NodeProc:
         ip = self.ns.ip(i)
         # each node its own --temp-dir, as on separate hosts: a worker otherwise takes the head's (shared here)
-        common = ["--block", "--num-cpus=1", "--num-gpus=0", f"--node-ip-address={ip}", "--disable-usage-stats",
-                  f"--temp-dir={self.tmp / f'n{i}' / 'ray'}"]
+        common = [
+            "--block",
+            "--num-cpus=1",
+            "--num-gpus=0",
+            f"--node-ip-address={ip}",
+            "--disable-usage-stats",
+            f"--temp-dir={self.tmp / f'n{i}' / 'ray'}",
+        ]
         if i == 0:
             return self.start(i, ["ray", "start", "--head", f"--port={PORT}", "--dashboard-host=127.0.0.1", *common])
         return self.start(i, ["ray", "start", f"--address={self.ns.ip(0)}:{PORT}", *common])
@@ -123,15 +141,32 @@ class Run:
     def rlrig(self):
         for i in range(self.n):
             # formation alone, as the others: the fabric check rlrig adds on several nodes is timed in recovery.py
-            self.start(i, [str(BIN / "rlrig"), "run", "--no-fabric-check", "--", *self.cmd], node_env(self.ns, i, self.n))
+            self.start(
+                i, [str(BIN / "rlrig"), "run", "--no-fabric-check", "--", *self.cmd], node_env(self.ns, i, self.n)
+            )
 
     def symmetric(self):
         # its default 30 s wait for nodes is too short for 8 Ray nodes on 2 cores; a user would raise it too
         slow_ok = {"RAY_SYMMETRIC_RUN_CLUSTER_WAIT_TIMEOUT": "300"}
         for i in range(self.n):
-            self.start(i, ["ray", "symmetric-run", "--address", f"{self.ns.ip(0)}:{PORT}", "--min-nodes", str(self.n),
-                           "--num-cpus=1", "--num-gpus=0", "--disable-usage-stats", f"--temp-dir={self.tmp / f'n{i}' / 'ray'}",
-                           "--", *self.cmd], slow_ok)
+            self.start(
+                i,
+                [
+                    "ray",
+                    "symmetric-run",
+                    "--address",
+                    f"{self.ns.ip(0)}:{PORT}",
+                    "--min-nodes",
+                    str(self.n),
+                    "--num-cpus=1",
+                    "--num-gpus=0",
+                    "--disable-usage-stats",
+                    f"--temp-dir={self.tmp / f'n{i}' / 'ray'}",
+                    "--",
+                    *self.cmd,
+                ],
+                slow_ok,
+            )
 
     def sleeps(self):
         self.ray_start(0)
@@ -191,8 +226,10 @@ def main(argv=None) -> int:
         print(f"{n:>3} {row}{ratios}")
     big = max(args.n)
     if {"rlrig", "floor", "symmetric"} <= set(args.methods):
-        print(f"N={big}: rlrig/floor = {table[big, 'rlrig'] / table[big, 'floor']:.2f}x, "
-              f"rlrig/symmetric-run = {table[big, 'rlrig'] / table[big, 'symmetric']:.2f}x")
+        print(
+            f"N={big}: rlrig/floor = {table[big, 'rlrig'] / table[big, 'floor']:.2f}x, "
+            f"rlrig/symmetric-run = {table[big, 'rlrig'] / table[big, 'symmetric']:.2f}x"
+        )
     return 0
 
 

@@ -22,7 +22,10 @@ import time
 def matmul_peak_tflops(n: int = 8192, reps: int = 10) -> float:
     import torch
 
-    a, b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16), torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    a, b = (
+        torch.randn(n, n, device="cuda", dtype=torch.bfloat16),
+        torch.randn(n, n, device="cuda", dtype=torch.bfloat16),
+    )
     for _ in range(3):
         a @ b
     torch.cuda.synchronize()
@@ -36,20 +39,27 @@ def matmul_peak_tflops(n: int = 8192, reps: int = 10) -> float:
 def run(precision: str, path: str, args) -> dict:
     import torch
 
-    from rlrig.trainer.single_process import single_worker
+    from rlrig.trainer.driver.single_process import single_worker
 
     dtype = "fp32" if precision == "fp32" else "bf16"
     overrides = [
-        f"actor_rollout_ref.model.path={path}", "trainer.device=cuda", "actor_rollout_ref.rollout.name=hf",
-        "algorithm.adv_estimator=grpo", f"data.train_batch_size={args.prompts}", f"actor_rollout_ref.rollout.n={args.n}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts // 2}", "data.max_prompt_length=64",
-        f"data.max_response_length={args.new_tokens}", "actor_rollout_ref.actor.use_kl_loss=True",
+        f"actor_rollout_ref.model.path={path}",
+        "trainer.device=cuda",
+        "actor_rollout_ref.rollout.name=hf",
+        "algorithm.adv_estimator=grpo",
+        f"data.train_batch_size={args.prompts}",
+        f"actor_rollout_ref.rollout.n={args.n}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts // 2}",
+        "data.max_prompt_length=64",
+        f"data.max_response_length={args.new_tokens}",
+        "actor_rollout_ref.actor.use_kl_loss=True",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.micro}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={args.micro * 2}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={args.micro * 2}",
         f"actor_rollout_ref.model.use_remove_padding={args.remove_padding}",
         f"actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype={dtype}",
-        f"actor_rollout_ref.ref.fsdp_config.model_dtype={dtype}", "data.shuffle=False",
+        f"actor_rollout_ref.ref.fsdp_config.model_dtype={dtype}",
+        "data.shuffle=False",
     ]
     with single_worker([*overrides, f"trainer.device={args.device}"], path) as (w, batches):
         if precision == "fp32":  # the plain fp32 baseline: the worker allows TF32 for what stays fp32
@@ -71,8 +81,14 @@ def run(precision: str, path: str, args) -> dict:
     m = rows[-1]
     tokens = m["perf/total_num_tokens"]
     resp = m["_response_tokens"]
-    return {"precision": precision, "params": params, "tokens": tokens, "response_tokens": resp, "epochs": epochs,
-            "metrics": m}
+    return {
+        "precision": precision,
+        "params": params,
+        "tokens": tokens,
+        "response_tokens": resp,
+        "epochs": epochs,
+        "metrics": m,
+    }
 
 
 def main() -> None:
@@ -91,9 +107,7 @@ def main() -> None:
 
     import torch
 
-    from rlrig.trainer.synthetic import QWEN2_0_5B, ensure_model
-
-    from rlrig.trainer.synthetic import Shape
+    from rlrig.trainer.embedded.synthetic import QWEN2_0_5B, Shape, ensure_model
 
     path = ensure_model(Shape(151936, 64, 128, 2, 2, 2, 1024) if args.tiny else QWEN2_0_5B)
     if args.device == "cuda":
@@ -108,20 +122,26 @@ def main() -> None:
         upd = m["timing_s/update_actor"]
         r["update_mfu"] = 6 * r["params"] * r["tokens"] * r["epochs"] / upd / (peak * 1e12)
         results.append(r)
-        print(f"\n== {prec}: {r['params'] / 1e6:.0f}M parameters; {r['tokens']:.0f} tokens, {r['response_tokens']:.0f} generated; "
-              f"step {m['step_s']:.1f} s; peak GPU memory {m.get('perf/max_memory_allocated_gb', 0):.1f} GB")
+        print(
+            f"\n== {prec}: {r['params'] / 1e6:.0f}M parameters; {r['tokens']:.0f} tokens, {r['response_tokens']:.0f} generated; "
+            f"step {m['step_s']:.1f} s; peak GPU memory {m.get('perf/max_memory_allocated_gb', 0):.1f} GB"
+        )
         print(f"{'phase':16} {'seconds':>8} {'tokens/s':>10}")
         for k in ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights"):
             s = m.get(f"timing_s/{k}", 0.0)
             count = r["response_tokens"] if k == "gen" else r["tokens"]
             print(f"{k:16} {s:8.2f} {count / s if s > 0.001 else float('nan'):10.0f}")
-        print(f"update MFU {100 * r['update_mfu']:.1f}% of the measured bf16 peak (6 x params x tokens x epochs / update seconds)")
+        print(
+            f"update MFU {100 * r['update_mfu']:.1f}% of the measured bf16 peak (6 x params x tokens x epochs / update seconds)"
+        )
     by = {r["precision"]: r["metrics"] for r in results}
     if {"fp32", "bf16"} <= by.keys():
         a, b = by["fp32"], by["bf16"]
-        print(f"\nbf16 vs fp32: step {a['step_s'] / b['step_s']:.2f}x faster, update {a['timing_s/update_actor'] / b['timing_s/update_actor']:.2f}x, "
-              f"generation {a['timing_s/gen'] / b['timing_s/gen']:.2f}x; peak memory "
-              f"{b.get('perf/max_memory_allocated_gb', 0) / a.get('perf/max_memory_allocated_gb', 1):.2f}x")
+        print(
+            f"\nbf16 vs fp32: step {a['step_s'] / b['step_s']:.2f}x faster, update {a['timing_s/update_actor'] / b['timing_s/update_actor']:.2f}x, "
+            f"generation {a['timing_s/gen'] / b['timing_s/gen']:.2f}x; peak memory "
+            f"{b.get('perf/max_memory_allocated_gb', 0) / a.get('perf/max_memory_allocated_gb', 1):.2f}x"
+        )
     target = [r for r in results if r["precision"] == "bf16"]
     if target:
         print(f"target update MFU >= 35% (bf16): {'met' if target[0]['update_mfu'] >= 0.35 else 'NOT met'}")

@@ -19,28 +19,81 @@ import json
 import subprocess
 import sys
 
-WIDE = dict(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-            num_key_value_heads=2, max_position_embeddings=512)
-DEEP = dict(vocab_size=4096, hidden_size=256, intermediate_size=1024, num_hidden_layers=12, num_attention_heads=4,
-            num_key_value_heads=4, max_position_embeddings=512)
-COMMON = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.name=hf", "trainer.device=cpu",
-          "actor_rollout_ref.actor.use_kl_loss=True", "data.shuffle=False"]
+WIDE = dict(
+    vocab_size=151936,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+)
+DEEP = dict(
+    vocab_size=4096,
+    hidden_size=256,
+    intermediate_size=1024,
+    num_hidden_layers=12,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    max_position_embeddings=512,
+)
+COMMON = [
+    "algorithm.adv_estimator=grpo",
+    "actor_rollout_ref.rollout.name=hf",
+    "trainer.device=cpu",
+    "actor_rollout_ref.actor.use_kl_loss=True",
+    "data.shuffle=False",
+]
 RUNS = {
-    "vocab 152k, whole batch": (WIDE, [*COMMON, "data.train_batch_size=8", "actor_rollout_ref.rollout.n=8",
-                                       "actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.max_response_length=48"]),
-    "vocab 152k, micro batches of 8": (WIDE, [*COMMON, "data.train_batch_size=8", "actor_rollout_ref.rollout.n=8",
-                                              "actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.max_response_length=48",
-                                              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-                                              "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-                                              "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8"]),
-    "12 layers, no checkpointing": (DEEP, [*COMMON, "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4",
-                                           "actor_rollout_ref.actor.ppo_mini_batch_size=8", "data.max_response_length=128"]),
-    "12 layers, gradient checkpointing": (DEEP, [*COMMON, "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4",
-                                                 "actor_rollout_ref.actor.ppo_mini_batch_size=8", "data.max_response_length=128",
-                                                 "actor_rollout_ref.model.enable_gradient_checkpointing=True"]),
+    "vocab 152k, whole batch": (
+        WIDE,
+        [
+            *COMMON,
+            "data.train_batch_size=8",
+            "actor_rollout_ref.rollout.n=8",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "data.max_response_length=48",
+        ],
+    ),
+    "vocab 152k, micro batches of 8": (
+        WIDE,
+        [
+            *COMMON,
+            "data.train_batch_size=8",
+            "actor_rollout_ref.rollout.n=8",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "data.max_response_length=48",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
+        ],
+    ),
+    "12 layers, no checkpointing": (
+        DEEP,
+        [
+            *COMMON,
+            "data.train_batch_size=8",
+            "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+            "data.max_response_length=128",
+        ],
+    ),
+    "12 layers, gradient checkpointing": (
+        DEEP,
+        [
+            *COMMON,
+            "data.train_batch_size=8",
+            "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+            "data.max_response_length=128",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        ],
+    ),
 }
-TARGETS = [("vocab 152k, micro batches of 8", "vocab 152k, whole batch", 0.6),
-           ("12 layers, gradient checkpointing", "12 layers, no checkpointing", 0.7)]
+TARGETS = [
+    ("vocab 152k, micro batches of 8", "vocab 152k, whole batch", 0.6),
+    ("12 layers, gradient checkpointing", "12 layers, no checkpointing", 0.7),
+]
 
 
 def status_kb(field: str) -> int:
@@ -51,8 +104,8 @@ def status_kb(field: str) -> int:
 
 
 def child(shape: dict, overrides: list[str]) -> None:
-    from rlrig.trainer.single_process import single_worker
-    from rlrig.trainer.synthetic import Shape, ensure_model
+    from rlrig.trainer.driver.single_process import single_worker
+    from rlrig.trainer.embedded.synthetic import Shape, ensure_model
 
     path = ensure_model(Shape(**shape))
     with single_worker([f"actor_rollout_ref.model.path={path}", *overrides], path) as (w, batches):
@@ -62,8 +115,16 @@ def child(shape: dict, overrides: list[str]) -> None:
             f.write("5")  # resets VmHWM, the resident high-water mark, to the current size
         out = w.step(rows, 0.001, 1)
         peak = status_kb("VmHWM")
-    print(json.dumps({"before_mb": before / 1024, "peak_mb": peak / 1024, "step_s": out["timing_s/update_actor"],
-                      "tokens": out["perf/total_num_tokens"]}))
+    print(
+        json.dumps(
+            {
+                "before_mb": before / 1024,
+                "peak_mb": peak / 1024,
+                "step_s": out["timing_s/update_actor"],
+                "tokens": out["perf/total_num_tokens"],
+            }
+        )
+    )
 
 
 def main() -> int:
@@ -72,14 +133,20 @@ def main() -> int:
         return 0
     res = {}
     for name, (shape, overrides) in RUNS.items():
-        r = subprocess.run([sys.executable, __file__, "--child", json.dumps(shape), json.dumps(overrides)],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [sys.executable, __file__, "--child", json.dumps(shape), json.dumps(overrides)],
+            capture_output=True,
+            text=True,
+        )
         if r.returncode:
             print(r.stderr[-3000:], file=sys.stderr)
             return 1
         res[name] = json.loads(r.stdout.strip().splitlines()[-1])
-        print(f"{name:36} peak {res[name]['peak_mb']:7.0f} MB during the step (process before it: "
-              f"{res[name]['before_mb']:.0f} MB; {res[name]['tokens']:.0f} tokens)", flush=True)
+        print(
+            f"{name:36} peak {res[name]['peak_mb']:7.0f} MB during the step (process before it: "
+            f"{res[name]['before_mb']:.0f} MB; {res[name]['tokens']:.0f} tokens)",
+            flush=True,
+        )
     ok = True
     for better, base, target in TARGETS:
         ratio = res[better]["peak_mb"] / res[base]["peak_mb"]

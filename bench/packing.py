@@ -31,14 +31,20 @@ def main(argv=None) -> int:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from rlrig.trainer.logprobs import token_logprobs
+    from rlrig.trainer.model.forward import token_logprobs
 
     torch.manual_seed(0)
     dev = torch.device(args.device)
-    cfg = Qwen2Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-                      num_hidden_layers=args.layers, num_attention_heads=max(1, args.hidden // 64),
-                      num_key_value_heads=max(1, args.hidden // 64), max_position_embeddings=args.prompt + args.response,
-                      attn_implementation="sdpa")
+    cfg = Qwen2Config(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=4 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=max(1, args.hidden // 64),
+        num_key_value_heads=max(1, args.hidden // 64),
+        max_position_embeddings=args.prompt + args.response,
+        attn_implementation="sdpa",
+    )
     model = Qwen2ForCausalLM(cfg).to(dev)
     B, P, R = args.batch, args.prompt, args.response
     prompt_lens = torch.randint(P // 2, P + 1, (B,))
@@ -68,8 +74,11 @@ def main(argv=None) -> int:
         for packed in (False, True):
             times[packed].append(once(packed))
     med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"model {args.layers}x{args.hidden} on {args.device}; batch {B} x (prompt <= {P} + response 1..{R}); "
-          f"real tokens {real} of {B * (P + R)} ({real / (B * (P + R)):.0%})", file=sys.stderr)
+    print(
+        f"model {args.layers}x{args.hidden} on {args.device}; batch {B} x (prompt <= {P} + response 1..{R}); "
+        f"real tokens {real} of {B * (P + R)} ({real / (B * (P + R)):.0%})",
+        file=sys.stderr,
+    )
     for packed, name in ((False, "padded"), (True, "packed")):
         print(f"{name:>7}: {med[packed]:.3f} s forward+backward, {real / med[packed]:9.0f} real tokens/s")
     print(f"packed/padded: {med[False] / med[True]:.2f}x faster")

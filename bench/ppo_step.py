@@ -42,44 +42,60 @@ LR, KL_COEF = 5e-4, 0.001
 
 
 def prompt_rows(count: int, seed: int) -> list[dict]:
-    from rlrig.trainer.data import arithmetic_rows
+    from rlrig.trainer.data.datasets import arithmetic_rows
 
     return arithmetic_rows(count, "train", seed)
 
 
 def run_rlrig(a) -> list[tuple[float, float]]:
     with tempfile.TemporaryDirectory(prefix="rlrig-bench-") as d:
-        args = [sys.executable, "-m", "rlrig.entrypoint.cli", "train", "algorithm.adv_estimator=grpo",
-                f"data.train_batch_size={a.batch}", f"actor_rollout_ref.rollout.n={a.n}",
-                f"actor_rollout_ref.actor.ppo_mini_batch_size={a.batch}", f"data.max_response_length={a.response_len}",
-                "actor_rollout_ref.rollout.name=hf", f"actor_rollout_ref.actor.optim.lr={LR}",
-                "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.use_prefix_grouper=True",
-                "trainer.balance_batch=False", f"actor_rollout_ref.actor.kl_loss_coef={KL_COEF}",
-                "actor_rollout_ref.actor.kl_loss_type=low_var_kl", f"trainer.total_training_steps={a.steps}",
-                "trainer.val_before_train=False", "trainer.test_freq=0", "trainer.save_freq=0",
-                f"trainer.default_local_dir={d}/run"]
+        args = [
+            sys.executable,
+            "-m",
+            "rlrig.entrypoint.cli",
+            "train",
+            "algorithm.adv_estimator=grpo",
+            f"data.train_batch_size={a.batch}",
+            f"actor_rollout_ref.rollout.n={a.n}",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={a.batch}",
+            f"data.max_response_length={a.response_len}",
+            "actor_rollout_ref.rollout.name=hf",
+            f"actor_rollout_ref.actor.optim.lr={LR}",
+            "actor_rollout_ref.actor.use_kl_loss=True",
+            "actor_rollout_ref.actor.use_prefix_grouper=True",
+            "trainer.balance_batch=False",
+            f"actor_rollout_ref.actor.kl_loss_coef={KL_COEF}",
+            "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+            f"trainer.total_training_steps={a.steps}",
+            "trainer.val_before_train=False",
+            "trainer.test_freq=0",
+            "trainer.save_freq=0",
+            f"trainer.default_local_dir={d}/run",
+        ]
         r = subprocess.run(args, capture_output=True, text=True)
         if r.returncode != 0:
             raise SystemExit(f"rlrig train failed:\n{r.stderr[-3000:]}")
         rows = [json.loads(line) for line in Path(d, "run/metrics.jsonl").read_text().splitlines()]
-    return [(m["timing_s/step"], m["perf/total_num_tokens"], {k[9:]: v for k, v in m.items() if k.startswith("timing_s/")})
-            for m in rows]
+    return [
+        (m["timing_s/step"], m["perf/total_num_tokens"], {k[9:]: v for k, v in m.items() if k.startswith("timing_s/")})
+        for m in rows
+    ]
 
 
 def run_floor(a) -> list[tuple[float, float]]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlrig.trainer import core_algos as algos
-    from rlrig.trainer.config import RolloutConfig
-    from rlrig.trainer.data import tokenize_prompts
-    from rlrig.trainer.rewards import default_compute_score
-    from rlrig.trainer.engines import EngineContext
-    from rlrig.trainer.engines.hf_engine import HFRollout
-    from rlrig.trainer.estimators.grpo import grpo_advantages
-    from rlrig.trainer.policy_losses.vanilla import clipped_surrogate
-    from rlrig.trainer.tiny_model import ensure_tiny_model
-    from rlrig.trainer.logprobs import token_logprobs
+    from rlrig.trainer.algos import core_algos as algos
+    from rlrig.trainer.algos.estimators.grpo import grpo_advantages
+    from rlrig.trainer.algos.policy_losses.vanilla import clipped_surrogate
+    from rlrig.trainer.config.schema import RolloutConfig
+    from rlrig.trainer.data.datasets import tokenize_prompts
+    from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
+    from rlrig.trainer.model.forward import token_logprobs
+    from rlrig.trainer.reward.rules import default_compute_score
+    from rlrig.trainer.rollout.engines import EngineContext
+    from rlrig.trainer.rollout.engines.hf_engine import HFRollout
 
     torch.manual_seed(0)
     path = ensure_tiny_model()
@@ -88,17 +104,25 @@ def run_floor(a) -> list[tuple[float, float]]:
     policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False)
     opt = torch.optim.AdamW(policy.parameters(), lr=LR, weight_decay=0.01)
-    engine = HFRollout(EngineContext(policy, tok, RolloutConfig(temperature=1.0, top_p=1.0), 16, a.response_len, path, "cpu", 0))
+    engine = HFRollout(
+        EngineContext(policy, tok, RolloutConfig(temperature=1.0, top_p=1.0), 16, a.response_len, path, "cpu", 0)
+    )
     rows = tokenize_prompts(prompt_rows(a.batch * a.steps, seed=0), tok, 16, "error", True)
     out = []
     for step in range(a.steps):
         t0 = time.perf_counter()
-        batch = rows[step * a.batch:(step + 1) * a.batch]
+        batch = rows[step * a.batch : (step + 1) * a.batch]
         ro = engine.generate([r["input_ids"] for r in batch], a.n)
         t_gen = time.perf_counter()
-        texts = tok.batch_decode(ro.input_ids[:, ro.prompt_len:], skip_special_tokens=True)
-        scores = torch.tensor([default_compute_score(batch[i // a.n]["data_source"], t, batch[i // a.n]["reward_model"]["ground_truth"])
-                               for i, t in enumerate(texts)])
+        texts = tok.batch_decode(ro.input_ids[:, ro.prompt_len :], skip_special_tokens=True)
+        scores = torch.tensor(
+            [
+                default_compute_score(
+                    batch[i // a.n]["data_source"], t, batch[i // a.n]["reward_model"]["ground_truth"]
+                )
+                for i, t in enumerate(texts)
+            ]
+        )
         mask = ro.response_mask.float()
         t_reward = time.perf_counter()
         with torch.no_grad():
@@ -107,8 +131,15 @@ def run_floor(a) -> list[tuple[float, float]]:
         adv, _ = grpo_advantages(scores, mask, [i // a.n for i in range(len(scores))], True)
         t_adv = time.perf_counter()
         opt.zero_grad()
-        logp, ent = token_logprobs(policy, ro.input_ids, ro.attention_mask, ro.prompt_len, with_entropy=True, entropy_grad=False,
-                                   share_prompts=True)
+        logp, ent = token_logprobs(
+            policy,
+            ro.input_ids,
+            ro.attention_mask,
+            ro.prompt_len,
+            with_entropy=True,
+            entropy_grad=False,
+            share_prompts=True,
+        )
         # one optimizer step over the whole batch: on-policy, the old log-probs are these (as in rlrig and TRL)
         pg, _, _ = clipped_surrogate(logp.detach(), logp, adv, mask, 0.2, 0.2, 3.0, "token-mean")
         kl = algos.agg_loss(algos.kl_penalty(logp, ref_logp, "low_var_kl"), mask, "token-mean")
@@ -116,8 +147,13 @@ def run_floor(a) -> list[tuple[float, float]]:
         torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
         opt.step()
         t_end = time.perf_counter()
-        phases = {"gen": t_gen - t0, "reward": t_reward - t_gen, "ref": t_ref - t_reward, "adv": t_adv - t_ref,
-                  "update_actor": t_end - t_adv}
+        phases = {
+            "gen": t_gen - t0,
+            "reward": t_reward - t_gen,
+            "ref": t_ref - t_reward,
+            "adv": t_adv - t_ref,
+            "update_actor": t_end - t_adv,
+        }
         out.append((t_end - t0, float(ro.attention_mask.sum()), phases))
     return out
 
@@ -128,14 +164,16 @@ def run_trl(a) -> list[tuple[float, float]]:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlrig.trainer.rewards import gsm8k_score
-    from rlrig.trainer.tiny_model import ensure_tiny_model
+    from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
+    from rlrig.trainer.reward.rules import gsm8k_score
 
     path = ensure_tiny_model()
     tok = AutoTokenizer.from_pretrained(path)
     rows = prompt_rows(a.batch * a.steps, seed=0)
     # plain-text prompts: the embedded chat template is the bare content, so the model sees the same ids
-    ds = Dataset.from_list([{"prompt": r["prompt"][0]["content"], "answer": r["reward_model"]["ground_truth"]} for r in rows])
+    ds = Dataset.from_list(
+        [{"prompt": r["prompt"][0]["content"], "answer": r["reward_model"]["ground_truth"]} for r in rows]
+    )
 
     def reward(completions, answer, **_):
         return [gsm8k_score(c, x) for c, x in zip(completions, answer)]
@@ -152,15 +190,35 @@ def run_trl(a) -> list[tuple[float, float]]:
 
     timer = Timer()
     with tempfile.TemporaryDirectory(prefix="rlrig-bench-trl-") as d:
-        cfg = GRPOConfig(output_dir=d, per_device_train_batch_size=a.batch * a.n, num_generations=a.n,
-                         gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
-                         max_completion_length=a.response_len, temperature=1.0, top_p=1.0, beta=KL_COEF,
-                         learning_rate=LR, lr_scheduler_type="constant", max_grad_norm=1.0, weight_decay=0.01,
-                         max_steps=a.steps, logging_steps=1, report_to=[], save_strategy="no", use_cpu=True,
-                         bf16=False, dataloader_num_workers=0, shuffle_dataset=False, seed=0)
+        cfg = GRPOConfig(
+            output_dir=d,
+            per_device_train_batch_size=a.batch * a.n,
+            num_generations=a.n,
+            gradient_accumulation_steps=1,
+            steps_per_generation=1,
+            num_iterations=1,
+            max_completion_length=a.response_len,
+            temperature=1.0,
+            top_p=1.0,
+            beta=KL_COEF,
+            learning_rate=LR,
+            lr_scheduler_type="constant",
+            max_grad_norm=1.0,
+            weight_decay=0.01,
+            max_steps=a.steps,
+            logging_steps=1,
+            report_to=[],
+            save_strategy="no",
+            use_cpu=True,
+            bf16=False,
+            dataloader_num_workers=0,
+            shuffle_dataset=False,
+            seed=0,
+        )
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=ds, processing_class=tok,
-                              callbacks=[timer])
+        trainer = GRPOTrainer(
+            model=model, reward_funcs=reward, args=cfg, train_dataset=ds, processing_class=tok, callbacks=[timer]
+        )
         trainer.train()
     seen = [h["num_tokens"] for h in trainer.state.log_history if "num_tokens" in h]
     tokens = [b - a_ for a_, b in zip([0.0, *seen], seen)]
@@ -169,9 +227,16 @@ def run_trl(a) -> list[tuple[float, float]]:
 
 def child(method: str, a) -> list[tuple[float, float]]:
     """Each method runs in its own process: thread settings and memory do not leak between them."""
-    cmd = [sys.executable, __file__, "--only", method, *(f"--{k.replace('_', '-')}={v}" for k, v in
-                                                          (("steps", a.steps), ("batch", a.batch), ("n", a.n),
-                                                           ("response_len", a.response_len)))]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--only",
+        method,
+        *(
+            f"--{k.replace('_', '-')}={v}"
+            for k, v in (("steps", a.steps), ("batch", a.batch), ("n", a.n), ("response_len", a.response_len))
+        ),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     if r.returncode != 0:
         raise SystemExit(f"{method} failed:\n{r.stderr[-3000:]}")
@@ -222,19 +287,30 @@ def main(argv=None) -> int:
     except ImportError:
         print("bench/ppo_step.py needs TRL for its comparison: pip install 'rlrig[bench]'", file=sys.stderr)
         return 2
-    from rlrig.trainer.tiny_model import ensure_tiny_model
+    from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
 
     ensure_tiny_model()
     runs: dict[str, list[tuple[float, float, dict]]] = {"rlrig": [], "TRL": [], "floor": []}
     for rep in range(a.repeats):  # interleaved, so a slow spell of the machine hits every method alike
-        for name, fn in (("rlrig", lambda: run_rlrig(a)), ("TRL", lambda: child("trl", a)), ("floor", lambda: child("floor", a))):
+        for name, fn in (
+            ("rlrig", lambda: run_rlrig(a)),
+            ("TRL", lambda: child("trl", a)),
+            ("floor", lambda: child("floor", a)),
+        ):
             runs[name].append(summary(fn(), a.warmup))
-            print(f"  run {rep + 1} {name:>5}: {runs[name][-1][0]:.3f} s/step, {runs[name][-1][1]:.0f} tokens/s",
-                  file=sys.stderr, flush=True)
-    results = {name: (statistics.median(s for s, _, _ in r), statistics.median(t for _, t, _ in r)) for name, r in runs.items()}
+            print(
+                f"  run {rep + 1} {name:>5}: {runs[name][-1][0]:.3f} s/step, {runs[name][-1][1]:.0f} tokens/s",
+                file=sys.stderr,
+                flush=True,
+            )
+    results = {
+        name: (statistics.median(s for s, _, _ in r), statistics.median(t for _, t, _ in r)) for name, r in runs.items()
+    }
     phases = {name: {k: statistics.median(p[k] for _, _, p in r) for k in r[0][2]} for name, r in runs.items()}
-    print(f"\n{a.batch} prompts x {a.n} samples, {a.response_len} new tokens; per run the median of steps "
-          f"{a.warmup + 1}..{a.steps}, then the median of {a.repeats} runs")
+    print(
+        f"\n{a.batch} prompts x {a.n} samples, {a.response_len} new tokens; per run the median of steps "
+        f"{a.warmup + 1}..{a.steps}, then the median of {a.repeats} runs"
+    )
     print(f"{'method':>6} {'s/step':>8} {'tokens/s':>9}")
     for name, (secs, tps) in results.items():
         print(f"{name:>6} {secs:8.3f} {tps:9.0f}")
@@ -243,8 +319,10 @@ def main(argv=None) -> int:
     for name in ("rlrig", "floor"):
         rounds = ", ".join(f"{f[1] / t[1]:.2f}x" for f, t in zip(runs[name], runs["TRL"]))
         print(f"{name}/TRL tokens/s per round: {rounds}")
-    print(f"rlrig/TRL tokens/s {results['rlrig'][1] / results['TRL'][1]:.2f}x (target >= 1.5); "
-          f"rlrig/floor s/step {results['rlrig'][0] / results['floor'][0]:.2f}x (target <= 1.15)")
+    print(
+        f"rlrig/TRL tokens/s {results['rlrig'][1] / results['TRL'][1]:.2f}x (target >= 1.5); "
+        f"rlrig/floor s/step {results['rlrig'][0] / results['floor'][0]:.2f}x (target <= 1.15)"
+    )
     return 0
 
 

@@ -32,9 +32,9 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(Path(__file__).parent))
     from rollout import bench_model
 
-    from rlrig.trainer.config import RolloutConfig
-    from rlrig.trainer.engines import EngineContext
-    from rlrig.trainer.engines.hf_engine import HFRollout
+    from rlrig.trainer.config.schema import RolloutConfig
+    from rlrig.trainer.rollout.engines import EngineContext
+    from rlrig.trainer.rollout.engines.hf_engine import HFRollout
 
     torch.set_num_threads(2)
     path = bench_model()
@@ -42,8 +42,12 @@ def main(argv=None) -> int:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(3, len(tok), (a.prompts, a.prompt_len), generator=g).tolist()
-    engines = {on: HFRollout(EngineContext(model, tok, RolloutConfig(enable_prefix_caching=on), a.prompt_len, a.max_new,
-                                           path, "cpu", 0)) for on in (False, True)}
+    engines = {
+        on: HFRollout(
+            EngineContext(model, tok, RolloutConfig(enable_prefix_caching=on), a.prompt_len, a.max_new, path, "cpu", 0)
+        )
+        for on in (False, True)
+    }
     secs: dict[bool, list[float]] = {False: [], True: []}
     for on in (False, True):
         engines[on].generate(prompts[:2], a.n)  # warm-up

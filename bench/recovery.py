@@ -28,12 +28,17 @@ import tempfile
 import time
 from pathlib import Path
 
+import netns  # noqa: E402  (tests/, put on sys.path by bringup)
 from bringup import BIN, Run, node_env, wait  # the bring-up bench's namespaces and node processes
 
-import netns  # noqa: E402  (tests/, put on sys.path by bringup)
-
-TRAIN = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.val_before_train=False",
-         "trainer.test_freq=0", "trainer.save_freq=2", "trainer.total_training_steps=60"]
+TRAIN = [
+    "data.train_batch_size=8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+    "trainer.val_before_train=False",
+    "trainer.test_freq=0",
+    "trainer.save_freq=2",
+    "trainer.total_training_steps=60",
+]
 
 
 def kill_node(proc) -> None:
@@ -46,8 +51,18 @@ def restart() -> dict[str, float]:
     run = Run(2, "rlrig")
     for i in range(2):
         (run.tmp / f"n{i}").mkdir()
-    args = [str(BIN / "rlrig"), "run", "--max-restarts", "1", "--rejoin-timeout", "120", "--no-fabric-check", "--",
-            "sleep", "600"]
+    args = [
+        str(BIN / "rlrig"),
+        "run",
+        "--max-restarts",
+        "1",
+        "--rejoin-timeout",
+        "120",
+        "--no-fabric-check",
+        "--",
+        "sleep",
+        "600",
+    ]
     with run.ns:
         try:
             t0 = time.monotonic()
@@ -57,10 +72,16 @@ def restart() -> dict[str, float]:
             kill_node(worker)
             run.nodes.remove(worker)  # `wait` fails on any dead node it watches
             run.start(1, args, node_env(run.ns, 1, 2))
-            again = wait(lambda: sum("running: sleep" in line for line in head.lines) >= 2, 300, "the restart", run.nodes)
+            again = wait(
+                lambda: sum("running: sleep" in line for line in head.lines) >= 2, 300, "the restart", run.nodes
+            )
             noticed = next(line for line in head.lines if "restart 1/1:" in line)
-            return {"bring-up s": first - t0, "kill to running again s": again - killed,
-                    "ratio restart/bring-up": (again - killed) / (first - t0), "cause": noticed}
+            return {
+                "bring-up s": first - t0,
+                "kill to running again s": again - killed,
+                "ratio restart/bring-up": (again - killed) / (first - t0),
+                "cause": noticed,
+            }
         finally:
             for proc in run.nodes:
                 proc.kill()
@@ -91,8 +112,14 @@ def sigterm() -> dict[str, float]:
         rows = [json.loads(line) for line in metrics.read_text().splitlines()]
         step = statistics.median(r["timing_s/step"] for r in rows if "timing_s/save_checkpoint" not in r)
         save = statistics.median(r["timing_s/save_checkpoint"] for r in rows if "timing_s/save_checkpoint" in r)
-        return {"exit code": code, "one step s": step, "one periodic save s": save, "signal to checkpoint s": written - sent,
-                "signal to exit s": exited - sent, "ratio checkpoint/(step+save)": (written - sent) / (step + save)}
+        return {
+            "exit code": code,
+            "one step s": step,
+            "one periodic save s": save,
+            "signal to checkpoint s": written - sent,
+            "signal to exit s": exited - sent,
+            "ratio checkpoint/(step+save)": (written - sent) / (step + save),
+        }
     finally:
         if p.poll() is None:
             p.kill()
@@ -109,15 +136,23 @@ def fabric(n: int) -> dict[str, float]:
             try:
                 wait(lambda: nodes[0].saw("fabric check passed"), 600, "the fabric check", run.nodes)
             except RuntimeError:
-                raise RuntimeError("the fabric check did not pass; the head's output:\n" + "\n".join(nodes[0].lines[-15:]))
+                raise RuntimeError(
+                    "the fabric check did not pass; the head's output:\n" + "\n".join(nodes[0].lines[-15:])
+                )
             text = "\n".join(nodes[0].lines)
             formed = float(re.search(r"node\(s\) alive after ([\d.]+)s", text).group(1))
             took = float(re.search(r"fabric check passed \(([\d.]+)s after the nodes formed\)", text).group(1))
             report = json.loads(Path(re.search(r"fabric: .*; report (\S+)", text).group(1)).read_text())
             phases = ", ".join(f"{k} {v:.1f}" for k, v in report["phases_s"].items())
             ready = " ".join(f"{n.get('probe_ready_s', '?')}" for n in report["nodes"])
-            return {"probes ready, s after the last join": ready,"bring-up s": formed, "fabric check s": took, "ratio fabric/bring-up": took / formed,
-                    "inside the check s": report["seconds"], "its phases s": phases}
+            return {
+                "probes ready, s after the last join": ready,
+                "bring-up s": formed,
+                "fabric check s": took,
+                "ratio fabric/bring-up": took / formed,
+                "inside the check s": report["seconds"],
+                "its phases s": phases,
+            }
         finally:
             for proc in run.nodes:
                 proc.kill()
@@ -126,7 +161,9 @@ def fabric(n: int) -> dict[str, float]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=["restart", "sigterm", "fabric"], nargs="+", default=["restart", "sigterm", "fabric"])
+    ap.add_argument(
+        "--only", choices=["restart", "sigterm", "fabric"], nargs="+", default=["restart", "sigterm", "fabric"]
+    )
     ap.add_argument("--n", type=int, nargs="+", default=[2, 4, 8], help="node counts for the fabric check")
     args = ap.parse_args(argv)
     why = netns.available()

@@ -38,8 +38,10 @@ class SubmitRun(bringup.Run):
         super().__init__(n, method)
         self.ns = netns.Netns(n, subnet=SUBNET)
         self.marker = self.tmp / "job_started"
-        code = (f"import time; t = time.time(); import ray; ray.init(); "
-                f"n = len([x for x in ray.nodes() if x['Alive']]); open('{self.marker}', 'w').write(f'{{t}} {{n}}')")
+        code = (
+            f"import time; t = time.time(); import ray; ray.init(); "
+            f"n = len([x for x in ray.nodes() if x['Alive']]); open('{self.marker}', 'w').write(f'{{t}} {{n}}')"
+        )
         self.job = ["python3", "-c", code]
         self.clients: list[bringup.NodeProc] = []
 
@@ -54,7 +56,9 @@ class SubmitRun(bringup.Run):
             try:
                 wall0 = time.time()
                 getattr(self, self.method)()
-                wait(lambda: self.marker.exists() and self.marker.read_text().count(" ") == 1, 300, "the job", self.nodes)
+                wait(
+                    lambda: self.marker.exists() and self.marker.read_text().count(" ") == 1, 300, "the job", self.nodes
+                )
                 started, seen = self.marker.read_text().split()
                 return float(started) - wall0, int(seen)
             finally:
@@ -74,7 +78,9 @@ class SubmitRun(bringup.Run):
             self.ray_start(i)
             time.sleep(1)
         time.sleep(30)
-        self.client([str(BIN / "ray"), "job", "submit", "--address", "http://127.0.0.1:8265", "--no-wait", "--", *self.job])
+        self.client(
+            [str(BIN / "ray"), "job", "submit", "--address", "http://127.0.0.1:8265", "--no-wait", "--", *self.job]
+        )
 
     def floor(self):
         head = self.ray_start(0)
@@ -92,7 +98,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     why = netns.available()
     if why or not shutil.which("unshare"):
-        print(f"bench/submit.py needs network namespaces and unshare: {why or 'no unshare (util-linux)'}", file=sys.stderr)
+        print(
+            f"bench/submit.py needs network namespaces and unshare: {why or 'no unshare (util-linux)'}", file=sys.stderr
+        )
         return 2
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind the `with` blocks: namespaces are removed
     table: dict[tuple[int, str], float] = {}
@@ -105,21 +113,31 @@ def main(argv=None) -> int:
                 if seen < n:
                     short[n, method] = short.get((n, method), 0) + 1
                     times.append(float("inf"))  # the job started on part of the cluster: a failed bring-up
-                    print(f"  N={n} {method:<6} run {r + 1}: {seconds:6.2f} s, but the job saw {seen}/{n} nodes",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"  N={n} {method:<6} run {r + 1}: {seconds:6.2f} s, but the job saw {seen}/{n} nodes",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     continue
                 times.append(seconds)
                 print(f"  N={n} {method:<6} run {r + 1}: {seconds:6.2f} s", file=sys.stderr, flush=True)
             table[n, method] = statistics.median(times)
-    print(f"\nmedian seconds from starting the nodes to the first submitted job running, with every node "
-          f"({args.runs} runs each; inf: the job saw fewer nodes)")
+    print(
+        f"\nmedian seconds from starting the nodes to the first submitted job running, with every node "
+        f"({args.runs} runs each; inf: the job saw fewer nodes)"
+    )
     print(f"{'N':>3} " + " ".join(f"{m:>8}" for m in args.methods) + "  rlrig/floor  rlrig/seeds")
     for n in args.n:
         row = " ".join(f"{table[n, m]:8.2f}" for m in args.methods)
-        ratio = lambda other: table[n, "rlrig"] / table[n, other] if other in args.methods and "rlrig" in args.methods else float("nan")
+        ratio = lambda other: (
+            table[n, "rlrig"] / table[n, other] if other in args.methods and "rlrig" in args.methods else float("nan")
+        )
         print(f"{n:>3} {row}  {ratio('floor'):11.2f}  {ratio('seeds'):11.2f}")
     if short:
-        print("runs whose job saw fewer than N nodes: " + ", ".join(f"N={n} {m}: {k}" for (n, m), k in sorted(short.items())))
+        print(
+            "runs whose job saw fewer than N nodes: "
+            + ", ".join(f"N={n} {m}: {k}" for (n, m), k in sorted(short.items()))
+        )
     return 0
 
 

@@ -49,7 +49,9 @@ def route_source_ip(dest: str, port: int) -> str:
         try:
             s.connect((dest, port))
         except OSError as e:
-            raise RigError(f"no route from this node to the head {dest} ({e.strerror}); check the network or RLRIG_HEAD_ADDRESS") from None
+            raise RigError(
+                f"no route from this node to the head {dest} ({e.strerror}); check the network or RLRIG_HEAD_ADDRESS"
+            ) from None
         return s.getsockname()[0]
 
 
@@ -65,7 +67,11 @@ def local_interfaces() -> list[Interface]:
                 continue
             ip = a.address.split("%")[0]
             try:
-                prefix = ipaddress.ip_network(f"{ip}/{a.netmask}", strict=False).prefixlen if a.netmask else (32 if "." in ip else 128)
+                prefix = (
+                    ipaddress.ip_network(f"{ip}/{a.netmask}", strict=False).prefixlen
+                    if a.netmask
+                    else (32 if "." in ip else 128)
+                )
             except ValueError:  # a netmask in a form ipaddress rejects: count the address alone
                 prefix = 32 if "." in ip else 128
             pairs.append((ip, prefix))

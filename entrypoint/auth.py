@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from .errors import RigError
 
-MAKE_ONE = 'export RLRIG_CLUSTER_TOKEN=$(rlrig token) and pass the same value to every node'
+MAKE_ONE = "export RLRIG_CLUSTER_TOKEN=$(rlrig token) and pass the same value to every node"
 
 
 # First set wins: rlrig's own variables before Ray's, so an explicit choice beats a token Ray's
 # tooling left in the environment; a value before a file of the same family.
-SOURCES = (("RLRIG_CLUSTER_TOKEN", False), ("RLRIG_CLUSTER_TOKEN_FILE", True),
-           ("RAY_AUTH_TOKEN", False), ("RAY_AUTH_TOKEN_PATH", True))
+SOURCES = (
+    ("RLRIG_CLUSTER_TOKEN", False),
+    ("RLRIG_CLUSTER_TOKEN_FILE", True),
+    ("RAY_AUTH_TOKEN", False),
+    ("RAY_AUTH_TOKEN_PATH", True),
+)
 
 
 def resolve_token(env: Mapping[str, str], nnodes: int, shared: bool = False) -> tuple[str, str]:
@@ -39,8 +43,10 @@ def client_token(env: Mapping[str, str], home: Path | None = None) -> tuple[str,
     ray_file = (home or Path.home()) / ".ray" / "auth_token"
     if ray_file.is_file() and ray_file.read_text().strip():
         return ray_file.read_text().strip(), str(ray_file)
-    raise RigError("no cluster token to send; export RLRIG_CLUSTER_TOKEN with the token the cluster was started with "
-                   "(or RLRIG_CLUSTER_TOKEN_FILE, RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH)")
+    raise RigError(
+        "no cluster token to send; export RLRIG_CLUSTER_TOKEN with the token the cluster was started with "
+        "(or RLRIG_CLUSTER_TOKEN_FILE, RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH)"
+    )
 
 
 def _from_sources(env: Mapping[str, str]) -> tuple[str, str] | None:
@@ -53,7 +59,9 @@ def _from_sources(env: Mapping[str, str]) -> tuple[str, str] | None:
         try:
             token = Path(value).read_text().strip()
         except OSError as e:
-            raise RigError(f"{var}={value} cannot be read ({e.strerror}); point it at the token file or {MAKE_ONE}") from None
+            raise RigError(
+                f"{var}={value} cannot be read ({e.strerror}); point it at the token file or {MAKE_ONE}"
+            ) from None
         if not token:
             raise RigError(f"{var}={value} is empty; {MAKE_ONE}")
         return token, var

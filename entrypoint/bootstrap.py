@@ -9,8 +9,8 @@ refuses any failure, and returns the Plan that lifecycle carries out.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
 from . import addresses, auth, clusterenv, debugmode, detection, inventory, preflight, prestart, raystart, resources
 from .console import say
@@ -30,9 +30,15 @@ class Inspection:
     before_ray: dict[str, str] = field(default_factory=dict)  # what `ray start` would get that only counts there
 
 
-def inspect(env: Mapping[str, str], launcher: str | None = None, temp_override: str | None = None,
-            hostname: str | None = None, collect: Callable[..., inventory.Inventory] | None = None,
-            keep_going: bool = True, env_file: str | None = None) -> Inspection:
+def inspect(
+    env: Mapping[str, str],
+    launcher: str | None = None,
+    temp_override: str | None = None,
+    hostname: str | None = None,
+    collect: Callable[..., inventory.Inventory] | None = None,
+    keep_going: bool = True,
+    env_file: str | None = None,
+) -> Inspection:
     """`collect` reads the machine (inventory.collect unless given: tests pass a made-up one).
     `keep_going=False` stops after a failed detection or address stage. `env_file`: this node's .env
     (default ./.env when present), read here for RLRIG_RESOURCES on every node."""
@@ -82,11 +88,23 @@ def dashboard_url(host: str, port: int = 8265) -> str:
     return f"http://[{local}]:{port}" if ":" in local else f"http://{local}:{port}"
 
 
-def plan(command: list[str], env: Mapping[str, str] | None = None, launcher: str | None = None,
-         temp_override: str | None = None, env_file: str | None = None, dashboard_host: str = "127.0.0.1",
-         wait_timeout: float | None = None, standing: bool = False, debug: str | None = None,
-         metrics_on_node_ip: bool = False, grace_period: float = 120.0, fabric_check: bool = False,
-         fabric_min_ratio: float = 0.5, max_restarts: int = 0, rejoin_timeout: float = 300.0) -> Plan:
+def plan(
+    command: list[str],
+    env: Mapping[str, str] | None = None,
+    launcher: str | None = None,
+    temp_override: str | None = None,
+    env_file: str | None = None,
+    dashboard_host: str = "127.0.0.1",
+    wait_timeout: float | None = None,
+    standing: bool = False,
+    debug: str | None = None,
+    metrics_on_node_ip: bool = False,
+    grace_period: float = 120.0,
+    fabric_check: bool = False,
+    fabric_min_ratio: float = 0.5,
+    max_restarts: int = 0,
+    rejoin_timeout: float = 300.0,
+) -> Plan:
     """`wait_timeout` None: RLRIG_WAIT_TIMEOUT, else 300 s. `standing`: `rlrig up` (no command).
     `fabric_check`: the head checks the network before the command (multi-node only; see fabric.py)."""
     env = dict(os.environ if env is None else env)
@@ -104,13 +122,17 @@ def plan(command: list[str], env: Mapping[str, str] | None = None, launcher: str
     spec = found.spec
     if spec.existing_ray:
         if standing:
-            raise RigError(f"Ray already runs here (RAY_ADDRESS={spec.existing_ray}): there is nothing to bring up; "
-                           "submit to that cluster with `rlrig submit`, or unset RAY_ADDRESS")
+            raise RigError(
+                f"Ray already runs here (RAY_ADDRESS={spec.existing_ray}): there is nothing to bring up; "
+                "submit to that cluster with `rlrig submit`, or unset RAY_ADDRESS"
+            )
         return Plan(spec=spec, command=command, base_env=env)
     token, source = auth.resolve_token(env, spec.nnodes, shared=standing)
     node_debug = debugmode.debug_env(debug)
     # the head sends its --debug with the cluster environment, so every node starts Ray with it
-    cluster = {**clusterenv.cluster_env(env, env_file or clusterenv.default_env_file()), **node_debug} if spec.is_head else {}
+    cluster = (
+        {**clusterenv.cluster_env(env, env_file or clusterenv.default_env_file()), **node_debug} if spec.is_head else {}
+    )
     metrics_host = spec.node_ip if metrics_on_node_ip else "127.0.0.1"
     ray_env = raystart.start_env(env, cluster, pf, auth.ray_auth_env(token), found.temp_dir, node_debug, metrics_host)
     debugmode.check(ray_env)
@@ -124,9 +146,15 @@ def plan(command: list[str], env: Mapping[str, str] | None = None, launcher: str
         token_source=source,
         cluster_env=cluster,
         ray_env=ray_env,
-        start_command=raystart.start_command(spec, pf, found.temp_dir, dashboard_host, debugmode.debugger_external(ray_env)),
-        wait_timeout=wait_timeout, grace_period=grace_period, max_restarts=max_restarts, rejoin_timeout=rejoin_timeout,
-        fabric_check=fabric_check, fabric_min_ratio=fabric_min_ratio,
+        start_command=raystart.start_command(
+            spec, pf, found.temp_dir, dashboard_host, debugmode.debugger_external(ray_env)
+        ),
+        wait_timeout=wait_timeout,
+        grace_period=grace_period,
+        max_restarts=max_restarts,
+        rejoin_timeout=rejoin_timeout,
+        fabric_check=fabric_check,
+        fabric_min_ratio=fabric_min_ratio,
         standing=standing,
         debug_env=node_debug,
         metrics_host=metrics_host,

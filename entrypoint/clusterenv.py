@@ -6,8 +6,8 @@ settings such as VLLM_ATTENTION_BACKEND are read when the worker imports the eng
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from .errors import RigError
 
@@ -32,7 +32,7 @@ def cluster_env(env: Mapping[str, str], env_file: str | None) -> dict[str, str]:
     out: dict[str, str] = {}
     if env_file:
         out.update({k: v for k, v in file_values(env_file).items() if k not in NODE_ONLY})
-    out.update({k[len(PREFIX):]: v for k, v in env.items() if k.startswith(PREFIX) and len(k) > len(PREFIX)})
+    out.update({k[len(PREFIX) :]: v for k, v in env.items() if k.startswith(PREFIX) and len(k) > len(PREFIX)})
     return out
 
 

@@ -16,15 +16,18 @@ from __future__ import annotations
 import platform
 import socket
 import time
+from collections.abc import Callable
 from importlib import metadata
-from typing import Callable, Protocol
+from typing import Protocol
 
 from .errors import NodeLost, RigError, Unreachable
 
 RANK_LABEL = "rlrig.io/node-rank"  # the Ray node label that maps Ray nodes to rlrig ranks
 NNODES_LABEL = "rlrig.io/nnodes"  # how many nodes the cluster was started with
 HOST_LABEL = "rlrig.io/host"  # the node's host name, for `rlrig status`
-GPU_MODEL_LABEL = "rlrig.io/gpu-model"  # the driver's GPU name, sanitized ("NVIDIA-H100-80GB-HBM3"); "none" without GPUs
+GPU_MODEL_LABEL = (
+    "rlrig.io/gpu-model"  # the driver's GPU name, sanitized ("NVIDIA-H100-80GB-HBM3"); "none" without GPUs
+)
 LAUNCHER_LABEL = "rlrig.io/launcher"  # the launcher that started the node (slurm, dstack, local, ...)
 NO_GPU = "none"  # GPU_MODEL_LABEL of a node without GPUs
 POLL = 0.2
@@ -98,8 +101,14 @@ def _nothing() -> None:
     pass
 
 
-def connect(open_store: Callable[[], Store], deadline: float, what: str, address: str,
-            check_alive: Callable[[], None] = _nothing, poll: float = POLL) -> Store:
+def connect(
+    open_store: Callable[[], Store],
+    deadline: float,
+    what: str,
+    address: str,
+    check_alive: Callable[[], None] = _nothing,
+    poll: float = POLL,
+) -> Store:
     """Call `open_store` until the head answers. `check_alive` raises when waiting is pointless
     (this node's own Ray died)."""
     while True:
@@ -109,20 +118,29 @@ def connect(open_store: Callable[[], Store], deadline: float, what: str, address
         except Unreachable:
             pass
         if time.monotonic() > deadline:
-            raise RigError(f"{what}: no Ray head answered at {address} in time; check that rank 0 is running and the port is open")
+            raise RigError(
+                f"{what}: no Ray head answered at {address} in time; check that rank 0 is running and the port is open"
+            )
         time.sleep(max(0.0, min(poll, deadline - time.monotonic())))
 
 
 # --- head -----------------------------------------------------------------------------------------
+
 
 def publish_head(store: Store, cluster_env: dict[str, str], head_facts: dict) -> None:
     store.put(ENV, cluster_env)
     store.put(node_key(0), head_facts)
 
 
-def wait_for_nodes(store: Store, nnodes: int, deadline: float, check_alive: Callable[[], None] = _nothing,
-                   poll: float = POLL, hint: str = "check those nodes' logs or raise --timeout",
-                   error: type[RigError] = RigError) -> dict[int, dict]:
+def wait_for_nodes(
+    store: Store,
+    nnodes: int,
+    deadline: float,
+    check_alive: Callable[[], None] = _nothing,
+    poll: float = POLL,
+    hint: str = "check those nodes' logs or raise --timeout",
+    error: type[RigError] = RigError,
+) -> dict[int, dict]:
     """Alive nodes once all `nnodes` joined; on timeout `error` naming the missing ranks, then `hint`."""
     while True:
         check_alive()
@@ -134,13 +152,16 @@ def wait_for_nodes(store: Store, nnodes: int, deadline: float, check_alive: Call
         time.sleep(poll)
 
 
-def wait_for_rank(store: Store, rank: int, deadline: float, check_alive: Callable[[], None] = _nothing,
-                  poll: float = POLL) -> None:
+def wait_for_rank(
+    store: Store, rank: int, deadline: float, check_alive: Callable[[], None] = _nothing, poll: float = POLL
+) -> None:
     """Until `rank`'s Ray node is alive (the head's own: a Ray driver started on the head attaches to it)."""
     while not store.nodes().get(rank, {}).get("alive"):
         check_alive()
         if time.monotonic() > deadline:
-            raise RigError(f"rank {rank}'s Ray node did not register with the GCS in time; see the Ray logs in the temp dir")
+            raise RigError(
+                f"rank {rank}'s Ray node did not register with the GCS in time; see the Ray logs in the temp dir"
+            )
         time.sleep(poll)
 
 
@@ -152,8 +173,11 @@ def _missing_message(store: Store, nodes: dict[int, dict], nnodes: int, hint: st
         f = known.get(r)
         detail.append(f"{r} (reached the head from {f['ip']} but its raylet did not join)" if f else str(r))
     mism = version_mismatches(known)
-    return (f"{len(nodes)}/{nnodes} nodes joined before the timeout; missing rank(s): {', '.join(detail)}"
-            + (f"; {'; '.join(mism)}" if mism else "") + f"; {hint}")
+    return (
+        f"{len(nodes)}/{nnodes} nodes joined before the timeout; missing rank(s): {', '.join(detail)}"
+        + (f"; {'; '.join(mism)}" if mism else "")
+        + f"; {hint}"
+    )
 
 
 def check_versions(store: Store) -> None:
@@ -210,6 +234,7 @@ def publish_exit(store: Store, code: int, wait: float = 10.0, poll: float = POLL
 
 # --- worker ---------------------------------------------------------------------------------------
 
+
 def wait_for_env(store: Store, deadline: float, address: str, poll: float = POLL) -> dict[str, str]:
     """The head publishes the cluster environment right after its GCS comes up."""
     while True:
@@ -228,8 +253,14 @@ def announce(store: Store, rank: int, my_facts: dict) -> None:
     store.put(node_key(rank), my_facts)
 
 
-def wait_for_exit(store: Store, rank: int, address: str, head_loss_timeout: float,
-                  check_alive: Callable[[], None] = _nothing, poll: float = 0.5) -> int:
+def wait_for_exit(
+    store: Store,
+    rank: int,
+    address: str,
+    head_loss_timeout: float,
+    check_alive: Callable[[], None] = _nothing,
+    poll: float = 0.5,
+) -> int:
     """The head's exit code, acknowledged; NodeLost when the head stops answering for too long."""
     last_ok = time.monotonic()
     while True:

@@ -11,7 +11,7 @@ you trust.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from .errors import RigError
 
@@ -32,8 +32,10 @@ def debug_env(mode: str | None) -> dict[str, str]:
 def check(env: Mapping[str, str]) -> None:
     """Refuse post-mortem beside the legacy debugger: Ray would use the legacy one and never wait post mortem."""
     if env.get("RAY_DEBUG_POST_MORTEM", "0") not in ("", "0") and env.get("RAY_DEBUG") == "legacy":
-        raise RigError("RAY_DEBUG_POST_MORTEM=1 and RAY_DEBUG=legacy are both set; the post-mortem debugger needs the legacy "
-                       "flags removed: unset RAY_DEBUG (or use --debug legacy without RAY_DEBUG_POST_MORTEM)")
+        raise RigError(
+            "RAY_DEBUG_POST_MORTEM=1 and RAY_DEBUG=legacy are both set; the post-mortem debugger needs the legacy "
+            "flags removed: unset RAY_DEBUG (or use --debug legacy without RAY_DEBUG_POST_MORTEM)"
+        )
 
 
 def debugger_external(env: Mapping[str, str]) -> bool:

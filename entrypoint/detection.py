@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 import re
 import socket
+from collections.abc import Mapping
 from difflib import get_close_matches
-from typing import Mapping
 
 from .errors import RigError
 from .launchers import BY_NAME, LAUNCHERS, Launcher, int_var
@@ -44,16 +44,20 @@ def choose(env: Mapping[str, str], launcher: str | None = None) -> type[Launcher
     cls = BY_NAME[forced]
     if not cls.detect(env):
         how = "--launcher" if launcher else "RLRIG_LAUNCHER"
-        raise RigError(f"{how} {forced}: this environment has no {cls.describe_markers()}; "
-                       "pick the launcher that started rlrig or drop the option")
+        raise RigError(
+            f"{how} {forced}: this environment has no {cls.describe_markers()}; "
+            "pick the launcher that started rlrig or drop the option"
+        )
     return cls
 
 
 def read(cls: type[Launcher], env: Mapping[str, str], hostname: str | None = None) -> NodeSpec:
     """What the launcher says, with RLRIG_* overrides applied. Raises only on values it cannot parse."""
     spec = cls.spec(env, hostname or socket.gethostname())
-    spec.sources = {field: spec.sources.get(field) or next((v for v in getattr(cls, attr) if (env.get(v) or "").strip()), "")
-                    for field, attr in DECLARED.items()}
+    spec.sources = {
+        field: spec.sources.get(field) or next((v for v in getattr(cls, attr) if (env.get(v) or "").strip()), "")
+        for field, attr in DECLARED.items()
+    }
     _apply_explicit(spec, env)
     _split_port(spec)
     if not spec.existing_ray and env.get("RAY_ADDRESS"):
@@ -67,8 +71,10 @@ def validate(cls: type[Launcher], spec: NodeSpec, env: Mapping[str, str]) -> Nod
     if spec.nnodes < 1:
         raise RigError(f"{spec.launcher}: number of nodes is {spec.nnodes}; check {origin(cls, spec, env, 'nnodes')}")
     if not 0 < spec.port < 65536:
-        raise RigError(f"{spec.launcher}: Ray port {spec.port} is not a TCP port; set RLRIG_RAY_PORT (or the head address's :port) "
-                       "to a number in 1..65535")
+        raise RigError(
+            f"{spec.launcher}: Ray port {spec.port} is not a TCP port; set RLRIG_RAY_PORT (or the head address's :port) "
+            "to a number in 1..65535"
+        )
     if not 0 <= spec.node_rank < spec.nnodes:
         raise RigError(
             f"{spec.launcher}: node rank {spec.node_rank} is outside 0..{spec.nnodes - 1}; "
@@ -77,8 +83,10 @@ def validate(cls: type[Launcher], spec: NodeSpec, env: Mapping[str, str]) -> Nod
     if not spec.head_host:
         if spec.nnodes > 1:
             why = f"{' and '.join(cls.head_vars)} unset" if cls.head_vars else f"{spec.launcher} does not give it"
-            raise RigError(f"{spec.launcher}: the head node's address is not known ({why}); "
-                           f"set {OVERRIDE['head_host']}=<head host or IP>")
+            raise RigError(
+                f"{spec.launcher}: the head node's address is not known ({why}); "
+                f"set {OVERRIDE['head_host']}=<head host or IP>"
+            )
         spec.head_host = "127.0.0.1"
     return spec
 
@@ -123,6 +131,8 @@ def _split_port(spec: NodeSpec) -> None:
         port = None  # a bare IPv6 address or a plain name
     if port:
         if not port.isdigit():
-            raise RigError(f"head address {host!r} ({spec.sources.get('head_host') or 'head'}) has a port that is not a number; "
-                           "use host:port or [v6]:port")
+            raise RigError(
+                f"head address {host!r} ({spec.sources.get('head_host') or 'head'}) has a port that is not a number; "
+                "use host:port or [v6]:port"
+            )
         spec.port = int(port)

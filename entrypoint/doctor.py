@@ -41,14 +41,16 @@ def as_text(found: Inspection) -> str:
     def show(v) -> str:
         return "?" if v is None else str(v)
 
-    lines = [f"launcher   {show(d['launcher'])}",
-             f"node rank  {show(d['node_rank'])} of {show(d['nnodes'])}",
-             f"head       {show(d['head_host'])} -> {show(d['head_address'])}:{show(d['port'])}",
-             f"node ip    {show(d['node_ip'])} ({show(d['interface'])})",
-             f"gpus       {show(d['num_gpus'])}",
-             f"cpus       {show(d['num_cpus'])}",
-             f"resources  {resources.summary(d['resources']) if d['resources'] else '?'}",
-             f"labels     {' '.join(f'{k}={v}' for k, v in d['labels'].items()) if d['labels'] else '?'}"]
+    lines = [
+        f"launcher   {show(d['launcher'])}",
+        f"node rank  {show(d['node_rank'])} of {show(d['nnodes'])}",
+        f"head       {show(d['head_host'])} -> {show(d['head_address'])}:{show(d['port'])}",
+        f"node ip    {show(d['node_ip'])} ({show(d['interface'])})",
+        f"gpus       {show(d['num_gpus'])}",
+        f"cpus       {show(d['num_cpus'])}",
+        f"resources  {resources.summary(d['resources']) if d['resources'] else '?'}",
+        f"labels     {' '.join(f'{k}={v}' for k, v in d['labels'].items()) if d['labels'] else '?'}",
+    ]
     if d["job_id"]:
         lines.append(f"job        {d['job_id']}")
     if d["existing_ray"]:

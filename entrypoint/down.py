@@ -45,10 +45,14 @@ def in_job(env=os.environ) -> int:
 
     address = env.get("RAY_ADDRESS", "")
     if not address:
-        raise RigError("rlrig down --in-job runs as a Ray job (it needs the RAY_ADDRESS Ray gives jobs); use rlrig down")
+        raise RigError(
+            "rlrig down --in-job runs as a Ray job (it needs the RAY_ADDRESS Ray gives jobs); use rlrig down"
+        )
     store = GcsStore.open(address)
     if store.get(coordination.MODE) != coordination.STANDING:
-        raise RigError(f"the cluster at {address} was not started by rlrig up; it stops when its command ends or with SIGTERM")
+        raise RigError(
+            f"the cluster at {address} was not started by rlrig up; it stops when its command ends or with SIGTERM"
+        )
     store.put(coordination.DOWN, True)
     print(f"asked the head at {address} to stop", flush=True)
     return 0

@@ -51,6 +51,7 @@ BUDGET = 50.0  # the whole check, inside the head's 60 s limit: pairs not reache
 
 # --- the verdict: pure, so that tests can feed it figures -----------------------------------------------------
 
+
 def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
@@ -80,8 +81,14 @@ def judge(nodes: list[dict], min_ratio: float) -> dict:
         if reasons:
             failed.append({"rank": n["rank"], "host": n.get("host", ""), "ip": n.get("ip", ""), "reasons": reasons})
     message = "; ".join(f"{name(f)}: {', '.join(f['reasons'])}" for f in failed)
-    return {"ok": not failed, "median_mb_s": med, "min_ratio": min_ratio, "failed": failed, "warnings": warnings,
-            "message": message}
+    return {
+        "ok": not failed,
+        "median_mb_s": med,
+        "min_ratio": min_ratio,
+        "failed": failed,
+        "warnings": warnings,
+        "message": message,
+    }
 
 
 def node_line(n: dict) -> str:
@@ -93,8 +100,10 @@ def node_line(n: dict) -> str:
     elif n.get("mb_s") is None:
         net = "not measured (the check stopped at another node)"
     else:
-        net = (f"{n['mb_s']:.1f} MB/s (from the head {n['to_mb_s']:.1f}, to it {n['from_mb_s']:.1f}), "
-               f"round trip {n['rtt_ms']:.2f} ms")
+        net = (
+            f"{n['mb_s']:.1f} MB/s (from the head {n['to_mb_s']:.1f}, to it {n['from_mb_s']:.1f}), "
+            f"round trip {n['rtt_ms']:.2f} ms"
+        )
     gpus = n.get("gpus") or []
     return f"{name(n)}: {net}; GPUs: {len(gpus) if gpus else 'none'}"
 
@@ -113,6 +122,7 @@ def failure_message(report_path: str, code: int) -> str:
 
 
 # --- one probe per node ---------------------------------------------------------------------------------------
+
 
 def _short(e: BaseException) -> str:
     text = str(e).strip().splitlines()
@@ -159,8 +169,13 @@ class Probe:
         if self.cuda:
             torch.cuda.set_device(self.device)
         # the group's timeout bounds every Gloo operation too, beside the explicit wait(timeout) below
-        dist.init_process_group(backend, init_method=f"tcp://{format_hostport(*master)}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=JOIN_TIMEOUT))
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{format_hostport(*master)}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=JOIN_TIMEOUT),
+        )
         self.small = torch.zeros(1, device=self.device)
         return True
 
@@ -261,6 +276,7 @@ class Probe:
 
 # --- the driver -----------------------------------------------------------------------------------------------
 
+
 def cluster_nodes() -> list[dict]:
     """The alive rlrig nodes, by rank, with the Ray node each one is."""
     import ray
@@ -269,8 +285,15 @@ def cluster_nodes() -> list[dict]:
     for n in ray.nodes():
         labels = n.get("Labels") or {}
         if n["Alive"] and RANK_LABEL in labels:
-            out.append({"rank": int(labels[RANK_LABEL]), "host": labels.get(HOST_LABEL, ""), "ip": n["NodeManagerAddress"],
-                        "node_id": n["NodeID"], "gpu": n.get("Resources", {}).get("GPU", 0)})
+            out.append(
+                {
+                    "rank": int(labels[RANK_LABEL]),
+                    "host": labels.get(HOST_LABEL, ""),
+                    "ip": n["NodeManagerAddress"],
+                    "node_id": n["NodeID"],
+                    "gpu": n.get("Resources", {}).get("GPU", 0),
+                }
+            )
     return sorted(out, key=lambda n: n["rank"])
 
 
@@ -297,8 +320,15 @@ def new_probe(node: dict):
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    return ray.remote(Probe).options(num_cpus=0, num_gpus=1 if node["gpu"] >= 1 else 0,
-                                     scheduling_strategy=NodeAffinitySchedulingStrategy(node["node_id"], soft=False)).remote()
+    return (
+        ray.remote(Probe)
+        .options(
+            num_cpus=0,
+            num_gpus=1 if node["gpu"] >= 1 else 0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node["node_id"], soft=False),
+        )
+        .remote()
+    )
 
 
 def start_probes(nodes: list[dict], probes: list, backend: str) -> None:
@@ -306,11 +336,15 @@ def start_probes(nodes: list[dict], probes: list, backend: str) -> None:
     deadline = time.monotonic() + JOIN_TIMEOUT
     master = _results([probes[0].address.remote()], JOIN_TIMEOUT)[0]
     if not isinstance(master, (tuple, list)):
-        nodes[0]["error"] = "its probe did not start" + (f" ({master['error']})" if master else f" within {JOIN_TIMEOUT:g}s")
+        nodes[0]["error"] = "its probe did not start" + (
+            f" ({master['error']})" if master else f" within {JOIN_TIMEOUT:g}s"
+        )
         return
     # the group's own timeout is JOIN_TIMEOUT from the moment each rank calls in: a little more here to hear it say so
-    joined = _results([p.join.remote(tuple(master), i, len(nodes), backend) for i, p in enumerate(probes)],
-                      deadline - time.monotonic() + TRANSFER_TIMEOUT)
+    joined = _results(
+        [p.join.remote(tuple(master), i, len(nodes), backend) for i, p in enumerate(probes)],
+        deadline - time.monotonic() + TRANSFER_TIMEOUT,
+    )
     for n, r in zip(nodes, joined):
         if r is not True:
             n["error"] = f"did not join the check's {backend} group" + (f" ({r['error']})" if r else "")
@@ -325,17 +359,24 @@ def measure_pairs(nodes: list[dict], probes: list, deadline: float) -> None:
         if left <= 0:
             n["error"] = f"not measured: the check's {BUDGET:g}s ran out on slower pairs before it"
             continue
-        head, peer = _results([probes[0].pair.remote(k, PAIR_BYTES, True), probes[k].pair.remote(0, PAIR_BYTES, False)],
-                              min(pair_limit, left))
+        head, peer = _results(
+            [probes[0].pair.remote(k, PAIR_BYTES, True), probes[k].pair.remote(0, PAIR_BYTES, False)],
+            min(pair_limit, left),
+        )
         errors = [r["error"] for r in (peer, head) if r and r.get("error")]
         if errors:  # the node's own side first: it says which direction broke
             n["error"] = errors[0]
         elif head is None or peer is None:
             n["error"] = f"no answer from its pair with rank 0 within {min(pair_limit, left):.0f}s"
         else:
-            n.update(rtt_ms=head["rtt_ms"], to_mb_s=peer["mb_s"], from_mb_s=head["mb_s"], mb_s=min(peer["mb_s"], head["mb_s"]))
+            n.update(
+                rtt_ms=head["rtt_ms"],
+                to_mb_s=peer["mb_s"],
+                from_mb_s=head["mb_s"],
+                mb_s=min(peer["mb_s"], head["mb_s"]),
+            )
         if head is None:  # rank 0's probe is stuck in a transfer: no other pair can run
-            for m in nodes[k + 1:]:
+            for m in nodes[k + 1 :]:
                 m["error"] = "not measured: the head's probe hung on an earlier pair"
             return
 
@@ -344,8 +385,10 @@ def measure_allreduce(probes: list, deadline: float) -> dict:
     out = {"bytes": ALLREDUCE_BYTES, "iterations": ALLREDUCE_ITERS}
     if deadline - time.monotonic() < TRANSFER_TIMEOUT / 2:  # it names no node: not worth failing on a spent budget
         return {**out, "skipped": f"the check's {BUDGET:g}s were spent"}
-    results = _results([p.allreduce.remote(ALLREDUCE_BYTES, ALLREDUCE_ITERS) for p in probes],
-                       min(WARMUP_TIMEOUT + TRANSFER_TIMEOUT, deadline - time.monotonic()))
+    results = _results(
+        [p.allreduce.remote(ALLREDUCE_BYTES, ALLREDUCE_ITERS) for p in probes],
+        min(WARMUP_TIMEOUT + TRANSFER_TIMEOUT, deadline - time.monotonic()),
+    )
     errors = [f"rank {i}: {r['error'] if r else 'no answer'}" for i, r in enumerate(results) if not r or r.get("error")]
     if errors:
         return {**out, "error": "; ".join(errors)}
@@ -379,7 +422,9 @@ def release(probes: list, wait: float = 10.0) -> None:
     for p in probes:
         ray.kill(p, no_restart=True)
     deadline = time.monotonic() + wait
-    while time.monotonic() < deadline and ray.available_resources().get("GPU", 0) < ray.cluster_resources().get("GPU", 0):
+    while time.monotonic() < deadline and ray.available_resources().get("GPU", 0) < ray.cluster_resources().get(
+        "GPU", 0
+    ):
         time.sleep(0.2)
 
 
@@ -410,8 +455,15 @@ def check(nodes: list[dict], probes: list, min_ratio: float, t0: float, formed_a
     verdict = judge(nodes, min_ratio)
     if allreduce.get("error"):
         verdict.update(ok=False, message=f"the all-reduce over every node failed: {allreduce['error']}")
-    return {**verdict, "verdict": "passed" if verdict["ok"] else "failed", "backend": backend, "pair_bytes": PAIR_BYTES,
-            "allreduce": allreduce, "nodes": nodes, "phases_s": phases}
+    return {
+        **verdict,
+        "verdict": "passed" if verdict["ok"] else "failed",
+        "backend": backend,
+        "pair_bytes": PAIR_BYTES,
+        "allreduce": allreduce,
+        "nodes": nodes,
+        "phases_s": phases,
+    }
 
 
 def run(min_ratio: float, nnodes: int, wait: float) -> dict:
@@ -449,12 +501,18 @@ def run(min_ratio: float, nnodes: int, wait: float) -> dict:
 
 def summary(report: dict) -> str:
     ar = report.get("allreduce") or {}
-    ar_text = (f"all-reduce {ar['bytes'] >> 20} MiB: {ar['seconds'] * 1e3:.1f} ms (bus {ar['busbw_mb_s']:.0f} MB/s)"
-               if "seconds" in ar else f"all-reduce {ar.get('skipped') or ar.get('error') or 'not run'}")
+    ar_text = (
+        f"all-reduce {ar['bytes'] >> 20} MiB: {ar['seconds'] * 1e3:.1f} ms (bus {ar['busbw_mb_s']:.0f} MB/s)"
+        if "seconds" in ar
+        else f"all-reduce {ar.get('skipped') or ar.get('error') or 'not run'}"
+    )
     med = report.get("median_mb_s")
-    return (f"{report['verdict']} in {report['seconds']:.1f}s over {len(report['nodes'])} nodes ({report['backend']}): "
-            f"median {med:.1f} MB/s, {ar_text}" if med is not None else
-            f"{report['verdict']} in {report['seconds']:.1f}s over {len(report['nodes'])} nodes ({report['backend']})")
+    return (
+        f"{report['verdict']} in {report['seconds']:.1f}s over {len(report['nodes'])} nodes ({report['backend']}): "
+        f"median {med:.1f} MB/s, {ar_text}"
+        if med is not None
+        else f"{report['verdict']} in {report['seconds']:.1f}s over {len(report['nodes'])} nodes ({report['backend']})"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,7 +60,9 @@ class GcsStore:
             with _answering(address):
                 return cls(GcsClient(address=address), address)
         except AuthenticationError:
-            raise RigError(f"the head at {address} refused this node's token; set the same RLRIG_CLUSTER_TOKEN on every node") from None
+            raise RigError(
+                f"the head at {address} refused this node's token; set the same RLRIG_CLUSTER_TOKEN on every node"
+            ) from None
 
     def put(self, key: str, value) -> None:
         with _answering(self.address):
@@ -107,6 +109,11 @@ class GcsStore:
             alive = info.state == ALIVE
             # A restarted node may leave a dead record behind: an alive one wins.
             if alive or int(rank) not in out:
-                out[int(rank)] = {"alive": alive, "id": node_id.hex(), "ip": info.node_manager_address, "host": info.labels.get(HOST_LABEL, ""),
-                                  "resources": dict(info.resources_total)}
+                out[int(rank)] = {
+                    "alive": alive,
+                    "id": node_id.hex(),
+                    "ip": info.node_manager_address,
+                    "host": info.labels.get(HOST_LABEL, ""),
+                    "resources": dict(info.resources_total),
+                }
         return out

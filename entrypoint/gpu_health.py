@@ -26,13 +26,21 @@ MEMORY_WARN_FREE = 0.90
 
 # nvmlClocksEventReason* bits (nvml.h) that mean the GPU runs slower than asked for. Left out on purpose: idle,
 # application clocks and the software power cap, which a healthy GPU shows in normal work.
-NVML_SLOWDOWNS = {0x8: "hardware slowdown", 0x20: "software thermal slowdown", 0x40: "hardware thermal slowdown",
-                  0x80: "power brake slowdown"}
+NVML_SLOWDOWNS = {
+    0x8: "hardware slowdown",
+    0x20: "software thermal slowdown",
+    0x40: "hardware thermal slowdown",
+    0x80: "power brake slowdown",
+}
 NVML_IDLE = 0x1
 # amdsmi_get_violation_status's active_* flags (MI300 and newer) with the same meaning; its package power (PPT) limit
 # is the software power cap's counterpart and is left out for the same reason.
-AMD_SLOWDOWNS = {"active_prochot_thrm": "hardware slowdown (PROCHOT)", "active_socket_thrm": "thermal slowdown",
-                 "active_hbm_thrm": "HBM thermal slowdown", "active_vr_thrm": "voltage regulator thermal slowdown"}
+AMD_SLOWDOWNS = {
+    "active_prochot_thrm": "hardware slowdown (PROCHOT)",
+    "active_socket_thrm": "thermal slowdown",
+    "active_hbm_thrm": "HBM thermal slowdown",
+    "active_vr_thrm": "voltage regulator thermal slowdown",
+}
 # A PCIe generation from its transfer rate (GT/s)
 PCIE_GENERATIONS = {2.5: 1, 5: 2, 8: 3, 16: 4, 32: 5, 64: 6}
 
@@ -118,6 +126,7 @@ def _asker(error: type, module, handle):
             return fn(handle, *args)
         except error:
             return None
+
     return ask
 
 
@@ -140,7 +149,9 @@ def _nvml_gpu(nv, index: int) -> dict:
         "index": index,
         "vendor": "nvidia",
         "name": _text(gpu_name) if gpu_name is not None else "",
-        "ecc_uncorrected": ask("nvmlDeviceGetTotalEccErrors", nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC),
+        "ecc_uncorrected": ask(
+            "nvmlDeviceGetTotalEccErrors", nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC
+        ),
         "retired_pages_pending": None if pending is None else pending == nv.NVML_FEATURE_ENABLED,
         "remap_pending": None if remapped is None else bool(remapped[2]),
         "remap_failed": None if remapped is None else bool(remapped[3]),
@@ -192,7 +203,9 @@ def _amd_gpu(amd, index: int, handle) -> dict:
         "ecc_uncorrected": _number(ecc.get("uncorrectable_count")),
         "retired_pages_pending": None if pages is None else amd.AmdSmiMemoryPageStatus.PENDING in status,
         "retire_failed": None if pages is None else amd.AmdSmiMemoryPageStatus.UNRESERVABLE in status,
-        "slowdowns": None if violations is None else [text for key, text in AMD_SLOWDOWNS.items() if violations.get(key) is True],
+        "slowdowns": None
+        if violations is None
+        else [text for key, text in AMD_SLOWDOWNS.items() if violations.get(key) is True],
         "idle": None if busy is None else not busy,
         "pcie_width": _number(now.get("pcie_width")) if loaded else None,
         "pcie_max_width": _number(static.get("max_pcie_width")),

@@ -57,11 +57,7 @@ def _expand_one(name: str, expr: str) -> list[str]:
         return [name]
     head, tail = name[: m.start()], name[m.end() :]
     # Several bracket groups in one name form a cartesian product, leftmost varying slowest.
-    return [
-        host
-        for value in _expand_range_list(m.group(1), expr)
-        for host in _expand_one(head + value + tail, expr)
-    ]
+    return [host for value in _expand_range_list(m.group(1), expr) for host in _expand_one(head + value + tail, expr)]
 
 
 def expand_hostlist(expr: str) -> list[str]:

@@ -7,9 +7,9 @@ import os
 import re
 import resource
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
 from . import gpu_libraries
 from .addresses import Interface, local_interfaces
@@ -114,8 +114,10 @@ def probe_amd() -> tuple[list[Gpu], str]:
             return [], why
         try:
             handles = amdsmi.amdsmi_get_processor_handles()
-            return [Gpu(i, str(amdsmi.amdsmi_get_gpu_device_uuid(h)), "amd", _amd_model(amdsmi, h))
-                    for i, h in enumerate(handles)], "amdsmi"
+            return [
+                Gpu(i, str(amdsmi.amdsmi_get_gpu_device_uuid(h)), "amd", _amd_model(amdsmi, h))
+                for i, h in enumerate(handles)
+            ], "amdsmi"
         except amdsmi.AmdSmiException as e:
             return [], f"amdsmi error ({e})"
 

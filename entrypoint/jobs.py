@@ -36,16 +36,24 @@ def _answering(url: str):
     try:
         yield
     except AuthenticationError:
-        raise RigError(f"the job API at {url} refused the token; use the token the cluster was started with "
-                       "(RLRIG_CLUSTER_TOKEN or RAY_AUTH_TOKEN)") from None
+        raise RigError(
+            f"the job API at {url} refused the token; use the token the cluster was started with "
+            "(RLRIG_CLUSTER_TOKEN or RAY_AUTH_TOKEN)"
+        ) from None
     except (ConnectionError, requests.exceptions.ConnectionError, requests.exceptions.Timeout) as e:
         raise Unreachable(f"{url}: {e}") from e
 
 
 def _job(d) -> Job:
     status = getattr(d.status, "value", d.status)
-    return Job(d.submission_id or d.job_id or "", str(status), d.entrypoint or "", d.start_time, d.message or "",
-               d.driver_exit_code)
+    return Job(
+        d.submission_id or d.job_id or "",
+        str(status),
+        d.entrypoint or "",
+        d.start_time,
+        d.message or "",
+        d.driver_exit_code,
+    )
 
 
 class JobApi:
@@ -59,7 +67,9 @@ class JobApi:
 
     def submit(self, entrypoint: str, runtime_env: dict | None = None, submission_id: str | None = None) -> str:
         with _answering(self.url):
-            return self.client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env or None, submission_id=submission_id)
+            return self.client.submit_job(
+                entrypoint=entrypoint, runtime_env=runtime_env or None, submission_id=submission_id
+            )
 
     def job(self, submission_id: str) -> Job:
         with _answering(self.url):
@@ -101,6 +111,7 @@ class JobApi:
 
         with _answering(self.url):
             client = StateApiClient(address=self.url, headers={**self.headers, "Content-Type": "application/json"})
-            rows = client.list(StateResource.NODES, options=ListApiOptions(limit=10000, detail=True),
-                               raise_on_missing_output=False)
+            rows = client.list(
+                StateResource.NODES, options=ListApiOptions(limit=10000, detail=True), raise_on_missing_output=False
+            )
         return [r if isinstance(r, dict) else r.__dict__ for r in rows]

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from .errors import RigError
 from .hostlist import HostlistError, expand_hostlist
@@ -32,7 +32,9 @@ def int_var(env: Mapping[str, str], name: str, default: int | None = None) -> in
 def _need_int(env: Mapping[str, str], name: str) -> int:
     value = int_var(env, name)
     if value is None:
-        raise RigError(f"{name} is set but blank; it should hold this node's rank: check how the launcher started rlrig")
+        raise RigError(
+            f"{name} is set but blank; it should hold this node's rank: check how the launcher started rlrig"
+        )
     return value
 
 
@@ -46,8 +48,7 @@ def _host_index(hosts: list[str], hostname: str, source: str) -> int:
         if h in candidates or h.split(".")[0] in candidates:
             return i
     raise RigError(
-        f"this host ({hostname}) is not in {source} ({', '.join(hosts[:4])}...); "
-        "set RLRIG_NODE_RANK for this node"
+        f"this host ({hostname}) is not in {source} ({', '.join(hosts[:4])}...); set RLRIG_NODE_RANK for this node"
     )
 
 
@@ -64,7 +65,9 @@ class Launcher:
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
-        return all(env.get(m) for m in cls.markers) and (not cls.any_markers or any(env.get(m) for m in cls.any_markers))
+        return all(env.get(m) for m in cls.markers) and (
+            not cls.any_markers or any(env.get(m) for m in cls.any_markers)
+        )
 
     @classmethod
     def describe_markers(cls) -> str:
@@ -202,7 +205,9 @@ class PyTorchJob(Launcher):
             node_rank=rank if rank is not None else _need_int(env, "RANK"),
             nnodes=int_var(env, "PET_NNODES") or int_var(env, "WORLD_SIZE", 1),
             head_host=env["MASTER_ADDR"],
-            gpus_allotted=int_var(env, "PET_NPROC_PER_NODE") if (env.get("PET_NPROC_PER_NODE") or "").isdigit() else None,
+            gpus_allotted=int_var(env, "PET_NPROC_PER_NODE")
+            if (env.get("PET_NPROC_PER_NODE") or "").isdigit()
+            else None,
         )
 
 
@@ -239,8 +244,11 @@ class Slurm(Launcher):
         except HostlistError as e:
             raise RigError(f"{var}: {e}") from None
         step_nodes = int_var(env, "SLURM_STEP_NUM_NODES") if in_step else None
-        nnodes_var = "SLURM_STEP_NUM_NODES" if step_nodes else next(
-            (n for n in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES") if int_var(env, n)), "")
+        nnodes_var = (
+            "SLURM_STEP_NUM_NODES"
+            if step_nodes
+            else next((n for n in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES") if int_var(env, n)), "")
+        )
         cpus = int_var(env, "SLURM_CPUS_PER_TASK") or int_var(env, "SLURM_CPUS_ON_NODE")
         return NodeSpec(
             launcher=cls.name,
@@ -288,7 +296,12 @@ class Mpi(Launcher):
 
     @classmethod
     def check(cls, env, spec):
-        local = int_var(env, "OMPI_COMM_WORLD_LOCAL_SIZE") or int_var(env, "MPI_LOCALNRANKS") or int_var(env, "PMI_LOCAL_SIZE") or 1
+        local = (
+            int_var(env, "OMPI_COMM_WORLD_LOCAL_SIZE")
+            or int_var(env, "MPI_LOCALNRANKS")
+            or int_var(env, "PMI_LOCAL_SIZE")
+            or 1
+        )
         if local > 1:
             raise RigError(
                 f"MPI started {local} ranks on this node but rlrig needs one per node; "
@@ -322,7 +335,9 @@ class _HostFileLauncher(Launcher):
         return NodeSpec(
             launcher=cls.name,
             # An explicit RLRIG_NODE_RANK replaces the rank later, so a host missing from the list is no error then.
-            node_rank=-1 if (env.get("RLRIG_NODE_RANK") or "").strip() else _host_index(hosts, hostname, cls.host_var(env)),
+            node_rank=-1
+            if (env.get("RLRIG_NODE_RANK") or "").strip()
+            else _host_index(hosts, hostname, cls.host_var(env)),
             nnodes=len(hosts),
             head_host=hosts[0],
             job_id=env.get(cls.markers[0], ""),
@@ -415,7 +430,19 @@ class Local(Launcher):
 
 # Most specific first: torchrun also sets MASTER_ADDR/RANK, and Slurm may wrap any of the others.
 LAUNCHERS: list[type[Launcher]] = [
-    KubeRay, Dstack, SkyPilot, LeaderWorkerSet, TorchRun, PyTorchJob, Slurm, Lsf, Pbs, SageMaker, Mpi,
-    IndexedJob, Explicit, Local,
+    KubeRay,
+    Dstack,
+    SkyPilot,
+    LeaderWorkerSet,
+    TorchRun,
+    PyTorchJob,
+    Slurm,
+    Lsf,
+    Pbs,
+    SageMaker,
+    Mpi,
+    IndexedJob,
+    Explicit,
+    Local,
 ]
 BY_NAME = {cls.name: cls for cls in LAUNCHERS}

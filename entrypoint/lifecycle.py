@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from . import coordination, fabric, metricsbind, prestart, raystart, resources, standing
 from .console import say
@@ -26,7 +26,9 @@ from .plan import Plan
 from .processes import Stop, become_subreaper, install_stop_handlers, pass_on, sweep_descendants, terminate_group
 
 POLL = 0.2
-FABRIC_REPORT_ENV = "RLRIG_FABRIC_REPORT"  # the command learns where the fabric check's report is (the trainer copies it)
+FABRIC_REPORT_ENV = (
+    "RLRIG_FABRIC_REPORT"  # the command learns where the fabric check's report is (the trainer copies it)
+)
 RESTARTS_ENV = "RLRIG_RESTARTS"  # how many times the command was restarted in place (the trainer logs it)
 SETTLE = 15.0  # Ray declares a killed node dead within ~7 s (raystart's health-check settings); a margin on top
 FABRIC_TIMEOUT = 60.0  # the fabric check's own budget is 50 s; past this it is killed and the job stops
@@ -44,8 +46,14 @@ def _head_ray_alive(proc: subprocess.Popen) -> Callable[[], None]:
     return check
 
 
-def run_command(cmd: list[str], env: Mapping[str, str], store: coordination.Store, ray_proc: subprocess.Popen,
-                grace: float = 0.0, settle: float = 0.0) -> int:
+def run_command(
+    cmd: list[str],
+    env: Mapping[str, str],
+    store: coordination.Store,
+    ray_proc: subprocess.Popen,
+    grace: float = 0.0,
+    settle: float = 0.0,
+) -> int:
     """Run CMD; stop it if a node dies. Returns CMD's exit code. A stop signal is passed on to CMD, which gets
     `grace` seconds to finish with the cluster still up. `settle` > 0 (restarts left): a failed CMD is first
     checked for a node lost up to `settle` seconds after it, since the command may see a peer die (a collective
@@ -89,14 +97,26 @@ def start_fabric(plan: Plan, env: Mapping[str, str], command: list[str] | None =
     starts a probe on each node as the node joins and measures once all have; `finish_fabric` waits for its verdict.
     Returns the process and the report's path."""
     report = os.path.join(plan.temp_dir, fabric.REPORT_NAME)
-    command = command or [sys.executable, "-m", "rlrig.entrypoint.fabric", "--report", report,
-                          "--min-ratio", f"{plan.fabric_min_ratio:g}", "--nnodes", str(plan.spec.nnodes),
-                          "--wait", f"{plan.wait_timeout:g}"]
+    command = command or [
+        sys.executable,
+        "-m",
+        "rlrig.entrypoint.fabric",
+        "--report",
+        report,
+        "--min-ratio",
+        f"{plan.fabric_min_ratio:g}",
+        "--nnodes",
+        str(plan.spec.nnodes),
+        "--wait",
+        f"{plan.wait_timeout:g}",
+    ]
     say("checking the fabric between the nodes before the command (skip with --no-fabric-check)")
     return subprocess.Popen(command, env=dict(env), start_new_session=True), report
 
 
-def finish_fabric(child: subprocess.Popen, report: str, alive: Callable[[], None], timeout: float = FABRIC_TIMEOUT) -> str:
+def finish_fabric(
+    child: subprocess.Popen, report: str, alive: Callable[[], None], timeout: float = FABRIC_TIMEOUT
+) -> str:
     """Wait, from the moment every node joined, for the check's verdict; a RigError naming the bad node when it
     fails. Returns the report's path."""
     started = time.monotonic()
@@ -104,8 +124,10 @@ def finish_fabric(child: subprocess.Popen, report: str, alive: Callable[[], None
         while child.poll() is None:
             alive()
             if time.monotonic() > started + timeout:
-                raise RigError(f"fabric check: no verdict within {timeout:g}s, stopped it; a node may hang the "
-                               "network (see the lines above); rerun with --no-fabric-check to skip it")
+                raise RigError(
+                    f"fabric check: no verdict within {timeout:g}s, stopped it; a node may hang the "
+                    "network (see the lines above); rerun with --no-fabric-check to skip it"
+                )
             time.sleep(POLL)
     finally:
         terminate_group(child)
@@ -115,8 +137,13 @@ def finish_fabric(child: subprocess.Popen, report: str, alive: Callable[[], None
     return report
 
 
-def check_fabric(plan: Plan, env: Mapping[str, str], alive: Callable[[], None], timeout: float = FABRIC_TIMEOUT,
-                 command: list[str] | None = None) -> str:
+def check_fabric(
+    plan: Plan,
+    env: Mapping[str, str],
+    alive: Callable[[], None],
+    timeout: float = FABRIC_TIMEOUT,
+    command: list[str] | None = None,
+) -> str:
     """The fabric check on a formed cluster (after a restart in place): start it and wait for its verdict."""
     child, report = start_fabric(plan, env, command)
     return finish_fabric(child, report, alive, timeout)
@@ -125,8 +152,9 @@ def check_fabric(plan: Plan, env: Mapping[str, str], alive: Callable[[], None], 
 def start_ray(plan: Plan, command: list[str], env: dict[str, str], cluster: dict[str, str]) -> subprocess.Popen:
     metricsbind.write_shim(raystart.hook_dir(plan.temp_dir))
     say(f"before Ray starts: {prestart.one_line(prestart.select(env, cluster))}")
-    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, start_new_session=True,
-                            preexec_fn=_ignore_the_warning_signal)
+    return subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, start_new_session=True, preexec_fn=_ignore_the_warning_signal
+    )
 
 
 def _ignore_the_warning_signal() -> None:
@@ -138,7 +166,9 @@ def _ignore_the_warning_signal() -> None:
 
 def run_head(plan: Plan) -> int:
     spec, pf, address = plan.spec, plan.preflight, plan.gcs_address
-    say(f"head of {spec.nnodes} node(s) at {address} ({spec.launcher}), {pf.num_cpus} CPU, {pf.num_gpus} GPU, temp {plan.temp_dir}")
+    say(
+        f"head of {spec.nnodes} node(s) at {address} ({spec.launcher}), {pf.num_cpus} CPU, {pf.num_gpus} GPU, temp {plan.temp_dir}"
+    )
     ray_proc = start_ray(plan, plan.start_command, plan.ray_env, plan.cluster_env)
     alive = _head_ray_alive(ray_proc)
     store = None
@@ -160,8 +190,10 @@ def run_head(plan: Plan) -> int:
             say(line)
         if plan.standing:
             store.put(coordination.MODE, coordination.STANDING)
-            say(f"cluster up: {len(nodes)} node(s) after {time.monotonic() - t0:.1f}s; job API {plan.dashboard_url} "
-                "(rlrig submit -- CMD); stop it with rlrig down or SIGTERM")
+            say(
+                f"cluster up: {len(nodes)} node(s) after {time.monotonic() - t0:.1f}s; job API {plan.dashboard_url} "
+                "(rlrig submit -- CMD); stop it with rlrig down or SIGTERM"
+            )
             code = standing.serve(store, alive, lambda: JobApi(plan.dashboard_url, plan.token), store.mark_job_failed)
             return code
         formed = time.monotonic() - t0
@@ -173,8 +205,14 @@ def run_head(plan: Plan) -> int:
                 command_env[FABRIC_REPORT_ENV] = finish_fabric(child, report, alive)
             say(f"{len(nodes)} node(s) alive after {formed:.1f}s; running: {' '.join(plan.command)}")
             try:
-                code = run_command(plan.command, {**command_env, RESTARTS_ENV: str(restarts)}, store, ray_proc,
-                                   plan.grace_period, SETTLE if restarts < plan.max_restarts else 0.0)
+                code = run_command(
+                    plan.command,
+                    {**command_env, RESTARTS_ENV: str(restarts)},
+                    store,
+                    ray_proc,
+                    plan.grace_period,
+                    SETTLE if restarts < plan.max_restarts else 0.0,
+                )
             except NodeLost as lost:
                 if restarts >= plan.max_restarts or ray_proc.poll() is not None:  # without the head's Ray, no rejoin
                     raise
@@ -198,16 +236,24 @@ def run_head(plan: Plan) -> int:
         sweep_descendants()
 
 
-def rejoin(plan: Plan, store: coordination.Store, alive: Callable[[], None], lost: NodeLost,
-           restarts: int) -> tuple[dict[int, dict], float]:
+def rejoin(
+    plan: Plan, store: coordination.Store, alive: Callable[[], None], lost: NodeLost, restarts: int
+) -> tuple[dict[int, dict], float]:
     """Restart in place: the command is stopped, the head's Ray stays up; wait for the lost ranks to come back
     (their launcher starts them again) and re-check them. Returns the nodes and how long the wait took."""
-    say(f"restart {restarts}/{plan.max_restarts}: {lost}; waiting up to {plan.rejoin_timeout:g}s for every rank to "
-        "rejoin (--rejoin-timeout), then running the command again")
+    say(
+        f"restart {restarts}/{plan.max_restarts}: {lost}; waiting up to {plan.rejoin_timeout:g}s for every rank to "
+        "rejoin (--rejoin-timeout), then running the command again"
+    )
     t0 = time.monotonic()
-    nodes = coordination.wait_for_nodes(store, plan.spec.nnodes, t0 + plan.rejoin_timeout, alive,
-                                        hint="raise --rejoin-timeout or check that the launcher restarts lost nodes",
-                                        error=NodeLost)
+    nodes = coordination.wait_for_nodes(
+        store,
+        plan.spec.nnodes,
+        t0 + plan.rejoin_timeout,
+        alive,
+        hint="raise --rejoin-timeout or check that the launcher restarts lost nodes",
+        error=NodeLost,
+    )
     coordination.check_versions(store)
     say(f"restart {restarts}/{plan.max_restarts}: all {len(nodes)} node(s) back after {time.monotonic() - t0:.1f}s")
     return nodes, time.monotonic() - t0
@@ -223,8 +269,10 @@ def run_worker(plan: Plan) -> int:
         except NodeLost as lost:
             if attempt == plan.max_restarts:
                 raise
-            say(f"restart {attempt + 1}/{plan.max_restarts}: {lost}; joining the head again within "
-                f"{plan.rejoin_timeout:g}s (--rejoin-timeout)")
+            say(
+                f"restart {attempt + 1}/{plan.max_restarts}: {lost}; joining the head again within "
+                f"{plan.rejoin_timeout:g}s (--rejoin-timeout)"
+            )
             deadline = time.monotonic() + plan.rejoin_timeout
     raise AssertionError("unreachable")  # the loop returns or raises
 
@@ -276,8 +324,9 @@ def wait_out_the_head(plan: Plan, store: coordination.Store, stop: Stop, alive: 
 def run_existing(plan: Plan) -> int:
     address, env = plan.spec.existing_ray, plan.base_env
     say(f"Ray already runs here ({address}); starting nothing")
-    child = subprocess.Popen(plan.command, env={**env, "RAY_ADDRESS": address} if address != "auto" else dict(env),
-                             start_new_session=True)
+    child = subprocess.Popen(
+        plan.command, env={**env, "RAY_ADDRESS": address} if address != "auto" else dict(env), start_new_session=True
+    )
     try:
         return child.wait()
     finally:

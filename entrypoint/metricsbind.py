@@ -13,16 +13,21 @@ cluster's nodes, actors and usage to anyone on the network.
 from __future__ import annotations
 
 import socket
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 HOST_VAR = "RLRIG_METRICS_HOST"
 # the scripts `ray start` runs for the processes that serve metrics (paths inside the ray package)
-RAY_SERVERS = ("dashboard/dashboard.py", "dashboard/agent.py", "autoscaler/_private/monitor.py", "autoscaler/v2/monitor.py")
+RAY_SERVERS = (
+    "dashboard/dashboard.py",
+    "dashboard/agent.py",
+    "autoscaler/_private/monitor.py",
+    "autoscaler/v2/monitor.py",
+)
 WILDCARDS = ("", "0.0.0.0", "::")
 
 # Shadows any other sitecustomize on the path, so it runs that one too.
-SHIM = '''# Written by rlrig (entrypoint/metricsbind.py): binds Ray's metrics endpoints to $RLRIG_METRICS_HOST.
+SHIM = """# Written by rlrig (entrypoint/metricsbind.py): binds Ray's metrics endpoints to $RLRIG_METRICS_HOST.
 import importlib.machinery as _m
 import importlib.util as _u
 import os as _os
@@ -41,7 +46,7 @@ _spec = _m.PathFinder.find_spec("sitecustomize", [p for p in _sys.path if _os.pa
 if _spec is not None and _spec.loader is not None:
     _mod = _u.module_from_spec(_spec)
     _spec.loader.exec_module(_mod)
-'''
+"""
 
 
 def is_ray_server(argv: Sequence[str]) -> bool:

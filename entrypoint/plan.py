@@ -20,7 +20,9 @@ class Plan:
     token: str = ""
     token_source: str = ""
     cluster_env: dict[str, str] = field(default_factory=dict)  # head: what it publishes; worker: empty
-    ray_env: dict[str, str] = field(default_factory=dict)  # `ray start`'s environment (a worker's lacks the head's cluster env)
+    ray_env: dict[str, str] = field(
+        default_factory=dict
+    )  # `ray start`'s environment (a worker's lacks the head's cluster env)
     start_command: list[str] = field(default_factory=list)
     wait_timeout: float = 300.0  # head: for all nodes to join; worker: for the head to come up
     head_loss_timeout: float = 30.0  # worker: GCS unreachable this long = head lost
@@ -43,11 +45,20 @@ class Plan:
     def worker_ray_env(self, cluster_env: dict[str, str]) -> dict[str, str]:
         """`ray start`'s environment on a worker once the head's cluster environment has arrived:
         the same layering as the head's, so a .env cannot replace this node's temp dir or token."""
-        env = raystart.start_env(self.base_env, cluster_env, self.preflight, auth.ray_auth_env(self.token), self.temp_dir,
-                                 self.debug_env, self.metrics_host)
+        env = raystart.start_env(
+            self.base_env,
+            cluster_env,
+            self.preflight,
+            auth.ray_auth_env(self.token),
+            self.temp_dir,
+            self.debug_env,
+            self.metrics_host,
+        )
         debugmode.check(env)
         return env
 
     def worker_start_command(self, ray_env: dict[str, str]) -> list[str]:
         """A worker learns from the head's environment whether the legacy debugger needs its flag."""
-        return raystart.start_command(self.spec, self.preflight, self.temp_dir, "", debugmode.debugger_external(ray_env))
+        return raystart.start_command(
+            self.spec, self.preflight, self.temp_dir, "", debugmode.debugger_external(ray_env)
+        )

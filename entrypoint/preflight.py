@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from .inventory import INFINIBAND_DIR, Gpu, Inventory
 from .nodespec import NodeSpec
@@ -68,7 +68,9 @@ def _visible_list(var: str, value: str, inv: Inventory, pf: Preflight) -> list[s
         return None
     dups = sorted({e for e in entries if entries.count(e) > 1})
     if dups:
-        pf.add(var, FAIL, f"{var}={value} lists {', '.join(dups)} more than once (\"invalid device ordinal\" later); {fix}")
+        pf.add(
+            var, FAIL, f'{var}={value} lists {", ".join(dups)} more than once ("invalid device ordinal" later); {fix}'
+        )
         return None
     if inv.gpus:
         n = len(inv.gpus)
@@ -78,7 +80,11 @@ def _visible_list(var: str, value: str, inv: Inventory, pf: Preflight) -> list[s
             return None
         unknown = [e for e in entries if not e.isdigit() and not any(_is_entry(g, e) for g in inv.gpus)]
         if unknown:
-            pf.add(var, FAIL, f"{var}={value}: {unknown[0]} is not a GPU or MIG device on this node (see nvidia-smi -L); {fix}")
+            pf.add(
+                var,
+                FAIL,
+                f"{var}={value}: {unknown[0]} is not a GPU or MIG device on this node (see nvidia-smi -L); {fix}",
+            )
             return None
     pf.add(var, PASS, f"{var}={value} ({len(entries)} device(s))")
     return entries
@@ -90,7 +96,7 @@ def _is_entry(gpu: Gpu, entry: str) -> bool:
     if entry.isdigit():
         return gpu.index == int(entry)
     if entry.startswith("MIG-GPU-"):
-        return gpu.mig and entry[len("MIG-"):].split("/")[0] == gpu.uuid
+        return gpu.mig and entry[len("MIG-") :].split("/")[0] == gpu.uuid
     return any(u.startswith(entry) or entry.startswith(u) for u in (gpu.uuid, *gpu.mig_devices))
 
 
@@ -99,17 +105,29 @@ def check_mig(visible: list[str] | None, inv: Inventory, pf: Preflight) -> bool:
     check added) when CUDA_VISIBLE_DEVICES mixes MIG devices and GPUs, or names a MIG-mode GPU as a whole."""
     named = [e for e in visible or [] if e.startswith("MIG-")]
     if named and len(named) != len(visible):
-        pf.add("MIG", FAIL, f"CUDA_VISIBLE_DEVICES={','.join(visible)} mixes MIG devices and whole GPUs; list only "
-               "MIG device UUIDs (one per worker) or only GPUs")
+        pf.add(
+            "MIG",
+            FAIL,
+            f"CUDA_VISIBLE_DEVICES={','.join(visible)} mixes MIG devices and whole GPUs; list only "
+            "MIG device UUIDs (one per worker) or only GPUs",
+        )
         return False
-    whole = inv.gpus if visible is None else [g for e in visible if not e.startswith("MIG-") for g in inv.gpus if _is_entry(g, e)]
+    whole = (
+        inv.gpus
+        if visible is None
+        else [g for e in visible if not e.startswith("MIG-") for g in inv.gpus if _is_entry(g, e)]
+    )
     for g in whole:
         if g.mig and len(g.mig_devices) != 1:
             example = ",".join(g.mig_devices[:2]) or "MIG-<uuid> (create instances first: nvidia-smi mig -cgi ... -C)"
-            pf.add("MIG", FAIL, f"GPU {g.index} ({g.uuid}) is in MIG mode with {len(g.mig_devices)} MIG device(s): a "
-                   "process sees one of them, not the GPU, so Ray would count a GPU that is not there; set "
-                   f"CUDA_VISIBLE_DEVICES to MIG device UUIDs (nvidia-smi -L), e.g. CUDA_VISIBLE_DEVICES={example}, "
-                   f"or turn MIG off (nvidia-smi -i {g.index} -mig 0)")
+            pf.add(
+                "MIG",
+                FAIL,
+                f"GPU {g.index} ({g.uuid}) is in MIG mode with {len(g.mig_devices)} MIG device(s): a "
+                "process sees one of them, not the GPU, so Ray would count a GPU that is not there; set "
+                f"CUDA_VISIBLE_DEVICES to MIG device UUIDs (nvidia-smi -L), e.g. CUDA_VISIBLE_DEVICES={example}, "
+                f"or turn MIG off (nvidia-smi -i {g.index} -mig 0)",
+            )
             return False
     if named:
         pf.mig_devices = len(named)
@@ -129,9 +147,12 @@ def check_gpus(spec: NodeSpec, env: Mapping[str, str], inv: Inventory, pf: Prefl
     cuda, hip, rocr = (env.get(v) for v in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"))
     if rocr is not None and (hip is not None or cuda is not None):
         other = "HIP_VISIBLE_DEVICES" if hip is not None else "CUDA_VISIBLE_DEVICES"
-        pf.add("ROCR_VISIBLE_DEVICES", FAIL,
-               f"ROCR_VISIBLE_DEVICES is set together with {other}; Ray >= 2.45 refuses this: "
-               f"unset ROCR_VISIBLE_DEVICES and select GPUs with HIP_VISIBLE_DEVICES")
+        pf.add(
+            "ROCR_VISIBLE_DEVICES",
+            FAIL,
+            f"ROCR_VISIBLE_DEVICES is set together with {other}; Ray >= 2.45 refuses this: "
+            f"unset ROCR_VISIBLE_DEVICES and select GPUs with HIP_VISIBLE_DEVICES",
+        )
         return
     visible: list[str] | None = None
     for var, value in (("CUDA_VISIBLE_DEVICES", cuda), ("HIP_VISIBLE_DEVICES", hip), ("ROCR_VISIBLE_DEVICES", rocr)):
@@ -141,14 +162,22 @@ def check_gpus(spec: NodeSpec, env: Mapping[str, str], inv: Inventory, pf: Prefl
         if entries is None:
             return
         if visible is not None and entries != visible:
-            pf.add(var, FAIL, f"{var}={value} disagrees with CUDA_VISIBLE_DEVICES={cuda}; "
-                   f"set only HIP_VISIBLE_DEVICES on ROCm (or make both identical)")
+            pf.add(
+                var,
+                FAIL,
+                f"{var}={value} disagrees with CUDA_VISIBLE_DEVICES={cuda}; "
+                f"set only HIP_VISIBLE_DEVICES on ROCm (or make both identical)",
+            )
             return
         visible = entries
     amd_possible = not inv.gpus or any(g.vendor == "amd" for g in inv.gpus)
     if hip is None and rocr is not None and amd_possible:
-        pf.add("ROCR_VISIBLE_DEVICES", FAIL, f"ROCR_VISIBLE_DEVICES={rocr} alone: Ray refuses it on AMD GPUs; set "
-               f"HIP_VISIBLE_DEVICES={rocr} and unset ROCR_VISIBLE_DEVICES")
+        pf.add(
+            "ROCR_VISIBLE_DEVICES",
+            FAIL,
+            f"ROCR_VISIBLE_DEVICES={rocr} alone: Ray refuses it on AMD GPUs; set "
+            f"HIP_VISIBLE_DEVICES={rocr} and unset ROCR_VISIBLE_DEVICES",
+        )
         return
     if not check_mig(visible if cuda is not None else None, inv, pf):
         return
@@ -159,11 +188,17 @@ def check_gpus(spec: NodeSpec, env: Mapping[str, str], inv: Inventory, pf: Prefl
     pf.num_gpus = count
     allotted = spec.gpus_allotted
     if allotted is not None and count < allotted:
-        pf.add("gpus", FAIL, f"{spec.launcher} allotted {allotted} GPU(s) to this node but {count} are visible "
-               f"({inv.gpu_probe or 'no probe'}); check CUDA_VISIBLE_DEVICES/HIP_VISIBLE_DEVICES and the container's GPU flags "
-               "(--gpus all / --device /dev/kfd --device /dev/dri)")
+        pf.add(
+            "gpus",
+            FAIL,
+            f"{spec.launcher} allotted {allotted} GPU(s) to this node but {count} are visible "
+            f"({inv.gpu_probe or 'no probe'}); check CUDA_VISIBLE_DEVICES/HIP_VISIBLE_DEVICES and the container's GPU flags "
+            "(--gpus all / --device /dev/kfd --device /dev/dri)",
+        )
     elif allotted is not None and count > allotted:
-        pf.add("gpus", WARN, f"{count} GPUs are visible but {spec.launcher} allotted {allotted}; Ray will use {allotted}")
+        pf.add(
+            "gpus", WARN, f"{count} GPUs are visible but {spec.launcher} allotted {allotted}; Ray will use {allotted}"
+        )
         pf.num_gpus = allotted
     else:
         pf.add("gpus", PASS, f"{count} GPU(s) ({inv.gpu_probe or 'no probe'})")
@@ -182,15 +217,25 @@ def check_driver(inv: Inventory, pf: Preflight) -> None:
     cuda_major = _version(inv.torch_cuda)[0]
     needed = MIN_DRIVER_FOR_CUDA.get(cuda_major)
     if needed is None:
-        pf.add("NVIDIA driver", WARN, f"torch is built for CUDA {inv.torch_cuda}, which rlrig has no driver minimum for; "
-               f"check NVIDIA's compatibility table against driver {inv.nvidia_driver}")
+        pf.add(
+            "NVIDIA driver",
+            WARN,
+            f"torch is built for CUDA {inv.torch_cuda}, which rlrig has no driver minimum for; "
+            f"check NVIDIA's compatibility table against driver {inv.nvidia_driver}",
+        )
     elif _version(inv.nvidia_driver) < _version(needed):
         older = cuda_major - 1
-        instead = (f", or install a torch built for CUDA {older} (its driver minimum is {MIN_DRIVER_FOR_CUDA[older]})"
-                   if older in MIN_DRIVER_FOR_CUDA and _version(inv.nvidia_driver) >= _version(MIN_DRIVER_FOR_CUDA[older])
-                   else "")
-        pf.add("NVIDIA driver", FAIL, f"NVIDIA driver {inv.nvidia_driver} is older than torch's CUDA {inv.torch_cuda} "
-               f"build needs ({needed} or newer): update the host's driver{instead}")
+        instead = (
+            f", or install a torch built for CUDA {older} (its driver minimum is {MIN_DRIVER_FOR_CUDA[older]})"
+            if older in MIN_DRIVER_FOR_CUDA and _version(inv.nvidia_driver) >= _version(MIN_DRIVER_FOR_CUDA[older])
+            else ""
+        )
+        pf.add(
+            "NVIDIA driver",
+            FAIL,
+            f"NVIDIA driver {inv.nvidia_driver} is older than torch's CUDA {inv.torch_cuda} "
+            f"build needs ({needed} or newer): update the host's driver{instead}",
+        )
     else:
         pf.add("NVIDIA driver", PASS, f"{inv.nvidia_driver} runs torch's CUDA {inv.torch_cuda} build (needs {needed}+)")
 
@@ -219,23 +264,40 @@ def check_network(spec: NodeSpec, env: Mapping[str, str], inv: Inventory, pf: Pr
     if nccl:
         used = nccl_ifname_matches(nccl, names)
         if not used:
-            pf.add("NCCL_SOCKET_IFNAME", FAIL, f"NCCL_SOCKET_IFNAME={nccl} matches no interface here ({', '.join(names)}); "
-                   f"set it to the interface that reaches the head" + (f", e.g. NCCL_SOCKET_IFNAME={spec.interface}" if spec.interface else ""))
+            pf.add(
+                "NCCL_SOCKET_IFNAME",
+                FAIL,
+                f"NCCL_SOCKET_IFNAME={nccl} matches no interface here ({', '.join(names)}); "
+                f"set it to the interface that reaches the head"
+                + (f", e.g. NCCL_SOCKET_IFNAME={spec.interface}" if spec.interface else ""),
+            )
         elif spec.nnodes > 1 and spec.interface and spec.interface not in used:
-            pf.add("NCCL_SOCKET_IFNAME", WARN, f"NCCL_SOCKET_IFNAME={nccl} selects {', '.join(used)}, not {spec.interface} "
-                   "which carries the route to the head")
+            pf.add(
+                "NCCL_SOCKET_IFNAME",
+                WARN,
+                f"NCCL_SOCKET_IFNAME={nccl} selects {', '.join(used)}, not {spec.interface} "
+                "which carries the route to the head",
+            )
         else:
             pf.add("NCCL_SOCKET_IFNAME", PASS, f"NCCL_SOCKET_IFNAME={nccl} -> {', '.join(used)}")
     gloo = env.get("GLOO_SOCKET_IFNAME")
     if gloo:
         if gloo.startswith("^"):
-            pf.add("GLOO_SOCKET_IFNAME", FAIL, f"GLOO_SOCKET_IFNAME={gloo}: Gloo has no '^' exclusion syntax; "
-                   f"name one interface" + (f", e.g. GLOO_SOCKET_IFNAME={spec.interface}" if spec.interface else ""))
+            pf.add(
+                "GLOO_SOCKET_IFNAME",
+                FAIL,
+                f"GLOO_SOCKET_IFNAME={gloo}: Gloo has no '^' exclusion syntax; "
+                f"name one interface" + (f", e.g. GLOO_SOCKET_IFNAME={spec.interface}" if spec.interface else ""),
+            )
         else:
             missing = [n for n in gloo.split(",") if n not in names]
             if missing:
-                pf.add("GLOO_SOCKET_IFNAME", FAIL, f"GLOO_SOCKET_IFNAME={gloo}: no interface named {missing[0]} here "
-                       f"({', '.join(names)}); Gloo needs an exact interface name")
+                pf.add(
+                    "GLOO_SOCKET_IFNAME",
+                    FAIL,
+                    f"GLOO_SOCKET_IFNAME={gloo}: no interface named {missing[0]} here "
+                    f"({', '.join(names)}); Gloo needs an exact interface name",
+                )
             else:
                 pf.add("GLOO_SOCKET_IFNAME", PASS, f"GLOO_SOCKET_IFNAME={gloo}")
     hca = env.get("NCCL_IB_HCA")
@@ -245,13 +307,21 @@ def check_network(spec: NodeSpec, env: Mapping[str, str], inv: Inventory, pf: Pr
         exact = body.startswith("=")
         wanted = [p.split(":")[0] for p in body.lstrip("=").split(",") if p]
         if not devices:
-            pf.add("NCCL_IB_HCA", FAIL, f"NCCL_IB_HCA={hca} but {ib_dir} lists no InfiniBand device; "
-                   "unset NCCL_IB_HCA (and set NCCL_IB_DISABLE=1 to use sockets)")
+            pf.add(
+                "NCCL_IB_HCA",
+                FAIL,
+                f"NCCL_IB_HCA={hca} but {ib_dir} lists no InfiniBand device; "
+                "unset NCCL_IB_HCA (and set NCCL_IB_DISABLE=1 to use sockets)",
+            )
         elif not hca.startswith("^"):
             missing = [w for w in wanted if not any(d == w if exact else d.startswith(w) for d in devices)]
             if missing:
-                pf.add("NCCL_IB_HCA", FAIL, f"NCCL_IB_HCA={hca}: no HCA {missing[0]} in {ib_dir} ({', '.join(devices)}); "
-                       "fix the name or unset NCCL_IB_HCA")
+                pf.add(
+                    "NCCL_IB_HCA",
+                    FAIL,
+                    f"NCCL_IB_HCA={hca}: no HCA {missing[0]} in {ib_dir} ({', '.join(devices)}); "
+                    "fix the name or unset NCCL_IB_HCA",
+                )
             else:
                 pf.add("NCCL_IB_HCA", PASS, f"NCCL_IB_HCA={hca} ({', '.join(devices)})")
         else:
@@ -270,35 +340,60 @@ def check_reachability(spec: NodeSpec, inv: Inventory, pf: Preflight) -> None:
     ip = ipaddress.ip_address(spec.node_ip)
     itf = next((i for i in inv.interfaces if any(a == spec.node_ip for a, _ in i.addresses)), None)
     prefix = next((p for a, p in itf.addresses if a == spec.node_ip), 32) if itf else 32
-    same_subnet = ipaddress.ip_address(spec.head_address) in ipaddress.ip_network(f"{spec.node_ip}/{prefix}", strict=False)
+    same_subnet = ipaddress.ip_address(spec.head_address) in ipaddress.ip_network(
+        f"{spec.node_ip}/{prefix}", strict=False
+    )
     bridge_like = ip.version == 4 and ip in ipaddress.ip_network("172.16.0.0/12")
     if inv.in_container and bridge_like and not same_subnet and not spec.is_head:
-        pf.add("node_ip", FAIL, f"this container would advertise {spec.node_ip} (a Docker bridge address) which the head "
-               f"{spec.head_address} cannot reach; run the container with --network host (or set RLRIG_NODE_IP to a routable address)")
+        pf.add(
+            "node_ip",
+            FAIL,
+            f"this container would advertise {spec.node_ip} (a Docker bridge address) which the head "
+            f"{spec.head_address} cannot reach; run the container with --network host (or set RLRIG_NODE_IP to a routable address)",
+        )
     else:
         pf.add("node_ip", PASS, f"{spec.node_ip} on {spec.interface or '?'}")
 
 
 def check_resources(spec: NodeSpec, inv: Inventory, pf: Preflight) -> None:
-    pf.num_cpus = inv.cpu_count if spec.cpus_allotted is None else min(spec.cpus_allotted, inv.cpu_count) or spec.cpus_allotted
-    pf.add("cpus", PASS, f"{pf.num_cpus} CPU(s) for Ray" + (f" ({spec.launcher} allotted {spec.cpus_allotted})" if spec.cpus_allotted else ""))
+    pf.num_cpus = (
+        inv.cpu_count if spec.cpus_allotted is None else min(spec.cpus_allotted, inv.cpu_count) or spec.cpus_allotted
+    )
+    pf.add(
+        "cpus",
+        PASS,
+        f"{pf.num_cpus} CPU(s) for Ray"
+        + (f" ({spec.launcher} allotted {spec.cpus_allotted})" if spec.cpus_allotted else ""),
+    )
     wanted = max(MIN_OBJECT_STORE, int(inv.memory_bytes * OBJECT_STORE_FRACTION))
     if inv.shm_bytes is None:
         pf.add("/dev/shm", WARN, "no /dev/shm: Ray's object store will use disk and be slow")
     elif inv.shm_bytes < MIN_OBJECT_STORE:
-        pf.add("/dev/shm", FAIL, f"/dev/shm has {inv.shm_bytes / GiB:.2f} GiB free, below Ray's minimum object store; "
-               "give the container more (docker --shm-size=16g, compose shm_size, dstack resources.shm_size)")
+        pf.add(
+            "/dev/shm",
+            FAIL,
+            f"/dev/shm has {inv.shm_bytes / GiB:.2f} GiB free, below Ray's minimum object store; "
+            "give the container more (docker --shm-size=16g, compose shm_size, dstack resources.shm_size)",
+        )
     elif inv.shm_bytes < wanted:
         pf.object_store_bytes = int(inv.shm_bytes * 0.8)
-        pf.add("/dev/shm", WARN, f"/dev/shm has {inv.shm_bytes / GiB:.1f} GiB free, less than the {wanted / GiB:.1f} GiB object store "
-               f"Ray would use; capped at {pf.object_store_bytes / GiB:.1f} GiB. Raise it with --shm-size")
+        pf.add(
+            "/dev/shm",
+            WARN,
+            f"/dev/shm has {inv.shm_bytes / GiB:.1f} GiB free, less than the {wanted / GiB:.1f} GiB object store "
+            f"Ray would use; capped at {pf.object_store_bytes / GiB:.1f} GiB. Raise it with --shm-size",
+        )
     else:
         pf.object_store_bytes = wanted
         pf.add("/dev/shm", PASS, f"{inv.shm_bytes / GiB:.1f} GiB free; object store {wanted / GiB:.1f} GiB")
     if inv.nofile_soft and inv.nofile_soft < NOFILE_WANTED:
         status = WARN if inv.nofile_soft >= 1024 else FAIL
-        pf.add("ulimit -n", status, f"open-files limit is {inv.nofile_soft} (hard {inv.nofile_hard}); Ray wants {NOFILE_WANTED}: "
-               "`ulimit -n 65536` or docker --ulimit nofile=65536:65536")
+        pf.add(
+            "ulimit -n",
+            status,
+            f"open-files limit is {inv.nofile_soft} (hard {inv.nofile_hard}); Ray wants {NOFILE_WANTED}: "
+            "`ulimit -n 65536` or docker --ulimit nofile=65536:65536",
+        )
     else:
         pf.add("ulimit -n", PASS, f"open-files limit {inv.nofile_soft}")
     if inv.temp_free_bytes is not None:
@@ -306,7 +401,11 @@ def check_resources(spec: NodeSpec, inv: Inventory, pf: Preflight) -> None:
         if inv.temp_free_bytes < TEMP_FREE_FAIL:
             pf.add("temp dir", FAIL, f"{free:.1f} GiB free in the Ray temp dir; set RAY_TMPDIR to a disk with room")
         elif inv.temp_free_bytes < TEMP_FREE_WARN:
-            pf.add("temp dir", WARN, f"only {free:.1f} GiB free in the Ray temp dir (logs and spilled objects); consider RAY_TMPDIR")
+            pf.add(
+                "temp dir",
+                WARN,
+                f"only {free:.1f} GiB free in the Ray temp dir (logs and spilled objects); consider RAY_TMPDIR",
+            )
         else:
             pf.add("temp dir", PASS, f"{free:.0f} GiB free")
 
@@ -318,11 +417,17 @@ TEMP_DIR_MAX = 107 - 64
 
 def check_temp_dir(temp_dir: str, pf: Preflight) -> None:
     if len(temp_dir) > TEMP_DIR_MAX:
-        pf.add("temp dir path", FAIL, f"Ray temp dir {temp_dir} is {len(temp_dir)} characters; Ray's socket paths below it "
-               f"would pass the 107-byte limit. Set RAY_TMPDIR (or --temp-dir) to a path of at most {TEMP_DIR_MAX - 20} characters")
+        pf.add(
+            "temp dir path",
+            FAIL,
+            f"Ray temp dir {temp_dir} is {len(temp_dir)} characters; Ray's socket paths below it "
+            f"would pass the 107-byte limit. Set RAY_TMPDIR (or --temp-dir) to a path of at most {TEMP_DIR_MAX - 20} characters",
+        )
 
 
-def run(spec: NodeSpec, env: Mapping[str, str], inv: Inventory, temp_dir: str = "", pf: Preflight | None = None) -> Preflight:
+def run(
+    spec: NodeSpec, env: Mapping[str, str], inv: Inventory, temp_dir: str = "", pf: Preflight | None = None
+) -> Preflight:
     """Every check, in order, into `pf` (a fresh one unless given: detection may have filled it)."""
     pf = Preflight() if pf is None else pf
     check_temp_dir(temp_dir, pf)

@@ -7,13 +7,28 @@ print this env var in each rank"). Each node prints them as it starts Ray, and `
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 # exact names, then prefixes
-NAMES = ("RAY_DEBUG", "RAY_DEBUG_POST_MORTEM", "RAY_AUTH_MODE", "RAY_TMPDIR", "CUDA_VISIBLE_DEVICES",
-         "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "CUDA_DEVICE_MAX_CONNECTIONS",
-         "PYTORCH_CUDA_ALLOC_CONF", "TOKENIZERS_PARALLELISM", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_CACHE",
-         "GPU_MAX_HW_QUEUES", "HSA_NO_SCRATCH_RECLAIM", "RLRIG_METRICS_HOST")
+NAMES = (
+    "RAY_DEBUG",
+    "RAY_DEBUG_POST_MORTEM",
+    "RAY_AUTH_MODE",
+    "RAY_TMPDIR",
+    "CUDA_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "GLOO_SOCKET_IFNAME",
+    "CUDA_DEVICE_MAX_CONNECTIONS",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "TOKENIZERS_PARALLELISM",
+    "HF_HOME",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_CACHE",
+    "GPU_MAX_HW_QUEUES",
+    "HSA_NO_SCRATCH_RECLAIM",
+    "RLRIG_METRICS_HOST",
+)
 PREFIXES = ("VLLM_", "NCCL_", "TORCH_NCCL_", "RCCL_", "RAY_health_check_", "RAY_EXPERIMENTAL_NOSET_", "SGLANG_")
 HIDDEN = ("RAY_AUTH_TOKEN",)  # never printed
 

@@ -114,4 +114,3 @@ def pass_on(stop: Stop, proc: subprocess.Popen, grace: float) -> None:
         proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:
         pass
-

@@ -8,8 +8,8 @@ import re
 import shutil
 import socket
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from . import metricsbind
 from .addresses import format_hostport
@@ -54,15 +54,29 @@ def node_labels(spec: NodeSpec, pf: Preflight) -> dict[str, str]:
     jobs may pick a GPU model) and the names `rlrig status` shows."""
     # the node count as a label too, so that a client that sees only the dashboard (rlrig submit) knows
     # when every node has joined
-    return {RANK_LABEL: str(spec.node_rank), NNODES_LABEL: str(spec.nnodes), HOST_LABEL: label_value(socket.gethostname()),
-            GPU_MODEL_LABEL: label_value(pf.gpu_model) if pf.num_gpus else NO_GPU,
-            LAUNCHER_LABEL: label_value(spec.launcher)}
+    return {
+        RANK_LABEL: str(spec.node_rank),
+        NNODES_LABEL: str(spec.nnodes),
+        HOST_LABEL: label_value(socket.gethostname()),
+        GPU_MODEL_LABEL: label_value(pf.gpu_model) if pf.num_gpus else NO_GPU,
+        LAUNCHER_LABEL: label_value(spec.launcher),
+    }
 
 
-def start_command(spec: NodeSpec, pf: Preflight, temp: str, dashboard_host: str, debugger_external: bool = False) -> list[str]:
-    cmd = [ray_executable(), "start", "--block", "--disable-usage-stats",
-           f"--node-ip-address={spec.node_ip}", f"--num-cpus={pf.num_cpus}", f"--num-gpus={pf.num_gpus}",
-           f"--temp-dir={temp}", f"--labels={json.dumps(node_labels(spec, pf))}"]
+def start_command(
+    spec: NodeSpec, pf: Preflight, temp: str, dashboard_host: str, debugger_external: bool = False
+) -> list[str]:
+    cmd = [
+        ray_executable(),
+        "start",
+        "--block",
+        "--disable-usage-stats",
+        f"--node-ip-address={spec.node_ip}",
+        f"--num-cpus={pf.num_cpus}",
+        f"--num-gpus={pf.num_gpus}",
+        f"--temp-dir={temp}",
+        f"--labels={json.dumps(node_labels(spec, pf))}",
+    ]
     if pf.custom_resources:
         cmd.append(f"--resources={json.dumps(pf.custom_resources)}")
     if pf.object_store_bytes:
@@ -80,8 +94,15 @@ def hook_dir(temp: str) -> str:
     return str(Path(temp) / "pyhook")
 
 
-def start_env(base: Mapping[str, str], cluster: Mapping[str, str], pf: Preflight, auth: Mapping[str, str], temp: str,
-              node: Mapping[str, str] | None = None, metrics_host: str = "127.0.0.1") -> dict[str, str]:
+def start_env(
+    base: Mapping[str, str],
+    cluster: Mapping[str, str],
+    pf: Preflight,
+    auth: Mapping[str, str],
+    temp: str,
+    node: Mapping[str, str] | None = None,
+    metrics_host: str = "127.0.0.1",
+) -> dict[str, str]:
     """`node`: this node's own additions (--debug), over the cluster's."""
     env = {**HEALTH_DEFAULTS, **base, **cluster, **(node or {}), **pf.env_updates, **auth}
     env["RAY_TMPDIR"] = temp

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 from . import clusterenv
 from .coordination import describe
@@ -29,7 +29,14 @@ RESERVED_PREFIXES = {
     "node:": "Ray names every node node:<ip> itself",
     "accelerator_type:": "Ray sets accelerator_type:<model> itself from the GPU",
 }
-JSON_TYPES = {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number", type(None): "null"}
+JSON_TYPES = {
+    list: "an array",
+    str: "a string",
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
+    type(None): "null",
+}
 
 
 def lookup(env: Mapping[str, str], env_file: str | None) -> tuple[str | None, str]:
@@ -61,11 +68,15 @@ def parse(raw: str, source: str = "environment") -> dict[str, float]:
     try:
         value = json.loads(raw)
     except json.JSONDecodeError as e:
-        raise RigError(f"{given} is not JSON ({e.msg} at column {e.colno}); "
-                       f"write a JSON object of resource amounts, e.g. {EXAMPLE}") from None
+        raise RigError(
+            f"{given} is not JSON ({e.msg} at column {e.colno}); "
+            f"write a JSON object of resource amounts, e.g. {EXAMPLE}"
+        ) from None
     if not isinstance(value, dict):
-        raise RigError(f"{given} is {JSON_TYPES.get(type(value), 'not an object')}, not a JSON object; "
-                       f"write one name per resource with its amount, e.g. {EXAMPLE}")
+        raise RigError(
+            f"{given} is {JSON_TYPES.get(type(value), 'not an object')}, not a JSON object; "
+            f"write one name per resource with its amount, e.g. {EXAMPLE}"
+        )
     for name, amount in value.items():
         if not name.strip():
             raise RigError(f"{given}: a resource without a name; name each one, e.g. {EXAMPLE}")
@@ -73,8 +84,10 @@ def parse(raw: str, source: str = "environment") -> dict[str, float]:
         if why:
             raise RigError(f"{given}: {name} is reserved by Ray: {why}; remove it from {VAR}")
         if not _amount_ok(amount):
-            raise RigError(f"{given}: {name} is {json.dumps(amount)}, not a non-negative number; "
-                           f"give each resource an amount, e.g. {VAR}='{{{json.dumps(name)}: 1}}'")
+            raise RigError(
+                f"{given}: {name} is {json.dumps(amount)}, not a non-negative number; "
+                f"give each resource an amount, e.g. {VAR}='{{{json.dumps(name)}: 1}}'"
+            )
     return value
 
 
@@ -94,7 +107,9 @@ def check(env: Mapping[str, str], env_file: str | None, pf: Preflight) -> None:
 def summary(resources: Mapping[str, float]) -> str:
     """`CPU 8, GPU 2, v100 1`: CPU and GPU first; Ray's per-node `node:<ip>` names left out, as are the
     byte counts (memory, object store), which would drown the rest."""
-    shown = {k: v for k, v in resources.items() if not k.startswith("node:") and k not in ("memory", "object_store_memory")}
+    shown = {
+        k: v for k, v in resources.items() if not k.startswith("node:") and k not in ("memory", "object_store_memory")
+    }
     order = sorted(shown, key=lambda k: (k not in ("CPU", "GPU"), k != "CPU", k))
     return ", ".join(f"{k} {shown[k]:g}" for k in order)
 
@@ -103,5 +118,7 @@ def node_lines(nodes: Mapping[int, dict]) -> list[str]:
     """`node rank 1 (gpu7, 10.0.0.2): CPU 16, GPU 8, v100 1`, one per node of a Store's node table:
     what Ray registered, so a mistyped RLRIG_RESOURCES or a missing GPU shows before a job asks for it."""
     # Ray leaves a resource it has none of out of the table; GPU 0 is said, since it is what one looks for
-    return [f"node {describe(r, {r: {'hostname': n.get('host', '')}}, n['ip'])}: {summary({'GPU': 0, **n.get('resources', {})})}"
-            for r, n in sorted(nodes.items())]
+    return [
+        f"node {describe(r, {r: {'hostname': n.get('host', '')}}, n['ip'])}: {summary({'GPU': 0, **n.get('resources', {})})}"
+        for r, n in sorted(nodes.items())
+    ]

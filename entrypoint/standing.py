@@ -8,7 +8,7 @@ itself keeps serving, and a node that comes back (its `rlrig up` started again) 
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from . import coordination
 from .console import say
@@ -39,8 +39,13 @@ def fail_running_jobs(api: JobApi, mark_failed: Callable[[str, str], bool], reas
     return failed
 
 
-def serve(store: coordination.Store, check_alive: Callable[[], None], api: Callable[[], JobApi],
-          mark_failed: Callable[[str, str], bool], poll: float = POLL) -> int:
+def serve(
+    store: coordination.Store,
+    check_alive: Callable[[], None],
+    api: Callable[[], JobApi],
+    mark_failed: Callable[[str, str], bool],
+    poll: float = POLL,
+) -> int:
     """Returns 0 when `rlrig down` asked; signals arrive as processes.Stop. `api` connects on first use."""
     alive = {r: n["alive"] for r, n in store.nodes().items()}
     while True:

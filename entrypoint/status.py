@@ -18,15 +18,23 @@ def node_rows(nodes: list[dict]) -> list[dict]:
     for n in nodes:
         labels = n.get("labels") or {}
         res = n.get("resources_total") or {}
-        rows.append({"rank": int(labels[RANK_LABEL]) if RANK_LABEL in labels else None,
-                     "host": labels.get(HOST_LABEL) or n.get("node_name") or "",
-                     "ip": n.get("node_ip", ""), "gpus": int(res.get("GPU", 0)), "cpus": int(res.get("CPU", 0)),
-                     "alive": n.get("state") == "ALIVE"})
+        rows.append(
+            {
+                "rank": int(labels[RANK_LABEL]) if RANK_LABEL in labels else None,
+                "host": labels.get(HOST_LABEL) or n.get("node_name") or "",
+                "ip": n.get("node_ip", ""),
+                "gpus": int(res.get("GPU", 0)),
+                "cpus": int(res.get("CPU", 0)),
+                "alive": n.get("state") == "ALIVE",
+            }
+        )
     return sorted(rows, key=lambda r: (r["rank"] is None, r["rank"] or 0, not r["alive"], r["ip"]))
 
 
 def job_rows(jobs: list[Job]) -> list[dict]:
-    rows = [{"id": j.submission_id, "status": j.status, "start": j.start_time, "entrypoint": j.entrypoint} for j in jobs]
+    rows = [
+        {"id": j.submission_id, "status": j.status, "start": j.start_time, "entrypoint": j.entrypoint} for j in jobs
+    ]
     return sorted(rows, key=lambda r: r["start"] or 0)
 
 
@@ -42,16 +50,30 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 def render(nodes: list[dict], jobs: list[dict], url: str) -> str:
     alive = sum(n["alive"] for n in nodes)
     lines = [f"cluster {url}: {alive} node(s) alive"]
-    lines += _table(["rank", "host", "ip", "gpus", "cpus", "alive"],
-                    [["-" if n["rank"] is None else str(n["rank"]), n["host"], n["ip"], str(n["gpus"]), str(n["cpus"]),
-                      "yes" if n["alive"] else "no"] for n in nodes])
+    lines += _table(
+        ["rank", "host", "ip", "gpus", "cpus", "alive"],
+        [
+            [
+                "-" if n["rank"] is None else str(n["rank"]),
+                n["host"],
+                n["ip"],
+                str(n["gpus"]),
+                str(n["cpus"]),
+                "yes" if n["alive"] else "no",
+            ]
+            for n in nodes
+        ],
+    )
     lines.append(f"jobs: {len(jobs)}")
     if jobs:
-        def short(text: str) -> str:
-            return text if len(text) <= ENTRYPOINT_WIDTH else text[:ENTRYPOINT_WIDTH - 3] + "..."
 
-        lines += _table(["id", "status", "start", "entrypoint"],
-                        [[j["id"], j["status"], _when(j["start"]), short(j["entrypoint"])] for j in jobs])
+        def short(text: str) -> str:
+            return text if len(text) <= ENTRYPOINT_WIDTH else text[: ENTRYPOINT_WIDTH - 3] + "..."
+
+        lines += _table(
+            ["id", "status", "start", "entrypoint"],
+            [[j["id"], j["status"], _when(j["start"]), short(j["entrypoint"])] for j in jobs],
+        )
     return "\n".join(lines)
 
 

@@ -11,8 +11,8 @@ import json
 import shlex
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from .console import say
 from .coordination import NNODES_LABEL, RANK_LABEL
@@ -21,8 +21,10 @@ from .jobs import DEFAULT_URL, TERMINAL, Job, JobApi
 from .standing import LOST_PREFIX
 
 STOPPED_EXIT = 4
-HOW_TO_REACH = ("start it with `rlrig up` on every node, or reach its port: on the head, through "
-                "`ssh -L 8265:localhost:8265 HEAD`, or dstack's forwarded localhost:8265 while `dstack apply` is attached")
+HOW_TO_REACH = (
+    "start it with `rlrig up` on every node, or reach its port: on the head, through "
+    "`ssh -L 8265:localhost:8265 HEAD`, or dstack's forwarded localhost:8265 while `dstack apply` is attached"
+)
 
 
 def address(given: str | None, env: Mapping[str, str]) -> str:
@@ -118,7 +120,9 @@ def summary(job: Job) -> str:
     return f"job {job.submission_id} {job.status.lower()}" + (f": {first}" if first else "")
 
 
-def run(url: str, token: str, cmd: list[str], env: dict, submission_id: str | None, no_wait: bool, timeout: float) -> int:
+def run(
+    url: str, token: str, cmd: list[str], env: dict, submission_id: str | None, no_wait: bool, timeout: float
+) -> int:
     line = entrypoint(cmd)
     api = wait_ready(url, token, timeout)
     sid = api.submit(line, env, submission_id)

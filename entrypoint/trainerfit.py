@@ -19,16 +19,20 @@ def mismatch(nnodes: int, alive_ranks: list[int], address: str, pool_nodes: int 
     if not alive_ranks or nnodes <= n <= nnodes + pool_nodes:
         return None  # no rlrig ranks: a cluster rlrig did not start, whose nodes it cannot tell apart
     pool = f" and {pool_nodes} node(s) in pools of their own" if pool_nodes else ""
-    return (f"trainer.nnodes={nnodes}{pool} but the cluster at {address} has {n} node(s) (ranks "
-            f"{', '.join(map(str, sorted(alive_ranks)))}); set trainer.nnodes={max(1, n - pool_nodes)}")
+    return (
+        f"trainer.nnodes={nnodes}{pool} but the cluster at {address} has {n} node(s) (ranks "
+        f"{', '.join(map(str, sorted(alive_ranks)))}); set trainer.nnodes={max(1, n - pool_nodes)}"
+    )
 
 
 def check_mig(mig_devices: int, n_gpus_per_node: int, device: str) -> None:
     """NCCL has no transport between MIG devices: training workers on several MIG devices of a node cannot talk."""
     if mig_devices > 1 and n_gpus_per_node > 1 and device != "cpu":
-        raise RigError(f"this node's CUDA_VISIBLE_DEVICES names {mig_devices} MIG devices and trainer.n_gpus_per_node="
-                       f"{n_gpus_per_node}: NCCL does not run between MIG devices; use trainer.n_gpus_per_node=1 (one MIG "
-                       "device a node, NCCL across nodes) or whole GPUs")
+        raise RigError(
+            f"this node's CUDA_VISIBLE_DEVICES names {mig_devices} MIG devices and trainer.n_gpus_per_node="
+            f"{n_gpus_per_node}: NCCL does not run between MIG devices; use trainer.n_gpus_per_node=1 (one MIG "
+            "device a node, NCCL across nodes) or whole GPUs"
+        )
 
 
 def check_nnodes(address: str, nnodes: int, pool_nodes: int = 0) -> None:

@@ -49,7 +49,7 @@ class Netns:
     def bridge_ip(self) -> str:
         return f"10.{self.subnet}.0.254"
 
-    def __enter__(self) -> "Netns":
+    def __enter__(self) -> Netns:
         _ip("link", "add", self.bridge, "type", "bridge")
         _ip("addr", "add", f"{self.bridge_ip}/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
@@ -80,8 +80,26 @@ class Netns:
     def limit(self, i: int, rate: str) -> None:
         """Slow what node i receives to `rate` (tc's units: "20mbit"): a token bucket on the bridge's end of its veth,
         which is where the bridge sends to it. What it sends goes out at full speed."""
-        subprocess.run(["tc", "qdisc", "add", "dev", f"rlv{self.tag}{i}", "root", "tbf", "rate", rate, "burst", "32kbit",
-                        "latency", "400ms"], check=True, capture_output=True, text=True)
+        subprocess.run(
+            [
+                "tc",
+                "qdisc",
+                "add",
+                "dev",
+                f"rlv{self.tag}{i}",
+                "root",
+                "tbf",
+                "rate",
+                rate,
+                "burst",
+                "32kbit",
+                "latency",
+                "400ms",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
 
     def __exit__(self, *exc) -> None:
         for name in self.names:

@@ -46,7 +46,7 @@ def http_status(ip: str, port: int, token: str | None) -> int | None:
         s.settimeout(5)
         try:
             head = s.recv(64)
-        except (socket.timeout, ConnectionResetError):
+        except (TimeoutError, ConnectionResetError):
             return None
     return int(head.split()[1]) if head.startswith(b"HTTP/") else None
 

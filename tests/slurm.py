@@ -98,7 +98,7 @@ PartitionName=rl Nodes={self.nodelist} Default=YES MaxTime=INFINITE State=UP
 """)
         (d / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\n")
 
-    def __enter__(self) -> "Slurm":
+    def __enter__(self) -> Slurm:
         try:
             self._start()
         except BaseException:
@@ -140,11 +140,14 @@ PartitionName=rl Nodes={self.nodelist} Default=YES MaxTime=INFINITE State=UP
         raise RuntimeError(f"{what} within {timeout}s\n{self.logs()}")
 
     def logs(self) -> str:
-        return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(self.dir.glob("*.log")))
+        return "\n".join(
+            f"== {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(self.dir.glob("*.log"))
+        )
 
     def run(self, *args: str, timeout: float = 600, **kw) -> subprocess.CompletedProcess:
-        return subprocess.run(list(args), env={**self.env, **kw.pop("env", {})}, capture_output=True, text=True,
-                              timeout=timeout, **kw)
+        return subprocess.run(
+            list(args), env={**self.env, **kw.pop("env", {})}, capture_output=True, text=True, timeout=timeout, **kw
+        )
 
     def __exit__(self, *exc) -> None:
         subprocess.run(["scancel", "--full", "-p", "rl"], env=self.env, capture_output=True)

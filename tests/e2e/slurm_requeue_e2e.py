@@ -25,10 +25,23 @@ def test_baremetal_sbatch_checkpoints_on_the_warning_signal_and_requeues_itself(
     out, run = tmp_path / "job.out", tmp_path / "run"
     steps = 10
     env = {"RLRIG_VENV": str(Path(sys.executable).parent.parent), "HOME": str(Path.home())}
-    args = [*TINY[:-1], "trainer.test_freq=0", "trainer.save_freq=0", f"trainer.total_training_steps={steps}",
-            f"trainer.default_local_dir={run}"]
-    r = s.run("sbatch", "--parsable", f"--output={out}", f"--chdir={tmp_path}", str(REPO / "slurm/rlrig-baremetal.sbatch"),
-              *args, env=env, timeout=60)
+    args = [
+        *TINY[:-1],
+        "trainer.test_freq=0",
+        "trainer.save_freq=0",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.default_local_dir={run}",
+    ]
+    r = s.run(
+        "sbatch",
+        "--parsable",
+        f"--output={out}",
+        f"--chdir={tmp_path}",
+        str(REPO / "slurm/rlrig-baremetal.sbatch"),
+        *args,
+        env=env,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     job = r.stdout.strip().split(";")[0]
     metrics = run / "metrics.jsonl"

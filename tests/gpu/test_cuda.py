@@ -20,8 +20,13 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 
 
-def run_worker(overrides: list[str], steps: int | None = None, device: str = "cuda", model_path: str | None = None,
-               tf32: bool = True) -> list[dict]:
+def run_worker(
+    overrides: list[str],
+    steps: int | None = None,
+    device: str = "cuda",
+    model_path: str | None = None,
+    tf32: bool = True,
+) -> list[dict]:
     """A one-rank job without Ray: the Worker the Ray actors run, on cuda:0 with NCCL (or on the CPU
     with Gloo, to try this helper where there is no GPU). The GPU's peak-memory counter starts from what
     this run holds (perf/max_memory_allocated_gb is, as in verl, the process's peak since the last reset).
@@ -30,10 +35,12 @@ def run_worker(overrides: list[str], steps: int | None = None, device: str = "cu
         gc.collect()  # a previous run's modules sit in reference cycles (DDP, FSDP)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    from rlrig.trainer.presets import EMBEDDED
-    from rlrig.trainer.single_process import single_worker
+    from rlrig.trainer.config.presets import EMBEDDED
+    from rlrig.trainer.driver.single_process import single_worker
 
-    with single_worker([*EMBEDDED, f"trainer.device={device}", "actor_rollout_ref.rollout.name=hf", *overrides], model_path) as (w, batches):
+    with single_worker(
+        [*EMBEDDED, f"trainer.device={device}", "actor_rollout_ref.rollout.name=hf", *overrides], model_path
+    ) as (w, batches):
         assert w.device.type == device and next(w.models.actor.module.parameters()).device.type == device
         assert torch.distributed.get_backend() == ("nccl" if device == "cuda" else "gloo")
         if not tf32:
@@ -46,14 +53,23 @@ def test_fsdp_packed_and_grouped_forwards_match_ddp_on_cuda():
     """In fp32 (mixed precision off) the four ways of computing a step agree closely; in bf16 FSDP's
     policy and DDP's autocast round differently by design."""
     keys = ("critic/score/mean", "actor/pg_loss", "actor/kl_loss", "response_length/mean")
-    fp32 = ["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32", "actor_rollout_ref.ref.fsdp_config.model_dtype=fp32"]
-    runs = {name: run_worker([*fp32, *extra], steps=2, tf32=False) for name, extra in {
-        "ddp": ["actor_rollout_ref.actor.strategy=ddp"],
-        "fsdp": ["actor_rollout_ref.actor.strategy=fsdp"],
-        "packed": ["actor_rollout_ref.actor.strategy=ddp", "actor_rollout_ref.model.use_remove_padding=True"],
-        "grouped": ["actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.actor.use_prefix_grouper=True",
-                    "actor_rollout_ref.model.enable_gradient_checkpointing=True"],
-    }.items()}
+    fp32 = [
+        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
+        "actor_rollout_ref.ref.fsdp_config.model_dtype=fp32",
+    ]
+    runs = {
+        name: run_worker([*fp32, *extra], steps=2, tf32=False)
+        for name, extra in {
+            "ddp": ["actor_rollout_ref.actor.strategy=ddp"],
+            "fsdp": ["actor_rollout_ref.actor.strategy=fsdp"],
+            "packed": ["actor_rollout_ref.actor.strategy=ddp", "actor_rollout_ref.model.use_remove_padding=True"],
+            "grouped": [
+                "actor_rollout_ref.actor.strategy=fsdp",
+                "actor_rollout_ref.actor.use_prefix_grouper=True",
+                "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+            ],
+        }.items()
+    }
     for other in ("fsdp", "packed", "grouped"):
         for a, b in zip(runs["ddp"], runs[other]):
             # GPU kernels differ by reduction order (sdpa picks kernels by mask), hence looser than on CPU
@@ -74,7 +90,9 @@ def test_embedded_default_learns_on_cuda():
 def doctor(env_updates: dict) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RLRIG_", "SLURM_", "CUDA_VISIBLE"))}
     env.update(env_updates)
-    r = subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", "doctor", "--json"], capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "rlrig.entrypoint.cli", "doctor", "--json"], capture_output=True, text=True, env=env
+    )
     return {"rc": r.returncode, **json.loads(r.stdout)}
 
 
@@ -109,8 +127,16 @@ def test_fabric_gpu_health_reads_real_nvml_and_counts_memory_another_process_hol
     assert fails == [], fails
     held = torch.empty(int(g["memory_total"] * 0.8), dtype=torch.uint8, device="cuda:0")
     torch.cuda.synchronize()
-    r = subprocess.run([sys.executable, "-c", "import json; from rlrig.entrypoint import gpu_health as h; "
-                        "g = h.read_gpus()[0][0]; print(json.dumps(h.problems(g)))"], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import json; from rlrig.entrypoint import gpu_health as h; "
+            "g = h.read_gpus()[0][0]; print(json.dumps(h.problems(g)))",
+        ],
+        capture_output=True,
+        text=True,
+    )
     del held
     fails, _ = json.loads(r.stdout)
     assert any("held by other processes (a leftover job?)" in f for f in fails), (fails, r.stderr)
@@ -131,11 +157,17 @@ def _linear_dtypes(w, phase_fn) -> set:
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_bf16_mixed_precision_on_cuda(strategy):
     """verl's default on GPU: fp32 master weights and Adam state, bf16 matrix products, reference in bf16."""
-    from rlrig.trainer.presets import EMBEDDED
-    from rlrig.trainer.single_process import single_worker
+    from rlrig.trainer.config.presets import EMBEDDED
+    from rlrig.trainer.driver.single_process import single_worker
 
-    with single_worker([*EMBEDDED, "trainer.device=cuda", "actor_rollout_ref.rollout.name=hf",
-                        f"actor_rollout_ref.actor.strategy={strategy}"]) as (w, batches):
+    with single_worker(
+        [
+            *EMBEDDED,
+            "trainer.device=cuda",
+            "actor_rollout_ref.rollout.name=hf",
+            f"actor_rollout_ref.actor.strategy={strategy}",
+        ]
+    ) as (w, batches):
         m = w.models
         assert all(p.dtype == torch.float32 for p in m.actor.module.parameters())
         assert all(p.dtype == torch.bfloat16 for p in m.ref.parameters())
@@ -152,12 +184,20 @@ def test_bf16_mixed_precision_on_cuda(strategy):
 def test_lora_in_bf16_on_cuda_trains_adapters_only_with_less_optimizer_memory(strategy):
     """LoRA under verl's GPU defaults: fp32 adapters (bf16 products), the frozen base untouched, Adam state
     for the adapters alone, and the reference (adapters disabled) on the device with no second copy."""
-    from rlrig.trainer.presets import EMBEDDED
-    from rlrig.trainer.single_process import single_worker
+    from rlrig.trainer.config.presets import EMBEDDED
+    from rlrig.trainer.driver.single_process import single_worker
 
-    with single_worker([*EMBEDDED, "trainer.device=cuda", "actor_rollout_ref.rollout.name=hf", f"actor_rollout_ref.actor.strategy={strategy}",
-                        "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
-                        "actor_rollout_ref.actor.optim.lr=1e-3"]) as (w, batches):
+    with single_worker(
+        [
+            *EMBEDDED,
+            "trainer.device=cuda",
+            "actor_rollout_ref.rollout.name=hf",
+            f"actor_rollout_ref.actor.strategy={strategy}",
+            "actor_rollout_ref.model.lora_rank=8",
+            "actor_rollout_ref.model.lora_alpha=16",
+            "actor_rollout_ref.actor.optim.lr=1e-3",
+        ]
+    ) as (w, batches):
         m = w.models
         assert m.ref is None and m.ref_in_actor
         frozen = {n: p.detach().clone() for n, p in m.actor.module.named_parameters() if not p.requires_grad}
@@ -175,7 +215,9 @@ def _layer_calls(w, steps, batches) -> int:
     calls = [0]
     # the layer's first projection: transformers checkpoints the layer's forward (its own hooks do not rerun), and the
     # recompute stops once the last saved tensor is rebuilt, inside the MLP, before the MLP's hook would fire
-    h = w.models.actor.module.model.layers[0].self_attn.q_proj.register_forward_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
+    h = w.models.actor.module.model.layers[0].self_attn.q_proj.register_forward_hook(
+        lambda *a: calls.__setitem__(0, calls[0] + 1)
+    )
     try:
         for s in range(steps):
             w.step(next(batches), 0.001, s + 1)
@@ -187,29 +229,41 @@ def _layer_calls(w, steps, batches) -> int:
 def test_gradient_checkpointing_recomputes_in_the_update_on_cuda():
     """enable_gradient_checkpointing acts (training mode in the update): each update micro batch runs
     the layer's forward twice; generation and log-prob passes (eval mode) do not."""
-    from rlrig.trainer.presets import EMBEDDED
-    from rlrig.trainer.single_process import single_worker
+    from rlrig.trainer.config.presets import EMBEDDED
+    from rlrig.trainer.driver.single_process import single_worker
 
     calls = {}
     for flag in (False, True):
-        with single_worker([*EMBEDDED, "trainer.device=cuda", "actor_rollout_ref.rollout.name=hf",
-                            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
-                            f"actor_rollout_ref.model.enable_gradient_checkpointing={flag}"]) as (w, batches):
+        with single_worker(
+            [
+                *EMBEDDED,
+                "trainer.device=cuda",
+                "actor_rollout_ref.rollout.name=hf",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
+                f"actor_rollout_ref.model.enable_gradient_checkpointing={flag}",
+            ]
+        ) as (w, batches):
             calls[flag] = _layer_calls(w, 1, batches)
     # 32 prompts x 8 samples, mini batch 16 x 8 = 128 rows, micro 32: 8 update micro batches recomputed
     assert calls[True] - calls[False] == 8, calls
 
 
 def test_offload_keeps_optimizer_state_and_reference_in_host_memory_on_cuda():
-    from rlrig.trainer.presets import EMBEDDED
-    from rlrig.trainer.single_process import single_worker
+    from rlrig.trainer.config.presets import EMBEDDED
+    from rlrig.trainer.driver.single_process import single_worker
 
     keys = ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm")
     res = {}
     for flag in (False, True):
-        with single_worker([*EMBEDDED, "trainer.device=cuda", "actor_rollout_ref.rollout.name=hf",
-                            f"actor_rollout_ref.actor.fsdp_config.optimizer_offload={flag}",
-                            f"actor_rollout_ref.ref.fsdp_config.param_offload={flag}"]) as (w, batches):
+        with single_worker(
+            [
+                *EMBEDDED,
+                "trainer.device=cuda",
+                "actor_rollout_ref.rollout.name=hf",
+                f"actor_rollout_ref.actor.fsdp_config.optimizer_offload={flag}",
+                f"actor_rollout_ref.ref.fsdp_config.param_offload={flag}",
+            ]
+        ) as (w, batches):
             res[flag] = [w.step(next(batches), 0.001, s + 1) for s in range(2)]
             m = w.models
             devices = {v.device.type for st in m.actor.opt.state.values() for k, v in st.items() if k != "step"}
@@ -221,15 +275,23 @@ def test_offload_keeps_optimizer_state_and_reference_in_host_memory_on_cuda():
 
 def test_param_offload_keeps_fsdp_shards_in_host_memory_between_steps_on_cuda():
     """actor and critic param_offload under FSDP: on the GPU only for the phases that use them, same numbers."""
-    from rlrig.trainer.presets import EMBEDDED
-    from rlrig.trainer.single_process import single_worker
+    from rlrig.trainer.config.presets import EMBEDDED
+    from rlrig.trainer.driver.single_process import single_worker
 
     keys = ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss")
     res = {}
     for flag in (False, True):
-        with single_worker([*EMBEDDED, "trainer.device=cuda", "actor_rollout_ref.rollout.name=hf", "algorithm.adv_estimator=gae",
-                            "actor_rollout_ref.actor.strategy=fsdp", f"actor_rollout_ref.actor.fsdp_config.param_offload={flag}",
-                            f"critic.model.fsdp_config.param_offload={flag}"]) as (w, batches):
+        with single_worker(
+            [
+                *EMBEDDED,
+                "trainer.device=cuda",
+                "actor_rollout_ref.rollout.name=hf",
+                "algorithm.adv_estimator=gae",
+                "actor_rollout_ref.actor.strategy=fsdp",
+                f"actor_rollout_ref.actor.fsdp_config.param_offload={flag}",
+                f"critic.model.fsdp_config.param_offload={flag}",
+            ]
+        ) as (w, batches):
             res[flag] = [w.step(next(batches), 0.001, s + 1) for s in range(2)]
             for t in (w.models.actor, w.models.critic):
                 assert {p.device.type for p in t.module.parameters()} == ({"cpu"} if flag else {"cuda"})
@@ -239,31 +301,55 @@ def test_param_offload_keeps_fsdp_shards_in_host_memory_between_steps_on_cuda():
 
 def test_micro_batched_passes_lower_peak_memory_with_a_large_vocabulary_on_cuda():
     """A 152k vocabulary: the logits are the largest tensors of a step; micro batches bound them."""
-    from rlrig.trainer.synthetic import Shape, ensure_model
+    from rlrig.trainer.embedded.synthetic import Shape, ensure_model
 
     path = ensure_model(Shape(151936, 128, 256, 2, 2, 2, 512))
-    common = ["actor_rollout_ref.model.path=" + path, "data.max_response_length=64", "data.train_batch_size=16",
-              "actor_rollout_ref.actor.ppo_mini_batch_size=16", "actor_rollout_ref.rollout.n=8"]
+    common = [
+        "actor_rollout_ref.model.path=" + path,
+        "data.max_response_length=64",
+        "data.train_batch_size=16",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+        "actor_rollout_ref.rollout.n=8",
+    ]
     whole = run_worker(common, steps=1, model_path=path)[0]["perf/max_memory_allocated_gb"]
-    micro = run_worker([*common, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-                        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-                        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8"], steps=1, model_path=path)[0]["perf/max_memory_allocated_gb"]
-    print(f"peak GPU memory, 152k vocabulary, 128 sequences: whole batch {whole:.2f} GB, micro batches of 8 {micro:.2f} GB")
+    micro = run_worker(
+        [
+            *common,
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
+        ],
+        steps=1,
+        model_path=path,
+    )[0]["perf/max_memory_allocated_gb"]
+    print(
+        f"peak GPU memory, 152k vocabulary, 128 sequences: whole batch {whole:.2f} GB, micro batches of 8 {micro:.2f} GB"
+    )
     assert micro < 0.6 * whole, (whole, micro)
 
 
 def test_reward_model_scores_in_bf16_on_cuda_colocated_and_offloaded():
     """The embedded reward model in each training worker: held in bf16 on the GPU, or in host memory between
     scorings (param_offload), its graded scores the reward either way."""
-    from rlrig.trainer.presets import EMBEDDED
-    from rlrig.trainer.single_process import single_worker
+    from rlrig.trainer.config.presets import EMBEDDED
+    from rlrig.trainer.driver.single_process import single_worker
 
     rm = ["reward_model.enable=True", "reward_model.micro_batch_size_per_gpu=8"]
     for offload in (False, True):
-        with single_worker([*EMBEDDED, "trainer.device=cuda", "actor_rollout_ref.rollout.name=hf", *rm,
-                            f"reward_model.model.fsdp_config.param_offload={offload}"]) as (w, batches):
+        with single_worker(
+            [
+                *EMBEDDED,
+                "trainer.device=cuda",
+                "actor_rollout_ref.rollout.name=hf",
+                *rm,
+                f"reward_model.model.fsdp_config.param_offload={offload}",
+            ]
+        ) as (w, batches):
             m = w.step(next(batches), 0.0, 1)
             scorer_params = list(w.rm_scorer.model.parameters())
             assert {p.dtype for p in scorer_params} == {torch.bfloat16}
             assert {p.device.type for p in scorer_params} == {"cpu" if offload else "cuda"}
-            assert m["critic/score/min"] < m["critic/score/max"] and not {m["critic/score/min"], m["critic/score/max"]} <= {0.0, 1.0}
+            assert m["critic/score/min"] < m["critic/score/max"] and not {
+                m["critic/score/min"],
+                m["critic/score/max"],
+            } <= {0.0, 1.0}

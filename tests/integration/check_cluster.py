@@ -16,15 +16,24 @@ def probe():
     return os.environ.get("FROM_HEAD_ENV"), os.environ.get("GLOO_SOCKET_IFNAME"), ray.util.get_node_ip_address()
 
 
-refs = [probe.options(scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
-        for n in alive]
+refs = [
+    probe.options(
+        scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+    ).remote()
+    for n in alive
+]
 for env_value, gloo, ip in sorted(ray.get(refs), key=lambda t: t[2]):
     print("WORKER", ip, env_value, gloo, flush=True)
 
 # A driver without the cluster token must be refused.
 env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN", "RLRIG_CLUSTER_TOKEN")}
 env["RAY_AUTH_TOKEN"] = "b" * 64
-r = subprocess.run([sys.executable, "-c", "import ray; ray.init(); print('CONNECTED')"], env=env,
-                   capture_output=True, text=True, timeout=60)
+r = subprocess.run(
+    [sys.executable, "-c", "import ray; ray.init(); print('CONNECTED')"],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=60,
+)
 print("NO_TOKEN_DRIVER", "connected" if "CONNECTED" in r.stdout else "refused", flush=True)
 sys.exit(int(os.environ.get("EXIT_WITH", "0")))

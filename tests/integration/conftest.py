@@ -1,7 +1,7 @@
 import os
 import shutil
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -46,8 +46,13 @@ def cluster_hosts():
 
 
 def dstack_env(ns: netns.Netns, i: int, run: str) -> dict[str, str]:
-    return {"DSTACK_NODE_RANK": str(i), "DSTACK_NODES_NUM": str(ns.n), "DSTACK_MASTER_NODE_IP": ns.ip(0),
-            "DSTACK_NODES_IPS": "\n".join(ns.ip(j) for j in range(ns.n)), "DSTACK_RUN_NAME": run}
+    return {
+        "DSTACK_NODE_RANK": str(i),
+        "DSTACK_NODES_NUM": str(ns.n),
+        "DSTACK_MASTER_NODE_IP": ns.ip(0),
+        "DSTACK_NODES_IPS": "\n".join(ns.ip(j) for j in range(ns.n)),
+        "DSTACK_RUN_NAME": run,
+    }
 
 
 @pytest.fixture

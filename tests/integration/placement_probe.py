@@ -7,7 +7,7 @@ import sys
 import ray
 from ray.util.state import list_actors, list_nodes
 
-r = subprocess.run([sys.executable, "-m", "rlrig.trainer.main", *sys.argv[1:]])
+r = subprocess.run([sys.executable, "-m", "rlrig.trainer.driver.main", *sys.argv[1:]])
 if r.returncode:
     sys.exit(r.returncode)
 ray.init()
@@ -16,6 +16,9 @@ for a in list_actors(detail=True, limit=1000):  # the run's actors are dead by n
     if a.class_name not in ("Worker", "RefWorker", "RewardModelWorker"):
         continue
     n = nodes[a.node_id]
-    custom = sorted(k for k in n.resources_total if k not in ("CPU", "GPU", "memory", "object_store_memory")
-                    and not k.startswith("node:"))
+    custom = sorted(
+        k
+        for k in n.resources_total
+        if k not in ("CPU", "GPU", "memory", "object_store_memory") and not k.startswith("node:")
+    )
     print("ACTOR", a.class_name, n.node_ip, ",".join(custom) or "-", flush=True)

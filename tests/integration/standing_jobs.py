@@ -30,7 +30,10 @@ def fail():
 
 if mode in ("nodes", "hang"):
     # one actor pinned to each node: what a training job's collective looks like to Ray
-    ranks = [Rank.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote() for n in alive]
+    ranks = [
+        Rank.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
+        for n in alive
+    ]
     print("NODES", len(alive), "IPS", " ".join(sorted(ray.get([r.ip.remote() for r in ranks]))), flush=True)
     if mode == "hang":
         time.sleep(600)  # as a collective waits for a rank that is gone

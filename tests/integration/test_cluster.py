@@ -6,7 +6,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import dstack_env
 
 pytestmark = pytest.mark.integration
@@ -86,7 +85,9 @@ def test_missing_worker_is_named(cluster_hosts):
 def test_worker_with_wrong_token_is_refused(cluster_hosts):
     ns = cluster_hosts(2)
     head = cluster_hosts.start(ns, 0, dstack_env(ns, 0, "itt"), ["run", "--timeout", "40", "--", "true"])
-    bad = cluster_hosts.start(ns, 1, {**dstack_env(ns, 1, "itt"), "RLRIG_CLUSTER_TOKEN": "c" * 64}, ["run", "--", "true"])
+    bad = cluster_hosts.start(
+        ns, 1, {**dstack_env(ns, 1, "itt"), "RLRIG_CLUSTER_TOKEN": "c" * 64}, ["run", "--", "true"]
+    )
     assert bad.wait(120) == 2
     assert "refused this node's token" in bad.output, bad.output
     assert head.wait(120) == 2

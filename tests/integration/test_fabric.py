@@ -6,7 +6,6 @@ import re
 import time
 
 import pytest
-
 from conftest import dstack_env
 
 pytestmark = pytest.mark.integration

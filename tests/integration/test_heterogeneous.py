@@ -10,18 +10,32 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import dstack_env
 
 pytestmark = pytest.mark.integration
 PROBE = str(Path(__file__).with_name("placement_probe.py"))
-GRPO = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2", "data.train_batch_size=4",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.max_response_length=8", "trainer.resume_mode=disable"]
+GRPO = [
+    "algorithm.adv_estimator=grpo",
+    "actor_rollout_ref.rollout.n=2",
+    "data.train_batch_size=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "data.max_response_length=8",
+    "trainer.resume_mode=disable",
+]
 # the FAQ: actor (and critic) on the large-memory machines, reference and reward model on the small one
-FAQ = ["actor_rollout_ref.placement.resource=h100", "reward_model.enable=True", "reward_model.enable_resource_pool=True",
-       "reward_model.nnodes=1", "reward_model.n_gpus_per_node=1", "reward_model.placement.resource=v100",
-       "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.ref.enable_resource_pool=True",
-       "actor_rollout_ref.ref.nnodes=1", "actor_rollout_ref.ref.n_gpus_per_node=1", "actor_rollout_ref.ref.placement.resource=v100"]
+FAQ = [
+    "actor_rollout_ref.placement.resource=h100",
+    "reward_model.enable=True",
+    "reward_model.enable_resource_pool=True",
+    "reward_model.nnodes=1",
+    "reward_model.n_gpus_per_node=1",
+    "reward_model.placement.resource=v100",
+    "actor_rollout_ref.actor.use_kl_loss=True",
+    "actor_rollout_ref.ref.enable_resource_pool=True",
+    "actor_rollout_ref.ref.nnodes=1",
+    "actor_rollout_ref.ref.n_gpus_per_node=1",
+    "actor_rollout_ref.ref.placement.resource=v100",
+]
 NODE_RESOURCES = ['{"h100": 1}', '{"h100": 1}', '{"v100": 2}']
 
 
@@ -36,8 +50,18 @@ def start_three(cluster_hosts, tag, args):
 
 def test_openrlhf_faq_layout_reference_and_reward_model_in_their_own_pools(cluster_hosts, tmp_path):
     run = tmp_path / "run"
-    args = ["run", "--", sys.executable, PROBE, *GRPO, *FAQ, "trainer.nnodes=2", "trainer.n_gpus_per_node=1",
-            "trainer.total_training_steps=2", f"trainer.default_local_dir={run}"]
+    args = [
+        "run",
+        "--",
+        sys.executable,
+        PROBE,
+        *GRPO,
+        *FAQ,
+        "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=1",
+        "trainer.total_training_steps=2",
+        f"trainer.default_local_dir={run}",
+    ]
     ns, nodes = start_three(cluster_hosts, "het", args)
     codes = [n.wait(600) for n in nodes]
     out = nodes[0].output
@@ -47,7 +71,9 @@ def test_openrlhf_faq_layout_reference_and_reward_model_in_their_own_pools(clust
     actors = [line.split()[1:] for line in out.splitlines() if line.startswith("ACTOR ")]
     workers = sorted(ip for cls, ip, res in actors if cls == "Worker")
     rms = [(ip, res) for cls, ip, res in actors if cls == "RewardModelWorker"]
-    assert workers == sorted([ns.ip(0), ns.ip(1)]) and all(res == "h100" for cls, _, res in actors if cls == "Worker"), actors
+    assert workers == sorted([ns.ip(0), ns.ip(1)]) and all(
+        res == "h100" for cls, _, res in actors if cls == "Worker"
+    ), actors
     assert rms == [(ns.ip(2), "v100")], actors
     assert [(ip, res) for cls, ip, res in actors if cls == "RefWorker"] == [(ns.ip(2), "v100")], actors
     assert "reward_model (" in out and f"on {ns.ip(2)}" in out, out[-3000:]
@@ -61,8 +87,15 @@ def test_openrlhf_faq_layout_reference_and_reward_model_in_their_own_pools(clust
 
 
 def test_a_resource_no_node_offers_is_refused_before_placing(cluster_hosts, tmp_path):
-    args = ["train", *GRPO, *[a.replace("=v100", "=a100") for a in FAQ], "trainer.nnodes=2", "trainer.n_gpus_per_node=1",
-            "trainer.total_training_steps=1", f"trainer.default_local_dir={tmp_path / 'run'}"]
+    args = [
+        "train",
+        *GRPO,
+        *[a.replace("=v100", "=a100") for a in FAQ],
+        "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=1",
+        "trainer.total_training_steps=1",
+        f"trainer.default_local_dir={tmp_path / 'run'}",
+    ]
     ns, nodes = start_three(cluster_hosts, "het2", args)
     codes = [n.wait(300) for n in nodes]
     out = nodes[0].output
@@ -81,11 +114,29 @@ def test_a_placement_held_elsewhere_fails_at_the_bound(tmp_path):
         "ray.init()\n"
         "pg = placement_group([{'h100': 1}])\n"
         "ray.get(pg.ready())\n"
-        "sys.exit(subprocess.run([sys.executable, '-m', 'rlrig.trainer.main', *sys.argv[1:]]).returncode)\n")
-    r = subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", "run", "--", sys.executable, str(hold), *GRPO,
-                        "actor_rollout_ref.placement.resource=h100", "trainer.placement_timeout_s=5", "trainer.n_gpus_per_node=1",
-                        "trainer.total_training_steps=1", f"trainer.default_local_dir={tmp_path / 'run'}"],
-                       capture_output=True, text=True, timeout=300, env={**os.environ, "RLRIG_RESOURCES": '{"h100": 1}'})
+        "sys.exit(subprocess.run([sys.executable, '-m', 'rlrig.trainer.driver.main', *sys.argv[1:]]).returncode)\n"
+    )
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlrig.entrypoint.cli",
+            "run",
+            "--",
+            sys.executable,
+            str(hold),
+            *GRPO,
+            "actor_rollout_ref.placement.resource=h100",
+            "trainer.placement_timeout_s=5",
+            "trainer.n_gpus_per_node=1",
+            "trainer.total_training_steps=1",
+            f"trainer.default_local_dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "RLRIG_RESOURCES": '{"h100": 1}'},
+    )
     assert r.returncode == 2, r.stderr[-3000:]
     assert "was not ready within trainer.placement_timeout_s=5" in r.stderr and "h100" in r.stderr, r.stderr[-3000:]
 
@@ -96,16 +147,30 @@ def test_critic_in_its_own_pool_trains_as_colocated_and_resumes(tmp_path):
     The trainer starts its own local Ray with 4 CPUs for the 2 training and 2 critic workers (this machine has 2
     cores, which is all `rlrig train` would offer); with its own HOME, since a local Ray leaves a token file in
     ~/.ray that later clients (rlrig submit) would pick up."""
-    base = ["ray_kwargs.ray_init.num_cpus=4", "algorithm.adv_estimator=gae", "data.train_batch_size=8",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-            "trainer.n_gpus_per_node=2", "trainer.val_before_train=False", "trainer.save_freq=2"]
+    base = [
+        "ray_kwargs.ray_init.num_cpus=4",
+        "algorithm.adv_estimator=gae",
+        "data.train_batch_size=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "trainer.n_gpus_per_node=2",
+        "trainer.val_before_train=False",
+        "trainer.save_freq=2",
+    ]
     own = ["critic.enable_resource_pool=True", "critic.nnodes=1", "critic.n_gpus_per_node=2"]
 
     def train(run, *extra):
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-        env.update(HOME=str(tmp_path / "home"), RLRIG_CACHE=os.environ.get("RLRIG_CACHE", str(Path.home() / ".cache" / "rlrig")))
-        r = subprocess.run([sys.executable, "-m", "rlrig.trainer.main", *base, *extra, f"trainer.default_local_dir={run}"],
-                           capture_output=True, text=True, timeout=600, env=env)
+        env.update(
+            HOME=str(tmp_path / "home"),
+            RLRIG_CACHE=os.environ.get("RLRIG_CACHE", str(Path.home() / ".cache" / "rlrig")),
+        )
+        r = subprocess.run(
+            [sys.executable, "-m", "rlrig.trainer.driver.main", *base, *extra, f"trainer.default_local_dir={run}"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
         return r.stderr
 

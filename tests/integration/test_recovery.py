@@ -9,15 +9,26 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import dstack_env
 from crashlog import excerpt
 
 pytestmark = pytest.mark.integration
 STEPS = 6
-TRAIN = ["train", "--max-restarts", "1", "--rejoin-timeout", "120", "data.train_batch_size=8",
-         "actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.val_before_train=False", "trainer.test_freq=0",
-         "trainer.save_freq=2", f"trainer.total_training_steps={STEPS}", "trainer.nnodes=2", "trainer.n_gpus_per_node=1"]
+TRAIN = [
+    "train",
+    "--max-restarts",
+    "1",
+    "--rejoin-timeout",
+    "120",
+    "data.train_batch_size=8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+    "trainer.val_before_train=False",
+    "trainer.test_freq=0",
+    "trainer.save_freq=2",
+    f"trainer.total_training_steps={STEPS}",
+    "trainer.nnodes=2",
+    "trainer.n_gpus_per_node=1",
+]
 
 
 def logged(run: Path) -> list[dict]:

@@ -4,7 +4,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import TOKEN
 from crashlog import excerpt
 
@@ -15,10 +14,25 @@ RLRIG = str(Path(sys.executable).with_name("rlrig"))
 
 def test_srun_forms_one_cluster_and_returns_the_code(slurm_cluster):
     s = slurm_cluster
-    env = {"RLRIG_CLUSTER_TOKEN": TOKEN, "RLRIG_ENV_FROM_HEAD_ENV": "reached", "EXIT_WITH": "5",
-           "PYTHONUNBUFFERED": "1"}
-    r = s.run("srun", "-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=0", RLRIG, "run", "--", sys.executable, CHECK,
-              env=env, timeout=300)
+    env = {
+        "RLRIG_CLUSTER_TOKEN": TOKEN,
+        "RLRIG_ENV_FROM_HEAD_ENV": "reached",
+        "EXIT_WITH": "5",
+        "PYTHONUNBUFFERED": "1",
+    }
+    r = s.run(
+        "srun",
+        "-N2",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=0",
+        RLRIG,
+        "run",
+        "--",
+        sys.executable,
+        CHECK,
+        env=env,
+        timeout=300,
+    )
     out = r.stdout + r.stderr
     assert "NODES 2" in out, out + s.logs()
     for i in range(2):
@@ -41,8 +55,14 @@ def test_batch_script_without_srun_is_refused(slurm_cluster, tmp_path):
 
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.val_before_train=False",
-        "trainer.test_freq=2", "trainer.save_freq=2", "trainer.total_training_steps=2"]
+TINY = [
+    "data.train_batch_size=8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+    "trainer.val_before_train=False",
+    "trainer.test_freq=2",
+    "trainer.save_freq=2",
+    "trainer.total_training_steps=2",
+]
 
 
 def test_baremetal_sbatch_script_trains_on_two_nodes(slurm_cluster, tmp_path):
@@ -50,8 +70,17 @@ def test_baremetal_sbatch_script_trains_on_two_nodes(slurm_cluster, tmp_path):
     s = slurm_cluster
     out, run = tmp_path / "job.out", tmp_path / "run"
     env = {"RLRIG_VENV": str(Path(sys.executable).parent.parent), "HOME": str(Path.home())}
-    r = s.run("sbatch", "--wait", f"--output={out}", f"--chdir={tmp_path}", str(REPO / "slurm/rlrig-baremetal.sbatch"),
-              *TINY, f"trainer.default_local_dir={run}", env=env, timeout=600)
+    r = s.run(
+        "sbatch",
+        "--wait",
+        f"--output={out}",
+        f"--chdir={tmp_path}",
+        str(REPO / "slurm/rlrig-baremetal.sbatch"),
+        *TINY,
+        f"trainer.default_local_dir={run}",
+        env=env,
+        timeout=600,
+    )
     text = out.read_text()
     assert r.returncode == 0, excerpt(text, 4000) + r.stderr
     assert "head of 2 node(s)" in text and "(slurm)" in text, text[-3000:]
@@ -66,9 +95,21 @@ def test_standing_cluster_sbatch_recipe_submits_training_to_both_nodes(slurm_clu
     s = slurm_cluster
     out, run = tmp_path / "job.out", tmp_path / "run"
     env = {"RLRIG_VENV": str(Path(sys.executable).parent.parent), "HOME": str(Path.home())}
-    r = s.run("sbatch", "--wait", f"--output={out}", f"--chdir={tmp_path}", str(REPO / "slurm/rlrig-cluster.sbatch"),
-              "rlrig", "train", *TINY, "trainer.nnodes=2", "trainer.n_gpus_per_node=1", f"trainer.default_local_dir={run}",
-              env=env, timeout=600)
+    r = s.run(
+        "sbatch",
+        "--wait",
+        f"--output={out}",
+        f"--chdir={tmp_path}",
+        str(REPO / "slurm/rlrig-cluster.sbatch"),
+        "rlrig",
+        "train",
+        *TINY,
+        "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=1",
+        f"trainer.default_local_dir={run}",
+        env=env,
+        timeout=600,
+    )
     text = out.read_text()
     assert r.returncode == 0, excerpt(text, 4000) + r.stderr
     assert f"workers on {s.ns.ip(0)}, {s.ns.ip(1)}" in text, text[-3000:]
@@ -82,8 +123,18 @@ def test_apptainer_node_script_forwards_each_tasks_slurm_variables(slurm_cluster
     shim = tmp_path / "apptainer"
     shim.write_text('#!/bin/sh\necho "ARGS $*"\nenv | grep ^APPTAINERENV_ | sort\n')
     shim.chmod(0o755)
-    r = s.run("srun", "-N2", "--ntasks-per-node=1", "--label", str(REPO / "apptainer/rlrig-node.sh"), "img.sif", "train", "x=1",
-              env={"APPTAINER": str(shim), "RLRIG_CLUSTER_TOKEN": TOKEN, "RAY_TMPDIR": "/tmp/rlrig-j"}, timeout=120)
+    r = s.run(
+        "srun",
+        "-N2",
+        "--ntasks-per-node=1",
+        "--label",
+        str(REPO / "apptainer/rlrig-node.sh"),
+        "img.sif",
+        "train",
+        "x=1",
+        env={"APPTAINER": str(shim), "RLRIG_CLUSTER_TOKEN": TOKEN, "RAY_TMPDIR": "/tmp/rlrig-j"},
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     for task in (0, 1):

@@ -5,15 +5,14 @@ import glob
 import json
 import os
 import subprocess
-import tempfile
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import TOKEN, dstack_env
 from crashlog import excerpt
 from test_train import TINY, metrics
@@ -28,8 +27,10 @@ URL = "http://127.0.0.1:8265"
 def up(cluster_hosts, n: int, run: str, hosts: int | None = None, args=()):
     """`rlrig up` on the first n of `hosts` namespace hosts; returns (namespaces, nodes) once the head is up."""
     ns = cluster_hosts(hosts or n)
-    nodes = [cluster_hosts.start(ns, i, {**dstack_env(ns, i, run), "DSTACK_NODES_NUM": str(n)}, ["up", *args])
-             for i in range(n)]
+    nodes = [
+        cluster_hosts.start(ns, i, {**dstack_env(ns, i, run), "DSTACK_NODES_NUM": str(n)}, ["up", *args])
+        for i in range(n)
+    ]
     nodes[0].wait_for("cluster up:", 180)
     return ns, nodes
 
@@ -44,14 +45,22 @@ def client_env(token: str | None = TOKEN, **extra) -> dict:
 
 
 def rlrig(ns, i, *args, token=TOKEN, timeout=300, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(ns.prefix(i) + [sys.executable, "-m", "rlrig.entrypoint.cli", *args], env=client_env(token),
-                          capture_output=True, text=True, timeout=timeout, **kw)
+    return subprocess.run(
+        ns.prefix(i) + [sys.executable, "-m", "rlrig.entrypoint.cli", *args],
+        env=client_env(token),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kw,
+    )
 
 
 def ray_cli(ns, i, *args, token=TOKEN) -> subprocess.CompletedProcess:
     """Ray's own CLI as its docs say to use it with a token: RAY_AUTH_MODE=token and RAY_AUTH_TOKEN exported."""
     env = client_env(None, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token, RAY_API_SERVER_ADDRESS=URL)
-    return subprocess.run(ns.prefix(i) + [str(BIN / "ray"), *args], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        ns.prefix(i) + [str(BIN / "ray"), *args], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def tree(node) -> list[psutil.Process]:
@@ -98,8 +107,11 @@ def test_jobs_need_the_token_and_the_cluster_stays_until_down(cluster_hosts):
     assert r.returncode == 2 and "no cluster token" in r.stderr, r.stderr
     r = rlrig(ns, 0, "submit", "--", "true", token="c" * 64)
     assert r.returncode == 2 and "refused the token" in r.stderr, r.stderr
-    r = subprocess.run(ns.prefix(0) + ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", f"{URL}/api/jobs/"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ns.prefix(0) + ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", f"{URL}/api/jobs/"],
+        capture_output=True,
+        text=True,
+    )
     assert r.stdout == "401", r.stdout
 
     # Ray's own job CLI with RAY_AUTH_MODE=token and RAY_AUTH_TOKEN exported
@@ -160,8 +172,17 @@ def test_jobs_need_the_token_and_the_cluster_stays_until_down(cluster_hosts):
 def test_submitted_trainer_trains_on_both_nodes(cluster_hosts, tmp_path):
     ns, nodes = up(cluster_hosts, 2, "st2")
     run = tmp_path / "run"
-    args = ["submit", "--", "rlrig", "train", *TINY, "trainer.nnodes=2", "trainer.n_gpus_per_node=1",
-            "trainer.total_training_steps=2", f"trainer.default_local_dir={run}"]
+    args = [
+        "submit",
+        "--",
+        "rlrig",
+        "train",
+        *TINY,
+        "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=1",
+        "trainer.total_training_steps=2",
+        f"trainer.default_local_dir={run}",
+    ]
     r = rlrig(ns, 0, *args, timeout=600)
     assert r.returncode == 0, excerpt(r.stdout + r.stderr, 4000)
     assert f"workers on {ns.ip(0)}, {ns.ip(1)}" in r.stdout, r.stdout[-3000:]
@@ -177,9 +198,25 @@ def test_submitted_trainer_trains_on_both_nodes(cluster_hosts, tmp_path):
 
 def test_lost_node_fails_the_running_job_and_the_cluster_goes_on(cluster_hosts):
     ns, nodes = up(cluster_hosts, 2, "st3")
-    follow = subprocess.Popen(ns.prefix(0) + [sys.executable, "-m", "rlrig.entrypoint.cli", "submit", "--submission-id",
-                                              "hangs", "--", sys.executable, JOBS, "hang"],
-                              env=client_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    follow = subprocess.Popen(
+        ns.prefix(0)
+        + [
+            sys.executable,
+            "-m",
+            "rlrig.entrypoint.cli",
+            "submit",
+            "--submission-id",
+            "hangs",
+            "--",
+            sys.executable,
+            JOBS,
+            "hang",
+        ],
+        env=client_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while "running" not in job_status(ns, "hangs") and time.monotonic() < deadline:
@@ -232,8 +269,15 @@ def test_legacy_debugger_lists_the_breakpoint(cluster_hosts):
     r = rlrig(ns, 0, "submit", "--no-wait", "--", sys.executable, JOBS, "breakpoint")
     assert r.returncode == 0, r.stderr
     env = client_env(None, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=TOKEN)
-    debug = subprocess.Popen(ns.prefix(0) + [str(BIN / "ray"), "debug", "--address", f"{ns.ip(0)}:6379"], env=env,
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    debug = subprocess.Popen(
+        ns.prefix(0) + [str(BIN / "ray"), "debug", "--address", f"{ns.ip(0)}:6379"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+    )
     seen: list[str] = []
     reader = threading.Thread(target=lambda: seen.extend(iter(lambda: debug.stdout.read(1), "")), daemon=True)
     reader.start()

@@ -1,24 +1,28 @@
 """The bundled trainer for real: one node end to end, resume, export, plot; and two nodes."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import dstack_env
 from crashlog import excerpt
 
 pytestmark = pytest.mark.integration
-TINY = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.val_before_train=False",
-        "trainer.test_freq=2", "trainer.save_freq=2"]
+TINY = [
+    "data.train_batch_size=8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+    "trainer.val_before_train=False",
+    "trainer.test_freq=2",
+    "trainer.save_freq=2",
+]
 
 
 def rlrig(*args, timeout=600, **kw):
-    return subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "rlrig.entrypoint.cli", *args], capture_output=True, text=True, timeout=timeout, **kw
+    )
 
 
 def metrics(run: Path) -> list[dict]:
@@ -31,9 +35,19 @@ def test_train_resume_export_plot(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     rows = metrics(run)
     assert [m["training/global_step"] for m in rows] == [1, 2, 3, 4]
-    for key in ("critic/score/mean", "timing_s/step", "perf/throughput", "actor/pg_loss", "actor/kl_loss",
-                "response_length/mean", "val-core/rlrig/arithmetic/reward/mean@1",
-                "timing_s/gen", "timing_s/ref", "timing_s/update_actor", "timing_s/update_weights"):
+    for key in (
+        "critic/score/mean",
+        "timing_s/step",
+        "perf/throughput",
+        "actor/pg_loss",
+        "actor/kl_loss",
+        "response_length/mean",
+        "val-core/rlrig/arithmetic/reward/mean@1",
+        "timing_s/gen",
+        "timing_s/ref",
+        "timing_s/update_actor",
+        "timing_s/update_weights",
+    ):
         assert key in rows[-1], key
     assert (run / "latest_checkpointed_iteration.txt").read_text() == "4"
     # a stopped run resumes at the next step and appends to the same metrics
@@ -61,8 +75,17 @@ def test_two_nodes_train_stop_and_resume(cluster_hosts, tmp_path):
     run = tmp_path / "run2"
 
     def train_on_both(tag, *extra):
-        args = ["train", *TINY, "trainer.nnodes=2", "trainer.n_gpus_per_node=1", f"trainer.default_local_dir={run}", *extra]
-        nodes = [cluster_hosts.start(ns, i, {**dstack_env(ns, i, tag), "HOME": str(Path.home())}, args) for i in range(2)]
+        args = [
+            "train",
+            *TINY,
+            "trainer.nnodes=2",
+            "trainer.n_gpus_per_node=1",
+            f"trainer.default_local_dir={run}",
+            *extra,
+        ]
+        nodes = [
+            cluster_hosts.start(ns, i, {**dstack_env(ns, i, tag), "HOME": str(Path.home())}, args) for i in range(2)
+        ]
         codes = [n.wait(600) for n in nodes]
         assert codes == [0, 0], excerpt(nodes[0].output, 4000)
         assert f"workers on {ns.ip(0)}, {ns.ip(1)}" in nodes[0].output, nodes[0].output[-3000:]
@@ -83,11 +106,17 @@ def test_fsdp_and_packing_train_like_ddp_and_resume_either_way(tmp_path):
     step, and checkpoints (full tensors by name) must move between the strategies."""
     two = [*TINY, "trainer.n_gpus_per_node=2", "trainer.test_freq=0"]
     keys = ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/kl_loss")
-    variants = {"ddp": ["actor_rollout_ref.actor.strategy=ddp"], "fsdp": ["actor_rollout_ref.actor.strategy=fsdp"],
-                "packed": ["actor_rollout_ref.actor.strategy=ddp", "actor_rollout_ref.model.use_remove_padding=True"],
-                "grouped": ["actor_rollout_ref.actor.strategy=ddp", "actor_rollout_ref.actor.use_prefix_grouper=True"],
-                "grouped_fsdp": ["actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.actor.use_prefix_grouper=True",
-                                 "actor_rollout_ref.model.enable_gradient_checkpointing=True"]}
+    variants = {
+        "ddp": ["actor_rollout_ref.actor.strategy=ddp"],
+        "fsdp": ["actor_rollout_ref.actor.strategy=fsdp"],
+        "packed": ["actor_rollout_ref.actor.strategy=ddp", "actor_rollout_ref.model.use_remove_padding=True"],
+        "grouped": ["actor_rollout_ref.actor.strategy=ddp", "actor_rollout_ref.actor.use_prefix_grouper=True"],
+        "grouped_fsdp": [
+            "actor_rollout_ref.actor.strategy=fsdp",
+            "actor_rollout_ref.actor.use_prefix_grouper=True",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        ],
+    }
     runs = {}
     for name, extra in variants.items():
         runs[name] = tmp_path / name
@@ -101,16 +130,29 @@ def test_fsdp_and_packing_train_like_ddp_and_resume_either_way(tmp_path):
         for a, b in zip(ddp, metrics(runs[other])):
             assert [a[k] for k in keys] == pytest.approx([b[k] for k in keys], rel=1e-4, abs=1e-6), other
     for saved, other in (("ddp", "fsdp"), ("fsdp", "ddp")):
-        r = rlrig("train", *two, "trainer.total_training_steps=3", f"actor_rollout_ref.actor.strategy={other}",
-                  f"trainer.default_local_dir={runs[saved]}")
+        r = rlrig(
+            "train",
+            *two,
+            "trainer.total_training_steps=3",
+            f"actor_rollout_ref.actor.strategy={other}",
+            f"trainer.default_local_dir={runs[saved]}",
+        )
         assert r.returncode == 0 and "resumed from" in r.stderr, r.stderr[-3000:]
     third = [metrics(runs[s])[2] for s in ("ddp", "fsdp")]
     assert [third[0][k] for k in keys] == pytest.approx([third[1][k] for k in keys], rel=1e-4, abs=1e-6)
 
 
-LORA = [*TINY, "trainer.n_gpus_per_node=2", "trainer.test_freq=0", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2",
-        "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
-        "actor_rollout_ref.actor.optim.lr=1e-2"]
+LORA = [
+    *TINY,
+    "trainer.n_gpus_per_node=2",
+    "trainer.test_freq=0",
+    "algorithm.adv_estimator=grpo",
+    "actor_rollout_ref.rollout.n=2",
+    "actor_rollout_ref.actor.use_kl_loss=True",
+    "actor_rollout_ref.model.lora_rank=4",
+    "actor_rollout_ref.model.lora_alpha=8",
+    "actor_rollout_ref.actor.optim.lr=1e-2",
+]
 
 
 def test_lora_trains_sharded_resumes_under_ddp_and_exports_merged(tmp_path):
@@ -119,10 +161,22 @@ def test_lora_trains_sharded_resumes_under_ddp_and_exports_merged(tmp_path):
     model plus the adapter as peft saves it. (DDP against FSDP step by step, and a run without LoRA refusing
     the checkpoint: tests/e2e/lora_e2e.py.)"""
     run = tmp_path / "run"
-    r = rlrig("train", *LORA, "trainer.total_training_steps=2", "actor_rollout_ref.actor.strategy=fsdp", f"trainer.default_local_dir={run}")
+    r = rlrig(
+        "train",
+        *LORA,
+        "trainer.total_training_steps=2",
+        "actor_rollout_ref.actor.strategy=fsdp",
+        f"trainer.default_local_dir={run}",
+    )
     assert r.returncode == 0, excerpt(r.stderr)
     assert metrics(run)[0]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-7)  # adapters start at zero
-    r = rlrig("train", *LORA, "trainer.total_training_steps=3", "actor_rollout_ref.actor.strategy=ddp", f"trainer.default_local_dir={run}")
+    r = rlrig(
+        "train",
+        *LORA,
+        "trainer.total_training_steps=3",
+        "actor_rollout_ref.actor.strategy=ddp",
+        f"trainer.default_local_dir={run}",
+    )
     assert r.returncode == 0 and "resumed from" in r.stderr, excerpt(r.stderr)
     assert metrics(run)[2]["actor/kl_loss"] > 0  # the adapters moved the policy off its reference
     hf = tmp_path / "hf"
@@ -132,7 +186,7 @@ def test_lora_trains_sharded_resumes_under_ddp_and_exports_merged(tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from rlrig.trainer.tiny_model import ensure_tiny_model
+    from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
 
     ids = torch.tensor([[3, 5, 7, 9, 11, 13]])
     with torch.no_grad():
@@ -147,12 +201,19 @@ def test_lora_trains_sharded_resumes_under_ddp_and_exports_merged(tmp_path):
 def test_ppo_with_critic_packed_equals_padded(tmp_path):
     """verl's default estimator (gae): the critic trains beside the actor, padded or padding-free
     (both models packed), to the same numbers, and its phases are timed under verl's names."""
-    gae = [*TINY, "algorithm.adv_estimator=gae", "trainer.n_gpus_per_node=2", "trainer.test_freq=0",
-           "trainer.total_training_steps=2"]
+    gae = [
+        *TINY,
+        "algorithm.adv_estimator=gae",
+        "trainer.n_gpus_per_node=2",
+        "trainer.test_freq=0",
+        "trainer.total_training_steps=2",
+    ]
     keys = ("critic/vf_loss", "critic/grad_norm", "critic/vf_explained_var", "actor/pg_loss", "actor/grad_norm")
     rows = {}
-    for name, extra in (("padded", []), ("packed", ["actor_rollout_ref.model.use_remove_padding=True",
-                                                    "critic.model.use_remove_padding=True"])):
+    for name, extra in (
+        ("padded", []),
+        ("packed", ["actor_rollout_ref.model.use_remove_padding=True", "critic.model.use_remove_padding=True"]),
+    ):
         r = rlrig("train", *gae, *extra, f"trainer.default_local_dir={tmp_path / name}")
         assert r.returncode == 0, r.stderr[-3000:]
         rows[name] = metrics(tmp_path / name)
@@ -165,16 +226,30 @@ def test_val_only_with_several_samples_and_logged_generations(tmp_path):
     """trainer.val_only validates and stops; rollout.val_kwargs.n samples per prompt give verl's mean@n, std@n and
     best@n; trainer.log_val_generations keeps that many samples."""
     run = tmp_path / "val"
-    r = rlrig("train", "trainer.val_only=True", "trainer.log_val_generations=3", "actor_rollout_ref.rollout.val_kwargs.n=2",
-              "actor_rollout_ref.rollout.val_kwargs.do_sample=True", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
-              f"trainer.default_local_dir={run}")
+    r = rlrig(
+        "train",
+        "trainer.val_only=True",
+        "trainer.log_val_generations=3",
+        "actor_rollout_ref.rollout.val_kwargs.n=2",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+        f"trainer.default_local_dir={run}",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     [row] = metrics(run)
     assert row["training/global_step"] == 0
     src = "rlrig/arithmetic"
-    assert {f"val-core/{src}/reward/mean@2", f"val-aux/{src}/reward/std@2", f"val-core/{src}/reward/best@2/mean",
-            f"val-aux/{src}/reward/worst@2/mean"} <= set(row)
-    assert row[f"val-aux/{src}/reward/worst@2/mean"] <= row[f"val-core/{src}/reward/mean@2"] <= row[f"val-core/{src}/reward/best@2/mean"]
+    assert {
+        f"val-core/{src}/reward/mean@2",
+        f"val-aux/{src}/reward/std@2",
+        f"val-core/{src}/reward/best@2/mean",
+        f"val-aux/{src}/reward/worst@2/mean",
+    } <= set(row)
+    assert (
+        row[f"val-aux/{src}/reward/worst@2/mean"]
+        <= row[f"val-core/{src}/reward/mean@2"]
+        <= row[f"val-core/{src}/reward/best@2/mean"]
+    )
     shown = (run / "val_generations.jsonl").read_text().splitlines()
     assert len(shown) == 3 and "validation sample" in r.stderr
     assert not list(run.glob("global_step_*"))  # nothing trained, nothing saved
@@ -191,8 +266,19 @@ def test_a_stop_signal_checkpoints_the_step_in_flight_and_a_relaunch_continues(t
 
     sig = getattr(signal, sig)
     run = tmp_path / "pre"
-    args = [sys.executable, "-m", "rlrig.entrypoint.cli", "train", "--grace-period", "60", *TINY, "trainer.save_freq=0", "trainer.test_freq=0",
-            "trainer.total_training_steps=40", f"trainer.default_local_dir={run}"]
+    args = [
+        sys.executable,
+        "-m",
+        "rlrig.entrypoint.cli",
+        "train",
+        "--grace-period",
+        "60",
+        *TINY,
+        "trainer.save_freq=0",
+        "trainer.test_freq=0",
+        "trainer.total_training_steps=40",
+        f"trainer.default_local_dir={run}",
+    ]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not ((run / "metrics.jsonl").exists() and len(metrics(run)) >= 3):
@@ -204,8 +290,13 @@ def test_a_stop_signal_checkpoints_the_step_in_flight_and_a_relaunch_continues(t
     stopped = int((run / "latest_checkpointed_iteration.txt").read_text())
     assert stopped >= 3 and f"a relaunch resumes at step {stopped + 1}" in out, out[-3000:]
     assert [m["training/global_step"] for m in metrics(run)] == list(range(1, stopped + 1))
-    r = rlrig("train", *TINY, "trainer.save_freq=0", "trainer.test_freq=0", f"trainer.total_training_steps={stopped + 2}",
-              f"trainer.default_local_dir={run}")
+    r = rlrig(
+        "train",
+        *TINY,
+        "trainer.save_freq=0",
+        "trainer.test_freq=0",
+        f"trainer.total_training_steps={stopped + 2}",
+        f"trainer.default_local_dir={run}",
+    )
     assert r.returncode == 0 and f"at step {stopped}" in r.stderr, r.stderr[-3000:]
     assert [m["training/global_step"] for m in metrics(run)] == list(range(1, stopped + 3))
-

@@ -17,12 +17,27 @@ MODEL = "NVIDIA H100 80GB HBM3"  # as NVML names it
 def machine(n_gpus=2, models=(MODEL,), **kw) -> Inventory:
     """`models`: the GPUs' models in turn (("A", "B") gives A, B, A, ...)."""
     base = dict(
-        gpus=[Gpu(i, UUIDS[i % 2] if i < 2 else f"GPU-{i:08d}-0000-0000-0000-000000000000", "nvidia", models[i % len(models)])
-              for i in range(n_gpus)],
+        gpus=[
+            Gpu(
+                i,
+                UUIDS[i % 2] if i < 2 else f"GPU-{i:08d}-0000-0000-0000-000000000000",
+                "nvidia",
+                models[i % len(models)],
+            )
+            for i in range(n_gpus)
+        ],
         gpu_probe="NVML",
-        interfaces=[Interface("lo", [("127.0.0.1", 8)]), Interface("eth0", [("10.0.0.2", 24)]),
-                    Interface("ib0", [("10.9.0.2", 24)]), Interface("docker0", [("172.17.0.1", 16)])],
-        shm_bytes=64 * GiB, memory_bytes=100 * GiB, nofile_soft=65536, nofile_hard=65536, temp_free_bytes=100 * GiB,
+        interfaces=[
+            Interface("lo", [("127.0.0.1", 8)]),
+            Interface("eth0", [("10.0.0.2", 24)]),
+            Interface("ib0", [("10.9.0.2", 24)]),
+            Interface("docker0", [("172.17.0.1", 16)]),
+        ],
+        shm_bytes=64 * GiB,
+        memory_bytes=100 * GiB,
+        nofile_soft=65536,
+        nofile_hard=65536,
+        temp_free_bytes=100 * GiB,
         cpu_count=32,
     )
     base.update(kw)
@@ -77,8 +92,13 @@ class MemoryStore:
         with self.lock:
             # a rank that joins again is a new Ray node: a new id, as Ray gives a restarted raylet
             self.joins += 1
-            self.table[rank] = {"alive": True, "id": f"node{self.joins}", "ip": ip, "host": host,
-                                "resources": dict(resources or {})}
+            self.table[rank] = {
+                "alive": True,
+                "id": f"node{self.joins}",
+                "ip": ip,
+                "host": host,
+                "resources": dict(resources or {}),
+            }
 
     def die(self, rank: int) -> None:
         with self.lock:

@@ -23,9 +23,25 @@ RESOLVED = [
     ("rlrig file", {"RLRIG_CLUSTER_TOKEN_FILE": "FILE:c.txt"}, 2, C, "RLRIG_CLUSTER_TOKEN_FILE"),
     ("ray value", {"RAY_AUTH_TOKEN": B}, 2, B, "RAY_AUTH_TOKEN"),
     ("ray path, stripped", {"RAY_AUTH_TOKEN_PATH": "FILE:d.txt"}, 2, D, "RAY_AUTH_TOKEN_PATH"),
-    ("rlrig value over everything", {"RLRIG_CLUSTER_TOKEN": A, "RLRIG_CLUSTER_TOKEN_FILE": "FILE:c.txt", "RAY_AUTH_TOKEN": B,
-                                     "RAY_AUTH_TOKEN_PATH": "FILE:d.txt"}, 2, A, "RLRIG_CLUSTER_TOKEN"),
-    ("rlrig file over ray's", {"RLRIG_CLUSTER_TOKEN_FILE": "FILE:c.txt", "RAY_AUTH_TOKEN": B}, 2, C, "RLRIG_CLUSTER_TOKEN_FILE"),
+    (
+        "rlrig value over everything",
+        {
+            "RLRIG_CLUSTER_TOKEN": A,
+            "RLRIG_CLUSTER_TOKEN_FILE": "FILE:c.txt",
+            "RAY_AUTH_TOKEN": B,
+            "RAY_AUTH_TOKEN_PATH": "FILE:d.txt",
+        },
+        2,
+        A,
+        "RLRIG_CLUSTER_TOKEN",
+    ),
+    (
+        "rlrig file over ray's",
+        {"RLRIG_CLUSTER_TOKEN_FILE": "FILE:c.txt", "RAY_AUTH_TOKEN": B},
+        2,
+        C,
+        "RLRIG_CLUSTER_TOKEN_FILE",
+    ),
     ("ray value over ray path", {"RAY_AUTH_TOKEN": B, "RAY_AUTH_TOKEN_PATH": "FILE:d.txt"}, 2, B, "RAY_AUTH_TOKEN"),
     ("blank counts as unset", {"RLRIG_CLUSTER_TOKEN": "  ", "RAY_AUTH_TOKEN": B}, 2, B, "RAY_AUTH_TOKEN"),
     ("single node with a token uses it", {"RAY_AUTH_TOKEN": B}, 1, B, "RAY_AUTH_TOKEN"),
@@ -42,11 +58,25 @@ def test_token_sources_and_precedence(files, env, nnodes, token, source):
 
 
 REFUSED = [
-    ("multi-node without a token", {}, 2, "a 2-node cluster needs a shared token and none is set; export RLRIG_CLUSTER_TOKEN"),
-    ("unreadable file", {"RLRIG_CLUSTER_TOKEN_FILE": "/nonexistent/token"}, 1, "RLRIG_CLUSTER_TOKEN_FILE=/nonexistent/token cannot be read"),
+    (
+        "multi-node without a token",
+        {},
+        2,
+        "a 2-node cluster needs a shared token and none is set; export RLRIG_CLUSTER_TOKEN",
+    ),
+    (
+        "unreadable file",
+        {"RLRIG_CLUSTER_TOKEN_FILE": "/nonexistent/token"},
+        1,
+        "RLRIG_CLUSTER_TOKEN_FILE=/nonexistent/token cannot be read",
+    ),
     ("empty file", {"RAY_AUTH_TOKEN_PATH": "FILE:empty.txt"}, 2, "RAY_AUTH_TOKEN_PATH="),
-    ("a bad file is not skipped for a later source", {"RLRIG_CLUSTER_TOKEN_FILE": "/nonexistent/t", "RAY_AUTH_TOKEN": B}, 2,
-     "cannot be read"),
+    (
+        "a bad file is not skipped for a later source",
+        {"RLRIG_CLUSTER_TOKEN_FILE": "/nonexistent/t", "RAY_AUTH_TOKEN": B},
+        2,
+        "cannot be read",
+    ),
 ]
 
 

@@ -8,31 +8,41 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rlrig.trainer import balance_batch as bb
-from rlrig.trainer.engines import Rollout
-from rlrig.trainer.generate_score import Scored
+from rlrig.trainer.batch import balance as bb
+from rlrig.trainer.reward.scoring import Scored
+from rlrig.trainer.rollout.engines import Rollout
 
 PAD = 0
 
 
-@pytest.mark.parametrize("loads, parts, expect", [
-    ([5, 1, 4, 2], 2, [[0, 1], [2, 3]]),  # 5 -> A, 4 -> B, 2 -> B (6), 1 -> A (6)
-    ([9, 1, 1, 1], 2, [[0, 3], [1, 2]]),  # equal counts before totals: the 9 takes one 1, the last one left
-    ([3, 3, 3, 3, 3, 3], 3, [[0, 3], [1, 4], [2, 5]]),
-    ([7, 6, 5, 4, 3, 2], 3, [[0, 5], [1, 4], [2, 3]]),  # 9, 9, 9
-    ([4, 8], 1, [[0, 1]]),
-])
+@pytest.mark.parametrize(
+    "loads, parts, expect",
+    [
+        ([5, 1, 4, 2], 2, [[0, 1], [2, 3]]),  # 5 -> A, 4 -> B, 2 -> B (6), 1 -> A (6)
+        ([9, 1, 1, 1], 2, [[0, 3], [1, 2]]),  # equal counts before totals: the 9 takes one 1, the last one left
+        ([3, 3, 3, 3, 3, 3], 3, [[0, 3], [1, 4], [2, 5]]),
+        ([7, 6, 5, 4, 3, 2], 3, [[0, 5], [1, 4], [2, 3]]),  # 9, 9, 9
+        ([4, 8], 1, [[0, 1]]),
+    ],
+)
 def test_partition_by_hand(loads, parts, expect):
     assert bb.partition(loads, parts) == expect
 
 
-@pytest.mark.parametrize("loads, parts, expect", [
-    ([1, 1, 4, 2, 2, 2], 2, [[0, 1, 2], [3, 4, 5]]),  # as sampled 6 and 6; greedy would give 7 and 5 (4, 2, 1 | 2, 2, 1)
-    ([5, 1, 4, 2], 2, [[0, 1], [2, 3]]),  # as sampled 6 and 6, greedy the same: a tie, so no trade
-    ([5, 4, 2, 1], 2, [[0, 3], [1, 2]]),  # as sampled 9 and 3; greedy 6 and 6
-    ([3, 3, 2, 2, 1, 1], 3, [[0, 4], [1, 5], [2, 3]]),  # greedy's 4, 4, 4 beats 6, 4, 2
-    ([1, 2, 3, 3, 2, 1], 3, [[0, 2], [3, 5], [1, 4]]),  # as sampled 3, 6, 3; greedy 4, 4, 4 puts the 3s apart
-])
+@pytest.mark.parametrize(
+    "loads, parts, expect",
+    [
+        (
+            [1, 1, 4, 2, 2, 2],
+            2,
+            [[0, 1, 2], [3, 4, 5]],
+        ),  # as sampled 6 and 6; greedy would give 7 and 5 (4, 2, 1 | 2, 2, 1)
+        ([5, 1, 4, 2], 2, [[0, 1], [2, 3]]),  # as sampled 6 and 6, greedy the same: a tie, so no trade
+        ([5, 4, 2, 1], 2, [[0, 3], [1, 2]]),  # as sampled 9 and 3; greedy 6 and 6
+        ([3, 3, 2, 2, 1, 1], 3, [[0, 4], [1, 5], [2, 3]]),  # greedy's 4, 4, 4 beats 6, 4, 2
+        ([1, 2, 3, 3, 2, 1], 3, [[0, 2], [3, 5], [1, 4]]),  # as sampled 3, 6, 3; greedy 4, 4, 4 puts the 3s apart
+    ],
+)
 def test_assign_trades_only_when_the_heaviest_worker_gets_lighter(loads, parts, expect):
     assert bb.assign(loads, parts) == expect
 
@@ -44,8 +54,14 @@ def test_workload_is_verls_estimate():
 
 def test_metrics_say_tokens_per_worker_before_and_after():
     m = bb.seqlen_metrics([30, 10], [21, 19])
-    assert m == {"global_seqlen/min": 10, "global_seqlen/max": 30, "global_seqlen/minmax_diff": 20,
-                 "global_seqlen/balanced_min": 19, "global_seqlen/balanced_max": 21, "global_seqlen/mean": 20.0}
+    assert m == {
+        "global_seqlen/min": 10,
+        "global_seqlen/max": 30,
+        "global_seqlen/minmax_diff": 20,
+        "global_seqlen/balanced_min": 19,
+        "global_seqlen/balanced_max": 21,
+        "global_seqlen/mean": 20.0,
+    }
 
 
 def _worker_samples(prompts: list[list[int]], responses: list[list[int]], n: int, seed: int, R: int = 9):
@@ -71,8 +87,8 @@ def _as_samples(ro: Rollout, sc: Scored, baselines) -> list[tuple]:
     """Each sample as what it is: its prompt and response tokens, score, baseline and engine log-probs."""
     out = []
     for i in range(len(ro.input_ids)):
-        prompt = ro.input_ids[i, :ro.prompt_len][ro.attention_mask[i, :ro.prompt_len].bool()].tolist()
-        resp = ro.input_ids[i, ro.prompt_len:][ro.response_mask[i].bool()].tolist()
+        prompt = ro.input_ids[i, : ro.prompt_len][ro.attention_mask[i, : ro.prompt_len].bool()].tolist()
+        resp = ro.input_ids[i, ro.prompt_len :][ro.response_mask[i].bool()].tolist()
         logp = tuple(round(x, 5) for x in ro.engine_logp[i][ro.response_mask[i].bool()].tolist())
         assert sc.mask[i].sum() == len(resp) and sc.token_scores[i].sum() == sc.scores[i]
         out.append((tuple(prompt), tuple(resp), float(sc.scores[i]), float(baselines[i]), logp))
@@ -89,20 +105,26 @@ WORKERS = [
 
 
 def _balance_worker(rank, world, port, out_dir):
-    from rlrig.trainer import worker  # noqa: F401  (before the group exists: see test_trainer_passes)
+    from rlrig.trainer.workers import training_worker as worker  # noqa: F401  (before the group exists: see test_trainer_passes)
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     ro, sc, base = _worker_samples(*WORKERS[rank], N, seed=rank)
     ro2, sc2, base2, metrics = bb.balance(ro, sc, base, N, PAD)
-    torch.save({"samples": _as_samples(ro2, sc2, base2), "metrics": metrics, "prompt_len": ro2.prompt_len,
-                "dtypes": [t.dtype for t in (ro2.input_ids, ro2.attention_mask, ro2.response_mask, sc2.mask)]},
-               os.path.join(out_dir, f"{rank}.pt"))
+    torch.save(
+        {
+            "samples": _as_samples(ro2, sc2, base2),
+            "metrics": metrics,
+            "prompt_len": ro2.prompt_len,
+            "dtypes": [t.dtype for t in (ro2.input_ids, ro2.attention_mask, ro2.response_mask, sc2.mask)],
+        },
+        os.path.join(out_dir, f"{rank}.pt"),
+    )
     dist.destroy_process_group()
 
 
 def test_two_workers_trade_whole_groups_to_even_out_tokens(tmp_path):
-    from rlrig.trainer.worker import free_port
+    from rlrig.trainer.workers.training_worker import free_port
 
     mp.spawn(_balance_worker, args=(2, free_port(), str(tmp_path)), nprocs=2)
     got = [torch.load(tmp_path / f"{r}.pt") for r in range(2)]
@@ -116,9 +138,18 @@ def test_two_workers_trade_whole_groups_to_even_out_tokens(tmp_path):
     # 23, 18, 7, 6: 23 + 6 against 18 + 7
     tokens = [sum(len(s[0]) + len(s[1]) for s in g["samples"]) for g in got]
     assert sorted(tokens) == [25, 29]
-    assert got[0]["metrics"] == got[1]["metrics"] == {
-        "global_seqlen/min": 13, "global_seqlen/max": 41, "global_seqlen/minmax_diff": 28, "global_seqlen/balanced_min": 25,
-        "global_seqlen/balanced_max": 29, "global_seqlen/mean": 27.0}
+    assert (
+        got[0]["metrics"]
+        == got[1]["metrics"]
+        == {
+            "global_seqlen/min": 13,
+            "global_seqlen/max": 41,
+            "global_seqlen/minmax_diff": 28,
+            "global_seqlen/balanced_min": 25,
+            "global_seqlen/balanced_max": 29,
+            "global_seqlen/mean": 27.0,
+        }
+    )
     # the samples keep the tensors' dtypes, and each worker's prompts only the width its own need
     assert all(g["dtypes"] == [torch.int64, torch.int64, torch.int64, torch.float32] for g in got)
     assert sorted(g["prompt_len"] for g in got) == [2, 3]

@@ -1,19 +1,31 @@
 """From an environment to a Plan: what each node gets, and which setting wins where several give one."""
 
 import pytest
-
 from entrypoint_fakes import collector
+
 from rlrig.entrypoint import bootstrap, inventory, raystart
 from rlrig.entrypoint.errors import RigError
 from rlrig.entrypoint.preflight import Preflight
 
 TOKEN = "t" * 64
 # a two-node dstack job seen from this machine (eth0 = 10.0.0.2): the head advertises 10.0.0.2
-HEAD = {"DSTACK_NODE_RANK": "0", "DSTACK_NODES_NUM": "2", "DSTACK_MASTER_NODE_IP": "10.0.0.2",
-        "DSTACK_NODES_IPS": "10.0.0.2\n10.0.0.3", "DSTACK_RUN_NAME": "r1", "RLRIG_CLUSTER_TOKEN": TOKEN}
+HEAD = {
+    "DSTACK_NODE_RANK": "0",
+    "DSTACK_NODES_NUM": "2",
+    "DSTACK_MASTER_NODE_IP": "10.0.0.2",
+    "DSTACK_NODES_IPS": "10.0.0.2\n10.0.0.3",
+    "DSTACK_RUN_NAME": "r1",
+    "RLRIG_CLUSTER_TOKEN": TOKEN,
+}
 # ... and the worker of a job whose head is 10.0.0.1
-WORKER = {"DSTACK_NODE_RANK": "1", "DSTACK_NODES_NUM": "2", "DSTACK_MASTER_NODE_IP": "10.0.0.1",
-          "DSTACK_NODES_IPS": "10.0.0.1\n10.0.0.2", "DSTACK_RUN_NAME": "r1", "RLRIG_CLUSTER_TOKEN": TOKEN}
+WORKER = {
+    "DSTACK_NODE_RANK": "1",
+    "DSTACK_NODES_NUM": "2",
+    "DSTACK_MASTER_NODE_IP": "10.0.0.1",
+    "DSTACK_NODES_IPS": "10.0.0.1\n10.0.0.2",
+    "DSTACK_RUN_NAME": "r1",
+    "RLRIG_CLUSTER_TOKEN": TOKEN,
+}
 
 
 @pytest.fixture(autouse=True)
@@ -73,14 +85,17 @@ def test_ray_start_environment_precedence(var, process, cluster, updates, expect
         return {} if value is None else {var: value}
 
     pf = Preflight(env_updates=layer(updates))
-    env = raystart.start_env(layer(process), layer(cluster), pf, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": TOKEN},
-                             "/tmp/rlrig-0/j-n0")
+    env = raystart.start_env(
+        layer(process), layer(cluster), pf, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": TOKEN}, "/tmp/rlrig-0/j-n0"
+    )
     assert env.get(var) == expected
 
 
 def test_worker_gets_the_heads_cluster_env_under_its_own_settings():
     p = plan({**WORKER, "FOO": "process"})
-    env = p.worker_ray_env({"FOO": "head", "RAY_TMPDIR": "/head/tmp", "RAY_AUTH_TOKEN": "other", "NCCL_SOCKET_IFNAME": "ib0"})
+    env = p.worker_ray_env(
+        {"FOO": "head", "RAY_TMPDIR": "/head/tmp", "RAY_AUTH_TOKEN": "other", "NCCL_SOCKET_IFNAME": "ib0"}
+    )
     assert env["FOO"] == "head"
     assert env["RAY_TMPDIR"] == p.temp_dir and env["RAY_AUTH_TOKEN"] == TOKEN
     assert env["NCCL_SOCKET_IFNAME"] == "eth0"  # the route to the head on this node, not the head's interface
@@ -95,11 +110,14 @@ def test_dotenv_and_rlrig_env_reach_the_cluster(tmp_path):
     assert plan(HEAD, env_file=str(other)).cluster_env == {"C": "3"}
 
 
-@pytest.mark.parametrize("env,words", [
-    ({**HEAD, "RLRIG_CLUSTER_TOKEN": ""}, "2-node cluster needs a shared token"),
-    ({"DSTACK_NODE_RANK": "3", "DSTACK_NODES_NUM": "2"}, "DSTACK_NODE_RANK=3"),
-    ({**WORKER, "DSTACK_MASTER_NODE_IP": "127.0.0.1"}, "loopback"),
-])
+@pytest.mark.parametrize(
+    "env,words",
+    [
+        ({**HEAD, "RLRIG_CLUSTER_TOKEN": ""}, "2-node cluster needs a shared token"),
+        ({"DSTACK_NODE_RANK": "3", "DSTACK_NODES_NUM": "2"}, "DSTACK_NODE_RANK=3"),
+        ({**WORKER, "DSTACK_MASTER_NODE_IP": "127.0.0.1"}, "loopback"),
+    ],
+)
 def test_plan_refuses(env, words):
     with pytest.raises(RigError, match=words):
         plan(env)
@@ -141,8 +159,10 @@ def test_plan_stops_at_a_failed_detection_before_reading_the_machine(monkeypatch
         plan({"DSTACK_NODE_RANK": "3", "DSTACK_NODES_NUM": "2"})
 
 
-@pytest.mark.parametrize("env,given,expected", [({}, None, 300.0), ({"RLRIG_WAIT_TIMEOUT": "45"}, None, 45.0),
-                                                ({"RLRIG_WAIT_TIMEOUT": "45"}, 10.0, 10.0)])
+@pytest.mark.parametrize(
+    "env,given,expected",
+    [({}, None, 300.0), ({"RLRIG_WAIT_TIMEOUT": "45"}, None, 45.0), ({"RLRIG_WAIT_TIMEOUT": "45"}, 10.0, 10.0)],
+)
 def test_wait_timeout_from_option_then_variable(env, given, expected):
     assert plan(env, wait_timeout=given).wait_timeout == expected
 
@@ -162,11 +182,14 @@ def test_a_standing_head_sends_its_debug_mode_to_every_node():
     assert "--ray-debugger-external" not in w.worker_start_command(w.worker_ray_env({}))
 
 
-@pytest.mark.parametrize("env,kw,words", [
-    ({**HEAD, "RAY_DEBUG": "legacy"}, {"debug": "post-mortem"}, "unset RAY_DEBUG"),
-    ({"RLRIG_CLUSTER_TOKEN": "", "RAY_DEBUG_POST_MORTEM": ""}, {"standing": True}, "rlrig up needs a token"),
-    ({"RAY_ADDRESS": "10.9.0.1:6379"}, {"standing": True}, "nothing to bring up"),
-])
+@pytest.mark.parametrize(
+    "env,kw,words",
+    [
+        ({**HEAD, "RAY_DEBUG": "legacy"}, {"debug": "post-mortem"}, "unset RAY_DEBUG"),
+        ({"RLRIG_CLUSTER_TOKEN": "", "RAY_DEBUG_POST_MORTEM": ""}, {"standing": True}, "rlrig up needs a token"),
+        ({"RAY_ADDRESS": "10.9.0.1:6379"}, {"standing": True}, "nothing to bring up"),
+    ],
+)
 def test_standing_plan_refuses(env, kw, words):
     with pytest.raises(RigError, match=words):
         plan(env, **kw)

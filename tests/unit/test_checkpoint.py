@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from rlrig.trainer import checkpoint
+from rlrig.trainer.driver import checkpoint
 
 
 def test_save_and_load(tmp_path):
@@ -20,7 +20,7 @@ def test_save_and_load(tmp_path):
 
 WRITER = """
 import sys, torch
-from rlrig.trainer import checkpoint
+from rlrig.trainer.driver import checkpoint
 root = sys.argv[1]
 checkpoint.save(root, 1, {"w": torch.zeros(10)}, [], {"global_step": 1})
 print("first", flush=True)
@@ -49,7 +49,7 @@ def test_kill_9_during_save_keeps_latest_good(tmp_path):
 
 
 def test_metrics_after_the_resume_point_are_not_kept_twice(tmp_path):
-    from rlrig.trainer.preemption import truncate_metrics
+    from rlrig.trainer.driver.preemption import truncate_metrics
 
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"training/global_step": s}) + "\n" for s in (0, 1, 2, 3, 4)))

@@ -5,31 +5,59 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlrig.trainer import presets
-from rlrig.trainer.config import ConfigError, parse_literal, parse_overrides
-from rlrig.trainer.presets import EMBEDDED, with_preset
+from rlrig.trainer.config import presets
+from rlrig.trainer.config.presets import EMBEDDED, with_preset
+from rlrig.trainer.config.schema import ConfigError, parse_literal, parse_overrides
 
 MODEL = "actor_rollout_ref.model.path=/m"
 
 # The overrides from the seed docs' command lines, as users paste them.
 SEED_LINE = [
-    "data.train_files=/d/train.parquet", "data.val_files=/d/test.parquet", "data.train_batch_size=256",
-    "data.max_prompt_length=512", "data.max_response_length=256", "data.filter_overlong_prompts=True",
-    "data.truncation=error", MODEL, "actor_rollout_ref.model.enable_gradient_checkpointing=True",
-    "actor_rollout_ref.model.use_remove_padding=True", "actor_rollout_ref.actor.optim.lr=1e-6",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=64", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-    "actor_rollout_ref.actor.fsdp_config.param_offload=False", "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-    "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "actor_rollout_ref.ref.fsdp_config.param_offload=True",
-    "critic.optim.lr=1e-5", "critic.model.path=/m", "critic.model.use_remove_padding=True",
-    "critic.model.enable_gradient_checkpointing=True", "critic.ppo_micro_batch_size_per_gpu=4",
-    "critic.model.fsdp_config.param_offload=False", "critic.model.fsdp_config.optimizer_offload=False",
-    "algorithm.kl_ctrl.kl_coef=0.001", "trainer.critic_warmup=0", "trainer.logger=['console','wandb']",
-    "trainer.project_name=verl_example_gsm8k", "trainer.experiment_name=deepseek_llm_7b", "trainer.n_gpus_per_node=8",
-    "trainer.nnodes=2", "trainer.val_before_train=False", "trainer.default_hdfs_dir=null", "trainer.default_local_dir=/ckpt",
-    "trainer.save_freq=10", "trainer.test_freq=10", "trainer.total_epochs=15", "trainer.resume_mode=auto",
-    "ray_init.num_cpus=16", "ray_init.timeline_file=/tmp/t.json", "+trainer.wandb_proxy=http://proxy:8080",
+    "data.train_files=/d/train.parquet",
+    "data.val_files=/d/test.parquet",
+    "data.train_batch_size=256",
+    "data.max_prompt_length=512",
+    "data.max_response_length=256",
+    "data.filter_overlong_prompts=True",
+    "data.truncation=error",
+    MODEL,
+    "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    "actor_rollout_ref.model.use_remove_padding=True",
+    "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+    "actor_rollout_ref.rollout.name=vllm",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+    "critic.optim.lr=1e-5",
+    "critic.model.path=/m",
+    "critic.model.use_remove_padding=True",
+    "critic.model.enable_gradient_checkpointing=True",
+    "critic.ppo_micro_batch_size_per_gpu=4",
+    "critic.model.fsdp_config.param_offload=False",
+    "critic.model.fsdp_config.optimizer_offload=False",
+    "algorithm.kl_ctrl.kl_coef=0.001",
+    "trainer.critic_warmup=0",
+    "trainer.logger=['console','wandb']",
+    "trainer.project_name=verl_example_gsm8k",
+    "trainer.experiment_name=deepseek_llm_7b",
+    "trainer.n_gpus_per_node=8",
+    "trainer.nnodes=2",
+    "trainer.val_before_train=False",
+    "trainer.default_hdfs_dir=null",
+    "trainer.default_local_dir=/ckpt",
+    "trainer.save_freq=10",
+    "trainer.test_freq=10",
+    "trainer.total_epochs=15",
+    "trainer.resume_mode=auto",
+    "ray_init.num_cpus=16",
+    "ray_init.timeline_file=/tmp/t.json",
+    "+trainer.wandb_proxy=http://proxy:8080",
 ]
 
 
@@ -75,20 +103,34 @@ def test_smollm2_preset_points_at_the_gguf_and_writes_its_data(monkeypatch, tmp_
     monkeypatch.setenv("RLRIG_CACHE", str(tmp_path))
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / presets.SMOLLM2_GGUF).write_bytes(b"")
-    monkeypatch.setattr(presets.importlib.util, "find_spec",
-                        lambda name: SimpleNamespace(submodule_search_locations=[str(tmp_path / "pkg")]))
+    monkeypatch.setattr(
+        presets.importlib.util,
+        "find_spec",
+        lambda name: SimpleNamespace(submodule_search_locations=[str(tmp_path / "pkg")]),
+    )
     cfg = parse_overrides(with_preset("smollm2", ["trainer.total_training_steps=1"]))
     assert cfg.actor_rollout_ref.model.path == str(tmp_path / "pkg")
     assert cfg.actor_rollout_ref.model.gguf_file == presets.SMOLLM2_GGUF
     assert cfg.trainer.total_training_steps == 1  # the user's overrides win
-    from rlrig.trainer.data import load_dataset
+    from rlrig.trainer.data.datasets import load_dataset
 
     rows = load_dataset(cfg.data.train_files)
     assert len(rows) == 2048 and "####" in rows[0]["prompt"][0]["content"]
 
 
-@pytest.mark.parametrize("raw,value", [("null", None), ("True", True), ("false", False), ("3", 3), ("1e-6", 1e-6),
-                                       ("['a','b']", ["a", "b"]), ("[console,wandb]", ["console", "wandb"]), ("abc", "abc")])
+@pytest.mark.parametrize(
+    "raw,value",
+    [
+        ("null", None),
+        ("True", True),
+        ("false", False),
+        ("3", 3),
+        ("1e-6", 1e-6),
+        ("['a','b']", ["a", "b"]),
+        ("[console,wandb]", ["console", "wandb"]),
+        ("abc", "abc"),
+    ],
+)
 def test_literals(raw, value):
     assert parse_literal(raw) == value
 
@@ -98,32 +140,75 @@ BAD = [
     (["trainer.nnodes=two"], "expected a whole number"),
     (["algorithm.adv_estimator=ppo"], "choose one of"),
     (["data.train_batch_size=10", "actor_rollout_ref.actor.ppo_mini_batch_size=4"], "not a multiple"),
-    (["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.n_gpus_per_node=3"], "cannot be split"),
+    (
+        ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.n_gpus_per_node=3"],
+        "cannot be split",
+    ),
     (["actor_rollout_ref.rollout.n=1", "algorithm.adv_estimator=grpo"], "rollout.n to 2"),
     (["trainer.resume_mode=resume_path"], "resume_from_path"),
     (["novalue"], "not KEY=VALUE"),
     (["data.filter_overlong_prompts=maybe"], "expected True or False"),
-    (["actor_rollout_ref.rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2"], "rlrig's hf engine runs one GPU"),
+    (
+        ["actor_rollout_ref.rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2"],
+        "rlrig's hf engine runs one GPU",
+    ),
     (["actor_rollout_ref.actor.clip_ratio_c=1.0"], "must be greater than 1"),
-    (["actor_rollout_ref.actor.use_prefix_grouper=True", "actor_rollout_ref.model.use_remove_padding=True"],
-     "set actor_rollout_ref.model.use_remove_padding=False"),
+    (
+        ["actor_rollout_ref.actor.use_prefix_grouper=True", "actor_rollout_ref.model.use_remove_padding=True"],
+        "set actor_rollout_ref.model.use_remove_padding=False",
+    ),
     (["algorithm.kl_ctrl.horizon=0"], "horizon=0 must be at least 1"),
-    (["algorithm.adv_estimator=nope"], "choose one of gae, grpo, gpg, grpo_passk, opo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, rloo"),
+    (
+        ["algorithm.adv_estimator=nope"],
+        "choose one of gae, grpo, gpg, grpo_passk, opo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, rloo",
+    ),
     (["actor_rollout_ref.actor.policy_loss.loss_mode=ppo"], "choose one of vanilla, cispo, clip_cov"),
-    (["actor_rollout_ref.actor.fsdp_config.param_offload=True"], "offloads FSDP shards; set actor_rollout_ref.actor.strategy=fsdp"),
+    (
+        ["actor_rollout_ref.actor.fsdp_config.param_offload=True"],
+        "offloads FSDP shards; set actor_rollout_ref.actor.strategy=fsdp",
+    ),
     (["critic.model.fsdp_config.param_offload=True"], "offloads FSDP shards"),
     (["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp16"], "choose one of fp32, bf16"),
     (["actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=fp8"], "choose one of fp32, bf16"),
     (["trainer.default_hdfs_dir=hdfs://x/ckpt"], "does not copy checkpoints to HDFS"),
     (["actor_rollout_ref.actor.optim.warmup_style=linear"], "warmup_style='linear': choose one of constant, cosine"),
-    (["critic.ppo_micro_batch_size_per_gpu=3", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4"],
-     "critic.ppo_micro_batch_size_per_gpu=3"),
+    (
+        [
+            "critic.ppo_micro_batch_size_per_gpu=3",
+            "data.train_batch_size=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        ],
+        "critic.ppo_micro_batch_size_per_gpu=3",
+    ),
     (["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=0"], "must be at least 1 (or null)"),
-    (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=3", "trainer.n_gpus_per_node=2"], "must divide trainer.n_gpus_per_node=2"),
-    (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=4", "trainer.n_gpus_per_node=2"], "divide the 2 workers"),
-    (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=0"], "tensor_model_parallel_size=0"),
-    (["actor_rollout_ref.rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.name=hf"],
-     "works with rollout.name=vllm, sglang; rlrig's hf engine runs one GPU per worker"),
+    (
+        [
+            "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=3",
+            "trainer.n_gpus_per_node=2",
+        ],
+        "must divide trainer.n_gpus_per_node=2",
+    ),
+    (
+        [
+            "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=4",
+            "trainer.n_gpus_per_node=2",
+        ],
+        "divide the 2 workers",
+    ),
+    (
+        ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=0"],
+        "tensor_model_parallel_size=0",
+    ),
+    (
+        [
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+            "trainer.n_gpus_per_node=2",
+            "actor_rollout_ref.rollout.name=hf",
+        ],
+        "works with rollout.name=vllm, sglang; rlrig's hf engine runs one GPU per worker",
+    ),
 ]
 
 # tensor-parallel engines span whole groups of workers: within a node, or whole nodes
@@ -132,9 +217,17 @@ TP_OK = [("1", "1", "1"), ("2", "1", "2"), ("2", "2", "8"), ("4", "2", "2"), ("8
 
 @pytest.mark.parametrize("tp,nnodes,per_node", TP_OK)
 def test_tensor_parallel_layouts_accepted(tp, nnodes, per_node):
-    cfg = parse_overrides([MODEL, "actor_rollout_ref.rollout.name=vllm", f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}", f"trainer.nnodes={nnodes}",
-                           f"trainer.n_gpus_per_node={per_node}", "data.train_batch_size=16",
-                           "actor_rollout_ref.actor.ppo_mini_batch_size=16"])
+    cfg = parse_overrides(
+        [
+            MODEL,
+            "actor_rollout_ref.rollout.name=vllm",
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}",
+            f"trainer.nnodes={nnodes}",
+            f"trainer.n_gpus_per_node={per_node}",
+            "data.train_batch_size=16",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+        ]
+    )
     assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == int(tp)
 
 
@@ -146,10 +239,18 @@ def test_bad_overrides(overrides, words):
 
 
 def test_print_config_cli():
-    r = subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", "train", "--print-config", *SEED_LINE],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "rlrig.entrypoint.cli", "train", "--print-config", *SEED_LINE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["trainer"]["nnodes"] == 2
-    r = subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", "train", "--print-config", "trainer.nnode=x"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "rlrig.entrypoint.cli", "train", "--print-config", "trainer.nnode=x"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "whole number" in r.stderr and r.stderr.count("\n") == 1

@@ -5,8 +5,8 @@ import threading
 import time
 
 import pytest
-
 from entrypoint_fakes import MemoryStore
+
 from rlrig.entrypoint import coordination as co
 from rlrig.entrypoint.errors import NodeLost, RigError, Unreachable
 
@@ -14,8 +14,15 @@ ADDRESS = "10.0.0.1:6379"
 
 
 def facts(rank, **kw):
-    base = {"rank": rank, "ip": f"10.0.0.{rank + 1}", "hostname": f"n{rank}", "ray": "2.60.0", "python": "3.11.7",
-            "rlrig": "0.1.0", "gpus": 8}
+    base = {
+        "rank": rank,
+        "ip": f"10.0.0.{rank + 1}",
+        "hostname": f"n{rank}",
+        "ray": "2.60.0",
+        "python": "3.11.7",
+        "rlrig": "0.1.0",
+        "gpus": 8,
+    }
     return {**base, **kw}
 
 
@@ -62,8 +69,10 @@ def test_missing_rank_is_named_with_what_it_reported():
     co.announce(store, 1, facts(1))  # reached the head, its raylet never joined
     with pytest.raises(RigError) as e:
         co.wait_for_nodes(store, 3, soon(0.05), poll=0.01)
-    assert str(e.value).startswith("1/3 nodes joined before the timeout; missing rank(s): "
-                                   "1 (reached the head from 10.0.0.2 but its raylet did not join), 2;")
+    assert str(e.value).startswith(
+        "1/3 nodes joined before the timeout; missing rank(s): "
+        "1 (reached the head from 10.0.0.2 but its raylet did not join), 2;"
+    )
 
 
 def test_missing_rank_message_carries_version_mismatches():
@@ -78,10 +87,24 @@ def test_missing_rank_message_carries_version_mismatches():
 MISMATCHES = [
     ("equal", {}, {}, []),
     ("ray", {"ray": "2.59.0"}, {}, ["node 1 (10.0.0.2) has ray 2.59.0 but the head has 2.60.0"]),
-    ("python on one, gpus on another", {"python": "3.12.1"}, {"gpus": 4},
-     ["node 1 (10.0.0.2) has python 3.12.1 but the head has 3.11.7", "node 2 (10.0.0.3) has gpus 4 but the head has 8"]),
-    ("rlrig missing", {"rlrig": "missing"}, {"rlrig": "missing"},
-     ["node 1 (10.0.0.2) has rlrig missing but the head has 0.1.0", "node 2 (10.0.0.3) has rlrig missing but the head has 0.1.0"]),
+    (
+        "python on one, gpus on another",
+        {"python": "3.12.1"},
+        {"gpus": 4},
+        [
+            "node 1 (10.0.0.2) has python 3.12.1 but the head has 3.11.7",
+            "node 2 (10.0.0.3) has gpus 4 but the head has 8",
+        ],
+    ),
+    (
+        "rlrig missing",
+        {"rlrig": "missing"},
+        {"rlrig": "missing"},
+        [
+            "node 1 (10.0.0.2) has rlrig missing but the head has 0.1.0",
+            "node 2 (10.0.0.3) has rlrig missing but the head has 0.1.0",
+        ],
+    ),
 ]
 
 
@@ -95,7 +118,10 @@ def test_version_mismatches_list_each_differing_node(one, two, lines):
     if lines:
         with pytest.raises(RigError) as e:
             co.check_versions(store)
-        assert str(e.value) == "nodes differ: " + "; ".join(lines) + "; install the same versions on every node (one image)"
+        assert (
+            str(e.value)
+            == "nodes differ: " + "; ".join(lines) + "; install the same versions on every node (one image)"
+        )
     else:
         co.check_versions(store)
 
@@ -104,13 +130,16 @@ def test_no_head_facts_no_mismatch():
     assert co.version_mismatches({1: facts(1, ray="1.0")}) == []
 
 
-@pytest.mark.parametrize("then, lost", [
-    (lambda s: None, []),
-    (lambda s: s.die(1), ["rank 1 (10.0.0.2)"]),
-    # restarted by its launcher before Ray declared the old one dead: the same rank, alive, on a new Ray node
-    (lambda s: s.join(1, "10.0.0.2"), ["rank 1 (10.0.0.2)"]),
-    (lambda s: s.table.pop(1), ["rank 1 (?)"]),
-])
+@pytest.mark.parametrize(
+    "then, lost",
+    [
+        (lambda s: None, []),
+        (lambda s: s.die(1), ["rank 1 (10.0.0.2)"]),
+        # restarted by its launcher before Ray declared the old one dead: the same rank, alive, on a new Ray node
+        (lambda s: s.join(1, "10.0.0.2"), ["rank 1 (10.0.0.2)"]),
+        (lambda s: s.table.pop(1), ["rank 1 (?)"]),
+    ],
+)
 def test_a_rank_no_longer_served_by_the_same_node_is_lost(then, lost):
     store = MemoryStore()
     store.join(0, "10.0.0.1")
@@ -201,7 +230,9 @@ def test_connect_times_out_with_the_address():
         co.connect(never, soon(0.05), "worker 1", ADDRESS, poll=0.01)
 
 
-@pytest.mark.parametrize("bug", [TypeError("bad argument"), AttributeError("no such method"), ValueError("bad address")])
+@pytest.mark.parametrize(
+    "bug", [TypeError("bad argument"), AttributeError("no such method"), ValueError("bad address")]
+)
 def test_connect_lets_anything_but_a_connection_error_through(bug):
     def buggy():
         raise bug
@@ -229,6 +260,7 @@ def test_env_wait_survives_an_outage_and_times_out_with_a_clear_error():
 
 
 # --- the GCS adapter: Ray's connection errors become Unreachable, nothing else does ---------------
+
 
 class FakeClient:
     def __init__(self, error=None):
@@ -259,8 +291,18 @@ class FakeClient:
                 self.state, self.node_manager_address = state, ip
                 self.resources_total = {"CPU": 8.0, f"node:{ip}": 1.0}
 
-        return {bytes([i]): info for i, info in enumerate([Info(0, 0, "10.0.0.1"), Info(1, 0, "10.0.0.2"), Info(1, 1, "10.0.0.9"),
-                                                  Info(2, 1, "10.0.0.3"), Info(None, 0, "10.0.0.8")])}
+        return {
+            bytes([i]): info
+            for i, info in enumerate(
+                [
+                    Info(0, 0, "10.0.0.1"),
+                    Info(1, 0, "10.0.0.2"),
+                    Info(1, 1, "10.0.0.9"),
+                    Info(2, 1, "10.0.0.3"),
+                    Info(None, 0, "10.0.0.8"),
+                ]
+            )
+        }
 
 
 def test_gcs_store_round_trip_and_node_table():
@@ -270,8 +312,11 @@ def test_gcs_store_round_trip_and_node_table():
     store.put("node/1", facts(1))
     assert store.get("node/1") == facts(1) and store.get("absent") is None and store.keys("node/") == ["node/1"]
     # a restarted rank 1 left a dead record: the alive one wins; unlabelled nodes are not ours
-    assert {r: (n["alive"], n["ip"]) for r, n in store.nodes().items()} == {0: (True, "10.0.0.1"), 1: (True, "10.0.0.2"),
-                                                                        2: (False, "10.0.0.3")}
+    assert {r: (n["alive"], n["ip"]) for r, n in store.nodes().items()} == {
+        0: (True, "10.0.0.1"),
+        1: (True, "10.0.0.2"),
+        2: (False, "10.0.0.3"),
+    }
     # what the head's log shows per node once the cluster formed (resources.node_lines)
     assert store.nodes()[1]["id"] == "01"  # Ray's node id: a rank restarted on a new node gets a new one
     assert store.nodes()[1]["host"] == "gpu1" and store.nodes()[1]["resources"] == {"CPU": 8.0, "node:10.0.0.2": 1.0}
@@ -280,8 +325,11 @@ def test_gcs_store_round_trip_and_node_table():
 def ray_connection_errors():
     from ray.exceptions import RpcError
 
-    return [RpcError("Timed out while waiting for GCS to become available."), ConnectionResetError(104, "reset"),
-            TimeoutError("timed out")]
+    return [
+        RpcError("Timed out while waiting for GCS to become available."),
+        ConnectionResetError(104, "reset"),
+        TimeoutError("timed out"),
+    ]
 
 
 @pytest.mark.parametrize("call", ["put", "get", "keys", "nodes"])

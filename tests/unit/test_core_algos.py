@@ -5,18 +5,21 @@ import math
 import pytest
 import torch
 
-from rlrig.trainer import core_algos as A
-from rlrig.trainer.estimators.gae import gae_advantages
-from rlrig.trainer.estimators.grpo import grpo_advantages
-from rlrig.trainer.estimators.reinforce_pp import reinforce_pp_advantages
-from rlrig.trainer.estimators.rloo import rloo_advantages
-from rlrig.trainer.policy_losses.vanilla import clipped_surrogate
+from rlrig.trainer.algos import core_algos as A
+from rlrig.trainer.algos.estimators.gae import gae_advantages
+from rlrig.trainer.algos.estimators.grpo import grpo_advantages
+from rlrig.trainer.algos.estimators.reinforce_pp import reinforce_pp_advantages
+from rlrig.trainer.algos.estimators.rloo import rloo_advantages
+from rlrig.trainer.algos.policy_losses.vanilla import clipped_surrogate
 
 T = torch.tensor
 
 
 def close(a, b, tol=1e-4):
-    assert torch.allclose(torch.as_tensor(a, dtype=torch.float32), torch.as_tensor(b, dtype=torch.float32), atol=tol), (a, b)
+    assert torch.allclose(torch.as_tensor(a, dtype=torch.float32), torch.as_tensor(b, dtype=torch.float32), atol=tol), (
+        a,
+        b,
+    )
 
 
 def test_gae_returns():
@@ -60,12 +63,15 @@ def test_reinforce_pp_returns():
     close(ret, [[0.5, 1.0]])
 
 
-@pytest.mark.parametrize("kind,value", [
-    ("kl", math.log(2)),                          # logp - ref = 0 - ln .5
-    ("abs", math.log(2)),
-    ("mse", 0.5 * math.log(2) ** 2),              # 0.2402
-    ("low_var_kl", 0.5 + math.log(0.5) * -1 - 1),  # e^-ln2 + ln2 - 1 = 0.1931
-])
+@pytest.mark.parametrize(
+    "kind,value",
+    [
+        ("kl", math.log(2)),  # logp - ref = 0 - ln .5
+        ("abs", math.log(2)),
+        ("mse", 0.5 * math.log(2) ** 2),  # 0.2402
+        ("low_var_kl", 0.5 + math.log(0.5) * -1 - 1),  # e^-ln2 + ln2 - 1 = 0.1931
+    ],
+)
 def test_kl_penalties(kind, value):
     close(A.kl_penalty(T([0.0]), T([math.log(0.5)]), kind), [value])
 
@@ -74,12 +80,15 @@ def test_low_var_kl_is_clamped():
     assert float(A.kl_penalty(T([0.0]), T([15.0]), "low_var_kl")) == 10.0
 
 
-@pytest.mark.parametrize("logp,adv,expected,clipfrac", [
-    (math.log(1.5), 1.0, -1.2, 1.0),   # max(-1.5, -1.2)
-    (math.log(1.5), -1.0, 1.5, 0.0),   # max(1.5, 1.2); dual clip min(3, 1.5)
-    (math.log(5.0), -1.0, 3.0, 0.0),   # max(5, 1.2)=5 -> dual clip caps at c=3
-    (0.0, 2.0, -2.0, 0.0),             # ratio 1: -A
-])
+@pytest.mark.parametrize(
+    "logp,adv,expected,clipfrac",
+    [
+        (math.log(1.5), 1.0, -1.2, 1.0),  # max(-1.5, -1.2)
+        (math.log(1.5), -1.0, 1.5, 0.0),  # max(1.5, 1.2); dual clip min(3, 1.5)
+        (math.log(5.0), -1.0, 3.0, 0.0),  # max(5, 1.2)=5 -> dual clip caps at c=3
+        (0.0, 2.0, -2.0, 0.0),  # ratio 1: -A
+    ],
+)
 def test_policy_loss(logp, adv, expected, clipfrac):
     loss, cf, _ = clipped_surrogate(T([[0.0]]), T([[logp]]), T([[adv]]), T([[1.0]]))
     close(loss, expected)
@@ -93,22 +102,28 @@ def test_value_loss_clipped():
     close(clipfrac, 0.0)
 
 
-@pytest.mark.parametrize("mode,value", [
-    ("token-mean", 2.0),               # (1+2+3)/3
-    ("seq-mean-token-sum", 3.0),       # (3+3)/2
-    ("seq-mean-token-mean", 2.25),     # (1.5+3)/2
-    ("seq-mean-token-sum-norm", 1.0),  # 6/3/2
-])
+@pytest.mark.parametrize(
+    "mode,value",
+    [
+        ("token-mean", 2.0),  # (1+2+3)/3
+        ("seq-mean-token-sum", 3.0),  # (3+3)/2
+        ("seq-mean-token-mean", 2.25),  # (1.5+3)/2
+        ("seq-mean-token-sum-norm", 1.0),  # 6/3/2
+    ],
+)
 def test_agg_modes(mode, value):
     loss = T([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]])
     mask = T([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     close(A.agg_loss(loss, mask, mode), value)
 
 
-@pytest.mark.parametrize("logits,entropy", [
-    ([0.0, 0.0, 0.0, 0.0], math.log(4)),  # uniform over 4
-    ([0.0, math.log(3)], -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))),  # p = 1/4, 3/4: 0.5623
-])
+@pytest.mark.parametrize(
+    "logits,entropy",
+    [
+        ([0.0, 0.0, 0.0, 0.0], math.log(4)),  # uniform over 4
+        ([0.0, math.log(3)], -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))),  # p = 1/4, 3/4: 0.5623
+    ],
+)
 def test_entropy(logits, entropy):
     close(A.entropy_from_logprobs(torch.log_softmax(torch.tensor([logits]), -1)), [entropy])
 

@@ -3,17 +3,35 @@ image sets the HIP one) every worker sees the node's GPUs and must take the one 
 
 import pytest
 
-from rlrig.trainer.devices import gpu_index
+from rlrig.trainer.model.devices import gpu_index
 
 CASES = [
     # (id, env, Ray's accelerator ids, index)
     ("ray narrows: always 0", {"CUDA_VISIBLE_DEVICES": "5"}, ["5"], 0),
     ("noset hip, no list", {"RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES": "1"}, ["3"], 3),
-    ("noset hip, node list", {"RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "4,5,6,7"}, ["6"], 2),
-    ("noset cuda, node list", {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": "2,3"}, ["3"], 1),
+    (
+        "noset hip, node list",
+        {"RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "4,5,6,7"},
+        ["6"],
+        2,
+    ),
+    (
+        "noset cuda, node list",
+        {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": "2,3"},
+        ["3"],
+        1,
+    ),
     ("noset flag empty", {"RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES": ""}, ["3"], 0),
-    ("the rocm image's list is HIP's", {"RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "1,0",
-                                        "CUDA_VISIBLE_DEVICES": "0,1"}, ["0"], 1),
+    (
+        "the rocm image's list is HIP's",
+        {
+            "RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES": "1",
+            "HIP_VISIBLE_DEVICES": "1,0",
+            "CUDA_VISIBLE_DEVICES": "0,1",
+        },
+        ["0"],
+        1,
+    ),
 ]
 
 

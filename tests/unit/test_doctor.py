@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-
 from entrypoint_fakes import collector
+
 from rlrig.entrypoint import addresses, cli, doctor, inventory
 from rlrig.entrypoint.bootstrap import inspect
 from rlrig.entrypoint.launchers import BY_NAME
@@ -18,22 +18,85 @@ HOST = "node2"
 # Launchers that name the head by host: on a login node or in a container without the cluster's
 # DNS it does not resolve. (id, env, rank, nodes, head as given, the variable it came from)
 UNRESOLVED = [
-    ("slurm", {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_NODEID": "1", "SLURM_JOB_NUM_NODES": "2",
-               "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NODELIST": "gpu[0-1].invalid", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"},
-     1, 2, "gpu0.invalid", "SLURM_STEP_NODELIST"),
-    ("dstack", {"DSTACK_NODE_RANK": "1", "DSTACK_NODES_NUM": "2", "DSTACK_MASTER_NODE_IP": "master.invalid"},
-     1, 2, "master.invalid", "DSTACK_MASTER_NODE_IP"),
-    ("lws", {"LWS_LEADER_ADDRESS": "grp-0.svc.invalid", "LWS_WORKER_INDEX": "3", "LWS_GROUP_SIZE": "4"},
-     3, 4, "grp-0.svc.invalid", "LWS_LEADER_ADDRESS"),
-    ("pytorchjob", {"MASTER_ADDR": "job-master-0.invalid", "RANK": "1", "WORLD_SIZE": "2"}, 1, 2, "job-master-0.invalid", "MASTER_ADDR"),
-    ("torchrun", {"TORCHELASTIC_RUN_ID": "x", "GROUP_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1",
-                  "MASTER_ADDR": "t0.invalid"}, 0, 2, "t0.invalid", "MASTER_ADDR"),
+    (
+        "slurm",
+        {
+            "SLURM_JOB_ID": "7",
+            "SLURM_STEP_ID": "0",
+            "SLURM_NODEID": "1",
+            "SLURM_JOB_NUM_NODES": "2",
+            "SLURM_STEP_NUM_NODES": "2",
+            "SLURM_STEP_NODELIST": "gpu[0-1].invalid",
+            "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+        },
+        1,
+        2,
+        "gpu0.invalid",
+        "SLURM_STEP_NODELIST",
+    ),
+    (
+        "dstack",
+        {"DSTACK_NODE_RANK": "1", "DSTACK_NODES_NUM": "2", "DSTACK_MASTER_NODE_IP": "master.invalid"},
+        1,
+        2,
+        "master.invalid",
+        "DSTACK_MASTER_NODE_IP",
+    ),
+    (
+        "lws",
+        {"LWS_LEADER_ADDRESS": "grp-0.svc.invalid", "LWS_WORKER_INDEX": "3", "LWS_GROUP_SIZE": "4"},
+        3,
+        4,
+        "grp-0.svc.invalid",
+        "LWS_LEADER_ADDRESS",
+    ),
+    (
+        "pytorchjob",
+        {"MASTER_ADDR": "job-master-0.invalid", "RANK": "1", "WORLD_SIZE": "2"},
+        1,
+        2,
+        "job-master-0.invalid",
+        "MASTER_ADDR",
+    ),
+    (
+        "torchrun",
+        {
+            "TORCHELASTIC_RUN_ID": "x",
+            "GROUP_RANK": "0",
+            "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "t0.invalid",
+        },
+        0,
+        2,
+        "t0.invalid",
+        "MASTER_ADDR",
+    ),
     ("lsf", {"LSB_JOBID": "12", "LSB_MCPU_HOSTS": "h0.invalid 2 node2 2"}, 1, 2, "h0.invalid", "LSB_MCPU_HOSTS"),
-    ("sagemaker", {"SM_CURRENT_HOST": "algo-2", "SM_HOSTS": '["algo-1.invalid","algo-2"]'}, 1, 2, "algo-1.invalid", "SM_HOSTS"),
-    ("indexed-job", {"JOB_COMPLETION_INDEX": "1", "RLRIG_NNODES": "2", "RLRIG_HEAD_ADDRESS": "js-0-0.sub.invalid"},
-     1, 2, "js-0-0.sub.invalid", "RLRIG_HEAD_ADDRESS"),
-    ("explicit", {"RLRIG_NODE_RANK": "1", "RLRIG_NNODES": "3", "RLRIG_HEAD_ADDRESS": "head.invalid:7000"},
-     1, 3, "head.invalid", "RLRIG_HEAD_ADDRESS"),
+    (
+        "sagemaker",
+        {"SM_CURRENT_HOST": "algo-2", "SM_HOSTS": '["algo-1.invalid","algo-2"]'},
+        1,
+        2,
+        "algo-1.invalid",
+        "SM_HOSTS",
+    ),
+    (
+        "indexed-job",
+        {"JOB_COMPLETION_INDEX": "1", "RLRIG_NNODES": "2", "RLRIG_HEAD_ADDRESS": "js-0-0.sub.invalid"},
+        1,
+        2,
+        "js-0-0.sub.invalid",
+        "RLRIG_HEAD_ADDRESS",
+    ),
+    (
+        "explicit",
+        {"RLRIG_NODE_RANK": "1", "RLRIG_NNODES": "3", "RLRIG_HEAD_ADDRESS": "head.invalid:7000"},
+        1,
+        3,
+        "head.invalid",
+        "RLRIG_HEAD_ADDRESS",
+    ),
 ]
 
 
@@ -49,7 +112,13 @@ def no_dns(monkeypatch):
 def test_unresolvable_head_still_reports_everything_detected(no_dns, env, rank, nnodes, head, source):
     found = inspect(env, hostname=HOST, collect=collector())
     d = doctor.as_dict(found)
-    assert (d["node_rank"], d["nnodes"], d["head_host"], d["head_address"], d["node_ip"]) == (rank, nnodes, head, None, None)
+    assert (d["node_rank"], d["nnodes"], d["head_host"], d["head_address"], d["node_ip"]) == (
+        rank,
+        nnodes,
+        head,
+        None,
+        None,
+    )
     assert d["launcher"] == found.spec.launcher and d["sources"]["head_host"] == source
     assert (d["num_gpus"], d["num_cpus"]) == (2, 32)  # the machine was inspected all the same
     failed = [c for c in d["checks"] if c["status"] == "fail"]
@@ -57,22 +126,40 @@ def test_unresolvable_head_still_reports_everything_detected(no_dns, env, rank, 
     assert f"head address '{head}' (from {source}) does not resolve" in failed[0]["message"]
     assert doctor.exit_code(found) == 1
     text = doctor.render(found, as_json=False)
-    assert f"node rank  {rank} of {nnodes}" in text and f"head       {head} -> ?:" in text and "[fail] head address:" in text
+    assert (
+        f"node rank  {rank} of {nnodes}" in text
+        and f"head       {head} -> ?:" in text
+        and "[fail] head address:" in text
+    )
     assert json.loads(doctor.render(found, as_json=True)) == d
 
 
 NOT_DETECTED = [
     # (id, env, launcher, rank, nodes, words of the failed "launcher" check)
     ("not an integer", {"DSTACK_NODE_RANK": "one"}, "dstack", None, None, "DSTACK_NODE_RANK='one' is not an integer"),
-    ("slurm batch script", {"SLURM_JOB_ID": "1", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "0",
-                            "SLURM_JOB_NODELIST": "n[1-2]"}, "slurm", 0, 2, "srun --ntasks-per-node=1"),
-    ("rank out of range", {"DSTACK_NODE_RANK": "3", "DSTACK_NODES_NUM": "2", "DSTACK_MASTER_NODE_IP": "10.0.0.1"},
-     "dstack", 3, 2, "check DSTACK_NODE_RANK=3 and DSTACK_NODES_NUM=2"),
+    (
+        "slurm batch script",
+        {"SLURM_JOB_ID": "1", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "n[1-2]"},
+        "slurm",
+        0,
+        2,
+        "srun --ntasks-per-node=1",
+    ),
+    (
+        "rank out of range",
+        {"DSTACK_NODE_RANK": "3", "DSTACK_NODES_NUM": "2", "DSTACK_MASTER_NODE_IP": "10.0.0.1"},
+        "dstack",
+        3,
+        2,
+        "check DSTACK_NODE_RANK=3 and DSTACK_NODES_NUM=2",
+    ),
     ("unknown RLRIG_LAUNCHER", {"RLRIG_LAUNCHER": "slrum"}, "slrum", None, None, "did you mean 'slurm'"),
 ]
 
 
-@pytest.mark.parametrize("env,launcher,rank,nnodes,words", [r[1:] for r in NOT_DETECTED], ids=[r[0] for r in NOT_DETECTED])
+@pytest.mark.parametrize(
+    "env,launcher,rank,nnodes,words", [r[1:] for r in NOT_DETECTED], ids=[r[0] for r in NOT_DETECTED]
+)
 def test_failed_detection_is_a_failed_check(env, launcher, rank, nnodes, words):
     found = inspect(env, hostname=HOST, collect=collector())
     d = doctor.as_dict(found)
@@ -86,7 +173,13 @@ def test_failed_detection_is_a_failed_check(env, launcher, rank, nnodes, words):
 def test_healthy_local_node():
     found = inspect({}, hostname=HOST, collect=collector())
     d = doctor.as_dict(found)
-    assert (d["launcher"], d["node_rank"], d["nnodes"], d["head_address"], d["node_ip"]) == ("local", 0, 1, "127.0.0.1", "127.0.0.1")
+    assert (d["launcher"], d["node_rank"], d["nnodes"], d["head_address"], d["node_ip"]) == (
+        "local",
+        0,
+        1,
+        "127.0.0.1",
+        "127.0.0.1",
+    )
     assert doctor.exit_code(found) == 0 and not [c for c in d["checks"] if c["status"] == "fail"]
 
 
@@ -101,13 +194,28 @@ def test_doctor_json_through_the_cli(monkeypatch, capsys, no_dns):
 
 def test_doctor_json_real_process_on_a_node_without_the_clusters_dns(tmp_path):
     """The issue as a user meets it: the real CLI, the real resolver, the real machine."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "RAY_TMPDIR": str(tmp_path),
-           **UNRESOLVED[0][1]}
-    r = subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", "doctor", "--json"], capture_output=True, text=True,
-                       env=env, timeout=120)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path),
+        "RAY_TMPDIR": str(tmp_path),
+        **UNRESOLVED[0][1],
+    }
+    r = subprocess.run(
+        [sys.executable, "-m", "rlrig.entrypoint.cli", "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 1, r.stderr
     d = json.loads(r.stdout)
-    assert (d["launcher"], d["node_rank"], d["nnodes"], d["head_host"], d["head_address"]) == ("slurm", 1, 2, "gpu0.invalid", None)
+    assert (d["launcher"], d["node_rank"], d["nnodes"], d["head_host"], d["head_address"]) == (
+        "slurm",
+        1,
+        2,
+        "gpu0.invalid",
+        None,
+    )
     assert [c["name"] for c in d["checks"] if c["status"] == "fail"][:1] == ["head address"]
     assert isinstance(d["num_cpus"], int)
 

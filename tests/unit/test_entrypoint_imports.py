@@ -17,9 +17,9 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
             else:  # from . import a, b
                 out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith(ABSOLUTE):
-            out.add(node.module[len(ABSOLUTE):].split(".")[0])
+            out.add(node.module[len(ABSOLUTE) :].split(".")[0])
         elif isinstance(node, ast.Import):
-            out.update(a.name[len(ABSOLUTE):].split(".")[0] for a in node.names if a.name.startswith(ABSOLUTE))
+            out.update(a.name[len(ABSOLUTE) :].split(".")[0] for a in node.names if a.name.startswith(ABSOLUTE))
     return out & modules
 
 
@@ -35,7 +35,7 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
         state[m] = "open"
         for n in sorted(edges[m]):
             if state.get(n) == "open":
-                return path[path.index(n):] + [n] if n in path else path + [n]
+                return path[path.index(n) :] + [n] if n in path else path + [n]
             if n not in state:
                 found = visit(n, path + [n])
                 if found:

@@ -17,51 +17,116 @@ def gpu(**readings):
     return {"index": 3, "name": "NVIDIA H100", **readings}
 
 
-@pytest.mark.parametrize("readings, fails, warns", [
-    ({}, [], []),  # nothing the library would say (a consumer GPU: no ECC, no remapper)
-    (dict(ecc_uncorrected=None, retired_pages_pending=None, slowdowns=None, pcie_width=None, memory_total=None), [], []),
-    (dict(ecc_uncorrected=0, retired_pages_pending=False, remap_pending=False, remap_failed=False, slowdowns=[],
-          pcie_width=16, pcie_max_width=16, pcie_gen=5, pcie_max_gen=5, memory_total=80 * GIB, memory_used=GIB // 2), [], []),
-    (dict(ecc_uncorrected=2), ["GPU 3 (NVIDIA H100): 2 uncorrected ECC error(s) since the driver loaded"], []),
-    (dict(retired_pages_pending=True), ["GPU 3 (NVIDIA H100): a page retirement is pending (it takes effect after a GPU reset)"], []),
-    (dict(remap_pending=True, remap_failed=True), ["GPU 3 (NVIDIA H100): a row remapping is pending (it takes effect after a GPU reset)",
-                                                   "GPU 3 (NVIDIA H100): a row remapping failed (the GPU needs service)"], []),
-    (dict(retire_failed=True), ["GPU 3 (NVIDIA H100): a bad memory page could not be retired (the GPU needs service)"], []),
-    (dict(error="GPU is lost", vendor="nvidia"), ["GPU 3 (NVIDIA H100): NVML cannot read it (GPU is lost)"], []),
-    (dict(slowdowns=["hardware slowdown", "hardware thermal slowdown"]), [],
-     ["GPU 3 (NVIDIA H100): clocks held down (hardware slowdown, hardware thermal slowdown)"]),
-    (dict(pcie_width=8, pcie_max_width=16), [], ["GPU 3 (NVIDIA H100): PCIe link x8, below its x16"]),
-    (dict(pcie_gen=1, pcie_max_gen=5, idle=False), [], ["GPU 3 (NVIDIA H100): PCIe gen 1, below its gen 5"]),
-    (dict(pcie_gen=1, pcie_max_gen=5, idle=True), [], []),  # idle: the link steps down to save power
-    # memory: 80 GiB, of which others hold 8 (exactly 90 % free: fine), 8.5 (a warning), 60 (25 % free: a warning),
-    # 60.5 (below a quarter free: the node fails)
-    (dict(memory_total=80 * GIB, memory_used=8 * GIB), [], []),
-    (dict(memory_total=80 * GIB, memory_used=17 * GIB // 2), [], ["GPU 3 (NVIDIA H100): 8.5 of 80.0 GiB held by other processes"]),
-    (dict(memory_total=80 * GIB, memory_used=60 * GIB), [], ["GPU 3 (NVIDIA H100): 60.0 of 80.0 GiB held by other processes"]),
-    (dict(memory_total=80 * GIB, memory_used=121 * GIB // 2),
-     ["GPU 3 (NVIDIA H100): only 19.5 GiB free, 60.5 of 80.0 GiB held by other processes (a leftover job?)"], []),
-])
+@pytest.mark.parametrize(
+    "readings, fails, warns",
+    [
+        ({}, [], []),  # nothing the library would say (a consumer GPU: no ECC, no remapper)
+        (
+            dict(ecc_uncorrected=None, retired_pages_pending=None, slowdowns=None, pcie_width=None, memory_total=None),
+            [],
+            [],
+        ),
+        (
+            dict(
+                ecc_uncorrected=0,
+                retired_pages_pending=False,
+                remap_pending=False,
+                remap_failed=False,
+                slowdowns=[],
+                pcie_width=16,
+                pcie_max_width=16,
+                pcie_gen=5,
+                pcie_max_gen=5,
+                memory_total=80 * GIB,
+                memory_used=GIB // 2,
+            ),
+            [],
+            [],
+        ),
+        (dict(ecc_uncorrected=2), ["GPU 3 (NVIDIA H100): 2 uncorrected ECC error(s) since the driver loaded"], []),
+        (
+            dict(retired_pages_pending=True),
+            ["GPU 3 (NVIDIA H100): a page retirement is pending (it takes effect after a GPU reset)"],
+            [],
+        ),
+        (
+            dict(remap_pending=True, remap_failed=True),
+            [
+                "GPU 3 (NVIDIA H100): a row remapping is pending (it takes effect after a GPU reset)",
+                "GPU 3 (NVIDIA H100): a row remapping failed (the GPU needs service)",
+            ],
+            [],
+        ),
+        (
+            dict(retire_failed=True),
+            ["GPU 3 (NVIDIA H100): a bad memory page could not be retired (the GPU needs service)"],
+            [],
+        ),
+        (dict(error="GPU is lost", vendor="nvidia"), ["GPU 3 (NVIDIA H100): NVML cannot read it (GPU is lost)"], []),
+        (
+            dict(slowdowns=["hardware slowdown", "hardware thermal slowdown"]),
+            [],
+            ["GPU 3 (NVIDIA H100): clocks held down (hardware slowdown, hardware thermal slowdown)"],
+        ),
+        (dict(pcie_width=8, pcie_max_width=16), [], ["GPU 3 (NVIDIA H100): PCIe link x8, below its x16"]),
+        (dict(pcie_gen=1, pcie_max_gen=5, idle=False), [], ["GPU 3 (NVIDIA H100): PCIe gen 1, below its gen 5"]),
+        (dict(pcie_gen=1, pcie_max_gen=5, idle=True), [], []),  # idle: the link steps down to save power
+        # memory: 80 GiB, of which others hold 8 (exactly 90 % free: fine), 8.5 (a warning), 60 (25 % free: a warning),
+        # 60.5 (below a quarter free: the node fails)
+        (dict(memory_total=80 * GIB, memory_used=8 * GIB), [], []),
+        (
+            dict(memory_total=80 * GIB, memory_used=17 * GIB // 2),
+            [],
+            ["GPU 3 (NVIDIA H100): 8.5 of 80.0 GiB held by other processes"],
+        ),
+        (
+            dict(memory_total=80 * GIB, memory_used=60 * GIB),
+            [],
+            ["GPU 3 (NVIDIA H100): 60.0 of 80.0 GiB held by other processes"],
+        ),
+        (
+            dict(memory_total=80 * GIB, memory_used=121 * GIB // 2),
+            ["GPU 3 (NVIDIA H100): only 19.5 GiB free, 60.5 of 80.0 GiB held by other processes (a leftover job?)"],
+            [],
+        ),
+    ],
+)
 def test_what_fails_and_what_warns(readings, fails, warns):
     assert gpu_health.problems(gpu(**readings)) == (fails, warns)
 
 
-@pytest.mark.parametrize("bits, slowdowns, idle", [
-    (None, None, None),
-    (0x0, [], False),
-    (0x1, [], True),
-    (0x4 | 0x2, [], False),  # the software power cap and application clocks: normal under load
-    (0x8 | 0x40 | 0x4, ["hardware slowdown", "hardware thermal slowdown"], False),
-    (0x20 | 0x80 | 0x1, ["software thermal slowdown", "power brake slowdown"], True),
-])
+@pytest.mark.parametrize(
+    "bits, slowdowns, idle",
+    [
+        (None, None, None),
+        (0x0, [], False),
+        (0x1, [], True),
+        (0x4 | 0x2, [], False),  # the software power cap and application clocks: normal under load
+        (0x8 | 0x40 | 0x4, ["hardware slowdown", "hardware thermal slowdown"], False),
+        (0x20 | 0x80 | 0x1, ["software thermal slowdown", "power brake slowdown"], True),
+    ],
+)
 def test_nvml_clock_event_bits(bits, slowdowns, idle):
     assert gpu_health.nvml_slowdowns(bits) == (slowdowns, idle)
 
 
-@pytest.mark.parametrize("rate, gen", [
-    (2.5, 1), (8, 3), (16, 4), (32, 5), (64, 6),  # GT/s
-    (2500, 1), (5000, 2), (16000, 4), (32000, 5),  # MT/s, as amdsmi's pcie_speed (and in practice max_pcie_speed) come
-    ("N/A", None), (0, None), (None, None),
-])
+@pytest.mark.parametrize(
+    "rate, gen",
+    [
+        (2.5, 1),
+        (8, 3),
+        (16, 4),
+        (32, 5),
+        (64, 6),  # GT/s
+        (2500, 1),
+        (5000, 2),
+        (16000, 4),
+        (32000, 5),  # MT/s, as amdsmi's pcie_speed (and in practice max_pcie_speed) come
+        ("N/A", None),
+        (0, None),
+        (None, None),
+    ],
+)
 def test_pcie_generation_from_its_rate(rate, gen):
     assert gpu_health.pcie_gen(rate) == gen
 
@@ -83,12 +148,36 @@ class FakeNvml:
     NVML_VOLATILE_ECC = pynvml.NVML_VOLATILE_ECC
 
     GPUS = [
-        dict(name="NVIDIA H100 80GB HBM3", ecc=0, remap=(0, 0, 0, 0), pending=0, reasons=0x1, mig=0, mem=(80, 0.5),
-             pcie=(16, 16, 1, 5)),
-        dict(name=b"NVIDIA H100 80GB HBM3", ecc=2, remap=(0, 1, 1, 1), pending=1, reasons=0x8 | 0x4, mig=0, mem=(80, 70),
-             pcie=(8, 16, 4, 5)),
-        dict(name="NVIDIA A100-SXM4-40GB", ecc=0, remap=(0, 0, 0, 0), pending=0, reasons=0x0, mig=1, mem=(40, 35),
-             pcie=(16, 16, 4, 4)),
+        dict(
+            name="NVIDIA H100 80GB HBM3",
+            ecc=0,
+            remap=(0, 0, 0, 0),
+            pending=0,
+            reasons=0x1,
+            mig=0,
+            mem=(80, 0.5),
+            pcie=(16, 16, 1, 5),
+        ),
+        dict(
+            name=b"NVIDIA H100 80GB HBM3",
+            ecc=2,
+            remap=(0, 1, 1, 1),
+            pending=1,
+            reasons=0x8 | 0x4,
+            mig=0,
+            mem=(80, 70),
+            pcie=(8, 16, 4, 5),
+        ),
+        dict(
+            name="NVIDIA A100-SXM4-40GB",
+            ecc=0,
+            remap=(0, 0, 0, 0),
+            pending=0,
+            reasons=0x0,
+            mig=1,
+            mem=(40, 35),
+            pcie=(16, 16, 4, 4),
+        ),
         dict(name="NVIDIA GeForce RTX 4090", throttle_only=0x20, mem=(24, 1), pcie=(16, 16, 4, 4)),
     ]
 
@@ -139,7 +228,11 @@ class FakeNvml:
 
     def nvmlDeviceGetMemoryInfo(self, g):
         total, used = g["mem"]
-        return type("c_nvmlMemory_t", (), {"total": int(total * GIB), "used": int(used * GIB), "free": int((total - used) * GIB)})
+        return type(
+            "c_nvmlMemory_t",
+            (),
+            {"total": int(total * GIB), "used": int(used * GIB), "free": int((total - used) * GIB)},
+        )
 
     def nvmlDeviceGetCurrPcieLinkWidth(self, g):
         return g["pcie"][0]
@@ -167,16 +260,25 @@ def test_nvml_readings_and_their_verdicts(monkeypatch):
     verdicts = [gpu_health.problems(g) for g in gpus]
     assert verdicts[0] == ([], [])  # idle at gen 1 of 5: not worth a word
     g1 = "GPU 1 (NVIDIA H100 80GB HBM3)"
-    assert verdicts[1] == ([f"{g1}: 2 uncorrected ECC error(s) since the driver loaded",
-                            f"{g1}: a page retirement is pending (it takes effect after a GPU reset)",
-                            f"{g1}: a row remapping is pending (it takes effect after a GPU reset)",
-                            f"{g1}: a row remapping failed (the GPU needs service)",
-                            f"{g1}: only 10.0 GiB free, 70.0 of 80.0 GiB held by other processes (a leftover job?)"],
-                           [f"{g1}: clocks held down (hardware slowdown)", f"{g1}: PCIe link x8, below its x16",
-                            f"{g1}: PCIe gen 4, below its gen 5"])
+    assert verdicts[1] == (
+        [
+            f"{g1}: 2 uncorrected ECC error(s) since the driver loaded",
+            f"{g1}: a page retirement is pending (it takes effect after a GPU reset)",
+            f"{g1}: a row remapping is pending (it takes effect after a GPU reset)",
+            f"{g1}: a row remapping failed (the GPU needs service)",
+            f"{g1}: only 10.0 GiB free, 70.0 of 80.0 GiB held by other processes (a leftover job?)",
+        ],
+        [
+            f"{g1}: clocks held down (hardware slowdown)",
+            f"{g1}: PCIe link x8, below its x16",
+            f"{g1}: PCIe gen 4, below its gen 5",
+        ],
+    )
     assert gpus[2]["memory_total"] is None and verdicts[2] == ([], [])  # MIG: 35 of 40 GiB used by other tenants
-    assert gpus[3]["ecc_uncorrected"] is None and verdicts[3] == ([], ["GPU 3 (NVIDIA GeForce RTX 4090): clocks held down "
-                                                                       "(software thermal slowdown)"])
+    assert gpus[3]["ecc_uncorrected"] is None and verdicts[3] == (
+        [],
+        ["GPU 3 (NVIDIA GeForce RTX 4090): clocks held down (software thermal slowdown)"],
+    )
     assert verdicts[4] == (["GPU 4: NVML cannot read it (GPU is lost)"], [])
 
 
@@ -220,21 +322,43 @@ class FakeAmdSmi:
         return {"correctable_count": 5, "uncorrectable_count": [0, 3, 0][h], "deferred_count": 0}
 
     def amdsmi_get_gpu_bad_page_info(self, h):
-        return [[], [{"value": 0, "page_address": 4096, "page_size": 4096, "status": 1},
-                     {"value": 1, "page_address": 8192, "page_size": 4096, "status": 2}], []][h]
+        return [
+            [],
+            [
+                {"value": 0, "page_address": 4096, "page_size": 4096, "status": 1},
+                {"value": 1, "page_address": 8192, "page_size": 4096, "status": 2},
+            ],
+            [],
+        ][h]
 
     def amdsmi_get_violation_status(self, h):
         if h == 2:
             raise AmdSmiException("AMDSMI_STATUS_NOT_SUPPORTED")
-        return {"active_prochot_thrm": False, "active_ppt_pwr": True, "active_socket_thrm": h == 1,
-                "active_vr_thrm": "N/A", "active_hbm_thrm": False}
+        return {
+            "active_prochot_thrm": False,
+            "active_ppt_pwr": True,
+            "active_socket_thrm": h == 1,
+            "active_vr_thrm": "N/A",
+            "active_hbm_thrm": False,
+        }
 
     def amdsmi_get_gpu_activity(self, h):
         return {"gfx_activity": [0, 97, "N/A"][h], "umc_activity": 0, "mm_activity": "N/A"}
 
     def amdsmi_get_pcie_info(self, h):
-        return {"pcie_static": {"max_pcie_width": 16, "max_pcie_speed": 32000, "pcie_interface_version": 5, "slot_type": "OAM"},
-                "pcie_metric": {"pcie_width": [4, 8, 16][h], "pcie_speed": [2500, 16000, "N/A"][h], "pcie_bandwidth": "N/A"}}
+        return {
+            "pcie_static": {
+                "max_pcie_width": 16,
+                "max_pcie_speed": 32000,
+                "pcie_interface_version": 5,
+                "slot_type": "OAM",
+            },
+            "pcie_metric": {
+                "pcie_width": [4, 8, 16][h],
+                "pcie_speed": [2500, 16000, "N/A"][h],
+                "pcie_bandwidth": "N/A",
+            },
+        }
 
     def amdsmi_get_gpu_memory_total(self, h, mem_type):
         assert mem_type == self.AmdSmiMemoryType.VRAM
@@ -254,12 +378,19 @@ def test_amdsmi_readings_and_their_verdicts(monkeypatch):
     # idle, its link narrowed to x4 gen 1 to save power: nothing to say
     assert gpus[0]["pcie_width"] is None and verdicts[0] == ([], [])
     g1 = "GPU 1 (AMD Instinct MI300X)"
-    assert verdicts[1] == ([f"{g1}: 3 uncorrected ECC error(s) since the driver loaded",
-                            f"{g1}: a page retirement is pending (it takes effect after a GPU reset)",
-                            f"{g1}: a bad memory page could not be retired (the GPU needs service)",
-                            f"{g1}: only 12.0 GiB free, 180.0 of 192.0 GiB held by other processes (a leftover job?)"],
-                           [f"{g1}: clocks held down (thermal slowdown)", f"{g1}: PCIe link x8, below its x16",
-                            f"{g1}: PCIe gen 4, below its gen 5"])
+    assert verdicts[1] == (
+        [
+            f"{g1}: 3 uncorrected ECC error(s) since the driver loaded",
+            f"{g1}: a page retirement is pending (it takes effect after a GPU reset)",
+            f"{g1}: a bad memory page could not be retired (the GPU needs service)",
+            f"{g1}: only 12.0 GiB free, 180.0 of 192.0 GiB held by other processes (a leftover job?)",
+        ],
+        [
+            f"{g1}: clocks held down (thermal slowdown)",
+            f"{g1}: PCIe link x8, below its x16",
+            f"{g1}: PCIe gen 4, below its gen 5",
+        ],
+    )
     assert gpus[2]["slowdowns"] is None and gpus[2]["memory_used"] is None and verdicts[2] == ([], [])
 
 

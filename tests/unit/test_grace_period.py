@@ -10,15 +10,17 @@ import threading
 import time
 
 import pytest
-
 from entrypoint_fakes import MemoryStore
+
 from rlrig.entrypoint import lifecycle
 from rlrig.entrypoint.processes import STOP_SIGNALS, Stop, install_stop_handlers
 
 # traps the signal, takes 6 s "to checkpoint" (longer than the 5 s a plain stop gives), then leaves a mark and
 # exits as the trainer does
-COMMAND = ("trap 'sleep 6; echo $1 > {mark}; exit 138' USR1; trap 'sleep 6; echo $1 > {mark}; exit 143' TERM; "
-           "while true; do sleep 0.1; done")
+COMMAND = (
+    "trap 'sleep 6; echo $1 > {mark}; exit 138' USR1; trap 'sleep 6; echo $1 > {mark}; exit 143' TERM; "
+    "while true; do sleep 0.1; done"
+)
 
 
 @pytest.fixture
@@ -30,10 +32,14 @@ def stop_handlers():
         signal.signal(s, h)
 
 
-@pytest.mark.parametrize("sig, grace, finished", [
-    (signal.SIGUSR1, 30, True), (signal.SIGTERM, 30, True),
-    (signal.SIGUSR1, 0, False),  # no grace: stopped as before, the command's own handler cut short
-])
+@pytest.mark.parametrize(
+    "sig, grace, finished",
+    [
+        (signal.SIGUSR1, 30, True),
+        (signal.SIGTERM, 30, True),
+        (signal.SIGUSR1, 0, False),  # no grace: stopped as before, the command's own handler cut short
+    ],
+)
 def test_a_stop_signal_is_passed_on_and_waited_for(stop_handlers, tmp_path, sig, grace, finished):
     mark = tmp_path / "checkpointed"
     ray_stand_in = subprocess.Popen(["sleep", "60"])
@@ -41,8 +47,13 @@ def test_a_stop_signal_is_passed_on_and_waited_for(stop_handlers, tmp_path, sig,
     started = time.monotonic()
     try:
         with pytest.raises(Stop) as e:
-            lifecycle.run_command(["bash", "-c", COMMAND.format(mark=mark), "cmd", "done"], dict(os.environ), MemoryStore(),
-                                  ray_stand_in, grace)
+            lifecycle.run_command(
+                ["bash", "-c", COMMAND.format(mark=mark), "cmd", "done"],
+                dict(os.environ),
+                MemoryStore(),
+                ray_stand_in,
+                grace,
+            )
         assert e.value.code == 128 + sig
         assert mark.exists() is finished
         if finished:

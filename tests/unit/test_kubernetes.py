@@ -48,8 +48,10 @@ def pod_templates(doc: dict) -> dict[str, dict]:
         return {role.lower(): r["template"] for role, r in spec["pytorchReplicaSpecs"].items()}
     if doc["kind"] == "RayJob":
         cluster = spec["rayClusterSpec"]
-        return {"head": cluster["headGroupSpec"]["template"],
-                **{g["groupName"]: g["template"] for g in cluster["workerGroupSpecs"]}}
+        return {
+            "head": cluster["headGroupSpec"]["template"],
+            **{g["groupName"]: g["template"] for g in cluster["workerGroupSpecs"]},
+        }
     return {}
 
 
@@ -69,8 +71,11 @@ def test_schema(name, index, doc):
         schema = json.loads((SCHEMAS / f"{doc['kind']}.schema.json").read_text())
         jsonschema.validate(doc, strict(schema))
         for template in pod_templates(doc).values():
-            kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
-                                          "template": template}, K8S, strict=True)
+            kubernetes_validate.validate(
+                {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": template},
+                K8S,
+                strict=True,
+            )
 
 
 def test_a_misspelt_field_is_caught():
@@ -83,8 +88,11 @@ def test_a_misspelt_field_is_caught():
     template = yaml.safe_load(yaml.safe_dump(pod_templates(doc)["worker"]))
     template["spec"]["containers"][0]["envv"] = []
     with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
-                                      "template": template}, K8S, strict=True)
+        kubernetes_validate.validate(
+            {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": template},
+            K8S,
+            strict=True,
+        )
 
 
 PODS = [(n, d["kind"], role, t) for n, _, d in ALL for role, t in pod_templates(d).items()]
@@ -121,18 +129,36 @@ def injected(doc: dict, role: str, index: int) -> tuple[dict[str, str], str]:
         return {"JOB_COMPLETION_INDEX": str(index)}, f"{name}-{index}"
     if doc["kind"] == "LeaderWorkerSet":
         size = spec["leaderWorkerTemplate"]["size"]
-        return ({"LWS_LEADER_ADDRESS": f"{name}-0.{name}.default", "LWS_GROUP_SIZE": str(size),
-                 "LWS_WORKER_INDEX": str(index)}, f"{name}-0" + (f"-{index}" if index else ""))
+        return (
+            {
+                "LWS_LEADER_ADDRESS": f"{name}-0.{name}.default",
+                "LWS_GROUP_SIZE": str(size),
+                "LWS_WORKER_INDEX": str(index),
+            },
+            f"{name}-0" + (f"-{index}" if index else ""),
+        )
     if doc["kind"] == "PyTorchJob":
         replicas = sum(r["replicas"] for r in spec["pytorchReplicaSpecs"].values())
         rank = index + (1 if role == "worker" else 0)
         nproc = {"PET_NPROC_PER_NODE": spec["nprocPerNode"]} if "nprocPerNode" in spec else {}
-        return ({"MASTER_ADDR": f"{name}-master-0", "MASTER_PORT": "23456",
-                 "WORLD_SIZE": str(replicas * int(spec.get("nprocPerNode", 1))), "RANK": str(rank),
-                 "PET_NODE_RANK": str(rank), "PET_NNODES": str(replicas), **nproc, "PYTHONUNBUFFERED": "1"},
-                f"{name}-{role}-{index}")
-    return {"RAY_CLUSTER_NAME": f"{name}-raycluster", "KUBERAY_GEN_RAY_START_CMD": "ray start --head",
-            "RAY_ADDRESS": "127.0.0.1:6379"}, f"{name}-head"
+        return (
+            {
+                "MASTER_ADDR": f"{name}-master-0",
+                "MASTER_PORT": "23456",
+                "WORLD_SIZE": str(replicas * int(spec.get("nprocPerNode", 1))),
+                "RANK": str(rank),
+                "PET_NODE_RANK": str(rank),
+                "PET_NNODES": str(replicas),
+                **nproc,
+                "PYTHONUNBUFFERED": "1",
+            },
+            f"{name}-{role}-{index}",
+        )
+    return {
+        "RAY_CLUSTER_NAME": f"{name}-raycluster",
+        "KUBERAY_GEN_RAY_START_CMD": "ray start --head",
+        "RAY_ADDRESS": "127.0.0.1:6379",
+    }, f"{name}-head"
 
 
 DETECTED = [
@@ -147,8 +173,9 @@ DETECTED = [
 ]
 
 
-@pytest.mark.parametrize("name,kind,role,index,launcher,rank,nnodes,head", DETECTED,
-                         ids=[f"{r[0]}:{r[2]}{r[3]}" for r in DETECTED])
+@pytest.mark.parametrize(
+    "name,kind,role,index,launcher,rank,nnodes,head", DETECTED, ids=[f"{r[0]}:{r[2]}{r[3]}" for r in DETECTED]
+)
 def test_the_environment_each_pod_gets_is_detected(name, kind, role, index, launcher, rank, nnodes, head):
     doc = manifest(name, kind)
     template = pod_templates(doc)[role]

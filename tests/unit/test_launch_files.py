@@ -11,6 +11,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 
+
 def tracked(*patterns: str) -> list[Path]:
     out = subprocess.run(["git", "ls-files", "--", *patterns], cwd=REPO, capture_output=True, text=True).stdout
     return sorted(REPO / line for line in out.splitlines())
@@ -42,8 +43,11 @@ def test_shellcheck(script):
 
 
 def test_hadolint_clean_at_error_level():
-    r = subprocess.run([tool("hadolint"), "--failure-threshold", "error", str(REPO / "docker/Dockerfile")],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [tool("hadolint"), "--failure-threshold", "error", str(REPO / "docker/Dockerfile")],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -108,9 +112,11 @@ def test_dstack_parser_rejects_a_broken_file():
 def test_skypilot_yaml_parses_with_skypilots_own_parser(path):
     if not SKY_PY.exists():
         pytest.skip("SkyPilot's parser lives in .venv-sky, made by tests/run.sh")
-    code = ("import sys, sky; t = sky.Task.from_yaml(sys.argv[1]); "
-            "print(t.num_nodes, sorted(t.envs), [r.image_id for r in t.resources]); "
-            "print('RECOVERY', [r.job_recovery for r in t.resources], sorted(t.storage_mounts))")
+    code = (
+        "import sys, sky; t = sky.Task.from_yaml(sys.argv[1]); "
+        "print(t.num_nodes, sorted(t.envs), [r.image_id for r in t.resources]); "
+        "print('RECOVERY', [r.job_recovery for r in t.resources], sorted(t.storage_mounts))"
+    )
     r = subprocess.run([str(SKY_PY), "-c", code, str(path)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith("2 "), r.stdout
@@ -174,5 +180,7 @@ def test_standing_slurm_recipe_has_no_sleeps_and_no_rank_logic():
     assert '"$rlrig" up' in text and '"$rlrig" submit' in text and '"$rlrig" down' in text
     commands = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
     assert not any("sleep " in line for line in commands) and not RANK_LOGIC.search(text)
-    r = subprocess.run([tool("shellcheck"), "-x", str(REPO / "slurm/rlrig-cluster.sbatch")], capture_output=True, text=True)
+    r = subprocess.run(
+        [tool("shellcheck"), "-x", str(REPO / "slurm/rlrig-cluster.sbatch")], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stdout

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from rlrig.trainer import estimators, policy_losses
-from rlrig.trainer.config import ActorConfig
+from rlrig.trainer.algos import estimators, policy_losses
+from rlrig.trainer.config.schema import ActorConfig
 
 T = torch.tensor
 LN2, LN15 = math.log(2), math.log(1.5)
@@ -19,26 +19,36 @@ def loss(name, old, logp, adv, mask, agg="token-mean", **cfg):
     return policy_losses.get(name).fn(T([old]), T([logp]), T([adv]), T([mask]), actor, agg)
 
 
-@pytest.mark.parametrize("name,old,logp,adv,mask,value,metrics", [
-    # sequence ratio sqrt(2) (mean log ratio ln2/2) = 1.414 > 1.2: max(-1.414, -1.2) = -1.2 per token
-    ("gspo", [0.0, 0.0], [LN2, 0.0], [1.0, 1.0], [1.0, 1.0], -1.2, {"actor/pg_clipfrac": 1.0}),
-    # r = 1: gate sigmoid(0) * 4 / tau = 2 (tau_pos 1) -> -2 A
-    ("sapo", [0.0], [0.0], [1.0], [1.0], -2.0, {}),
-    # A < 0 uses tau_neg 1.05: 0.5 * 4 / 1.05 = 1.90476 -> +1.90476
-    ("sapo", [0.0], [0.0], [-1.0], [1.0], 4 / 2.1, {}),
-    # -log p A = -ln(0.5) * 2 = 1.3863
-    ("gpg", [0.0], [math.log(0.5)], [2.0], [1.0], 2 * LN2, {}),
-    # ratio 1.5 clipped to 1.2 as a constant weight: -1.2 * 1 * ln 1.5 = -0.48656
-    ("cispo", [0.0], [LN15], [1.0], [1.0], -1.2 * LN15, {"actor/pg_clipfrac": 1.0}),
-    # log ratios ln1.5 = 0.405 clipped to 0.2 in log space: r = e^0.2 = 1.2214, L = -1.2214
-    ("geo_mean", [0.0, 0.0], [LN15, LN15], [1.0, 1.0], [1.0, 1.0], -math.exp(0.2), {"actor/pg_clipfrac": 1.0}),
-    # the only token is already clipped: no covariance cut, plain clipped loss max(-1.5, -1.2) = -1.2
-    ("clip_cov", [0.0], [LN15], [1.0], [1.0], -1.2, {"actor/pg_clipfrac": 0.0}),
-    # ratios [2, 1, 1], A [1, 0, 0]: cov = (A - 1/3)(logp - ln2/3) is largest on token 0, which gets
-    # + 0.1 |ln 2|: (-2 + 0.0693 + 0 + 0) / 3 = -0.64357; ppo_kl = mean |log ratio| = ln2 / 3
-    ("kl_cov", [0.0, 0.0, 0.0], [LN2, 0.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0], (-2 + 0.1 * LN2) / 3,
-     {"actor/ppo_kl": LN2 / 3}),
-])
+@pytest.mark.parametrize(
+    "name,old,logp,adv,mask,value,metrics",
+    [
+        # sequence ratio sqrt(2) (mean log ratio ln2/2) = 1.414 > 1.2: max(-1.414, -1.2) = -1.2 per token
+        ("gspo", [0.0, 0.0], [LN2, 0.0], [1.0, 1.0], [1.0, 1.0], -1.2, {"actor/pg_clipfrac": 1.0}),
+        # r = 1: gate sigmoid(0) * 4 / tau = 2 (tau_pos 1) -> -2 A
+        ("sapo", [0.0], [0.0], [1.0], [1.0], -2.0, {}),
+        # A < 0 uses tau_neg 1.05: 0.5 * 4 / 1.05 = 1.90476 -> +1.90476
+        ("sapo", [0.0], [0.0], [-1.0], [1.0], 4 / 2.1, {}),
+        # -log p A = -ln(0.5) * 2 = 1.3863
+        ("gpg", [0.0], [math.log(0.5)], [2.0], [1.0], 2 * LN2, {}),
+        # ratio 1.5 clipped to 1.2 as a constant weight: -1.2 * 1 * ln 1.5 = -0.48656
+        ("cispo", [0.0], [LN15], [1.0], [1.0], -1.2 * LN15, {"actor/pg_clipfrac": 1.0}),
+        # log ratios ln1.5 = 0.405 clipped to 0.2 in log space: r = e^0.2 = 1.2214, L = -1.2214
+        ("geo_mean", [0.0, 0.0], [LN15, LN15], [1.0, 1.0], [1.0, 1.0], -math.exp(0.2), {"actor/pg_clipfrac": 1.0}),
+        # the only token is already clipped: no covariance cut, plain clipped loss max(-1.5, -1.2) = -1.2
+        ("clip_cov", [0.0], [LN15], [1.0], [1.0], -1.2, {"actor/pg_clipfrac": 0.0}),
+        # ratios [2, 1, 1], A [1, 0, 0]: cov = (A - 1/3)(logp - ln2/3) is largest on token 0, which gets
+        # + 0.1 |ln 2|: (-2 + 0.0693 + 0 + 0) / 3 = -0.64357; ppo_kl = mean |log ratio| = ln2 / 3
+        (
+            "kl_cov",
+            [0.0, 0.0, 0.0],
+            [LN2, 0.0, 0.0],
+            [1.0, 0.0, 0.0],
+            [1.0, 1.0, 1.0],
+            (-2 + 0.1 * LN2) / 3,
+            {"actor/ppo_kl": LN2 / 3},
+        ),
+    ],
+)
 def test_policy_losses(name, old, logp, adv, mask, value, metrics):
     out, m = loss(name, old, logp, adv, mask, kl_cov_ratio=0.34)
     assert float(out) == pytest.approx(value, abs=1e-4)
@@ -67,31 +77,44 @@ def est(name, scores, mask, index, norm=True):
     return estimators.get(name).fn(x)[0]
 
 
-@pytest.mark.parametrize("name,scores,mask,index,norm,first_token", [
-    # group mean 0.25 -> [0.75, -0.25, -0.25, -0.25], whitened over the batch (unbiased std 0.5) -> [1.5, -0.5, ...]
-    ("reinforce_plus_plus_baseline", [1.0, 0.0, 0.0, 0.0], [[1.0]] * 4, [0, 0, 0, 0], True, [1.5, -0.5, -0.5, -0.5]),
-    # length-weighted baseline (1 * 1 + 3 * 0) / 4 = 0.25 -> [0.75, -0.25]
-    ("opo", [1.0, 0.0], [[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]], [0, 0], True, [0.75, -0.25]),
-    # best 1.0 over second 0.5: margin 0.5 / unbiased std of [1, 0.5, 0] (0.5) = 1.0; others 0
-    ("grpo_passk", [1.0, 0.5, 0.0], [[1.0]] * 3, [0, 0, 0], True, [1.0, 0.0, 0.0]),
-    ("grpo_passk", [1.0, 0.5, 0.0], [[1.0]] * 3, [0, 0, 0], False, [0.5, 0.0, 0.0]),
-    # alpha = 4 samples / 1 non-zero = 4; centred [0.75, -0.25, -0.25, -0.25] x 4
-    ("gpg", [1.0, 0.0, 0.0, 0.0], [[1.0]] * 4, [0, 0, 0, 0], True, [3.0, -1.0, -1.0, -1.0]),
-])
+@pytest.mark.parametrize(
+    "name,scores,mask,index,norm,first_token",
+    [
+        # group mean 0.25 -> [0.75, -0.25, -0.25, -0.25], whitened over the batch (unbiased std 0.5) -> [1.5, -0.5, ...]
+        (
+            "reinforce_plus_plus_baseline",
+            [1.0, 0.0, 0.0, 0.0],
+            [[1.0]] * 4,
+            [0, 0, 0, 0],
+            True,
+            [1.5, -0.5, -0.5, -0.5],
+        ),
+        # length-weighted baseline (1 * 1 + 3 * 0) / 4 = 0.25 -> [0.75, -0.25]
+        ("opo", [1.0, 0.0], [[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]], [0, 0], True, [0.75, -0.25]),
+        # best 1.0 over second 0.5: margin 0.5 / unbiased std of [1, 0.5, 0] (0.5) = 1.0; others 0
+        ("grpo_passk", [1.0, 0.5, 0.0], [[1.0]] * 3, [0, 0, 0], True, [1.0, 0.0, 0.0]),
+        ("grpo_passk", [1.0, 0.5, 0.0], [[1.0]] * 3, [0, 0, 0], False, [0.5, 0.0, 0.0]),
+        # alpha = 4 samples / 1 non-zero = 4; centred [0.75, -0.25, -0.25, -0.25] x 4
+        ("gpg", [1.0, 0.0, 0.0, 0.0], [[1.0]] * 4, [0, 0, 0, 0], True, [3.0, -1.0, -1.0, -1.0]),
+    ],
+)
 def test_estimators(name, scores, mask, index, norm, first_token):
     adv = est(name, scores, mask, index, norm)
     assert adv[:, 0].tolist() == pytest.approx(first_token, abs=1e-4)
     assert (adv * (1 - T(mask)) == 0).all()
 
 
-@pytest.mark.parametrize("rewards, mask, baselines, advantages, returns", [
-    # reward-to-go [1, 1, 1] minus the greedy response's 0.5 on every response token
-    ([[0.0, 0.0, 1.0]], [[1.0, 1.0, 1.0]], [0.5], [[0.5, 0.5, 0.5]], [[1.0, 1.0, 1.0]]),
-    # a shorter response: padding stays 0; a KL-shaped reward counts from its token on: [2 - 0.5, 2, 0] - 1
-    ([[-0.5, 2.0, 9.0]], [[1.0, 1.0, 0.0]], [1.0], [[0.5, 1.0, 0.0]], [[1.5, 2.0, 0.0]]),
-    # a greedy response that scored higher than the sample: a negative advantage
-    ([[0.0, 0.0]], [[1.0, 1.0]], [1.0], [[-1.0, -1.0]], [[0.0, 0.0]]),
-])
+@pytest.mark.parametrize(
+    "rewards, mask, baselines, advantages, returns",
+    [
+        # reward-to-go [1, 1, 1] minus the greedy response's 0.5 on every response token
+        ([[0.0, 0.0, 1.0]], [[1.0, 1.0, 1.0]], [0.5], [[0.5, 0.5, 0.5]], [[1.0, 1.0, 1.0]]),
+        # a shorter response: padding stays 0; a KL-shaped reward counts from its token on: [2 - 0.5, 2, 0] - 1
+        ([[-0.5, 2.0, 9.0]], [[1.0, 1.0, 0.0]], [1.0], [[0.5, 1.0, 0.0]], [[1.5, 2.0, 0.0]]),
+        # a greedy response that scored higher than the sample: a negative advantage
+        ([[0.0, 0.0]], [[1.0, 1.0]], [1.0], [[-1.0, -1.0]], [[0.0, 0.0]]),
+    ],
+)
 def test_remax_by_hand(rewards, mask, baselines, advantages, returns):
     x = estimators.AdvantageInput(T(rewards), T(mask), [0], None, 1.0, 1.0, True, lambda t: t, torch.tensor(baselines))
     adv, ret = estimators.get("remax").fn(x)
@@ -100,10 +123,12 @@ def test_remax_by_hand(rewards, mask, baselines, advantages, returns):
 
 
 def test_every_registered_name_is_accepted_by_config():
-    from rlrig.trainer.config import parse_overrides
+    from rlrig.trainer.config.schema import parse_overrides
 
     for name in estimators.ESTIMATORS:
-        parse_overrides(["actor_rollout_ref.model.path=/m", f"algorithm.adv_estimator={name}", "actor_rollout_ref.rollout.n=2"])
+        parse_overrides(
+            ["actor_rollout_ref.model.path=/m", f"algorithm.adv_estimator={name}", "actor_rollout_ref.rollout.n=2"]
+        )
     for name in policy_losses.POLICY_LOSSES:
         parse_overrides(["actor_rollout_ref.model.path=/m", f"actor_rollout_ref.actor.policy_loss.loss_mode={name}"])
 
@@ -111,12 +136,19 @@ def test_every_registered_name_is_accepted_by_config():
 def test_remax_through_a_worker_scores_each_prompts_greedy_response():
     """The worker generates each prompt's greedy response once, scores it, and hands the estimator that score for
     each of the prompt's n samples."""
-    from rlrig.trainer import generate_score
-    from rlrig.trainer.engines import GREEDY
-    from rlrig.trainer.single_process import single_worker
+    from rlrig.trainer.driver.single_process import single_worker
+    from rlrig.trainer.reward import scoring as generate_score
+    from rlrig.trainer.rollout.engines import GREEDY
 
-    with single_worker(["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "algorithm.adv_estimator=remax",
-                        "actor_rollout_ref.rollout.n=3", "actor_rollout_ref.rollout.name=hf"]) as (w, batches):
+    with single_worker(
+        [
+            "data.train_batch_size=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "algorithm.adv_estimator=remax",
+            "actor_rollout_ref.rollout.n=3",
+            "actor_rollout_ref.rollout.name=hf",
+        ]
+    ) as (w, batches):
         seen, greedy = {}, []
         real_generate, real_fn = w.engine.generate, w.estimator.fn
 

@@ -3,14 +3,17 @@
 import pytest
 import torch
 
-from rlrig.trainer import packing
+from rlrig.trainer.model import packing
 
 
-@pytest.mark.parametrize("lengths,width,rows,starts,used", [
-    ([3, 5, 2], 5, [1, 0, 1], [0, 0, 3], [5, 5]),  # longest first; 2 fits after 3
-    ([1, 1, 1, 1], 2, [0, 0, 1, 1], [0, 1, 0, 1], [2, 2]),
-    ([4], 4, [0], [0], [4]),
-])
+@pytest.mark.parametrize(
+    "lengths,width,rows,starts,used",
+    [
+        ([3, 5, 2], 5, [1, 0, 1], [0, 0, 3], [5, 5]),  # longest first; 2 fits after 3
+        ([1, 1, 1, 1], 2, [0, 0, 1, 1], [0, 1, 0, 1], [2, 2]),
+        ([4], 4, [0], [0], [4]),
+    ],
+)
 def test_first_fit(lengths, width, rows, starts, used):
     assert packing.first_fit(lengths, width) == (rows, starts, used)
 
@@ -33,12 +36,14 @@ def test_packed_layout_by_hand():
 def tiny():
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-    from rlrig.trainer.tiny_model import ensure_tiny_model
+    from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
 
     path = ensure_tiny_model()
     torch.manual_seed(0)
-    return (AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
-            AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=torch.float32))
+    return (
+        AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+        AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=torch.float32),
+    )
 
 
 def batch(vocab, prompt_lens, response_lens, P=6, R=7):
@@ -46,18 +51,22 @@ def batch(vocab, prompt_lens, response_lens, P=6, R=7):
     ids = torch.randint(3, vocab, (len(prompt_lens), P + R), generator=g)
     mask = torch.ones_like(ids)
     for i, (p, r) in enumerate(zip(prompt_lens, response_lens)):
-        mask[i, :P - p] = 0
-        mask[i, P + r:] = 0
+        mask[i, : P - p] = 0
+        mask[i, P + r :] = 0
     return ids.masked_fill(mask == 0, 0), mask, P
 
 
-@pytest.mark.parametrize("prompt_lens,response_lens", [
-    ([6, 4, 2, 5, 6], [7, 3, 0, 5, 1]),  # ragged both ways, one empty response
-    ([6, 6], [7, 7]),  # nothing to remove
-    ([1], [2]),
-])
+@pytest.mark.parametrize(
+    "prompt_lens,response_lens",
+    [
+        ([6, 4, 2, 5, 6], [7, 3, 0, 5, 1]),  # ragged both ways, one empty response
+        ([6, 6], [7, 7]),  # nothing to remove
+        ([1], [2]),
+    ],
+)
 def test_packed_logprobs_entropy_and_values_match_padded(tiny, prompt_lens, response_lens):
-    from rlrig.trainer.logprobs import token_logprobs, values as critic_values
+    from rlrig.trainer.model.forward import token_logprobs
+    from rlrig.trainer.model.forward import values as critic_values
 
     actor, critic = tiny
     ids, mask, P = batch(actor.config.vocab_size, prompt_lens, response_lens)

@@ -8,18 +8,21 @@ import sys
 import pytest
 import torch
 
-from rlrig.trainer import pf_ppo as P
-from rlrig.trainer.config import ConfigError, parse_overrides
+from rlrig.trainer.algos import pf_ppo as P
+from rlrig.trainer.config.schema import ConfigError, parse_overrides
 
 E = 1e-8
 
 
-@pytest.mark.parametrize("scores, method, pow_, expected", [
-    ([-2.0, 1.0, 0.0], "pow", 2.0, [4.0 + E, 1.0 + E, E]),  # |s| ** 2
-    ([-2.0, 1.0, 0.5], "pow", 1.0, [2.0 + E, 1.0 + E, 0.5 + E]),
-    ([3.0, 1.0, 3.0, 0.0], "max_min", 2.0, [1.0 + E, E, 1.0 + E, 1.0 + E]),  # the highest and the lowest only
-    ([1.0, 0.0, 1.0], "max_random", 2.0, [0.4 + E, 0.1 + E, 0.4 + E]),
-])
+@pytest.mark.parametrize(
+    "scores, method, pow_, expected",
+    [
+        ([-2.0, 1.0, 0.0], "pow", 2.0, [4.0 + E, 1.0 + E, E]),  # |s| ** 2
+        ([-2.0, 1.0, 0.5], "pow", 1.0, [2.0 + E, 1.0 + E, 0.5 + E]),
+        ([3.0, 1.0, 3.0, 0.0], "max_min", 2.0, [1.0 + E, E, 1.0 + E, 1.0 + E]),  # the highest and the lowest only
+        ([1.0, 0.0, 1.0], "max_random", 2.0, [0.4 + E, 0.1 + E, 0.4 + E]),
+    ],
+)
 def test_weights_by_hand(scores, method, pow_, expected):
     torch.testing.assert_close(P.weights(torch.tensor(scores), method, pow_), torch.tensor(expected))
 
@@ -31,11 +34,16 @@ def test_draw_follows_the_weights_and_the_seed():
     assert torch.equal(idx, P.draw(scores, "max_min", 2.0, torch.Generator().manual_seed(3)))
 
 
-@pytest.mark.parametrize("overrides, words", [
-    (["algorithm.use_pf_ppo=True", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2"],
-     "algorithm.use_pf_ppo=True: verl resamples only after adv_estimator=gae"),
-    (["algorithm.use_pf_ppo=True", "algorithm.pf_ppo.reweight_method=top"], "algorithm.pf_ppo.reweight_method"),
-])
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (
+            ["algorithm.use_pf_ppo=True", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2"],
+            "algorithm.use_pf_ppo=True: verl resamples only after adv_estimator=gae",
+        ),
+        (["algorithm.use_pf_ppo=True", "algorithm.pf_ppo.reweight_method=top"], "algorithm.pf_ppo.reweight_method"),
+    ],
+)
 def test_pf_ppo_refusals(overrides, words):
     with pytest.raises(ConfigError) as e:
         parse_overrides(overrides)
@@ -45,8 +53,8 @@ def test_pf_ppo_refusals(overrides, words):
 WORKER = """
 import json, sys
 import torch, torch.distributed as dist
-from rlrig.trainer import pf_ppo
-from rlrig.trainer.engines.base import Rollout
+from rlrig.trainer.algos import pf_ppo
+from rlrig.trainer.rollout.engines.base import Rollout
 rank, init = int(sys.argv[1]), sys.argv[2]
 dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
 # rank 0's prompts are 2 wide, rank 1's 3 wide; each row's tokens name its owner and row: 100 * rank + 10 * row
@@ -65,8 +73,15 @@ dist.destroy_process_group()  # Gloo's threads joined before exit (else C++ may 
 
 def test_the_draw_spans_the_workers_and_each_keeps_its_share(tmp_path):
     (tmp_path / "w.py").write_text(WORKER)
-    procs = [subprocess.Popen([sys.executable, str(tmp_path / "w.py"), str(r), str(tmp_path / "init")],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(tmp_path / "w.py"), str(r), str(tmp_path / "init")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
     res = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
@@ -75,7 +90,7 @@ def test_the_draw_spans_the_workers_and_each_keeps_its_share(tmp_path):
     for rank in range(2):
         got = res[rank]
         assert got["plen"] == 3 and got["none"] is None
-        for row, i in enumerate(idx[rank * 3:(rank + 1) * 3]):
+        for row, i in enumerate(idx[rank * 3 : (rank + 1) * 3]):
             owner, k = divmod(i, 3)
             base = 100 * owner + 10 * k
             prompt = [base + j for j in range(2 + owner)]
@@ -85,8 +100,16 @@ def test_the_draw_spans_the_workers_and_each_keeps_its_share(tmp_path):
 
 
 def test_steps_with_pf_ppo():
-    from rlrig.trainer.single_process import run_steps
+    from rlrig.trainer.driver.single_process import run_steps
 
-    ms = run_steps(["algorithm.use_pf_ppo=True", "algorithm.pf_ppo.reweight_method=max_random", "data.train_batch_size=8",
-                    "actor_rollout_ref.actor.ppo_mini_batch_size=8", "data.max_response_length=8"], 2)
+    ms = run_steps(
+        [
+            "algorithm.use_pf_ppo=True",
+            "algorithm.pf_ppo.reweight_method=max_random",
+            "data.train_batch_size=8",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+            "data.max_response_length=8",
+        ],
+        2,
+    )
     assert all("timing_s/pf_ppo" in m and m["critic/score/max"] >= m["critic/score/min"] for m in ms)

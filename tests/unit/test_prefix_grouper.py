@@ -3,17 +3,17 @@ each distinct prompt computed once (tokens counted at the embedding), with and w
 
 import pytest
 import torch
-
 from model_hooks import embedded_tokens
-from rlrig.trainer import prefix_grouper
-from rlrig.trainer.logprobs import token_logprobs
+
+from rlrig.trainer.model import prefix_grouper
+from rlrig.trainer.model.forward import token_logprobs
 
 
 @pytest.fixture(scope="module")
 def model():
     from transformers import AutoModelForCausalLM
 
-    from rlrig.trainer.tiny_model import ensure_tiny_model
+    from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
 
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_pretrained(ensure_tiny_model(), dtype=torch.float32)
@@ -27,8 +27,8 @@ def rollout(prompts, n, response_lens, R, vocab):
     ids = torch.zeros(len(rows), P + R, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, (p, r) in enumerate(zip(rows, response_lens)):
-        ids[i, P - len(p):P], mask[i, P - len(p):P] = torch.tensor(p), 1
-        ids[i, P:P + r], mask[i, P:P + r] = torch.randint(3, vocab, (r,), generator=g), 1
+        ids[i, P - len(p) : P], mask[i, P - len(p) : P] = torch.tensor(p), 1
+        ids[i, P : P + r], mask[i, P : P + r] = torch.randint(3, vocab, (r,), generator=g), 1
     return ids, mask, P
 
 
@@ -41,8 +41,18 @@ def _grads(model, logp, mask):
 CASES = [
     # prompts, samples each, response lengths (one per sample), response width
     ([[5, 6, 7, 8], [9, 10, 11, 12]], 3, [6, 2, 6, 1, 6, 4], 6),  # no padding, ragged responses
-    ([[5, 6, 7, 8, 9], [11], [12, 13, 14]], 2, [5, 5, 3, 0, 5, 1], 5),  # left padding, a one-token prompt, an empty response
-    ([[5, 6, 7], [5, 6, 7], [8, 9]], 2, [4, 4, 4, 4, 2, 3], 4),  # a prompt drawn twice: one computation for all four samples
+    (
+        [[5, 6, 7, 8, 9], [11], [12, 13, 14]],
+        2,
+        [5, 5, 3, 0, 5, 1],
+        5,
+    ),  # left padding, a one-token prompt, an empty response
+    (
+        [[5, 6, 7], [5, 6, 7], [8, 9]],
+        2,
+        [4, 4, 4, 4, 2, 3],
+        4,
+    ),  # a prompt drawn twice: one computation for all four samples
     ([[5, 6, 7], [8, 9]], 4, [1] * 8, 1),  # one response token: the prompts' forward alone
 ]
 

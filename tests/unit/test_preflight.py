@@ -3,8 +3,8 @@
 from pathlib import Path
 
 import pytest
-
 from entrypoint_fakes import UUIDS, GiB, machine
+
 from rlrig.entrypoint import preflight
 from rlrig.entrypoint.addresses import Interface
 from rlrig.entrypoint.inventory import in_container, infiniband_devices
@@ -12,8 +12,15 @@ from rlrig.entrypoint.nodespec import NodeSpec
 
 
 def spec(**kw) -> NodeSpec:
-    base = dict(launcher="dstack", node_rank=1, nnodes=2, head_host="10.0.0.1", head_address="10.0.0.1",
-                node_ip="10.0.0.2", interface="eth0")
+    base = dict(
+        launcher="dstack",
+        node_rank=1,
+        nnodes=2,
+        head_host="10.0.0.1",
+        head_address="10.0.0.1",
+        node_ip="10.0.0.2",
+        interface="eth0",
+    )
     base.update(kw)
     return NodeSpec(**base)
 
@@ -29,18 +36,51 @@ def status(pf, name):
 FAILS = [
     # (id, env, inventory changes, spec changes, failing check, words in its message)
     ("duplicate ids", {"CUDA_VISIBLE_DEVICES": "0,1,0,1"}, {}, {}, "CUDA_VISIBLE_DEVICES", "more than once"),
-    ("not an id", {"CUDA_VISIBLE_DEVICES": "0,gpu1"}, {}, {}, "CUDA_VISIBLE_DEVICES", "neither a GPU index nor a GPU UUID"),
+    (
+        "not an id",
+        {"CUDA_VISIBLE_DEVICES": "0,gpu1"},
+        {},
+        {},
+        "CUDA_VISIBLE_DEVICES",
+        "neither a GPU index nor a GPU UUID",
+    ),
     ("index beyond", {"CUDA_VISIBLE_DEVICES": "0,4"}, {}, {}, "CUDA_VISIBLE_DEVICES", "index 4 but this node has 2"),
-    ("unknown uuid", {"CUDA_VISIBLE_DEVICES": "GPU-99999999-2222-3333-4444-555555555555"}, {}, {}, "CUDA_VISIBLE_DEVICES",
-     "not a GPU or MIG device on this node"),
+    (
+        "unknown uuid",
+        {"CUDA_VISIBLE_DEVICES": "GPU-99999999-2222-3333-4444-555555555555"},
+        {},
+        {},
+        "CUDA_VISIBLE_DEVICES",
+        "not a GPU or MIG device on this node",
+    ),
     ("hip duplicate", {"HIP_VISIBLE_DEVICES": "1,1"}, {}, {}, "HIP_VISIBLE_DEVICES", "more than once"),
-    ("hip vs cuda", {"CUDA_VISIBLE_DEVICES": "0,1", "HIP_VISIBLE_DEVICES": "1"}, {}, {}, "HIP_VISIBLE_DEVICES", "disagrees"),
-    ("rocr with hip", {"ROCR_VISIBLE_DEVICES": "0", "HIP_VISIBLE_DEVICES": "0"}, {}, {}, "ROCR_VISIBLE_DEVICES",
-     "unset ROCR_VISIBLE_DEVICES"),
+    (
+        "hip vs cuda",
+        {"CUDA_VISIBLE_DEVICES": "0,1", "HIP_VISIBLE_DEVICES": "1"},
+        {},
+        {},
+        "HIP_VISIBLE_DEVICES",
+        "disagrees",
+    ),
+    (
+        "rocr with hip",
+        {"ROCR_VISIBLE_DEVICES": "0", "HIP_VISIBLE_DEVICES": "0"},
+        {},
+        {},
+        "ROCR_VISIBLE_DEVICES",
+        "unset ROCR_VISIBLE_DEVICES",
+    ),
     ("fewer than allotted", {"CUDA_VISIBLE_DEVICES": "0"}, {}, {"gpus_allotted": 2}, "gpus", "allotted 2 GPU(s)"),
     ("no gpus but allotted", {}, {"gpus": []}, {"gpus_allotted": 8}, "gpus", "--gpus all"),
     ("nccl no match", {"NCCL_SOCKET_IFNAME": "ens"}, {}, {}, "NCCL_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME=eth0"),
-    ("nccl excludes all", {"NCCL_SOCKET_IFNAME": "^eth,ib,docker"}, {}, {}, "NCCL_SOCKET_IFNAME", "matches no interface"),
+    (
+        "nccl excludes all",
+        {"NCCL_SOCKET_IFNAME": "^eth,ib,docker"},
+        {},
+        {},
+        "NCCL_SOCKET_IFNAME",
+        "matches no interface",
+    ),
     ("nccl exact miss", {"NCCL_SOCKET_IFNAME": "=eth"}, {}, {}, "NCCL_SOCKET_IFNAME", "matches no interface"),
     ("gloo caret", {"GLOO_SOCKET_IFNAME": "^docker0"}, {}, {}, "GLOO_SOCKET_IFNAME", "no '^' exclusion"),
     ("gloo prefix", {"GLOO_SOCKET_IFNAME": "eth"}, {}, {}, "GLOO_SOCKET_IFNAME", "no interface named eth"),
@@ -60,7 +100,9 @@ def test_failures(env, inv, sp, name, words):
     assert name.split()[0].lstrip("/") in check.message or name in ("gpus", "temp dir")
 
 
-@pytest.mark.parametrize("hca,expect", [("mlx5_1:1", "fail"), ("mlx5", "pass"), ("=mlx5_0:1", "pass"), ("^mlx5_1", "pass")])
+@pytest.mark.parametrize(
+    "hca,expect", [("mlx5_1:1", "fail"), ("mlx5", "pass"), ("=mlx5_0:1", "pass"), ("^mlx5_1", "pass")]
+)
 def test_ib_hca_against_devices(hca, expect):
     pf = run({"NCCL_IB_HCA": hca}, machine(ib_devices=["mlx5_0"]))
     assert status(pf, "NCCL_IB_HCA").status == expect
@@ -73,12 +115,15 @@ def test_infiniband_devices_read_from_sysfs(tmp_path: Path):
     assert infiniband_devices(tmp_path / "absent") == []
 
 
-@pytest.mark.parametrize("files,env,expect", [
-    ([".dockerenv"], {}, True),
-    ([".containerenv"], {}, True),
-    ([], {"APPTAINER_CONTAINER": "/img.sif"}, True),
-    ([], {}, False),
-])
+@pytest.mark.parametrize(
+    "files,env,expect",
+    [
+        ([".dockerenv"], {}, True),
+        ([".containerenv"], {}, True),
+        ([], {"APPTAINER_CONTAINER": "/img.sif"}, True),
+        ([], {}, False),
+    ],
+)
 def test_in_container_is_an_inventory_fact(tmp_path: Path, files, env, expect):
     for name in files:
         (tmp_path / name).touch()
@@ -130,12 +175,15 @@ def test_object_store_capped_by_shm():
     assert pf.object_store_bytes == int(2 * GiB * 0.8)
 
 
-@pytest.mark.parametrize("node_ip,head,container,expect", [
-    ("172.17.0.3", "10.0.0.1", True, "fail"),   # docker0 bridge, head elsewhere
-    ("172.18.0.3", "172.18.0.2", True, "pass"),  # compose network: head on the same bridge
-    ("172.17.0.3", "10.0.0.1", False, "pass"),  # bare metal with a 172.17 address
-    ("10.0.0.2", "10.0.0.1", True, "pass"),     # host networking
-])
+@pytest.mark.parametrize(
+    "node_ip,head,container,expect",
+    [
+        ("172.17.0.3", "10.0.0.1", True, "fail"),  # docker0 bridge, head elsewhere
+        ("172.18.0.3", "172.18.0.2", True, "pass"),  # compose network: head on the same bridge
+        ("172.17.0.3", "10.0.0.1", False, "pass"),  # bare metal with a 172.17 address
+        ("10.0.0.2", "10.0.0.1", True, "pass"),  # host networking
+    ],
+)
 def test_bridge_address(node_ip, head, container, expect):
     inv = machine(interfaces=[Interface("eth0", [(node_ip, 16)])], in_container=container)
     pf = run({}, inv, spec(node_ip=node_ip, head_address=head))
@@ -162,18 +210,21 @@ def mig_machine(devices=tuple(MIGS)):
     return inv
 
 
-@pytest.mark.parametrize("visible, devices, ok, gpus, words", [
-    (",".join(MIGS), MIGS, True, 2, "2 MIG device(s), one per worker"),
-    (MIGS[1][:12], MIGS, True, 1, "1 MIG device(s)"),  # a unique prefix, as for GPU UUIDs
-    (f"MIG-{UUIDS[0]}/1/0", MIGS, True, 1, "1 MIG device(s)"),  # the form drivers before R470 use
-    ("1", MIGS, True, 1, "CUDA_VISIBLE_DEVICES=1"),  # the whole GPU beside the MIG one
-    ("0", MIGS[:1], True, 1, "CUDA_VISIBLE_DEVICES=0"),  # one MIG device: a process sees exactly it
-    (None, MIGS, False, 0, "GPU 0 (GPU-11111111-2222-3333-4444-555555555555) is in MIG mode with 2 MIG device(s)"),
-    ("0,1", MIGS, False, 0, f"CUDA_VISIBLE_DEVICES={MIGS[0]},{MIGS[1]}"),
-    ("0", [], False, 0, "nvidia-smi mig -cgi"),
-    (f"{MIGS[0]},1", MIGS, False, 0, "mixes MIG devices and whole GPUs"),
-    ("MIG-77777777-0000-0000-0000-000000000000", MIGS, False, 0, "not a GPU or MIG device on this node"),
-])
+@pytest.mark.parametrize(
+    "visible, devices, ok, gpus, words",
+    [
+        (",".join(MIGS), MIGS, True, 2, "2 MIG device(s), one per worker"),
+        (MIGS[1][:12], MIGS, True, 1, "1 MIG device(s)"),  # a unique prefix, as for GPU UUIDs
+        (f"MIG-{UUIDS[0]}/1/0", MIGS, True, 1, "1 MIG device(s)"),  # the form drivers before R470 use
+        ("1", MIGS, True, 1, "CUDA_VISIBLE_DEVICES=1"),  # the whole GPU beside the MIG one
+        ("0", MIGS[:1], True, 1, "CUDA_VISIBLE_DEVICES=0"),  # one MIG device: a process sees exactly it
+        (None, MIGS, False, 0, "GPU 0 (GPU-11111111-2222-3333-4444-555555555555) is in MIG mode with 2 MIG device(s)"),
+        ("0,1", MIGS, False, 0, f"CUDA_VISIBLE_DEVICES={MIGS[0]},{MIGS[1]}"),
+        ("0", [], False, 0, "nvidia-smi mig -cgi"),
+        (f"{MIGS[0]},1", MIGS, False, 0, "mixes MIG devices and whole GPUs"),
+        ("MIG-77777777-0000-0000-0000-000000000000", MIGS, False, 0, "not a GPU or MIG device on this node"),
+    ],
+)
 def test_mig_devices_by_uuid(visible, devices, ok, gpus, words):
     pf = run({} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}, mig_machine(devices))
     assert bool(pf.failed) is not ok, pf.checks
@@ -195,10 +246,17 @@ def test_rocr_visible_devices_alone(vendor, gpus, fails):
         assert "set HIP_VISIBLE_DEVICES=0 and unset ROCR_VISIBLE_DEVICES" in rocr[0].message
 
 
-@pytest.mark.parametrize("migs, per_node, device, fails", [
-    (2, 2, "cuda", True), (2, 2, "auto", True), (2, 1, "cuda", False), (1, 1, "cuda", False), (0, 8, "cuda", False),
-    (2, 2, "cpu", False),
-])
+@pytest.mark.parametrize(
+    "migs, per_node, device, fails",
+    [
+        (2, 2, "cuda", True),
+        (2, 2, "auto", True),
+        (2, 1, "cuda", False),
+        (1, 1, "cuda", False),
+        (0, 8, "cuda", False),
+        (2, 2, "cpu", False),
+    ],
+)
 def test_training_workers_on_several_mig_devices_are_refused(migs, per_node, device, fails):
     from rlrig.entrypoint.errors import RigError
     from rlrig.entrypoint.trainerfit import check_mig
@@ -216,7 +274,13 @@ DRIVERS = [
     ("cuda 13 on r575", "575.57.08", "13.0", "fail", "install a torch built for CUDA 12"),
     ("cuda 13 on r470", "470.256.02", "13.0", "fail", "update the host's driver"),
     ("cuda 12.9 on r550", "550.163.01", "12.9", "pass", "CUDA 12.9"),
-    ("cuda 12 on r515", "515.105.01", "12.1", "fail", "(525.60.13 or newer): update the host's driver, or install a torch built for CUDA 11"),
+    (
+        "cuda 12 on r515",
+        "515.105.01",
+        "12.1",
+        "fail",
+        "(525.60.13 or newer): update the host's driver, or install a torch built for CUDA 11",
+    ),
     ("cuda 14", "600.10", "14.0", "warn", "no driver minimum"),
     ("cpu torch", "580.65.06", "", None, ""),
     ("no nvidia driver", "", "13.0", None, ""),
@@ -236,11 +300,14 @@ def test_driver_against_torchs_cuda_build(driver, cuda, expect, words):
         assert ("install a torch" in checks[0].message) == ("install a torch" in words)
 
 
-@pytest.mark.parametrize("text,expect", [
-    ("cuda: Optional[str] = '13.0'\n", "13.0"),
-    ("cuda = '12.9'\n", "12.9"),
-    ("cuda: Optional[str] = None\nhip: Optional[str] = '6.4'\n", ""),
-])
+@pytest.mark.parametrize(
+    "text,expect",
+    [
+        ("cuda: Optional[str] = '13.0'\n", "13.0"),
+        ("cuda = '12.9'\n", "12.9"),
+        ("cuda: Optional[str] = None\nhip: Optional[str] = '6.4'\n", ""),
+    ],
+)
 def test_torch_cuda_build_is_read_without_importing_torch(tmp_path, monkeypatch, text, expect):
     import importlib.util
 
@@ -248,7 +315,8 @@ def test_torch_cuda_build_is_read_without_importing_torch(tmp_path, monkeypatch,
 
     (tmp_path / "torch").mkdir()
     (tmp_path / "torch" / "version.py").write_text(text)
-    spec = importlib.util.spec_from_file_location("torch", tmp_path / "torch" / "__init__.py",
-                                                  submodule_search_locations=[str(tmp_path / "torch")])
+    spec = importlib.util.spec_from_file_location(
+        "torch", tmp_path / "torch" / "__init__.py", submodule_search_locations=[str(tmp_path / "torch")]
+    )
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec)
     assert inventory.torch_cuda_build() == expect

@@ -3,16 +3,24 @@ validation reads those declarations, and a new one is one module plus one regist
 
 import pytest
 
-from rlrig.trainer import engines, estimators, metrics, policy_losses
-from rlrig.trainer.config import ConfigError, parse_overrides
+from rlrig.trainer import metrics
+from rlrig.trainer.algos import estimators, policy_losses
+from rlrig.trainer.config.schema import ConfigError, parse_overrides
+from rlrig.trainer.rollout import engines
 
 MODEL = "actor_rollout_ref.model.path=/m"
 
 
-@pytest.mark.parametrize("name,critic,groups,greedy", [
-    ("gae", True, False, False), ("grpo", False, True, False), ("rloo", False, True, False),
-    ("reinforce_plus_plus", False, False, False), ("remax", False, False, True),
-])
+@pytest.mark.parametrize(
+    "name,critic,groups,greedy",
+    [
+        ("gae", True, False, False),
+        ("grpo", False, True, False),
+        ("rloo", False, True, False),
+        ("reinforce_plus_plus", False, False, False),
+        ("remax", False, False, True),
+    ],
+)
 def test_estimators_declare_what_they_need(name, critic, groups, greedy):
     e = estimators.get(name)
     assert (e.needs_critic, e.needs_groups, e.needs_greedy_baseline) == (critic, groups, greedy)
@@ -27,7 +35,7 @@ def test_a_new_estimator_is_one_registration(monkeypatch):
     def sign(x):  # A = sign(score), on every response token
         return x.token_rewards.sum(-1, keepdim=True).sign() * x.mask, x.token_rewards
 
-    monkeypatch.setattr("rlrig.trainer.config.ESTIMATORS", estimators.registry.ESTIMATORS)
+    monkeypatch.setattr("rlrig.trainer.config.schema.ESTIMATORS", estimators.registry.ESTIMATORS)
     cfg = parse_overrides([MODEL, "algorithm.adv_estimator=sign", "actor_rollout_ref.rollout.n=2"])
     assert cfg.algorithm.adv_estimator == "sign"
     with pytest.raises(ConfigError, match="rollout.n to 2"):  # its declaration, read by validation
@@ -38,7 +46,10 @@ def test_a_new_estimator_is_one_registration(monkeypatch):
 
 def test_policy_loss_registry_and_unknown_names():
     assert "vanilla" in policy_losses.POLICY_LOSSES
-    with pytest.raises(ConfigError, match=r"loss_mode=.nope.: choose one of vanilla, cispo, clip_cov, geo_mean, gpg, gspo, kl_cov, sapo"):
+    with pytest.raises(
+        ConfigError,
+        match=r"loss_mode=.nope.: choose one of vanilla, cispo, clip_cov, geo_mean, gpg, gspo, kl_cov, sapo",
+    ):
         parse_overrides([MODEL, "actor_rollout_ref.actor.policy_loss.loss_mode=nope"])
     with pytest.raises(ValueError, match="registered twice"):
         policy_losses.register("vanilla")(lambda *a: None)
@@ -50,14 +61,17 @@ def test_engine_names_come_from_the_registry():
         parse_overrides([MODEL, "actor_rollout_ref.rollout.name=trtllm"])
 
 
-@pytest.mark.parametrize("name,values,expect", [
-    ("critic/score/mean", [1.0, 3.0], 2.0),
-    ("critic/score/max", [1.0, 3.0], 3.0),
-    ("response_length/min", [4.0, 2.0], 2.0),
-    ("timing_s/gen", [1.5, 0.5], 1.5),  # the step waits for the slowest worker
-    ("perf/total_num_tokens", [10.0, 30.0], 40.0),
-    ("critic/advantages/mean", [1.0, 0.0], 0.25),  # token-weighted: 10 and 30 response tokens
-])
+@pytest.mark.parametrize(
+    "name,values,expect",
+    [
+        ("critic/score/mean", [1.0, 3.0], 2.0),
+        ("critic/score/max", [1.0, 3.0], 3.0),
+        ("response_length/min", [4.0, 2.0], 2.0),
+        ("timing_s/gen", [1.5, 0.5], 1.5),  # the step waits for the slowest worker
+        ("perf/total_num_tokens", [10.0, 30.0], 40.0),
+        ("critic/advantages/mean", [1.0, 0.0], 0.25),  # token-weighted: 10 and 30 response tokens
+    ],
+)
 def test_metric_reduction(name, values, expect):
     results = [{name: v, metrics.TOKENS: w} for v, w in zip(values, (10.0, 30.0))]
     assert metrics.reduce(results) == {name: pytest.approx(expect)}
@@ -72,12 +86,16 @@ def test_a_metric_only_some_workers_report():
     assert metrics.reduce([{"actor/kl_loss": 2.0}, {}]) == {"actor/kl_loss": 2.0}
 
 
-@pytest.mark.parametrize("rows,parts,shards,spread", [
-    (list(range(6)), 2, [[0, 1, 2], [3, 4, 5]], [[0, 1, 2], [3, 4, 5]]),
-    (list(range(5)), 2, [[0, 1], [2, 3]], [[0, 1, 2], [3, 4]]),   # training drops the remainder; validation keeps it
-    (list(range(1)), 3, [[], [], []], [[0], [], []]),
-])
+@pytest.mark.parametrize(
+    "rows,parts,shards,spread",
+    [
+        (list(range(6)), 2, [[0, 1, 2], [3, 4, 5]], [[0, 1, 2], [3, 4, 5]]),
+        (list(range(5)), 2, [[0, 1], [2, 3]], [[0, 1, 2], [3, 4]]),  # training drops the remainder; validation keeps it
+        (list(range(1)), 3, [[], [], []], [[0], [], []]),
+    ],
+)
 def test_sharding_of_prompts_over_workers(rows, parts, shards, spread):
-    from rlrig.trainer.main import shard, spread as spread_rows
+    from rlrig.trainer.driver.main import shard
+    from rlrig.trainer.driver.main import spread as spread_rows
 
     assert shard(rows, parts) == shards and spread_rows(rows, parts) == spread

@@ -5,8 +5,8 @@ import os
 import sys
 
 import pytest
-
 from entrypoint_fakes import MemoryStore, collector
+
 from rlrig.entrypoint import bootstrap, cli, doctor, inventory, resources
 from rlrig.entrypoint.coordination import GPU_MODEL_LABEL, HOST_LABEL, LAUNCHER_LABEL, NNODES_LABEL, RANK_LABEL
 from rlrig.entrypoint.errors import RigError
@@ -14,9 +14,20 @@ from rlrig.entrypoint.preflight import Preflight
 
 VAR = resources.VAR
 TOKEN = "t" * 64
-HEAD = {"DSTACK_NODE_RANK": "0", "DSTACK_NODES_NUM": "2", "DSTACK_MASTER_NODE_IP": "10.0.0.2",
-        "DSTACK_NODES_IPS": "10.0.0.2\n10.0.0.3", "DSTACK_RUN_NAME": "r1", "RLRIG_CLUSTER_TOKEN": TOKEN}
-WORKER = {**HEAD, "DSTACK_NODE_RANK": "1", "DSTACK_MASTER_NODE_IP": "10.0.0.1", "DSTACK_NODES_IPS": "10.0.0.1\n10.0.0.2"}
+HEAD = {
+    "DSTACK_NODE_RANK": "0",
+    "DSTACK_NODES_NUM": "2",
+    "DSTACK_MASTER_NODE_IP": "10.0.0.2",
+    "DSTACK_NODES_IPS": "10.0.0.2\n10.0.0.3",
+    "DSTACK_RUN_NAME": "r1",
+    "RLRIG_CLUSTER_TOKEN": TOKEN,
+}
+WORKER = {
+    **HEAD,
+    "DSTACK_NODE_RANK": "1",
+    "DSTACK_MASTER_NODE_IP": "10.0.0.1",
+    "DSTACK_NODES_IPS": "10.0.0.1\n10.0.0.2",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -69,7 +80,11 @@ BAD = [
     ("CPU", '{"CPU": 4}', "CPU is reserved by Ray: rlrig sets it with --num-cpus from RLRIG_NUM_CPUS"),
     ("GPU", '{"v100": 1, "GPU": 2}', "GPU is reserved by Ray: rlrig sets it with --num-gpus from the visible GPUs"),
     ("memory", '{"memory": 1e9}', "memory is reserved by Ray: Ray sizes it from this node's memory"),
-    ("object store", '{"object_store_memory": 1e9}', "object_store_memory is reserved by Ray: rlrig sets it with --object-store-memory"),
+    (
+        "object store",
+        '{"object_store_memory": 1e9}',
+        "object_store_memory is reserved by Ray: rlrig sets it with --object-store-memory",
+    ),
     ("node id", '{"node:10.0.0.1": 1}', "node:10.0.0.1 is reserved by Ray: Ray names every node node:<ip> itself"),
     ("head marker", '{"node:__internal_head__": 1}', "node:__internal_head__ is reserved by Ray"),
     ("accelerator type", '{"accelerator_type:H100": 1}', "accelerator_type:H100 is reserved by Ray"),
@@ -117,7 +132,10 @@ def test_check_records_a_pass_or_a_fail_and_nothing_when_unset(tmp_path):
     resources.check({}, None, pf)
     assert pf.checks == [] and pf.custom_resources == {}
     resources.check({VAR: '{"v100": 1}'}, None, pf)
-    assert pf.custom_resources == {"v100": 1} and (pf.checks[-1].status, pf.checks[-1].message) == ("pass", "v100 1 (from environment)")
+    assert pf.custom_resources == {"v100": 1} and (pf.checks[-1].status, pf.checks[-1].message) == (
+        "pass",
+        "v100 1 (from environment)",
+    )
     resources.check({}, str(tmp_path / "absent.env"), pf)
     assert (pf.checks[-1].name, pf.checks[-1].status) == (VAR, "fail") and "does not exist" in pf.checks[-1].message
 
@@ -138,7 +156,9 @@ def test_each_node_reads_its_own_env_file_and_the_heads_stays_on_the_head(tmp_pa
     other = tmp_path / "small.env"
     other.write_text(f"{VAR}='{{\"v100\": 1}}'\n")
     worker = plan(WORKER, env_file=str(other))
-    assert json.loads(flag(worker.worker_start_command(worker.worker_ray_env(head.cluster_env)), "resources")) == {"v100": 1}
+    assert json.loads(flag(worker.worker_start_command(worker.worker_ray_env(head.cluster_env)), "resources")) == {
+        "v100": 1
+    }
 
 
 def test_a_bad_value_stops_the_plan_before_the_machine_is_read(monkeypatch):
@@ -162,8 +182,12 @@ LABELS = [
     ("the node's GPUs", {}, {}, "NVIDIA-H100-80GB-HBM3"),
     ("no GPU", {}, {"n_gpus": 0}, "none"),
     ("visible devices hidden", {"CUDA_VISIBLE_DEVICES": ""}, {}, "none"),
-    ("the visible one's model", {"CUDA_VISIBLE_DEVICES": "1"}, {"models": ("NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-16GB")},
-     "Tesla-V100-SXM2-16GB"),
+    (
+        "the visible one's model",
+        {"CUDA_VISIBLE_DEVICES": "1"},
+        {"models": ("NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-16GB")},
+        "Tesla-V100-SXM2-16GB",
+    ),
     ("by UUID", {"CUDA_VISIBLE_DEVICES": "GPU-aaaaaaaa"}, {"models": ("A10", "L4")}, "L4"),
     ("two models, each named", {}, {"models": ("NVIDIA A10", "NVIDIA L4")}, "NVIDIA-A10_NVIDIA-L4"),
     ("the driver would not say", {}, {"models": ("",)}, "unknown"),
@@ -193,7 +217,11 @@ def test_doctor_shows_resources_and_labels(tmp_path):
     found = bootstrap.inspect({}, collect=collector())
     d = doctor.as_dict(found)
     assert d["resources"] == {"CPU": 32, "GPU": 2, "v100": 1}
-    assert (d["labels"][GPU_MODEL_LABEL], d["labels"][LAUNCHER_LABEL], d["labels"][RANK_LABEL]) == ("NVIDIA-H100-80GB-HBM3", "local", "0")
+    assert (d["labels"][GPU_MODEL_LABEL], d["labels"][LAUNCHER_LABEL], d["labels"][RANK_LABEL]) == (
+        "NVIDIA-H100-80GB-HBM3",
+        "local",
+        "0",
+    )
     assert [c["message"] for c in d["checks"] if c["name"] == VAR] == [f"v100 1 (from {tmp_path / '.env'})"]
     text = doctor.render(found, as_json=False)
     assert "resources  CPU 32, GPU 2, v100 1" in text
@@ -218,9 +246,19 @@ def test_doctor_without_a_detected_node_has_null_resources():
 SUMMARY = [
     # (id, resources, text)
     ("CPU and GPU first", {"v100": 1, "GPU": 2.0, "CPU": 8.0}, "CPU 8, GPU 2, v100 1"),
-    ("Ray's own node names and byte counts left out",
-     {"CPU": 16.0, "node:10.0.0.2": 1.0, "node:__internal_head__": 1.0, "memory": 8.1e10, "object_store_memory": 2e10,
-      "accelerator_type:H100": 1.0, "h100": 1.0}, "CPU 16, accelerator_type:H100 1, h100 1"),
+    (
+        "Ray's own node names and byte counts left out",
+        {
+            "CPU": 16.0,
+            "node:10.0.0.2": 1.0,
+            "node:__internal_head__": 1.0,
+            "memory": 8.1e10,
+            "object_store_memory": 2e10,
+            "accelerator_type:H100": 1.0,
+            "h100": 1.0,
+        },
+        "CPU 16, accelerator_type:H100 1, h100 1",
+    ),
     ("fractions kept", {"CPU": 2.0, "nvme": 0.5}, "CPU 2, nvme 0.5"),
     ("nothing", {}, ""),
 ]
@@ -237,10 +275,12 @@ def test_head_log_has_one_line_per_node_from_rays_node_table():
     store.join(0, "10.0.0.1", "big", {"CPU": 32.0, "GPU": 8.0, "h100": 1.0})
     store.join(2, "10.0.0.3", "cpuonly", {"CPU": 4.0})  # Ray leaves GPU out of a node without any
     store.join(3, "10.0.0.4")  # a record without host or resources still gets its line
-    assert resources.node_lines(store.nodes()) == ["node rank 0 (big, 10.0.0.1): CPU 32, GPU 8, h100 1",
-                                                   "node rank 1 (small, 10.0.0.2): CPU 8, GPU 1, v100 1",
-                                                   "node rank 2 (cpuonly, 10.0.0.3): CPU 4, GPU 0",
-                                                   "node rank 3 (10.0.0.4): GPU 0"]
+    assert resources.node_lines(store.nodes()) == [
+        "node rank 0 (big, 10.0.0.1): CPU 32, GPU 8, h100 1",
+        "node rank 1 (small, 10.0.0.2): CPU 8, GPU 1, v100 1",
+        "node rank 2 (cpuonly, 10.0.0.3): CPU 4, GPU 0",
+        "node rank 3 (10.0.0.4): GPU 0",
+    ]
 
 
 class FakeNvml:
@@ -296,6 +336,9 @@ class FakeNvml:
 def test_nvml_probe_reads_each_gpus_model(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml())
     gpus, probe, driver = inventory.probe_nvidia()
-    assert probe == "NVML" and driver == "580.95.05" and [(g.uuid, g.model) for g in gpus] == [("GPU-0", "Tesla V100-SXM2-16GB"),
-                                                                       ("GPU-1", "NVIDIA H100 80GB HBM3")]
+    assert (
+        probe == "NVML"
+        and driver == "580.95.05"
+        and [(g.uuid, g.model) for g in gpus] == [("GPU-0", "Tesla V100-SXM2-16GB"), ("GPU-1", "NVIDIA H100 80GB HBM3")]
+    )
     assert [(g.mig, g.mig_devices) for g in gpus] == [(False, []), (True, ["MIG-mig0", "MIG-mig2"])]

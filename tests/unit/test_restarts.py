@@ -8,8 +8,8 @@ import threading
 import time
 
 import pytest
-
 from entrypoint_fakes import MemoryStore
+
 from rlrig.entrypoint import lifecycle
 from rlrig.entrypoint.errors import NodeLost
 from rlrig.entrypoint.nodespec import NodeSpec
@@ -30,11 +30,14 @@ def ray_stand_in():
     proc.kill()
 
 
-@pytest.mark.parametrize("settle, node_dies, outcome", [
-    (3.0, True, NodeLost),  # the command saw its peer die first; Ray declares the node dead within the settle time
-    (0.0, True, 1),  # no restarts left: the command's own exit code, as before
-    (0.5, False, 1),  # a failure with every node still there is the command's own
-])
+@pytest.mark.parametrize(
+    "settle, node_dies, outcome",
+    [
+        (3.0, True, NodeLost),  # the command saw its peer die first; Ray declares the node dead within the settle time
+        (0.0, True, 1),  # no restarts left: the command's own exit code, as before
+        (0.5, False, 1),  # a failure with every node still there is the command's own
+    ],
+)
 def test_a_failed_command_is_a_lost_node_when_one_goes_within_the_settle_time(ray_stand_in, settle, node_dies, outcome):
     store = two_nodes()
     if node_dies:
@@ -58,8 +61,13 @@ def test_a_node_restarted_faster_than_ray_notices_still_stops_the_command(ray_st
 
 
 def plan(rank: int, max_restarts: int = 1, rejoin_timeout: float = 2.0) -> Plan:
-    return Plan(NodeSpec("dstack", rank, 2, "10.0.0.1", head_address="10.0.0.1"), ["true"], {},
-                max_restarts=max_restarts, rejoin_timeout=rejoin_timeout)
+    return Plan(
+        NodeSpec("dstack", rank, 2, "10.0.0.1", head_address="10.0.0.1"),
+        ["true"],
+        {},
+        max_restarts=max_restarts,
+        rejoin_timeout=rejoin_timeout,
+    )
 
 
 @pytest.mark.parametrize("comes_back", [True, False])
@@ -76,12 +84,15 @@ def test_the_head_waits_for_the_lost_rank_within_the_rejoin_timeout(comes_back):
         assert e.value.exit_code == 3
 
 
-@pytest.mark.parametrize("max_restarts, losses, result", [
-    (0, 1, NodeLost),  # the default: a lost head ends the worker, as before
-    (1, 1, 0),  # joined the next head, which then finished with 0
-    (2, 2, 0),
-    (1, 2, NodeLost),  # more losses than restarts
-])
+@pytest.mark.parametrize(
+    "max_restarts, losses, result",
+    [
+        (0, 1, NodeLost),  # the default: a lost head ends the worker, as before
+        (1, 1, 0),  # joined the next head, which then finished with 0
+        (2, 2, 0),
+        (1, 2, NodeLost),  # more losses than restarts
+    ],
+)
 def test_a_worker_joins_the_next_head_up_to_max_restarts(monkeypatch, max_restarts, losses, result):
     calls = []
 
@@ -109,6 +120,9 @@ def test_max_restarts_is_an_option_of_run_and_train(sub, has):
 
 
 def test_a_bad_restart_count_is_one_line():
-    r = subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", "run", "--max-restarts", "-1", "--", "true"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "rlrig.entrypoint.cli", "run", "--max-restarts", "-1", "--", "true"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "not a whole number of restarts" in r.stderr

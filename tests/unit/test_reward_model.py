@@ -4,12 +4,12 @@ managers' arithmetic, what the reward model reads, how its score combines with a
 import pytest
 import torch
 
-from rlrig.trainer import placement as P
-from rlrig.trainer.config import ConfigError, parse_overrides
-from rlrig.trainer.engines import Rollout
-from rlrig.trainer.generate_score import RewardSource, model_inputs, score
-from rlrig.trainer.reward_managers import Overlong
-from rlrig.trainer.tiny_model import build_tokenizer, ensure_tiny_model
+from rlrig.trainer.config.schema import ConfigError, parse_overrides
+from rlrig.trainer.driver import placement as P
+from rlrig.trainer.embedded.tiny_model import build_tokenizer, ensure_tiny_model
+from rlrig.trainer.reward.managers import Overlong
+from rlrig.trainer.reward.scoring import RewardSource, model_inputs, score
+from rlrig.trainer.rollout.engines import Rollout
 
 # a unit of the custom resource per worker the node may host (RLRIG_RESOURCES='{"h100": 2}' on a two-GPU node)
 H100 = P.Node("rank 0 (10.0.0.1)", {"CPU": 4, "GPU": 2, "h100": 2}, "0")
@@ -22,30 +22,56 @@ def pool(role, nnodes, per_node, *res, gpu=True, pin=False):
     return P.Pool(role, nnodes, per_node, P.bundle(gpu, *res), pin)
 
 
-@pytest.mark.parametrize("pools, nodes, refusal", [
-    # the OpenRLHF FAQ's layout: actor on the h100 node, reward model on the v100 node
-    ([pool("trainer", 1, 2, "h100"), pool("reward_model", 1, 1, "v100")], [H100, V100], None),
-    ([pool("trainer", 1, 1), pool("reward_model", 1, 1, "a100")], [H100, V100], "needs 1 'a100' on each of 1 node(s)"),
-    # two actor GPUs on one node: the v100 node has one
-    ([pool("trainer", 1, 2, "v100")], [H100, V100], "needs 2 'v100'"),
-    ([pool("trainer", 2, 2)], [H100, V100], "need 4 'GPU' in all and the cluster has 3"),
-    # each fits alone, not together: the h100 node's two GPUs cannot hold both pools
-    ([pool("trainer", 1, 2), pool("reward_model", 1, 1, "h100")], [H100, CPU_ONLY], "need 3 'GPU' in all and the cluster has 2"),
-    ([pool("trainer", 1, 1, "h100"), pool("reward_model", 1, 3, "h100")], [H100, V100], "needs 3 'h100'"),
-    ([pool("trainer", 1, 2, "h100"), pool("reward_model", 1, 1, "h100", gpu=False)], [H100, V100], "need 3 'h100' in all"),
-    ([pool("trainer", 1, 2), pool("reward_model", 1, 1)], [H100, V100], None),
-    ([pool("trainer", 1, 2, "h100"), pool("reward_model", 1, 1)], [H100, V100], None),
-    ([pool("trainer", 1, 2, gpu=False), pool("reward_model", 1, 2, gpu=False)], [CPU_ONLY, CPU_ONLY], None),
-    ([pool("trainer", 1, 2, gpu=False), pool("reward_model", 1, 3, gpu=False)], [CPU_ONLY, CPU_ONLY], "needs 3 'CPU'"),
-    # 6 CPUs wanted and offered, but a group of two is packed on one node: each node holds one
-    ([pool("trainer", 2, 2, gpu=False), pool("reward_model", 1, 2, gpu=False)], [THREE_CPUS, THREE_CPUS],
-     "do not fit on the nodes together"),
-    # pinned by rank: group i on node rank i
-    ([pool("trainer", 2, 1, pin=True)], [H100, V100], None),
-    ([pool("trainer", 2, 1, pin=True), pool("reward_model", 1, 1, "h100")], [H100, V100], None),
-    # rank 1's worker takes the v100 node's one GPU
-    ([pool("trainer", 2, 1, pin=True), pool("reward_model", 1, 1, "v100")], [H100, V100], "do not fit on the nodes together"),
-])
+@pytest.mark.parametrize(
+    "pools, nodes, refusal",
+    [
+        # the OpenRLHF FAQ's layout: actor on the h100 node, reward model on the v100 node
+        ([pool("trainer", 1, 2, "h100"), pool("reward_model", 1, 1, "v100")], [H100, V100], None),
+        (
+            [pool("trainer", 1, 1), pool("reward_model", 1, 1, "a100")],
+            [H100, V100],
+            "needs 1 'a100' on each of 1 node(s)",
+        ),
+        # two actor GPUs on one node: the v100 node has one
+        ([pool("trainer", 1, 2, "v100")], [H100, V100], "needs 2 'v100'"),
+        ([pool("trainer", 2, 2)], [H100, V100], "need 4 'GPU' in all and the cluster has 3"),
+        # each fits alone, not together: the h100 node's two GPUs cannot hold both pools
+        (
+            [pool("trainer", 1, 2), pool("reward_model", 1, 1, "h100")],
+            [H100, CPU_ONLY],
+            "need 3 'GPU' in all and the cluster has 2",
+        ),
+        ([pool("trainer", 1, 1, "h100"), pool("reward_model", 1, 3, "h100")], [H100, V100], "needs 3 'h100'"),
+        (
+            [pool("trainer", 1, 2, "h100"), pool("reward_model", 1, 1, "h100", gpu=False)],
+            [H100, V100],
+            "need 3 'h100' in all",
+        ),
+        ([pool("trainer", 1, 2), pool("reward_model", 1, 1)], [H100, V100], None),
+        ([pool("trainer", 1, 2, "h100"), pool("reward_model", 1, 1)], [H100, V100], None),
+        ([pool("trainer", 1, 2, gpu=False), pool("reward_model", 1, 2, gpu=False)], [CPU_ONLY, CPU_ONLY], None),
+        (
+            [pool("trainer", 1, 2, gpu=False), pool("reward_model", 1, 3, gpu=False)],
+            [CPU_ONLY, CPU_ONLY],
+            "needs 3 'CPU'",
+        ),
+        # 6 CPUs wanted and offered, but a group of two is packed on one node: each node holds one
+        (
+            [pool("trainer", 2, 2, gpu=False), pool("reward_model", 1, 2, gpu=False)],
+            [THREE_CPUS, THREE_CPUS],
+            "do not fit on the nodes together",
+        ),
+        # pinned by rank: group i on node rank i
+        ([pool("trainer", 2, 1, pin=True)], [H100, V100], None),
+        ([pool("trainer", 2, 1, pin=True), pool("reward_model", 1, 1, "h100")], [H100, V100], None),
+        # rank 1's worker takes the v100 node's one GPU
+        (
+            [pool("trainer", 2, 1, pin=True), pool("reward_model", 1, 1, "v100")],
+            [H100, V100],
+            "do not fit on the nodes together",
+        ),
+    ],
+)
 def test_placement_is_checked_before_anything_is_created(pools, nodes, refusal):
     if refusal is None:
         P.check(pools, nodes)
@@ -62,12 +88,15 @@ def test_one_unit_however_many_roles_ask_for_a_resource():
     assert P.bundle(False, "a", "b") == {"CPU": 1, "a": 1, "b": 1}
 
 
-@pytest.mark.parametrize("length, expected", [
-    (8, 0.0),  # within max_resp_len - len
-    (12, 0.0),  # exactly at the buffer's start
-    (14, -0.5),  # -(14 - 12) / 4 * 1.0
-    (16, -1.0),
-])
+@pytest.mark.parametrize(
+    "length, expected",
+    [
+        (8, 0.0),  # within max_resp_len - len
+        (12, 0.0),  # exactly at the buffer's start
+        (14, -0.5),  # -(14 - 12) / 4 * 1.0
+        (16, -1.0),
+    ],
+)
 def test_dapo_overlong_penalty_by_hand(length, expected):
     assert Overlong(length=4, penalty_factor=1.0, max_resp_len=16).penalty(length) == pytest.approx(expected)
 
@@ -87,10 +116,20 @@ def _rollout(tok, prompts, responses, width=8):
 def test_what_the_reward_model_reads_and_how_scores_combine():
     tok = build_tokenizer()
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]
-    rows = [{"data_source": "rlrig/arithmetic", "prompt": [{"role": "user", "content": "3+4="}],
-             "reward_model": {"ground_truth": "7"}, "extra_info": {}},
-            {"data_source": "rlrig/arithmetic", "prompt": [{"role": "user", "content": "10+1="}],
-             "reward_model": {"ground_truth": "11"}, "extra_info": {}}]
+    rows = [
+        {
+            "data_source": "rlrig/arithmetic",
+            "prompt": [{"role": "user", "content": "3+4="}],
+            "reward_model": {"ground_truth": "7"},
+            "extra_info": {},
+        },
+        {
+            "data_source": "rlrig/arithmetic",
+            "prompt": [{"role": "user", "content": "10+1="}],
+            "reward_model": {"ground_truth": "11"},
+            "extra_info": {},
+        },
+    ]
     ro = _rollout(tok, [enc("3+4="), enc("10+1=")], [enc("#### 7") + [tok.eos_token_id], enc("#### 2")])
     seen = []
 
@@ -110,7 +149,10 @@ def test_what_the_reward_model_reads_and_how_scores_combine():
     scores, texts, fields = score(tok, src, rows, ro, 1)
     assert scores.tolist() == [0.25, -1.5] and texts == ["#### 7", "#### 2"] and fields == [{}, {}]
     # a custom function gets it as rm_score and decides; a dict result gives its "score", and its fields go to validation
-    fn = lambda ds, text, gt, extra, rm_score: {"score": rm_score + (1.0 if text.endswith(gt) else 0.0), "pred": text[-1]}
+    fn = lambda ds, text, gt, extra, rm_score: {
+        "score": rm_score + (1.0 if text.endswith(gt) else 0.0),
+        "pred": text[-1],
+    }
     scores, _, fields = score(tok, RewardSource(fn, model, tok, "prompt", None), rows, ro, 1)
     assert scores.tolist() == [1.25, -1.5] and fields == [{"score": 1.25, "pred": "7"}, {"score": -1.5, "pred": "2"}]
     # dapo's penalty on top of a function's score: responses of 7 (EOS included) and 6 tokens, max 8, buffer 4
@@ -122,31 +164,75 @@ def test_what_the_reward_model_reads_and_how_scores_combine():
 BASE = ["reward_model.enable=True"]
 
 
-@pytest.mark.parametrize("overrides, refusal", [
-    (["reward_model.use_reward_loop=True", "reward_model.rollout.name=sglang"],
-     "reward_model.rollout.name=sglang: rlrig's reward loop serves the reward model with vLLM"),
-    (["reward_model.use_reward_loop=True", "reward_model.rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2",
-      "reward_model.enable_resource_pool=True", "reward_model.nnodes=1", "reward_model.n_gpus_per_node=2"],
-     "reward_model.rollout.tensor_model_parallel_size=2: rlrig's reward engines span workers only colocated"),
-    (["reward_model.use_reward_loop=True", "reward_model.rollout.tensor_model_parallel_size=3", "trainer.n_gpus_per_node=4"],
-     "reward_model.rollout.tensor_model_parallel_size=3: one reward engine spans that many training workers of one node"),
-    (["reward_model.use_reward_loop=True", "+reward_model.rollout.engine_kwargs.sglang.x=1"],
-     "reward_model.rollout.engine_kwargs.sglang: the reward loop's engine is vLLM"),
-    (["reward_model.use_reward_loop=True", "reward_model.rollout.prompt_length=0"], "reward_model.rollout.prompt_length=0 must be"),
-    (["reward_model.use_reward_loop=True", "reward_model.rollout.gpu_memory_utilization=1.5"],
-     "reward_model.rollout.gpu_memory_utilization=1.5 must be in (0, 1]"),
-    (["reward_model.rollout.skip_tokenizer_init=True"], "unknown config key 'reward_model.rollout.skip_tokenizer_init'"),
-    (["reward_model.reward_manager=prime"], "reward_model.reward_manager=prime: rlrig has verl's naive, dapo"),
-    (["reward_model.enable_resource_pool=True", "reward_model.nnodes=1"], "reward_model.enable_resource_pool=True needs reward_model.nnodes"),
-    (["+reward_model.reward_kwargs.max_resp_len=8"], "reward_model.reward_kwargs.max_resp_len: verl's naive reward manager takes no"),
-    (["reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
-      "+reward_model.reward_kwargs.overlong_buffer_cfg.len=4", "+reward_model.reward_kwargs.max_resp_len=8"],
-     "reward_model.reward_kwargs.overlong_buffer_cfg.enable=True with reward_model.enable=True"),
-    (["reward_model.placement.resource=GPU"], "reward_model.placement.resource='GPU': name a custom resource"),
-    (["reward_model.micro_batch_size_per_gpu=0"], "reward_model.micro_batch_size_per_gpu=0 must be at least 1"),
-    (["reward_model.sandbox_fusion.url=http://x"], "reward_model.sandbox_fusion.url: a verl key rlrig does not implement"),
-    (["trainer.placement_timeout_s=0"], "trainer.placement_timeout_s=0 must be positive"),
-])
+@pytest.mark.parametrize(
+    "overrides, refusal",
+    [
+        (
+            ["reward_model.use_reward_loop=True", "reward_model.rollout.name=sglang"],
+            "reward_model.rollout.name=sglang: rlrig's reward loop serves the reward model with vLLM",
+        ),
+        (
+            [
+                "reward_model.use_reward_loop=True",
+                "reward_model.rollout.tensor_model_parallel_size=2",
+                "trainer.n_gpus_per_node=2",
+                "reward_model.enable_resource_pool=True",
+                "reward_model.nnodes=1",
+                "reward_model.n_gpus_per_node=2",
+            ],
+            "reward_model.rollout.tensor_model_parallel_size=2: rlrig's reward engines span workers only colocated",
+        ),
+        (
+            [
+                "reward_model.use_reward_loop=True",
+                "reward_model.rollout.tensor_model_parallel_size=3",
+                "trainer.n_gpus_per_node=4",
+            ],
+            "reward_model.rollout.tensor_model_parallel_size=3: one reward engine spans that many training workers of one node",
+        ),
+        (
+            ["reward_model.use_reward_loop=True", "+reward_model.rollout.engine_kwargs.sglang.x=1"],
+            "reward_model.rollout.engine_kwargs.sglang: the reward loop's engine is vLLM",
+        ),
+        (
+            ["reward_model.use_reward_loop=True", "reward_model.rollout.prompt_length=0"],
+            "reward_model.rollout.prompt_length=0 must be",
+        ),
+        (
+            ["reward_model.use_reward_loop=True", "reward_model.rollout.gpu_memory_utilization=1.5"],
+            "reward_model.rollout.gpu_memory_utilization=1.5 must be in (0, 1]",
+        ),
+        (
+            ["reward_model.rollout.skip_tokenizer_init=True"],
+            "unknown config key 'reward_model.rollout.skip_tokenizer_init'",
+        ),
+        (["reward_model.reward_manager=prime"], "reward_model.reward_manager=prime: rlrig has verl's naive, dapo"),
+        (
+            ["reward_model.enable_resource_pool=True", "reward_model.nnodes=1"],
+            "reward_model.enable_resource_pool=True needs reward_model.nnodes",
+        ),
+        (
+            ["+reward_model.reward_kwargs.max_resp_len=8"],
+            "reward_model.reward_kwargs.max_resp_len: verl's naive reward manager takes no",
+        ),
+        (
+            [
+                "reward_model.reward_manager=dapo",
+                "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+                "+reward_model.reward_kwargs.overlong_buffer_cfg.len=4",
+                "+reward_model.reward_kwargs.max_resp_len=8",
+            ],
+            "reward_model.reward_kwargs.overlong_buffer_cfg.enable=True with reward_model.enable=True",
+        ),
+        (["reward_model.placement.resource=GPU"], "reward_model.placement.resource='GPU': name a custom resource"),
+        (["reward_model.micro_batch_size_per_gpu=0"], "reward_model.micro_batch_size_per_gpu=0 must be at least 1"),
+        (
+            ["reward_model.sandbox_fusion.url=http://x"],
+            "reward_model.sandbox_fusion.url: a verl key rlrig does not implement",
+        ),
+        (["trainer.placement_timeout_s=0"], "trainer.placement_timeout_s=0 must be positive"),
+    ],
+)
 def test_reward_model_keys_are_refused_in_one_line(overrides, refusal):
     with pytest.raises(ConfigError) as e:
         parse_overrides([*BASE, *overrides])
@@ -154,27 +240,54 @@ def test_reward_model_keys_are_refused_in_one_line(overrides, refusal):
 
 
 def test_dapo_without_a_reward_model_and_the_reward_loop_keys():
-    cfg = parse_overrides(["reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
-                           "+reward_model.reward_kwargs.overlong_buffer_cfg.len=4", "+reward_model.reward_kwargs.max_resp_len=8",
-                           "reward_model.rollout.name=vllm", "reward_model.num_workers=8", "reward_model.use_reward_loop=True",
-                           "reward_model.rollout.prompt_length=100"])
+    cfg = parse_overrides(
+        [
+            "reward_model.reward_manager=dapo",
+            "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+            "+reward_model.reward_kwargs.overlong_buffer_cfg.len=4",
+            "+reward_model.reward_kwargs.max_resp_len=8",
+            "reward_model.rollout.name=vllm",
+            "reward_model.num_workers=8",
+            "reward_model.use_reward_loop=True",
+            "reward_model.rollout.prompt_length=100",
+        ]
+    )
     assert cfg.reward_model.reward_kwargs["overlong_buffer_cfg"]["len"] == 4
     assert cfg.reward_model.rollout.prompt_length == 100 and cfg.reward_model.num_workers == 8
 
 
-@pytest.mark.parametrize("overrides, device, expected", [
-    ([], "cpu", {"dtype": "float32", "max_model_len": 64, "enforce_eager": True, "max_num_batched_tokens": 8192}),
-    ([], "cuda", {"dtype": "bfloat16", "gpu_memory_utilization": 0.5, "enable_sleep_mode": True}),
-    (["reward_model.rollout.dtype=float16", "reward_model.rollout.gpu_memory_utilization=0.8",
-      "reward_model.rollout.free_cache_engine=False", "reward_model.rollout.max_num_seqs=32"],
-     "cuda", {"dtype": "float16", "gpu_memory_utilization": 0.8, "enable_sleep_mode": False, "max_num_seqs": 32}),
-    (["+reward_model.rollout.engine_kwargs.vllm.max_num_seqs=7", "reward_model.rollout.enable_prefix_caching=False"],
-     "cpu", {"max_num_seqs": 7, "enable_prefix_caching": False}),
-    (["reward_model.rollout.tensor_model_parallel_size=4", "trainer.n_gpus_per_node=8"],
-     "cuda", {"tensor_parallel_size": 4, "distributed_executor_backend": "mp"}),
-])
+@pytest.mark.parametrize(
+    "overrides, device, expected",
+    [
+        ([], "cpu", {"dtype": "float32", "max_model_len": 64, "enforce_eager": True, "max_num_batched_tokens": 8192}),
+        ([], "cuda", {"dtype": "bfloat16", "gpu_memory_utilization": 0.5, "enable_sleep_mode": True}),
+        (
+            [
+                "reward_model.rollout.dtype=float16",
+                "reward_model.rollout.gpu_memory_utilization=0.8",
+                "reward_model.rollout.free_cache_engine=False",
+                "reward_model.rollout.max_num_seqs=32",
+            ],
+            "cuda",
+            {"dtype": "float16", "gpu_memory_utilization": 0.8, "enable_sleep_mode": False, "max_num_seqs": 32},
+        ),
+        (
+            [
+                "+reward_model.rollout.engine_kwargs.vllm.max_num_seqs=7",
+                "reward_model.rollout.enable_prefix_caching=False",
+            ],
+            "cpu",
+            {"max_num_seqs": 7, "enable_prefix_caching": False},
+        ),
+        (
+            ["reward_model.rollout.tensor_model_parallel_size=4", "trainer.n_gpus_per_node=8"],
+            "cuda",
+            {"tensor_parallel_size": 4, "distributed_executor_backend": "mp"},
+        ),
+    ],
+)
 def test_reward_loop_engine_arguments(overrides, device, expected):
-    from rlrig.trainer.reward_vllm import engine_kwargs
+    from rlrig.trainer.reward.vllm_scorer import engine_kwargs
 
     r = parse_overrides([*BASE, "reward_model.use_reward_loop=True", *overrides]).reward_model.rollout
     kw = engine_kwargs(r, "/rm", device, 64)
@@ -184,14 +297,17 @@ def test_reward_loop_engine_arguments(overrides, device, expected):
         assert "gpu_memory_utilization" not in kw and "enable_sleep_mode" not in kw
 
 
-@pytest.mark.parametrize("overrides, model_limit, expected", [
-    ([], None, 4096),  # verl's prompt_length + response_length
-    ([], 64, 64),  # capped at the model's positions
-    (["reward_model.rollout.prompt_length=10", "reward_model.rollout.response_length=6"], 64, 16),
-    (["reward_model.rollout.max_model_len=100"], 64, 100),  # the user's word, as verl passes it to vLLM
-])
+@pytest.mark.parametrize(
+    "overrides, model_limit, expected",
+    [
+        ([], None, 4096),  # verl's prompt_length + response_length
+        ([], 64, 64),  # capped at the model's positions
+        (["reward_model.rollout.prompt_length=10", "reward_model.rollout.response_length=6"], 64, 16),
+        (["reward_model.rollout.max_model_len=100"], 64, 100),  # the user's word, as verl passes it to vLLM
+    ],
+)
 def test_reward_loop_max_length(overrides, model_limit, expected):
-    from rlrig.trainer.reward_vllm import max_length
+    from rlrig.trainer.reward.vllm_scorer import max_length
 
     assert max_length(parse_overrides([*BASE, *overrides]).reward_model.rollout, model_limit) == expected
 
@@ -199,7 +315,7 @@ def test_reward_loop_max_length(overrides, model_limit, expected):
 def test_reward_loop_without_vllm_is_refused_before_workers_start(monkeypatch):
     import importlib.util
 
-    from rlrig.trainer.reward_model import check_installed
+    from rlrig.trainer.reward.reward_model import check_installed
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
@@ -211,11 +327,13 @@ def test_reward_loop_without_vllm_is_refused_before_workers_start(monkeypatch):
 
 
 def test_a_custom_function_beside_the_reward_model_must_take_rm_score(tmp_path):
-    from rlrig.trainer.rewards import check_reward_setup
+    from rlrig.trainer.reward.rules import check_reward_setup
 
     f = tmp_path / "r.py"
-    f.write_text("def plain(data_source, solution, ground_truth, extra_info=None):\n    return 0.0\n"
-                 "def combined(data_source, solution, ground_truth, extra_info=None, rm_score=0.0):\n    return rm_score\n")
+    f.write_text(
+        "def plain(data_source, solution, ground_truth, extra_info=None):\n    return 0.0\n"
+        "def combined(data_source, solution, ground_truth, extra_info=None, rm_score=0.0):\n    return rm_score\n"
+    )
     cfg = parse_overrides([*BASE, f"custom_reward_function.path={f}", "custom_reward_function.name=plain"])
     with pytest.raises(ConfigError, match="add an rm_score parameter"):
         check_reward_setup(cfg, {"anything"})
@@ -226,58 +344,112 @@ def test_a_custom_function_beside_the_reward_model_must_take_rm_score(tmp_path):
 
 
 def test_grpo_scored_by_the_embedded_reward_model_in_one_process():
-    from rlrig.trainer.single_process import run_steps
+    from rlrig.trainer.driver.single_process import run_steps
 
-    ms = run_steps([*BASE, "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4", "data.train_batch_size=4",
-                    "actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.max_response_length=8",
-                    "reward_model.micro_batch_size_per_gpu=3"], 2)
+    ms = run_steps(
+        [
+            *BASE,
+            "algorithm.adv_estimator=grpo",
+            "actor_rollout_ref.rollout.n=4",
+            "data.train_batch_size=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "data.max_response_length=8",
+            "reward_model.micro_batch_size_per_gpu=3",
+        ],
+        2,
+    )
     scores = [ms[0]["critic/score/min"], ms[0]["critic/score/mean"], ms[0]["critic/score/max"]]
     # the model's logits, not a rule's 0/1
     assert scores[0] < scores[1] < scores[2] and any(s not in (0.0, 1.0) for s in scores), scores
 
 
 def test_the_reference_in_its_own_pool_computes_what_the_colocated_one_does():
-    from rlrig.trainer.engines import Sampling
-    from rlrig.trainer.ref_worker import RefWorker
-    from rlrig.trainer.single_process import single_worker
+    from rlrig.trainer.driver.single_process import single_worker
+    from rlrig.trainer.rollout.engines import Sampling
+    from rlrig.trainer.workers.ref_worker import RefWorker
 
-    overrides = ["actor_rollout_ref.actor.use_kl_loss=True", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-                 "data.max_response_length=8", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=3"]
+    overrides = [
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "data.train_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "data.max_response_length=8",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=3",
+    ]
     with single_worker(overrides) as (w, batches):
         rows = next(batches)
         ro = w.engine.generate([r["input_ids"] for r in rows], 2, Sampling())
-        here = w._logprobs(w.models.ref, ro, 3, w.models.ref_precision, "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu")
+        here = w._logprobs(
+            w.models.ref, ro, 3, w.models.ref_precision, "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"
+        )
         remote = RefWorker(w.cfg.to_dict(), ensure_tiny_model(), use_gpu=False)
         there = remote.logprobs(ro.input_ids, ro.attention_mask, ro.prompt_len)
     assert there.shape == here.shape and torch.allclose(there, here, atol=1e-5)
 
 
 def test_own_pools_need_a_size_and_a_reference_in_use():
-    with pytest.raises(ConfigError, match="actor_rollout_ref.ref.enable_resource_pool=True but this run has no reference"):
-        parse_overrides(["actor_rollout_ref.ref.enable_resource_pool=True", "actor_rollout_ref.actor.use_kl_loss=False"])
-    with pytest.raises(ConfigError, match="actor_rollout_ref.ref.enable_resource_pool=True needs actor_rollout_ref.ref.nnodes"):
+    with pytest.raises(
+        ConfigError, match="actor_rollout_ref.ref.enable_resource_pool=True but this run has no reference"
+    ):
+        parse_overrides(
+            ["actor_rollout_ref.ref.enable_resource_pool=True", "actor_rollout_ref.actor.use_kl_loss=False"]
+        )
+    with pytest.raises(
+        ConfigError, match="actor_rollout_ref.ref.enable_resource_pool=True needs actor_rollout_ref.ref.nnodes"
+    ):
         parse_overrides(["actor_rollout_ref.ref.enable_resource_pool=True", "actor_rollout_ref.actor.use_kl_loss=True"])
-    cfg = parse_overrides([*BASE, "reward_model.enable_resource_pool=True", "reward_model.nnodes=2", "reward_model.n_gpus_per_node=1",
-                           "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.ref.enable_resource_pool=True",
-                           "actor_rollout_ref.ref.nnodes=1", "actor_rollout_ref.ref.n_gpus_per_node=1"])
+    cfg = parse_overrides(
+        [
+            *BASE,
+            "reward_model.enable_resource_pool=True",
+            "reward_model.nnodes=2",
+            "reward_model.n_gpus_per_node=1",
+            "actor_rollout_ref.actor.use_kl_loss=True",
+            "actor_rollout_ref.ref.enable_resource_pool=True",
+            "actor_rollout_ref.ref.nnodes=1",
+            "actor_rollout_ref.ref.n_gpus_per_node=1",
+        ]
+    )
     assert list(cfg.own_pools()) == ["actor_rollout_ref.ref", "reward_model"]
-    with pytest.raises(ConfigError, match="one critic worker per training worker, so critic.nnodes x critic.n_gpus_per_node must be 2"):
-        parse_overrides(["trainer.n_gpus_per_node=2", "critic.enable_resource_pool=True", "critic.nnodes=1", "critic.n_gpus_per_node=1"])
-    with pytest.raises(ConfigError, match="critic.enable_resource_pool=True but algorithm.adv_estimator=grpo trains no critic"):
-        parse_overrides(["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2", "critic.enable_resource_pool=True"])
-    cfg = parse_overrides(["trainer.n_gpus_per_node=2", "algorithm.adv_estimator=gae", "critic.enable_resource_pool=True",
-                           "critic.nnodes=1", "critic.n_gpus_per_node=2"])
+    with pytest.raises(
+        ConfigError, match="one critic worker per training worker, so critic.nnodes x critic.n_gpus_per_node must be 2"
+    ):
+        parse_overrides(
+            [
+                "trainer.n_gpus_per_node=2",
+                "critic.enable_resource_pool=True",
+                "critic.nnodes=1",
+                "critic.n_gpus_per_node=1",
+            ]
+        )
+    with pytest.raises(
+        ConfigError, match="critic.enable_resource_pool=True but algorithm.adv_estimator=grpo trains no critic"
+    ):
+        parse_overrides(
+            ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2", "critic.enable_resource_pool=True"]
+        )
+    cfg = parse_overrides(
+        [
+            "trainer.n_gpus_per_node=2",
+            "algorithm.adv_estimator=gae",
+            "critic.enable_resource_pool=True",
+            "critic.nnodes=1",
+            "critic.n_gpus_per_node=2",
+        ]
+    )
     assert list(cfg.own_pools()) == ["critic"]
 
 
-@pytest.mark.parametrize("rows, workers, parts, fillers", [
-    ([1, 2, 3, 4], 2, [[1, 2], [3, 4]], [False, False]),
-    ([1, 2, 3], 2, [[1, 2], [3]], [False, False]),
-    # fewer prompts than workers: every worker still asks (engines spanning workers need all of them)
-    ([1], 3, [[1], [1], [1]], [False, True, True]),
-    ([1, 2], 4, [[1], [2], [1], [1]], [False, False, True, True]),
-])
+@pytest.mark.parametrize(
+    "rows, workers, parts, fillers",
+    [
+        ([1, 2, 3, 4], 2, [[1, 2], [3, 4]], [False, False]),
+        ([1, 2, 3], 2, [[1, 2], [3]], [False, False]),
+        # fewer prompts than workers: every worker still asks (engines spanning workers need all of them)
+        ([1], 3, [[1], [1], [1]], [False, True, True]),
+        ([1, 2], 4, [[1], [2], [1], [1]], [False, False, True, True]),
+    ],
+)
 def test_every_worker_takes_part_in_validation(rows, workers, parts, fillers):
-    from rlrig.trainer.main import val_parts
+    from rlrig.trainer.driver.main import val_parts
 
     assert val_parts(rows, workers) == (parts, fillers)

@@ -11,12 +11,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from model_hooks import embedded_tokens
-from rlrig.trainer import engines
-from rlrig.trainer.engines import base as rollout, hf_engine, sglang_engine as sglang_rollout, vllm_engine as vllm_rollout
-from rlrig.trainer.config import RolloutConfig
-from rlrig.trainer.worker import probs_diff
+
+from rlrig.trainer.config.schema import RolloutConfig
+from rlrig.trainer.rollout import engines
+from rlrig.trainer.rollout.engines import base as rollout
+from rlrig.trainer.rollout.engines import hf_engine
+from rlrig.trainer.rollout.engines import sglang_engine as sglang_rollout
+from rlrig.trainer.rollout.engines import vllm_engine as vllm_rollout
+from rlrig.trainer.workers.training_worker import probs_diff
 
 PAD, EOS = 0, 9
 
@@ -44,22 +47,28 @@ def test_pack_responses_without_logprobs():
     assert ro.engine_logp is None and ro.response_mask.tolist() == [[1, 0]]
 
 
-@pytest.mark.parametrize("sampling,extra", [
-    (engines.Sampling(0.7, 0.9, -1, True), dict(temperature=0.7, top_p=0.9)),
-    (engines.GREEDY, dict(temperature=0.0, top_p=1.0)),
-    (engines.Sampling(0.7, 0.9, 20, True), dict(temperature=0.7, top_p=0.9, top_k=20)),
-    (engines.Sampling(0.7, 0.9, 20, False), dict(temperature=0.0, top_p=1.0)),  # do_sample=False: greedy, as verl
-])
+@pytest.mark.parametrize(
+    "sampling,extra",
+    [
+        (engines.Sampling(0.7, 0.9, -1, True), dict(temperature=0.7, top_p=0.9)),
+        (engines.GREEDY, dict(temperature=0.0, top_p=1.0)),
+        (engines.Sampling(0.7, 0.9, 20, True), dict(temperature=0.7, top_p=0.9, top_k=20)),
+        (engines.Sampling(0.7, 0.9, 20, False), dict(temperature=0.0, top_p=1.0)),  # do_sample=False: greedy, as verl
+    ],
+)
 def test_vllm_sampling_kwargs(sampling, extra):
     kw = vllm_rollout.sampling_kwargs(sampling, 4, 16, EOS)
     assert kw == dict(n=4, max_tokens=16, stop_token_ids=[EOS], logprobs=0, detokenize=False, **extra)
 
 
-@pytest.mark.parametrize("device,dtype,cfg_dtype,gpu_keys", [
-    ("cpu", "float32", "auto", False),
-    ("cuda", "bfloat16", "auto", True),
-    ("cuda", "float16", "float16", True),
-])
+@pytest.mark.parametrize(
+    "device,dtype,cfg_dtype,gpu_keys",
+    [
+        ("cpu", "float32", "auto", False),
+        ("cuda", "bfloat16", "auto", True),
+        ("cuda", "float16", "float16", True),
+    ],
+)
 def test_vllm_engine_kwargs(device, dtype, cfg_dtype, gpu_keys):
     cfg = RolloutConfig(dtype=cfg_dtype, tensor_model_parallel_size=2, gpu_memory_utilization=0.4, max_num_seqs=64)
     kw = vllm_rollout.engine_kwargs(cfg, "/m", 48, device, 3)
@@ -69,10 +78,18 @@ def test_vllm_engine_kwargs(device, dtype, cfg_dtype, gpu_keys):
     assert vllm_rollout.engine_kwargs(RolloutConfig(max_model_len=96), "/m", 48, device, 3)["max_model_len"] == 96
     assert kw["skip_tokenizer_init"] and kw["max_num_seqs"] == 64
     assert ("gpu_memory_utilization" in kw) == gpu_keys and ("enable_sleep_mode" in kw) == gpu_keys
-    assert kw["distributed_executor_backend"] == "external_launcher" and kw.get("disable_custom_all_reduce", False) == gpu_keys
+    assert (
+        kw["distributed_executor_backend"] == "external_launcher"
+        and kw.get("disable_custom_all_reduce", False) == gpu_keys
+    )
     assert "distributed_executor_backend" not in vllm_rollout.engine_kwargs(RolloutConfig(), "/m", 48, device, 3)
     for on in (True, False):
-        assert vllm_rollout.engine_kwargs(RolloutConfig(enable_prefix_caching=on), "/m", 48, device, 3)["enable_prefix_caching"] is on
+        assert (
+            vllm_rollout.engine_kwargs(RolloutConfig(enable_prefix_caching=on), "/m", 48, device, 3)[
+                "enable_prefix_caching"
+            ]
+            is on
+        )
 
 
 class _Runner012:  # vLLM 0.12's GPUModelRunner (verl#7130): reload_weights takes nothing
@@ -85,8 +102,11 @@ class _Runner016:  # 0.16 and later
 
 def _fake_vllm(monkeypatch, runner):
     """vLLM's import path to its model runner, with the runner given (None: a vLLM without the V1 engine)."""
-    mods = {"vllm": types.ModuleType("vllm"), "vllm.v1": types.ModuleType("vllm.v1"),
-            "vllm.v1.worker": types.ModuleType("vllm.v1.worker")}
+    mods = {
+        "vllm": types.ModuleType("vllm"),
+        "vllm.v1": types.ModuleType("vllm.v1"),
+        "vllm.v1.worker": types.ModuleType("vllm.v1.worker"),
+    }
     mods["vllm"].__version__ = "0.12.0"
     if runner is not None:
         mods["vllm.v1.worker.gpu_model_runner"] = types.ModuleType("vllm.v1.worker.gpu_model_runner")
@@ -105,16 +125,21 @@ def test_a_vllm_that_cannot_take_weights_in_memory_is_refused_in_one_line(monkey
         ctx = rollout.EngineContext(None, None, RolloutConfig(name="vllm"), 8, 4, "/m", "cpu", 7)
         with pytest.raises(engines.EngineUnavailable) as e:
             vllm_rollout.VLLMRollout(ctx)
-        assert str(e.value) == ("vLLM 0.12.0 cannot take the actor's weights in memory (its reload_weights has no "
-                                "weights_iterator); install vLLM 0.16.0 or newer, or set actor_rollout_ref.rollout.name=hf")
+        assert str(e.value) == (
+            "vLLM 0.12.0 cannot take the actor's weights in memory (its reload_weights has no "
+            "weights_iterator); install vLLM 0.16.0 or newer, or set actor_rollout_ref.rollout.name=hf"
+        )
 
 
-@pytest.mark.parametrize("per_rank,rank,share", [
-    ([[1, 2], [3, 4]], 0, [1, 2]),
-    ([[1, 2], [3, 4]], 1, [3, 4]),
-    ([[1], [2, 3, 4], []], 1, [2, 3, 4]),
-    ([[1], [2, 3, 4], []], 2, []),
-])
+@pytest.mark.parametrize(
+    "per_rank,rank,share",
+    [
+        ([[1, 2], [3, 4]], 0, [1, 2]),
+        ([[1, 2], [3, 4]], 1, [3, 4]),
+        ([[1], [2, 3, 4], []], 1, [2, 3, 4]),
+        ([[1], [2, 3, 4], []], 2, []),
+    ],
+)
 def test_group_share_keeps_rank_order(per_rank, rank, share):
     asked, mine = vllm_rollout.group_share(per_rank, rank)
     assert asked == [x for p in per_rank for x in p] and asked[mine] == share
@@ -167,11 +192,14 @@ def test_auto_falls_back_to_hf_only_without_vllm(monkeypatch, capsys):
         engines.make_engine(engines.engine_class("auto"), ctx())
 
 
-@pytest.mark.parametrize("name,devices,full_module,tp", [
-    ("hf", ("cpu", "cuda"), True, False),
-    ("vllm", ("cpu", "cuda"), False, True),
-    ("sglang", ("cuda",), False, True),
-])
+@pytest.mark.parametrize(
+    "name,devices,full_module,tp",
+    [
+        ("hf", ("cpu", "cuda"), True, False),
+        ("vllm", ("cpu", "cuda"), False, True),
+        ("sglang", ("cuda",), False, True),
+    ],
+)
 def test_engines_declare_what_they_need(name, devices, full_module, tp):
     e = engines.ENGINES[name]
     assert (e.devices, e.generates_with_actor_module, e.tensor_parallel) == (devices, full_module, tp)
@@ -215,15 +243,21 @@ def test_hf_sync_refreshes_a_separate_copy_and_skips_the_shared_module():
     assert torch.equal(actor.weight, torch.ones(2, 3))
 
 
-@pytest.mark.parametrize("moe,engine,refused", [
-    (True, "vllm", True), (True, "sglang", True), (True, "hf", False), (False, "vllm", False),
-])
+@pytest.mark.parametrize(
+    "moe,engine,refused",
+    [
+        (True, "vllm", True),
+        (True, "sglang", True),
+        (True, "hf", False),
+        (False, "vllm", False),
+    ],
+)
 def test_mixture_of_experts_is_refused_for_engines_with_their_own_loader(tmp_path, moe, engine, refused):
     from transformers import Qwen2Config, Qwen2MoeConfig
 
-    from rlrig.trainer.worker import moe_refusal
+    from rlrig.trainer.workers.training_worker import moe_refusal
 
-    conf = (Qwen2MoeConfig(num_experts=4) if moe else Qwen2Config())
+    conf = Qwen2MoeConfig(num_experts=4) if moe else Qwen2Config()
     conf.save_pretrained(tmp_path)
     why = moe_refusal(str(tmp_path), {}, engines.ENGINES[engine])
     assert (why is not None) == refused
@@ -236,15 +270,20 @@ def _hf_engine(model, tok, prefix_caching):
     return hf_engine.HFRollout(engines.EngineContext(model, tok, cfg, 16, 6, "/m", "cpu", 0))
 
 
-@pytest.mark.parametrize("sampling", [engines.GREEDY, engines.Sampling(1.0, 1.0, -1, True), engines.Sampling(0.7, 0.9, 5, True)])
-@pytest.mark.parametrize("prompts", [
-    [[5, 6, 7, 8], [9, 10, 11, 12]],  # no padding
-    [[5, 6, 7, 8, 9, 10], [11], [12, 13, 14]],  # left padding, a one-token prompt among them
-])
+@pytest.mark.parametrize(
+    "sampling", [engines.GREEDY, engines.Sampling(1.0, 1.0, -1, True), engines.Sampling(0.7, 0.9, 5, True)]
+)
+@pytest.mark.parametrize(
+    "prompts",
+    [
+        [[5, 6, 7, 8], [9, 10, 11, 12]],  # no padding
+        [[5, 6, 7, 8, 9, 10], [11], [12, 13, 14]],  # left padding, a one-token prompt among them
+    ],
+)
 def test_hf_prefix_caching_draws_the_samples_generate_draws_and_prefills_each_prompt_once(prompts, sampling):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlrig.trainer.tiny_model import ensure_tiny_model
+    from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
 
     path = ensure_tiny_model()
     model, tok = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path)
@@ -266,11 +305,25 @@ def test_hf_prefix_caching_leaves_a_recurrent_cache_to_generate():
     from transformers import AutoModelForCausalLM, Qwen3NextConfig
 
     # a hybrid model: its linear-attention layers keep a state that cannot be repeated per sample
-    cfg = Qwen3NextConfig(vocab_size=32, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                          num_key_value_heads=1, head_dim=32, linear_num_value_heads=2, linear_num_key_heads=1,
-                          linear_key_head_dim=16, linear_value_head_dim=16, num_experts=2, num_experts_per_tok=1,
-                          moe_intermediate_size=32, shared_expert_intermediate_size=32,
-                          layer_types=["linear_attention", "full_attention"], max_position_embeddings=64)
+    cfg = Qwen3NextConfig(
+        vocab_size=32,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        linear_num_value_heads=2,
+        linear_num_key_heads=1,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        num_experts=2,
+        num_experts_per_tok=1,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        layer_types=["linear_attention", "full_attention"],
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg)
     tok = SimpleNamespace(pad_token_id=0, eos_token_id=1)
@@ -282,7 +335,9 @@ def test_hf_prefix_caching_leaves_a_recurrent_cache_to_generate():
     for prefix_caching in (True, False):
         torch.manual_seed(3)
         seen[0] = 0
-        outs.append((_hf_engine(model, tok, prefix_caching).generate([[5, 6, 7], [8, 9, 10]], 2, engines.GREEDY), seen[0]))
+        outs.append(
+            (_hf_engine(model, tok, prefix_caching).generate([[5, 6, 7], [8, 9, 10]], 2, engines.GREEDY), seen[0])
+        )
     remove()
     (fast, fast_tokens), (plain, plain_tokens) = outs
     # every sample prefilled, as without prefix caching: the same tokens through the model, the same samples
@@ -292,10 +347,11 @@ def test_hf_prefix_caching_leaves_a_recurrent_cache_to_generate():
 @pytest.mark.parametrize("prefix_caching", [False, True])
 @pytest.mark.parametrize("sampling", [engines.GREEDY, engines.Sampling(1.0, 1.0, -1, True)])
 def test_hf_under_autocast_caches_keys_and_values_in_the_compute_dtype_and_draws_the_same_samples(
-        monkeypatch, prefix_caching, sampling):
+    monkeypatch, prefix_caching, sampling
+):
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-    from rlrig.trainer.tiny_model import ensure_tiny_model
+    from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
 
     path = ensure_tiny_model()
     model, tok = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path)
@@ -304,12 +360,18 @@ def test_hf_under_autocast_caches_keys_and_values_in_the_compute_dtype_and_draws
     monkeypatch.setattr(model, "generate", lambda **kw: caches.append(kw["past_key_values"]) or generate(**kw))
     prompts, outs = [[5, 6, 7, 8, 9, 10], [11], [12, 13, 14]], []
     for cast in (True, False):
-        if not cast:  # the cache transformers builds: keys take the fp32 residual stream's dtype from the rotary embedding
+        if (
+            not cast
+        ):  # the cache transformers builds: keys take the fp32 residual stream's dtype from the rotary embedding
             monkeypatch.setattr(hf_engine, "new_cache", lambda config, dtype: DynamicCache(config=config))
         cfg = RolloutConfig(enable_prefix_caching=prefix_caching)
         engine = hf_engine.HFRollout(engines.EngineContext(model, tok, cfg, 16, 6, "/m", "cpu", 0, torch.bfloat16))
         torch.manual_seed(3)
         outs.append(engine.generate(prompts, 3, sampling))
-    assert [(layer.keys.dtype, layer.values.dtype) for layer in caches[0].layers] == [(torch.bfloat16,) * 2] * len(caches[0].layers)
+    assert [(layer.keys.dtype, layer.values.dtype) for layer in caches[0].layers] == [(torch.bfloat16,) * 2] * len(
+        caches[0].layers
+    )
     assert caches[1].layers[0].keys.dtype == torch.float32  # what the cast saves
-    assert torch.equal(outs[0].input_ids, outs[1].input_ids) and torch.equal(outs[0].response_mask, outs[1].response_mask)
+    assert torch.equal(outs[0].input_ids, outs[1].input_ids) and torch.equal(
+        outs[0].response_mask, outs[1].response_mask
+    )

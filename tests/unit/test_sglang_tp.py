@@ -9,31 +9,40 @@ import textwrap
 
 import pytest
 
-from rlrig.trainer.config import ConfigError, parse_overrides
-from rlrig.trainer import tp_groups as T
-from rlrig.trainer.engines.sglang_engine import tp_engine_kwargs
+from rlrig.trainer.config.schema import ConfigError, parse_overrides
+from rlrig.trainer.rollout import tp_groups as T
+from rlrig.trainer.rollout.engines.sglang_engine import tp_engine_kwargs
 
 A, B = "node-a", "node-b"
 
 
-@pytest.mark.parametrize("members, me, expected", [
-    # one node: the members' GPUs, sorted, each once; only the group's first starts the engine
-    ([(A, "2"), (A, "0"), (A, "3"), (A, "1")], 0, T.NodeLayout(1, 0, "0,1,2,3", True)),
-    ([(A, "2"), (A, "0"), (A, "3"), (A, "1")], 3, T.NodeLayout(1, 0, "0,1,2,3", False)),
-    # the seed's layout, 2 nodes x 2 GPUs: per node "0,1", never the joined "0,1,0,1"
-    ([(A, "0"), (A, "1"), (B, "0"), (B, "1")], 2, T.NodeLayout(2, 1, "0,1", True)),
-    ([(A, "0"), (A, "1"), (B, "1"), (B, "0")], 3, T.NodeLayout(2, 1, "0,1", False)),
-    ([(A, "6"), (A, "7"), (B, "0"), (B, "1")], 0, T.NodeLayout(2, 0, "6,7", True)),
-    ([(A, "9"), (A, "10")], 1, T.NodeLayout(1, 0, "9,10", False)),  # numeric order
-])
+@pytest.mark.parametrize(
+    "members, me, expected",
+    [
+        # one node: the members' GPUs, sorted, each once; only the group's first starts the engine
+        ([(A, "2"), (A, "0"), (A, "3"), (A, "1")], 0, T.NodeLayout(1, 0, "0,1,2,3", True)),
+        ([(A, "2"), (A, "0"), (A, "3"), (A, "1")], 3, T.NodeLayout(1, 0, "0,1,2,3", False)),
+        # the seed's layout, 2 nodes x 2 GPUs: per node "0,1", never the joined "0,1,0,1"
+        ([(A, "0"), (A, "1"), (B, "0"), (B, "1")], 2, T.NodeLayout(2, 1, "0,1", True)),
+        ([(A, "0"), (A, "1"), (B, "1"), (B, "0")], 3, T.NodeLayout(2, 1, "0,1", False)),
+        ([(A, "6"), (A, "7"), (B, "0"), (B, "1")], 0, T.NodeLayout(2, 0, "6,7", True)),
+        ([(A, "9"), (A, "10")], 1, T.NodeLayout(1, 0, "9,10", False)),  # numeric order
+    ],
+)
 def test_node_layout(members, me, expected):
     assert T.node_layout(members, me) == expected
 
 
-@pytest.mark.parametrize("members, words", [
-    ([(A, "0"), (A, "1"), (A, "2"), (B, "0")], "the same number of GPUs on each of its nodes, not node-a: 3, node-b: 1"),
-    ([(A, "0"), (A, "0")], "see the same GPU (0,0)"),
-])
+@pytest.mark.parametrize(
+    "members, words",
+    [
+        (
+            [(A, "0"), (A, "1"), (A, "2"), (B, "0")],
+            "the same number of GPUs on each of its nodes, not node-a: 3, node-b: 1",
+        ),
+        ([(A, "0"), (A, "0")], "see the same GPU (0,0)"),
+    ],
+)
 def test_node_layout_refusals(members, words):
     with pytest.raises(ValueError) as e:
         T.node_layout(members, 0)
@@ -42,27 +51,56 @@ def test_node_layout_refusals(members, words):
 
 def test_groups_and_handles():
     assert T.groups(8, 4) == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    assert T.transpose([[("a", b"a0"), ("b", b"b0")], [("a", b"a1"), ("b", b"b1")]]) == [("a", [b"a0", b"a1"]), ("b", [b"b0", b"b1"])]
+    assert T.transpose([[("a", b"a0"), ("b", b"b0")], [("a", b"a1"), ("b", b"b1")]]) == [
+        ("a", [b"a0", b"a1"]),
+        ("b", [b"b0", b"b1"]),
+    ]
     with pytest.raises(RuntimeError, match="different tensors"):
         T.transpose([[("a", b"a0")], [("b", b"b1")]])
 
 
-@pytest.mark.parametrize("nnodes, rank, expected", [
-    (1, 0, {"tp_size": 4, "nnodes": 1, "node_rank": 0, "base_gpu_id": 0, "port": 30000}),
-    (2, 6, {"tp_size": 4, "nnodes": 2, "node_rank": 1, "base_gpu_id": 0, "port": 30048, "dist_init_addr": "10.0.0.1:5000"}),
-])
+@pytest.mark.parametrize(
+    "nnodes, rank, expected",
+    [
+        (1, 0, {"tp_size": 4, "nnodes": 1, "node_rank": 0, "base_gpu_id": 0, "port": 30000}),
+        (
+            2,
+            6,
+            {
+                "tp_size": 4,
+                "nnodes": 2,
+                "node_rank": 1,
+                "base_gpu_id": 0,
+                "port": 30048,
+                "dist_init_addr": "10.0.0.1:5000",
+            },
+        ),
+    ],
+)
 def test_engine_arguments_of_a_spanning_engine(nnodes, rank, expected):
     assert tp_engine_kwargs(T.NodeLayout(nnodes, nnodes - 1, "0,1", True), 4, "10.0.0.1:5000", rank) == expected
 
 
 def test_sglang_tensor_parallelism_is_accepted_where_it_divides_the_workers():
-    cfg = parse_overrides(["actor_rollout_ref.rollout.name=sglang", "actor_rollout_ref.rollout.tensor_model_parallel_size=4",
-                           "trainer.nnodes=2", "trainer.n_gpus_per_node=2", "data.train_batch_size=8",
-                           "actor_rollout_ref.actor.ppo_mini_batch_size=8"])
+    cfg = parse_overrides(
+        [
+            "actor_rollout_ref.rollout.name=sglang",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=4",
+            "trainer.nnodes=2",
+            "trainer.n_gpus_per_node=2",
+            "data.train_batch_size=8",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        ]
+    )
     assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == 4
     with pytest.raises(ConfigError, match="tensor_model_parallel_size=3"):
-        parse_overrides(["actor_rollout_ref.rollout.name=sglang", "actor_rollout_ref.rollout.tensor_model_parallel_size=3",
-                         "trainer.n_gpus_per_node=4"])
+        parse_overrides(
+            [
+                "actor_rollout_ref.rollout.name=sglang",
+                "actor_rollout_ref.rollout.tensor_model_parallel_size=3",
+                "trainer.n_gpus_per_node=4",
+            ]
+        )
 
 
 FAKE = {
@@ -117,11 +155,11 @@ import json, os, sys
 import torch, torch.distributed as dist
 rank, world, init, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 os.environ.update(FAKE_RANK=str(rank), FAKE_OUT=out, CUDA_VISIBLE_DEVICES=["1", "0", "0", "1"][rank])
-from rlrig.trainer.config import RolloutConfig
-from rlrig.trainer import tp_groups
-from rlrig.trainer.engines import sglang_engine
-from rlrig.trainer.engines.base import EngineContext
-from rlrig.trainer.tiny_model import build_tokenizer
+from rlrig.trainer.config.schema import RolloutConfig
+from rlrig.trainer.rollout import tp_groups
+from rlrig.trainer.rollout.engines import sglang_engine
+from rlrig.trainer.rollout.engines.base import EngineContext
+from rlrig.trainer.embedded.tiny_model import build_tokenizer
 # after the imports: torch.distributed.fsdp imported after the group exists keeps it alive past destroy
 dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
 node = "node-a" if rank < 2 else "node-b"
@@ -143,10 +181,25 @@ def test_four_workers_on_two_nodes_drive_one_engine(tmp_path):
         f = tmp_path / "fake" / path
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(textwrap.dedent(text))
-    (tmp_path / "worker.py").write_text(WORKER)
+    (tmp_path / "workers/training_worker.py").write_text(WORKER)
     env = {"PYTHONPATH": str(tmp_path / "fake"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    procs = [subprocess.Popen([sys.executable, str(tmp_path / "worker.py"), str(r), "4", str(tmp_path / "init"), str(tmp_path)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for r in range(4)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(tmp_path / "workers/training_worker.py"),
+                str(r),
+                "4",
+                str(tmp_path / "init"),
+                str(tmp_path),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for r in range(4)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
     results = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
@@ -155,7 +208,9 @@ def test_four_workers_on_two_nodes_drive_one_engine(tmp_path):
     e0, e2 = (json.loads((tmp_path / f"engine-{r}.json").read_text()) for r in (0, 2))
     assert e0["devices"] == e2["devices"] == "0,1"
     assert (e0["kw"]["tp_size"], e0["kw"]["nnodes"], e0["kw"]["node_rank"], e2["kw"]["node_rank"]) == (4, 2, 0, 1)
-    assert e0["kw"]["dist_init_addr"] == e2["kw"]["dist_init_addr"] and e0["kw"]["dist_init_addr"].startswith("10.0.0.1:")
+    assert e0["kw"]["dist_init_addr"] == e2["kw"]["dist_init_addr"] and e0["kw"]["dist_init_addr"].startswith(
+        "10.0.0.1:"
+    )
     # the lead asked once for every worker's prompts, each twice (n=2); node b's engine was never asked
     assert len(e0["asked"]) == 1 and not e2["asked"]
     assert e0["asked"][0] == [p for r in range(4) for p in ([10 + r, 20 + r], [10 + r, 20 + r], [30 + r], [30 + r])]

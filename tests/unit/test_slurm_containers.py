@@ -44,17 +44,25 @@ def fakes(tmp_path):
     for name in ("scontrol", "podman", "docker"):
         tool(bin_dir / name, f'#!/usr/bin/env bash\nexec python3 "$(dirname "$0")/record" {name} "$@"\n')
     record = tmp_path / "record.jsonl"
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), "RECORD_FILE": str(record),
-           "SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "2", "SLURM_SUBMIT_DIR": str(tmp_path / "submit"),
-           "RLRIG_CLUSTER_TOKEN": TOKEN}
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "HOME": str(tmp_path),
+        "RECORD_FILE": str(record),
+        "SLURM_JOB_ID": "77",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_SUBMIT_DIR": str(tmp_path / "submit"),
+        "RLRIG_CLUSTER_TOKEN": TOKEN,
+    }
     (tmp_path / "submit").mkdir()
     (tmp_path / "submit" / "slurm").symlink_to(REPO / "slurm")
 
     def run(script: str, *args: str, **extra: str):
-        r = subprocess.run(["bash", str(REPO / script), *args], env={**env, **extra}, capture_output=True, text=True,
-                           timeout=60)
+        r = subprocess.run(
+            ["bash", str(REPO / script), *args], env={**env, **extra}, capture_output=True, text=True, timeout=60
+        )
         calls = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
         return r, calls
+
     return run
 
 
@@ -65,7 +73,13 @@ def engine_call(calls):
 GPUS = [
     # (RLRIG_GPUS, SLURM_GPUS_PER_NODE, flags expected, trainer.device, n_gpus_per_node)
     (None, "8", ["--gpus", "all"], "cuda", "8"),
-    ("amd", "8", ["--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video", "--group-add", "render"], "cuda", "8"),
+    (
+        "amd",
+        "8",
+        ["--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video", "--group-add", "render"],
+        "cuda",
+        "8",
+    ),
     (None, None, [], "cpu", "1"),
 ]
 
@@ -86,12 +100,21 @@ def test_podman_recipe_hands_each_container_its_own_task_variables(fakes, gpus, 
     assert {"SLURM_NODEID", "SLURM_PROCID", "SLURM_JOB_ID", "SLURM_JOB_NUM_NODES", "RLRIG_CLUSTER_TOKEN"} <= passed
     assert env["SLURM_NODEID"] == "1" and env["RLRIG_CLUSTER_TOKEN"] == TOKEN
     assert TOKEN not in " ".join(argv)  # by name only: `ps` never shows it
-    gpu_flags = [a for i, a in enumerate(argv) if a in ("--gpus", "--device", "--group-add") or
-                 argv[i - 1] in ("--gpus", "--device", "--group-add")]
+    gpu_flags = [
+        a
+        for i, a in enumerate(argv)
+        if a in ("--gpus", "--device", "--group-add") or argv[i - 1] in ("--gpus", "--device", "--group-add")
+    ]
     assert gpu_flags == flags
-    tail = argv[argv.index("localhost/rlrig:cpu"):]
-    assert tail == ["localhost/rlrig:cpu", "train", "trainer.nnodes=2", f"trainer.n_gpus_per_node={n}",
-                    f"trainer.device={device}", "trainer.total_training_steps=2"]
+    tail = argv[argv.index("localhost/rlrig:cpu") :]
+    assert tail == [
+        "localhost/rlrig:cpu",
+        "train",
+        "trainer.nnodes=2",
+        f"trainer.n_gpus_per_node={n}",
+        f"trainer.device={device}",
+        "trainer.total_training_steps=2",
+    ]
     assert any(v.endswith("/submit/outputs:/workspace/outputs") for v in argv)
     if os.getuid() == 0:  # the submitting user's files: root's here; rootless podman maps the user instead
         assert argv[argv.index("--user") + 1] == "0:0"
@@ -119,9 +142,15 @@ def test_pyxis_recipe(fakes):
     assert opts["--container-image"] == "ghcr.io#rlrig/rlrig:0.1.0-cuda"
     assert opts["--container-mounts"].endswith("/submit/outputs:/workspace/outputs")
     assert "--no-container-mount-home" in argv and "--container-writable" in argv
-    command = argv[argv.index("/opt/rlrig/bin/rlrig"):]
-    assert command == ["/opt/rlrig/bin/rlrig", "train", "trainer.nnodes=2", "trainer.n_gpus_per_node=8",
-                       "trainer.device=cuda", "data.train_batch_size=8"]
+    command = argv[argv.index("/opt/rlrig/bin/rlrig") :]
+    assert command == [
+        "/opt/rlrig/bin/rlrig",
+        "train",
+        "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=8",
+        "trainer.device=cuda",
+        "data.train_batch_size=8",
+    ]
     # pyxis hands the task's environment to the container: the token and Slurm's variables, HOME inside the image
     assert env["RLRIG_CLUSTER_TOKEN"] == TOKEN and env["SLURM_JOB_ID"] == "77" and env["HOME"] == "/home/rlrig"
     assert TOKEN not in " ".join(argv)

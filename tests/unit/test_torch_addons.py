@@ -13,6 +13,7 @@ from rlrig.trainer import torch_addons
 @pytest.fixture
 def fake_addon(tmp_path, monkeypatch):
     """A `torchvision` on sys.path whose import fails like PyPI's CUDA build beside a CPU torch."""
+
     def make(label):
         pkg = tmp_path / label / "torchvision"
         pkg.mkdir(parents=True)
@@ -21,14 +22,18 @@ def fake_addon(tmp_path, monkeypatch):
         monkeypatch.syspath_prepend(str(pkg.parent))
         monkeypatch.delitem(sys.modules, "torchvision", raising=False)
         importlib.invalidate_caches()
+
     return make
 
 
-@pytest.mark.parametrize("torch_cuda, label, hidden", [
-    (None, "cu130", True),       # CPU torch, CUDA torchvision: cannot load, hidden
-    ("13.0", "cu130", False),    # CUDA torch, CUDA torchvision: untouched
-    (None, "cpu", False),        # CPU torch, CPU torchvision: untouched
-])
+@pytest.mark.parametrize(
+    "torch_cuda, label, hidden",
+    [
+        (None, "cu130", True),  # CPU torch, CUDA torchvision: cannot load, hidden
+        ("13.0", "cu130", False),  # CUDA torch, CUDA torchvision: untouched
+        (None, "cpu", False),  # CPU torch, CPU torchvision: untouched
+    ],
+)
 def test_hides_only_builds_for_a_missing_accelerator(fake_addon, monkeypatch, torch_cuda, label, hidden):
     fake_addon(label)
     monkeypatch.setattr(torch.version, "cuda", torch_cuda)
@@ -38,6 +43,7 @@ def test_hides_only_builds_for_a_missing_accelerator(fake_addon, monkeypatch, to
     if hidden:
         assert sys.modules["torchvision"] is None
         from transformers.utils import import_utils  # what decides whether transformers imports torchvision
+
         assert import_utils._is_package_available("torchvision")[0] is False
         with pytest.raises(ImportError):
             import torchvision  # noqa: F401
@@ -46,5 +52,6 @@ def test_hides_only_builds_for_a_missing_accelerator(fake_addon, monkeypatch, to
 def test_registered_with_torch():
     """torch runs the hook at every `import torch` (also in Ray workers and vLLM's subprocesses)."""
     from importlib.metadata import entry_points
+
     hooks = [e.value for e in entry_points(group="torch.backends")]
     assert "rlrig.trainer.torch_addons:hide_unloadable" in hooks

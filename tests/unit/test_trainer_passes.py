@@ -10,14 +10,14 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
 from model_hooks import embedded_tokens
-from rlrig.trainer import core_algos as A
-from rlrig.trainer import lr_schedule, precision
-from rlrig.trainer.config import FsdpConfig, MixedPrecisionConfig, OptimConfig
-from rlrig.trainer.estimators import AdvantageInput, get
-from rlrig.trainer.presets import EMBEDDED
-from rlrig.trainer.timing import Phases
+
+from rlrig.trainer.algos import core_algos as A
+from rlrig.trainer.algos.estimators import AdvantageInput, get
+from rlrig.trainer.config.presets import EMBEDDED
+from rlrig.trainer.config.schema import FsdpConfig, MixedPrecisionConfig, OptimConfig
+from rlrig.trainer.model import lr_schedule, precision
+from rlrig.trainer.workers.timing import Phases
 
 T = torch.tensor
 
@@ -38,7 +38,7 @@ def _advantages(name, rewards, values, mask, allreduce):
 def _shard_worker(rank, world, port, out_dir):
     # Imported before the group exists: torch.distributed.fsdp, imported after, keeps the default group alive
     # past destroy_process_group, and its Gloo threads then abort the process as it exits (1 run in ~15).
-    from rlrig.trainer.worker import allreduce_sum
+    from rlrig.trainer.workers.training_worker import allreduce_sum
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -46,14 +46,17 @@ def _shard_worker(rank, world, port, out_dir):
     rewards, values, mask = _batch()
     half = len(mask) // world
     sl = slice(rank * half, (rank + 1) * half)
-    res = {name: _advantages(name, rewards[sl], values[sl], mask[sl], allreduce_sum) for name in ("gae", "reinforce_plus_plus")}
+    res = {
+        name: _advantages(name, rewards[sl], values[sl], mask[sl], allreduce_sum)
+        for name in ("gae", "reinforce_plus_plus")
+    }
     torch.save(res, os.path.join(out_dir, f"{rank}.pt"))
     dist.destroy_process_group()
 
 
 def test_batch_whitening_is_the_same_on_one_or_two_workers(tmp_path):
     """GAE and REINFORCE++ whiten over the whole batch (verl), so sharding it over workers changes nothing."""
-    from rlrig.trainer.worker import free_port
+    from rlrig.trainer.workers.training_worker import free_port
 
     mp.spawn(_shard_worker, args=(2, free_port(), str(tmp_path)), nprocs=2)
     rewards, values, mask = _batch()
@@ -71,27 +74,33 @@ def test_masked_whiten_by_hand():
     torch.testing.assert_close(out[T([[1.0, 1.0], [1.0, 0.0]]) > 0], T([-1.0, 0.0, 1.0]), atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("mode,value", [
-    ("seq-mean-token-sum", 3.0),     # rows 1 and 2 only: (3 + 3) / 2; the all-masked row is left out (verl)
-    ("seq-mean-token-mean", 2.25),   # (1.5 + 3) / 2
-])
+@pytest.mark.parametrize(
+    "mode,value",
+    [
+        ("seq-mean-token-sum", 3.0),  # rows 1 and 2 only: (3 + 3) / 2; the all-masked row is left out (verl)
+        ("seq-mean-token-mean", 2.25),  # (1.5 + 3) / 2
+    ],
+)
 def test_seq_mean_modes_leave_out_rows_without_tokens(mode, value):
     loss = T([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0], [9.0, 9.0, 9.0]])
     mask = T([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
     assert math.isclose(float(A.agg_loss(loss, mask, mode)), value, rel_tol=1e-6)
 
 
-@pytest.mark.parametrize("step,total,warmup,style,min_ratio,factor", [
-    (0, 10, 0, "constant", 0.0, 1.0),
-    (0, 10, 4, "constant", 0.0, 0.0),      # verl's warm-up starts at 0
-    (2, 10, 4, "constant", 0.0, 0.5),      # 2 / 4
-    (4, 10, 4, "constant", 0.0, 1.0),
-    (0, 10, 0, "cosine", 0.0, 1.0),        # cos(0) = 1
-    (5, 10, 0, "cosine", 0.0, 0.5),        # 0.5 (1 + cos(pi/2))
-    (10, 10, 0, "cosine", 0.1, 0.1),       # the floor: min_lr_ratio
-    (2, 10, 4, "cosine", 0.2, 0.6),        # 0.2 + 0.8 * 2/4
-    (7, 10, 4, "cosine", 0.0, 0.5),        # p = 3/6: 0.5 (1 + cos(pi/2))
-])
+@pytest.mark.parametrize(
+    "step,total,warmup,style,min_ratio,factor",
+    [
+        (0, 10, 0, "constant", 0.0, 1.0),
+        (0, 10, 4, "constant", 0.0, 0.0),  # verl's warm-up starts at 0
+        (2, 10, 4, "constant", 0.0, 0.5),  # 2 / 4
+        (4, 10, 4, "constant", 0.0, 1.0),
+        (0, 10, 0, "cosine", 0.0, 1.0),  # cos(0) = 1
+        (5, 10, 0, "cosine", 0.0, 0.5),  # 0.5 (1 + cos(pi/2))
+        (10, 10, 0, "cosine", 0.1, 0.1),  # the floor: min_lr_ratio
+        (2, 10, 4, "cosine", 0.2, 0.6),  # 0.2 + 0.8 * 2/4
+        (7, 10, 4, "cosine", 0.0, 0.5),  # p = 3/6: 0.5 (1 + cos(pi/2))
+    ],
+)
 def test_lr_schedule(step, total, warmup, style, min_ratio, factor):
     assert lr_schedule.lr_factor(step, total, warmup, style, min_ratio) == pytest.approx(factor, abs=1e-9)
 
@@ -104,14 +113,17 @@ def test_lr_keys_as_verl_reads_them():
     assert lr_schedule.lr_at(o, 10, 10) == pytest.approx(1.0)  # and ends at min_lr_ratio * lr
 
 
-@pytest.mark.parametrize("device,role,model_dtype,param_dtype,expect_model,expect_param", [
-    ("cuda", "actor", None, None, torch.float32, torch.bfloat16),   # verl: fp32 master weights, bf16 compute
-    ("cuda", "ref", None, None, torch.bfloat16, torch.bfloat16),    # the reference held in bf16
-    ("cpu", "actor", None, None, torch.float32, torch.float32),     # CPU stays fp32 unless asked
-    ("cpu", "ref", None, None, torch.float32, torch.float32),
-    ("cpu", "actor", None, "bf16", torch.float32, torch.bfloat16),  # asked
-    ("cuda", "critic", "bf16", "bf16", torch.bfloat16, torch.bfloat16),
-])
+@pytest.mark.parametrize(
+    "device,role,model_dtype,param_dtype,expect_model,expect_param",
+    [
+        ("cuda", "actor", None, None, torch.float32, torch.bfloat16),  # verl: fp32 master weights, bf16 compute
+        ("cuda", "ref", None, None, torch.bfloat16, torch.bfloat16),  # the reference held in bf16
+        ("cpu", "actor", None, None, torch.float32, torch.float32),  # CPU stays fp32 unless asked
+        ("cpu", "ref", None, None, torch.float32, torch.float32),
+        ("cpu", "actor", None, "bf16", torch.float32, torch.bfloat16),  # asked
+        ("cuda", "critic", "bf16", "bf16", torch.bfloat16, torch.bfloat16),
+    ],
+)
 def test_precision_defaults(device, role, model_dtype, param_dtype, expect_model, expect_param):
     fc = FsdpConfig(model_dtype=model_dtype, mixed_precision=MixedPrecisionConfig(param_dtype=param_dtype))
     p = precision.resolve(fc, device, "ddp", role)
@@ -121,7 +133,7 @@ def test_precision_defaults(device, role, model_dtype, param_dtype, expect_model
 def test_buffers_keep_their_dtype_in_a_bf16_model():
     from transformers import AutoModelForCausalLM
 
-    from rlrig.trainer.tiny_model import ensure_tiny_model
+    from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
 
     model = AutoModelForCausalLM.from_pretrained(ensure_tiny_model(), dtype=torch.bfloat16)
     floats = lambda: {b.dtype for b in model.buffers() if b.is_floating_point()}
@@ -155,10 +167,12 @@ def test_phases_time_named_blocks():
 
 
 def test_kl_controller_adapts_by_samples_not_prompts():
-    from rlrig.trainer.core_algos import AdaptiveKLController
-    from rlrig.trainer.main import update_kl_controller
+    from rlrig.trainer.algos.core_algos import AdaptiveKLController
+    from rlrig.trainer.driver.main import update_kl_controller
 
-    cfg = SimpleNamespace(data=SimpleNamespace(train_batch_size=4), actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(n=5)))
+    cfg = SimpleNamespace(
+        data=SimpleNamespace(train_batch_size=4), actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(n=5))
+    )
     c = AdaptiveKLController(0.1, 0.1, 100)
     m = {"actor/reward_kl_penalty": 0.2}
     update_kl_controller(c, m, cfg)
@@ -168,13 +182,14 @@ def test_kl_controller_adapts_by_samples_not_prompts():
 
 # --- the worker's passes, counted with hooks (one rank in this process, Gloo) ---
 
+
 def _count_calls(module):
     calls = [0]
     return calls, module.register_forward_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
 
 
 def _one_step(extra, hook=lambda w: None):
-    from rlrig.trainer.single_process import single_worker
+    from rlrig.trainer.driver.single_process import single_worker
 
     with single_worker([*EMBEDDED, "actor_rollout_ref.rollout.name=hf", *extra]) as (w, batches):
         counters = hook(w)
@@ -195,11 +210,14 @@ def test_gradient_checkpointing_recomputes_the_update_only():
     assert ckpt - plain == 8, (plain, ckpt)
 
 
-@pytest.mark.parametrize("key,micro,calls", [
-    ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", None, 1),
-    ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", 64, 4),   # 256 rows / 64
-    ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", 100, 3),  # 100, 100, 56
-])
+@pytest.mark.parametrize(
+    "key,micro,calls",
+    [
+        ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", None, 1),
+        ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", 64, 4),  # 256 rows / 64
+        ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", 100, 3),  # 100, 100, 56
+    ],
+)
 def test_log_prob_passes_run_in_micro_batches(key, micro, calls):
     hook = lambda w: _count_calls(w.models.ref)[0]
     extra = [f"{key}={micro}"] if micro else []
@@ -234,8 +252,8 @@ def test_lr_warmup_reaches_the_optimizer():
 
 
 def test_prompt_key_names_the_column(tmp_path):
-    from rlrig.trainer.data import arithmetic_rows, write_parquet
-    from rlrig.trainer.errors import ConfigError
+    from rlrig.trainer.config.errors import ConfigError
+    from rlrig.trainer.data.datasets import arithmetic_rows, write_parquet
 
     rows = [{("question" if k == "prompt" else k): v for k, v in r.items()} for r in arithmetic_rows(64, "train", 1)]
     write_parquet(rows, tmp_path / "t.parquet")
@@ -250,9 +268,16 @@ def test_every_offload_key_runs_through_a_step_under_fsdp():
     """On CPU the moves are to where the tensors already are, so this checks the code path and that
     the numbers do not move; tests/gpu checks where the tensors rest on CUDA."""
     base = ["actor_rollout_ref.actor.strategy=fsdp", "algorithm.adv_estimator=gae", "trainer.device=cpu"]
-    offload = [f"{k}=True" for k in ("actor_rollout_ref.actor.fsdp_config.param_offload", "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
-                                      "actor_rollout_ref.ref.fsdp_config.param_offload", "critic.model.fsdp_config.param_offload",
-                                      "critic.model.fsdp_config.optimizer_offload")]
+    offload = [
+        f"{k}=True"
+        for k in (
+            "actor_rollout_ref.actor.fsdp_config.param_offload",
+            "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
+            "actor_rollout_ref.ref.fsdp_config.param_offload",
+            "critic.model.fsdp_config.param_offload",
+            "critic.model.fsdp_config.optimizer_offload",
+        )
+    ]
     keys = ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm", "actor/kl_loss")
     plain, _, _ = _one_step(base)
     moved, changed, _ = _one_step([*base, *offload])
@@ -262,11 +287,17 @@ def test_every_offload_key_runs_through_a_step_under_fsdp():
 def test_the_hf_engine_generates_under_fsdp_with_a_copy_in_the_compute_dtype():
     """Mixed precision (asked for on CPU, as on every GPU by default): the full copy the hf engine generates
     with holds the actor's weights in bf16 (half an fp32 copy), its rotary buffers in fp32, and a step runs."""
-    from rlrig.trainer import parallel
-    from rlrig.trainer.single_process import single_worker
+    from rlrig.trainer.driver.single_process import single_worker
+    from rlrig.trainer.model import parallel
 
-    with single_worker([*EMBEDDED, "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.strategy=fsdp",
-                        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16"]) as (w, batches):
+    with single_worker(
+        [
+            *EMBEDDED,
+            "actor_rollout_ref.rollout.name=hf",
+            "actor_rollout_ref.actor.strategy=fsdp",
+            "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16",
+        ]
+    ) as (w, batches):
         gen = w.models.gen_module
         assert {p.dtype for p in gen.parameters()} == {torch.bfloat16}
         assert {b.dtype for b in gen.buffers() if b.is_floating_point()} == {torch.float32}
@@ -276,14 +307,26 @@ def test_the_hf_engine_generates_under_fsdp_with_a_copy_in_the_compute_dtype():
         assert out["actor/grad_norm"] > 0 and out["response_length/mean"] > 0
 
 
-@pytest.mark.parametrize("extra", [
-    [],  # on-policy: the update's own forward gives the old log-probs; the reference's pass
-    ["actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=48"],
-    ["actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.model.enable_gradient_checkpointing=True",
-     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32"],
-    ["actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=300"],
-    ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8"],  # the reference: adapters disabled
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],  # on-policy: the update's own forward gives the old log-probs; the reference's pass
+        [
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=48",
+        ],
+        [
+            "actor_rollout_ref.actor.strategy=fsdp",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
+        ],
+        ["actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=300"],
+        [
+            "actor_rollout_ref.model.lora_rank=4",
+            "actor_rollout_ref.model.lora_alpha=8",
+        ],  # the reference: adapters disabled
+    ],
+)
 def test_prefix_grouper_steps_as_the_padded_forwards_do(extra):
     """Every pass that shares prompts (old log-probs, reference, update) gives the padded passes' numbers;
     the embedding counts fewer tokens."""
@@ -298,9 +341,9 @@ def test_prefix_grouper_steps_as_the_padded_forwards_do(extra):
 def test_prefix_grouper_refuses_a_sliding_window_model_at_start_up(tmp_path):
     from transformers import AutoConfig
 
-    from rlrig.trainer import prefix_grouper
-    from rlrig.trainer.errors import ConfigError
-    from rlrig.trainer.tiny_model import ensure_tiny_model
+    from rlrig.trainer.config.errors import ConfigError
+    from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
+    from rlrig.trainer.model import prefix_grouper
 
     prefix_grouper.check(ensure_tiny_model(), {})
     conf = AutoConfig.from_pretrained(ensure_tiny_model())
@@ -315,6 +358,8 @@ def test_the_critic_trains_without_dropout():
     """transformers gives a token-classification head dropout 0.1; verl sets it to 0, and since the update runs in
     training mode it would otherwise make the critic's update random (padded and packed runs would differ)."""
     seen = []
-    _one_step(["algorithm.adv_estimator=gae"], lambda w: seen.extend(
-        m.p for m in w.models.critic.module.modules() if isinstance(m, torch.nn.Dropout)))
+    _one_step(
+        ["algorithm.adv_estimator=gae"],
+        lambda w: seen.extend(m.p for m in w.models.critic.module.modules() if isinstance(m, torch.nn.Dropout)),
+    )
     assert seen and set(seen) == {0.0}

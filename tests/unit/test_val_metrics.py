@@ -4,8 +4,8 @@ way of drawing the bootstrap samples where they are not."""
 import numpy as np
 import pytest
 
-from rlrig.trainer.config import ConfigError
-from rlrig.trainer.val_metrics import majority, subset_sizes, validation_metrics
+from rlrig.trainer.config.schema import ConfigError
+from rlrig.trainer.driver.val_metrics import majority, subset_sizes, validation_metrics
 
 
 def verl_bootstrap(data, k, fn):
@@ -47,12 +47,21 @@ def test_majority_as_verls_example():
 
 
 def test_returned_fields_become_variables_acc_is_core_and_pred_votes():
-    samples = [{"reward": 1.0, "acc": True, "pred": "7"}, {"reward": 0.0, "acc": False, "pred": "8"},
-               {"reward": 1.0, "acc": True, "pred": "7"}, {"reward": 1.0, "acc": True, "pred": "7"}]
+    samples = [
+        {"reward": 1.0, "acc": True, "pred": "7"},
+        {"reward": 0.0, "acc": False, "pred": "8"},
+        {"reward": 1.0, "acc": True, "pred": "7"},
+        {"reward": 1.0, "acc": True, "pred": "7"},
+    ]
     m = validation_metrics([("gsm8k", samples)])
     assert m["val-core/gsm8k/acc/mean@4"] == 0.75 and m["val-aux/gsm8k/reward/mean@4"] == 0.75
-    assert {"val-core/gsm8k/acc/maj@4/mean", "val-core/gsm8k/acc/best@4/mean", "val-aux/gsm8k/acc/maj@2/mean",
-            "val-aux/gsm8k/reward/maj@4/mean", "val-aux/gsm8k/acc/worst@4/mean"} <= set(m)
+    assert {
+        "val-core/gsm8k/acc/maj@4/mean",
+        "val-core/gsm8k/acc/best@4/mean",
+        "val-aux/gsm8k/acc/maj@2/mean",
+        "val-aux/gsm8k/reward/maj@4/mean",
+        "val-aux/gsm8k/acc/worst@4/mean",
+    } <= set(m)
     assert not any("/pred/" in k for k in m)  # a string variable votes, it is not averaged
     votes = [{"val": s["acc"], "pred": s["pred"]} for s in samples]
     assert m["val-core/gsm8k/acc/maj@4/mean"] == pytest.approx(verl_bootstrap(votes, 4, majority)[0])

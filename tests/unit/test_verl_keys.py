@@ -6,8 +6,8 @@ import sys
 import pytest
 import torch
 
-from rlrig.trainer import core_algos as A
-from rlrig.trainer.config import ConfigError, parse_overrides
+from rlrig.trainer.algos import core_algos as A
+from rlrig.trainer.config.schema import ConfigError, parse_overrides
 
 MODEL = "actor_rollout_ref.model.path=/m"
 
@@ -25,14 +25,16 @@ def test_straight_through_kl_has_its_value_and_k2s_gradient(kind, base):
 def test_top_k_one_samples_the_greedy_token():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlrig.trainer.config import RolloutConfig
-    from rlrig.trainer.engines import GREEDY, EngineContext, Sampling
-    from rlrig.trainer.engines.hf_engine import HFRollout
-    from rlrig.trainer.tiny_model import ensure_tiny_model
+    from rlrig.trainer.config.schema import RolloutConfig
+    from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
+    from rlrig.trainer.rollout.engines import GREEDY, EngineContext, Sampling
+    from rlrig.trainer.rollout.engines.hf_engine import HFRollout
 
     path = ensure_tiny_model()
     tok = AutoTokenizer.from_pretrained(path)
-    eng = HFRollout(EngineContext(AutoModelForCausalLM.from_pretrained(path), tok, RolloutConfig(), 8, 8, path, "cpu", 0))
+    eng = HFRollout(
+        EngineContext(AutoModelForCausalLM.from_pretrained(path), tok, RolloutConfig(), 8, 8, path, "cpu", 0)
+    )
     prompts = [tok(q)["input_ids"] for q in ("3+4=", "7+8=", "1+1=")]
     torch.manual_seed(0)
     top1 = eng.generate(prompts, 2, Sampling(1.0, 1.0, 1, True))
@@ -40,8 +42,8 @@ def test_top_k_one_samples_the_greedy_token():
 
 
 def test_apply_chat_template_kwargs_reach_the_template():
-    from rlrig.trainer.data import arithmetic_rows, tokenize_prompts
-    from rlrig.trainer.tiny_model import build_tokenizer
+    from rlrig.trainer.data.datasets import arithmetic_rows, tokenize_prompts
+    from rlrig.trainer.embedded.tiny_model import build_tokenizer
 
     tok = build_tokenizer()
     tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if effort %}{{ effort }}{% endif %}"
@@ -52,9 +54,14 @@ def test_apply_chat_template_kwargs_reach_the_template():
 
 
 def test_dict_keys_take_hydra_items():
-    cfg = parse_overrides([MODEL, "+data.apply_chat_template_kwargs.reasoning_effort=medium",
-                           "actor_rollout_ref.model.override_config={'attention_dropout': 0.1}",
-                           "actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4"])
+    cfg = parse_overrides(
+        [
+            MODEL,
+            "+data.apply_chat_template_kwargs.reasoning_effort=medium",
+            "actor_rollout_ref.model.override_config={'attention_dropout': 0.1}",
+            "actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4",
+        ]
+    )
     assert cfg.data.apply_chat_template_kwargs == {"reasoning_effort": "medium"}
     assert cfg.actor_rollout_ref.model.override_config == {"attention_dropout": 0.1}
     assert cfg.actor_rollout_ref.rollout.engine_kwargs["vllm"] == {"swap_space": 4}
@@ -63,10 +70,12 @@ def test_dict_keys_take_hydra_items():
 
 
 def test_engine_kwargs_reach_the_engines():
-    from rlrig.trainer.config import RolloutConfig
-    from rlrig.trainer.engines import sglang_engine, vllm_engine
+    from rlrig.trainer.config.schema import RolloutConfig
+    from rlrig.trainer.rollout.engines import sglang_engine, vllm_engine
 
-    cfg = RolloutConfig(engine_kwargs={"vllm": {"swap_space": 4, "max_model_len": 99}, "sglang": {"attention_backend": "triton"}})
+    cfg = RolloutConfig(
+        engine_kwargs={"vllm": {"swap_space": 4, "max_model_len": 99}, "sglang": {"attention_backend": "triton"}}
+    )
     assert vllm_engine.engine_kwargs(cfg, "/m", 48, "cpu", 0)["swap_space"] == 4
     assert vllm_engine.engine_kwargs(cfg, "/m", 48, "cpu", 0)["max_model_len"] == 99  # the user's word is last
     assert sglang_engine.engine_kwargs(cfg, "/m", 48, 0)["attention_backend"] == "triton"
@@ -75,9 +84,9 @@ def test_engine_kwargs_reach_the_engines():
 def test_override_config_and_trust_remote_code_reach_from_pretrained():
     from transformers import AutoModelForCausalLM
 
-    from rlrig.trainer.config import ModelConfig
-    from rlrig.trainer.models import load_kwargs, model_kwargs
-    from rlrig.trainer.tiny_model import ensure_tiny_model
+    from rlrig.trainer.config.schema import ModelConfig
+    from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
+    from rlrig.trainer.model.build import load_kwargs, model_kwargs
 
     assert load_kwargs(ModelConfig(path="/m", trust_remote_code=True)) == {"trust_remote_code": True}
     path = ensure_tiny_model()
@@ -87,8 +96,8 @@ def test_override_config_and_trust_remote_code_reach_from_pretrained():
 
 
 def test_external_lib_is_imported_or_refused(tmp_path, monkeypatch):
-    from rlrig.trainer.config import ModelConfig
-    from rlrig.trainer.models import import_external_lib
+    from rlrig.trainer.config.schema import ModelConfig
+    from rlrig.trainer.model.build import import_external_lib
 
     (tmp_path / "my_model_lib.py").write_text("LOADED = True\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -98,28 +107,40 @@ def test_external_lib_is_imported_or_refused(tmp_path, monkeypatch):
         import_external_lib(ModelConfig(external_lib="no_such_lib"))
 
 
-@pytest.mark.parametrize("override,words", [
-    ("critic.model.lora_rank=8", "a verl key rlrig does not implement: LoRA on the critic"),
-    ("reward_model.reward_loop_class_name=MyLoop", "a reward-loop class of your own is not in rlrig"),
-    ("actor_rollout_ref.rollout.multi_turn.enable=True", "multi-turn"),
-    ("algorithm.rollout_correction.rollout_rs=token", "not rejection sampling or bypass mode"),
-    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "Ulysses"),
-    ("actor_rollout_ref.rollout.mode=agent", "verl's modes are async (its default) and sync"),
-    ("trainer.logger=['console','mlflow']", "mlflow is not in rlrig"),
-    ("data.sampler.class_name=Curriculum", "custom samplers are not in rlrig"),
-    ("actor_rollout_ref.ref.strategy=fsdp", "shards the reference as it does the actor"),  # the actor: ddp
-])
+@pytest.mark.parametrize(
+    "override,words",
+    [
+        ("critic.model.lora_rank=8", "a verl key rlrig does not implement: LoRA on the critic"),
+        ("reward_model.reward_loop_class_name=MyLoop", "a reward-loop class of your own is not in rlrig"),
+        ("actor_rollout_ref.rollout.multi_turn.enable=True", "multi-turn"),
+        ("algorithm.rollout_correction.rollout_rs=token", "not rejection sampling or bypass mode"),
+        ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "Ulysses"),
+        ("actor_rollout_ref.rollout.mode=agent", "verl's modes are async (its default) and sync"),
+        ("trainer.logger=['console','mlflow']", "mlflow is not in rlrig"),
+        ("data.sampler.class_name=Curriculum", "custom samplers are not in rlrig"),
+        ("actor_rollout_ref.ref.strategy=fsdp", "shards the reference as it does the actor"),  # the actor: ddp
+    ],
+)
 def test_verl_keys_rlrig_does_not_implement_are_refused_in_one_line(override, words):
     with pytest.raises(ConfigError) as e:
         parse_overrides([MODEL, override])
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("override", [
-    "critic.model.lora_rank=0", "critic.model.target_modules=all-linear", "reward_model.use_reward_loop=False", "actor_rollout_ref.rollout.multi_turn.enable=False",
-    "actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.mode=sync",
-    "actor_rollout_ref.rollout.multi_turn.format=hermes", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",
-    "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.ref.strategy=fsdp2",
-])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "critic.model.lora_rank=0",
+        "critic.model.target_modules=all-linear",
+        "reward_model.use_reward_loop=False",
+        "actor_rollout_ref.rollout.multi_turn.enable=False",
+        "actor_rollout_ref.rollout.mode=async",
+        "actor_rollout_ref.rollout.mode=sync",
+        "actor_rollout_ref.rollout.multi_turn.format=hermes",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",
+        "actor_rollout_ref.actor.strategy=fsdp2",
+        "actor_rollout_ref.ref.strategy=fsdp2",
+    ],
+)
 def test_verl_defaults_that_ask_for_nothing_are_accepted(override):
     parse_overrides([MODEL, "actor_rollout_ref.actor.strategy=fsdp", override])

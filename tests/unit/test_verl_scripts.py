@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rlrig.trainer.config import ConfigError, parse_overrides
+from rlrig.trainer.config.schema import ConfigError, parse_overrides
 
 SCRIPTS = json.loads((Path(__file__).parent / "verl_scripts" / "overrides.json").read_text())
 
@@ -34,8 +34,12 @@ def test_how_many_run_unchanged():
 
 def test_print_config_of_a_verl_example_through_the_cli():
     s = SCRIPTS["grpo_trainer/run_qwen2-7b"]
-    r = subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", "train", "--print-config", *s["overrides"]],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "rlrig.entrypoint.cli", "train", "--print-config", *s["overrides"]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["actor_rollout_ref"]["rollout"]["n"] == 5 and out["algorithm"]["adv_estimator"] == "grpo"

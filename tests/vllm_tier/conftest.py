@@ -12,7 +12,7 @@ def tiny():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlrig.trainer.tiny_model import ensure_tiny_model
+    from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
 
     path = ensure_tiny_model()
     tok = AutoTokenizer.from_pretrained(path)

@@ -10,12 +10,14 @@ import psutil
 import pytest
 import torch
 
-from rlrig.trainer.config import parse_overrides
-from rlrig.trainer.reward_model import LoopScorer, RewardScorer, make_scorer, scorer_settings
-from rlrig.trainer.tiny_reward_model import ensure_tiny_reward_model
+from rlrig.trainer.config.schema import parse_overrides
+from rlrig.trainer.embedded.tiny_reward_model import ensure_tiny_reward_model
+from rlrig.trainer.reward.reward_model import LoopScorer, RewardScorer, make_scorer, scorer_settings
 
-CHATS = [[{"role": "user", "content": q}, {"role": "assistant", "content": a}]
-         for q, a in (("3+4=", "#### 7"), ("3+4=", "#### 9"), ("12+7=", "#### 19"), ("20-5=", "15"), ("1+1=", ""))]
+CHATS = [
+    [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+    for q, a in (("3+4=", "#### 7"), ("3+4=", "#### 9"), ("12+7=", "#### 19"), ("20-5=", "15"), ("1+1=", ""))
+]
 
 
 def test_vllm_scores_what_transformers_scores_and_its_process_ends_with_it():
@@ -38,17 +40,37 @@ def test_vllm_scores_what_transformers_scores_and_its_process_ends_with_it():
     assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
 
 
-@pytest.mark.parametrize("extra", [
-    # one reward engine over both workers (vLLM's TP over its own processes) beside each worker's rollout engine;
-    # validation scores too, at step 2. (One engine per worker: the scorer test above.)
-    ["reward_model.rollout.tensor_model_parallel_size=2", "trainer.test_freq=2"],
-], ids=["one-engine-tp2"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        # one reward engine over both workers (vLLM's TP over its own processes) beside each worker's rollout engine;
+        # validation scores too, at step 2. (One engine per worker: the scorer test above.)
+        ["reward_model.rollout.tensor_model_parallel_size=2", "trainer.test_freq=2"],
+    ],
+    ids=["one-engine-tp2"],
+)
 def test_training_with_vllm_rollout_and_the_reward_loop(tmp_path, extra):
     run = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", "train", "actor_rollout_ref.rollout.name=vllm",
-                        "reward_model.enable=True", "reward_model.use_reward_loop=True", "reward_model.rollout.name=vllm",
-                        "reward_model.num_workers=8", "trainer.total_training_steps=2", "trainer.val_before_train=False",
-                        f"trainer.default_local_dir={run}", *extra], capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlrig.entrypoint.cli",
+            "train",
+            "actor_rollout_ref.rollout.name=vllm",
+            "reward_model.enable=True",
+            "reward_model.use_reward_loop=True",
+            "reward_model.rollout.name=vllm",
+            "reward_model.num_workers=8",
+            "trainer.total_training_steps=2",
+            "trainer.val_before_train=False",
+            f"trainer.default_local_dir={run}",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["training/global_step"] for m in rows] == [1, 2]
@@ -59,4 +81,6 @@ def test_training_with_vllm_rollout_and_the_reward_loop(tmp_path, extra):
     if extra:
         assert "val-core/rlrig/arithmetic/reward/mean@1" in rows[1]
     # every reward engine's process ended with its worker
-    assert not [p for p in psutil.process_iter(["cmdline"]) if "multiprocessing.spawn" in " ".join(p.info["cmdline"] or [])]
+    assert not [
+        p for p in psutil.process_iter(["cmdline"]) if "multiprocessing.spawn" in " ".join(p.info["cmdline"] or [])
+    ]

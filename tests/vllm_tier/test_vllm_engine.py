@@ -8,9 +8,9 @@ import sys
 import pytest
 import torch
 
-from rlrig.trainer.config import RolloutConfig
-from rlrig.trainer.engines import ENGINES, GREEDY, EngineContext, make_engine
-from rlrig.trainer.logprobs import token_logprobs
+from rlrig.trainer.config.schema import RolloutConfig
+from rlrig.trainer.model.forward import token_logprobs
+from rlrig.trainer.rollout.engines import ENGINES, GREEDY, EngineContext, make_engine
 
 TOL = 1e-3  # float32 engine vs float32 actor on CPU: seen ~4e-7
 
@@ -75,30 +75,56 @@ def test_a_deliberate_weight_change_moves_the_output(tiny, engine):
         with torch.no_grad():
             model.lm_head.weight[forced] = saved
         engine.sync_weights(model.state_dict().items())
-    resp = after.input_ids[:, after.prompt_len:]
+    resp = after.input_ids[:, after.prompt_len :]
     assert not torch.equal(before.input_ids, after.input_ids)
-    assert torch.equal(after.input_ids, expected.input_ids), (resp, expected.input_ids[:, expected.prompt_len:])
+    assert torch.equal(after.input_ids, expected.input_ids), (resp, expected.input_ids[:, expected.prompt_len :])
     assert (resp == forced).float().mean() > 0.5, resp
 
 
-@pytest.mark.parametrize("extra,engine", [
-    # DDP, two mini batches: old log-probs from their own pass; verl's rollout correction weighs each token's loss
-    # by exp(old - engine), which is ~1 here (a float32 engine agreeing with a float32 actor)
-    (["algorithm.rollout_correction.rollout_is=token"], "vllm"),
-    # FSDP: the engine gets all-gathered tensors; one mini batch: old log-probs from the update's forward;
-    # one engine spans both workers (tensor parallel), each holding half of every layer's heads. With LoRA
-    # (a learning rate that moves the adapters far): the engine gets W + scaling * B @ A, which must sample
-    # as the actor's live adapters score
-    (["actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.actor.ppo_mini_batch_size=32",
-      "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.model.lora_rank=4",
-      "actor_rollout_ref.model.lora_alpha=8", "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.actor.use_kl_loss=True"],
-     "vllm, tensor parallel over 2 workers"),
-], ids=["ddp", "fsdp-lora-on-policy-tp2"])
+@pytest.mark.parametrize(
+    "extra,engine",
+    [
+        # DDP, two mini batches: old log-probs from their own pass; verl's rollout correction weighs each token's loss
+        # by exp(old - engine), which is ~1 here (a float32 engine agreeing with a float32 actor)
+        (["algorithm.rollout_correction.rollout_is=token"], "vllm"),
+        # FSDP: the engine gets all-gathered tensors; one mini batch: old log-probs from the update's forward;
+        # one engine spans both workers (tensor parallel), each holding half of every layer's heads. With LoRA
+        # (a learning rate that moves the adapters far): the engine gets W + scaling * B @ A, which must sample
+        # as the actor's live adapters score
+        (
+            [
+                "actor_rollout_ref.actor.strategy=fsdp",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+                "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                "actor_rollout_ref.model.lora_rank=4",
+                "actor_rollout_ref.model.lora_alpha=8",
+                "actor_rollout_ref.actor.optim.lr=1e-2",
+                "actor_rollout_ref.actor.use_kl_loss=True",
+            ],
+            "vllm, tensor parallel over 2 workers",
+        ),
+    ],
+    ids=["ddp", "fsdp-lora-on-policy-tp2"],
+)
 def test_training_with_vllm_rollout_logs_probs_diff(tmp_path, extra, engine):
     run = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", "train", "actor_rollout_ref.rollout.name=vllm",
-                        "trainer.total_training_steps=4", "trainer.val_before_train=False", "trainer.test_freq=2",
-                        f"trainer.default_local_dir={run}", *extra], capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlrig.entrypoint.cli",
+            "train",
+            "actor_rollout_ref.rollout.name=vllm",
+            "trainer.total_training_steps=4",
+            "trainer.val_before_train=False",
+            "trainer.test_freq=2",
+            f"trainer.default_local_dir={run}",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     assert f"rollout engine: {engine}\n" in r.stderr + r.stdout
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -115,12 +141,27 @@ def test_training_with_vllm_rollout_logs_probs_diff(tmp_path, extra, engine):
 
 
 def test_embedded_default_picks_vllm_and_says_so(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", "train", "--print-config"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "rlrig.entrypoint.cli", "train", "--print-config"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert json.loads(r.stdout)["actor_rollout_ref"]["rollout"]["name"] == "auto"
     run = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "rlrig.entrypoint.cli", "train", "trainer.total_training_steps=1",
-                        "trainer.val_before_train=False", f"trainer.default_local_dir={run}"],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlrig.entrypoint.cli",
+            "train",
+            "trainer.total_training_steps=1",
+            "trainer.val_before_train=False",
+            f"trainer.default_local_dir={run}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "rollout engine: vllm" in r.stderr + r.stdout

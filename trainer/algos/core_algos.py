@@ -1,0 +1,127 @@
+"""The RL math as pure tensor functions. Shapes: [batch, response_len]; mask is 1 on response tokens.
+
+Semantics follow verl's core_algos so results compare side by side.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+# Sums a tensor over every worker's shard (torch.distributed.all_reduce in the worker; the identity for
+# one shard), so batch statistics cover the whole batch whatever the worker count.
+AllReduce = Callable[[torch.Tensor], torch.Tensor]
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
+    # sum(x * m) / sum(m)
+    return (
+        (x * mask).sum(dim) / mask.sum(dim).clamp_min(1e-8)
+        if dim is not None
+        else (x * mask).sum() / mask.sum().clamp_min(1e-8)
+    )
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, allreduce: AllReduce = local) -> torch.Tensor:
+    # (x - mean) / sqrt(var + 1e-8), statistics over the masked entries of all shards (unbiased variance, as verl)
+    total, n = allreduce(torch.stack([(x * mask).sum(), mask.sum()]).double())
+    mean = (total / n.clamp_min(1e-8)).to(x.dtype)
+    sq = allreduce((((x - mean) ** 2) * mask).sum().double())
+    var = sq / n.clamp_min(1e-8) * n / (n - 1).clamp_min(1)
+    return (x - mean) * torch.rsqrt(var.to(x.dtype) + 1e-8)
+
+
+def kl_penalty(logp, ref_logp, kind: str):
+    # k1: logp - ref ; abs: |logp - ref| ; k2 (mse): 0.5 (logp - ref)^2 ; k3 (low_var_kl): exp(ref - logp) - (ref - logp) - 1,
+    # clamped to [-10, 10]. A kind ending in "+" (k1+, k3+, ...) keeps its value but takes k2's gradient (straight
+    # through: value - sg[value] of k2 added), as verl does for an unbiased KL gradient
+    if kind.endswith("+"):
+        value = kl_penalty(logp, ref_logp, kind[:-1])
+        k2 = 0.5 * (logp - ref_logp).square()
+        return k2 - k2.detach() + value.detach()
+    diff = logp - ref_logp
+    if kind in ("kl", "k1"):
+        return diff
+    if kind == "abs":
+        return diff.abs()
+    if kind in ("mse", "k2"):
+        return 0.5 * diff.square()
+    if kind in ("low_var_kl", "k3"):
+        kl = (ref_logp - logp).clamp(-20, 20)
+        return (kl.exp() - kl - 1).clamp(-10, 10)
+    raise ValueError(f"unknown kl penalty {kind!r}")
+
+
+def agg_loss(loss, mask, mode: str):
+    # token-mean: sum(l*m)/sum(m); seq-mean-token-sum: mean over rows with a token of sum_t l*m;
+    # seq-mean-token-mean: mean over rows with a token of (sum_t l*m / sum_t m) (verl leaves all-masked rows out);
+    # seq-mean-token-sum-norm: sum(l*m) / T (T = response length, a constant normaliser as in Dr.GRPO)
+    if mode == "token-mean":
+        return masked_mean(loss, mask)
+    rows = (mask.sum(-1) > 0).to(loss.dtype)
+    if mode == "seq-mean-token-sum":
+        return masked_mean((loss * mask).sum(-1), rows)
+    if mode == "seq-mean-token-mean":
+        return masked_mean((loss * mask).sum(-1) / mask.sum(-1).clamp_min(1), rows)
+    if mode == "seq-mean-token-sum-norm":
+        return (loss * mask).sum() / loss.shape[-1] / loss.shape[0]
+    raise ValueError(f"unknown loss_agg_mode {mode!r}")
+
+
+def value_loss(values, old_values, returns, mask, clip: float, agg="token-mean"):
+    # V_clip = old + clip(V - old, +-c); L = 0.5 max((V - R)^2, (V_clip - R)^2)
+    v_clipped = old_values + (values - old_values).clamp(-clip, clip)
+    l1 = (values - returns).square()
+    l2 = (v_clipped - returns).square()
+    loss = 0.5 * agg_loss(torch.maximum(l1, l2), mask, agg)
+    return loss, masked_mean((l2 > l1).float(), mask)
+
+
+def entropy_from_logprobs(logp):
+    # H = -sum exp(log p) log p, from a log_softmax already at hand
+    return -(logp.exp() * logp).sum(-1)
+
+
+class FixedKLController:
+    def __init__(self, kl_coef: float):
+        self.value = kl_coef
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        pass
+
+
+class AdaptiveKLController:
+    # e = clip(kl / target - 1, +-0.2); beta <- beta * (1 + e * n_steps / horizon)   (Ziegler et al. 2019)
+    def __init__(self, init_kl_coef: float, target_kl: float, horizon: int):
+        self.value, self.target, self.horizon = init_kl_coef, target_kl, horizon
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        error = max(-0.2, min(0.2, current_kl / self.target - 1))
+        self.value *= 1 + error * n_steps / self.horizon
+
+
+def kl_controller(cfg):
+    if cfg.type == "adaptive":
+        return AdaptiveKLController(cfg.kl_coef, cfg.target_kl, cfg.horizon)
+    return FixedKLController(cfg.kl_coef)
+
+
+def apply_kl_in_reward(token_scores, logp, ref_logp, mask, beta: float, kind: str):
+    # r_t = score_t - beta * KL_t ; returns rewards and the batch mean KL (sequence mean, then batch mean)
+    kl = kl_penalty(logp, ref_logp, kind) * mask
+    seq_kl = (kl.sum(-1) / mask.sum(-1).clamp_min(1)).mean()
+    return token_scores - beta * kl, float(seq_kl)
+
+
+def explained_variance(values, returns, mask) -> float:
+    # 1 - Var(R - V) / Var(R)
+    var_r = masked_mean((returns - masked_mean(returns, mask)).square(), mask)
+    diff = returns - values
+    var_d = masked_mean((diff - masked_mean(diff, mask)).square(), mask)
+    return float(1 - var_d / (var_r + 1e-8)) if not math.isclose(float(var_r), 0.0) else 0.0

@@ -1,0 +1,25 @@
+"""REINFORCE++: discounted returns whitened over the whole batch, no critic."""
+
+from __future__ import annotations
+
+import torch
+
+from rlrig.trainer.algos.core_algos import AllReduce, local, masked_whiten
+from rlrig.trainer.algos.estimators.registry import AdvantageInput, register
+
+
+def reinforce_pp_advantages(token_rewards, mask, gamma: float, allreduce: AllReduce = local):
+    # G_t = r_t + gamma * G_{t+1} ; A = whiten(G) over the whole batch (every worker's shard)
+    T = token_rewards.shape[1]
+    ret = torch.zeros_like(token_rewards)
+    running = torch.zeros_like(token_rewards[:, 0])
+    for t in reversed(range(T)):
+        running = token_rewards[:, t] + gamma * running
+        ret[:, t] = running
+        running = running * mask[:, t]
+    return masked_whiten(ret, mask, allreduce) * mask, ret
+
+
+@register("reinforce_plus_plus")
+def compute(x: AdvantageInput):
+    return reinforce_pp_advantages(x.token_rewards, x.mask, x.gamma, x.allreduce)

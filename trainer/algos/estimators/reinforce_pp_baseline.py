@@ -1,0 +1,20 @@
+"""REINFORCE++ with a group baseline (`reinforce_plus_plus_baseline`): each score minus its prompt's
+mean, then whitened over the whole batch."""
+
+from __future__ import annotations
+
+from rlrig.trainer.algos.core_algos import AllReduce, local, masked_whiten
+from rlrig.trainer.algos.estimators.grpo import group_centred
+from rlrig.trainer.algos.estimators.registry import AdvantageInput, register
+
+
+def reinforce_pp_baseline_advantages(scores, mask, index, allreduce: AllReduce = local):
+    # s_i - mean(s_group) (0 for a group of one), on every response token, then whitened over the whole batch
+    tokens = group_centred(scores, index).unsqueeze(-1) * mask
+    adv = masked_whiten(tokens, mask, allreduce) * mask
+    return adv, adv
+
+
+@register("reinforce_plus_plus_baseline", needs_groups=True)
+def compute(x: AdvantageInput):
+    return reinforce_pp_baseline_advantages(x.token_rewards.sum(-1), x.mask, x.index, x.allreduce)

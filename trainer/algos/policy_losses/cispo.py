@@ -1,0 +1,22 @@
+"""CISPO: the clipped importance ratio as a stopped-gradient weight on -log p(y) A."""
+
+from __future__ import annotations
+
+from rlrig.trainer.algos.core_algos import agg_loss, masked_mean
+from rlrig.trainer.algos.policy_losses.registry import register, weighted
+from rlrig.trainer.algos.policy_losses.vanilla import clip_range
+
+
+def cispo_loss(old_logp, logp, adv, mask, clip_low, clip_high, agg, is_weights=None):
+    # r = exp(clamp(logp - old, +-20)) ; L = -sg[clip(r, 1-lo, 1+hi)] A logp
+    diff = (logp - old_logp).clamp(-20.0, 20.0)
+    ratio = diff.exp()
+    clipped = ratio.clamp(1 - clip_low, 1 + clip_high)
+    loss = agg_loss(weighted(-clipped.detach() * adv * logp, is_weights), mask, agg)
+    return loss, masked_mean((ratio != clipped).float(), mask), masked_mean(-diff, mask)
+
+
+@register("cispo")
+def cispo(old_logp, logp, adv, mask, actor_cfg, agg: str, is_weights=None):
+    loss, clipfrac, ppo_kl = cispo_loss(old_logp, logp, adv, mask, *clip_range(actor_cfg), agg, is_weights)
+    return loss, {"actor/pg_clipfrac": clipfrac, "actor/ppo_kl": ppo_kl}

@@ -1,0 +1,12 @@
+"""GPG's loss: plain policy gradient, -log p(y) A, no ratio and no clip."""
+
+from __future__ import annotations
+
+from rlrig.trainer.algos.core_algos import agg_loss
+from rlrig.trainer.algos.policy_losses.registry import register, weighted
+
+
+@register("gpg")
+def gpg(old_logp, logp, adv, mask, actor_cfg, agg: str, is_weights=None):
+    # L = -logp A
+    return agg_loss(weighted(-logp * adv, is_weights), mask, agg), {}

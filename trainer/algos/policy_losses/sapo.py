@@ -1,0 +1,22 @@
+"""SAPO: a smooth sigmoid gate on the token ratio instead of a hard clip (tau_pos for A > 0, tau_neg otherwise)."""
+
+from __future__ import annotations
+
+import torch
+
+from rlrig.trainer.algos.core_algos import agg_loss, masked_mean
+from rlrig.trainer.algos.policy_losses.registry import register, weighted
+
+
+def sapo_loss(old_logp, logp, adv, mask, tau_pos: float, tau_neg: float, is_weights=None):
+    # r = exp(clamp(logp - old, +-20)) ; f(r) = sigmoid(tau (r - 1)) * 4 / tau ; L = -f(r) A, seq-mean-token-mean
+    diff = (logp - old_logp).clamp(-20.0, 20.0)
+    tau = torch.where(adv > 0, torch.as_tensor(tau_pos, dtype=adv.dtype), torch.as_tensor(tau_neg, dtype=adv.dtype))
+    gate = torch.sigmoid(tau * (diff.exp() - 1.0)) * (4.0 / tau)
+    return agg_loss(weighted(-gate * adv, is_weights), mask, "seq-mean-token-mean"), masked_mean(-diff, mask)
+
+
+@register("sapo")
+def sapo(old_logp, logp, adv, mask, actor_cfg, agg: str, is_weights=None):
+    loss, ppo_kl = sapo_loss(old_logp, logp, adv, mask, actor_cfg.tau_pos, actor_cfg.tau_neg, is_weights)
+    return loss, {"actor/ppo_kl": ppo_kl}

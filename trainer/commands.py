@@ -1,0 +1,146 @@
+"""Trainer subcommands of `rlrig`: data, export, plot."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def cmd_data(args) -> int:
+    from rlrig.trainer.data.datasets import arithmetic_rows, gsm8k_rows, read_records, write_parquet
+
+    out = Path(args.out)
+    if args.dataset == "arithmetic":
+        kw = dict(max_operand=args.max_operand, instruct=args.instruct)
+        train, test = (
+            arithmetic_rows(args.train_size, "train", 1, **kw),
+            arithmetic_rows(args.test_size, "test", 2, **kw),
+        )
+    elif args.from_file:
+        records = read_records(args.from_file)
+        missing = {"question", "answer"} - set(records[0]) if records else {"question", "answer"}
+        if missing:
+            print(
+                f"rlrig: error: {args.from_file} lacks GSM8K's column(s) {', '.join(sorted(missing))}", file=sys.stderr
+            )
+            return 2
+        cut = max(1, len(records) // 10)
+        train, test = gsm8k_rows(records[cut:], "train"), gsm8k_rows(records[:cut], "test")
+    else:
+        try:
+            import datasets
+        except ImportError:
+            print(
+                "rlrig: error: downloading GSM8K needs `pip install datasets` and internet; "
+                "or pass --from FILE with GSM8K's question/answer columns",
+                file=sys.stderr,
+            )
+            return 2
+        ds = datasets.load_dataset("openai/gsm8k", "main")
+        train, test = gsm8k_rows(list(ds["train"]), "train"), gsm8k_rows(list(ds["test"]), "test")
+    write_parquet(train, out / "train.parquet")
+    write_parquet(test, out / "test.parquet")
+    print(f"wrote {len(train)} train and {len(test)} test rows to {out}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    """A checkpoint to a Hugging Face model directory (safetensors)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from rlrig.trainer.driver import checkpoint
+
+    ckpt = Path(args.checkpoint)
+    if (ckpt / checkpoint.POINTER).is_file():
+        ckpt = checkpoint.latest(str(ckpt))
+    state, _, ts = checkpoint.load(ckpt)
+    base = args.base or ts.get("model_path")
+    if not base:
+        print("rlrig: error: the checkpoint does not name its base model; pass --base MODEL_DIR", file=sys.stderr)
+        return 2
+    kw = {"gguf_file": ts["gguf_file"]} if ts.get("gguf_file") and not args.base else {}
+    # the architecture from the base, the weights all from the checkpoint: from_config, since a model
+    # read from GGUF stays marked as quantized and transformers refuses to save it
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base, **kw), dtype=torch.float32)
+    out = Path(args.out)
+    tmp = out.with_name(out.name + ".tmp")
+    if ts.get("lora"):
+        # a LoRA run: the adapter as peft saves it (verl's lora_adapter/), and the model with it merged in
+        from peft import LoraConfig, TaskType, get_peft_model
+
+        from rlrig.trainer.model.lora import ADAPTER
+
+        model = get_peft_model(model, LoraConfig(task_type=TaskType.CAUSAL_LM, bias="none", **ts["lora"]))
+        model.load_state_dict(state["model"])
+        model.peft_config[ADAPTER].base_model_name_or_path = str(base)
+        model.save_pretrained(tmp / "lora_adapter")
+        model = model.merge_and_unload()
+    else:
+        model.load_state_dict(state["model"])
+    model.save_pretrained(tmp, safe_serialization=True)
+    AutoTokenizer.from_pretrained(base, **kw).save_pretrained(tmp)
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    tmp.rename(out)
+    print(f"exported step {ts['global_step']} to {out}")
+    return 0
+
+
+def cmd_plot(args) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(args.run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        print(f"rlrig: error: {path} does not exist; pass the run's trainer.default_local_dir", file=sys.stderr)
+        return 2
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    panels = [
+        ("critic/score/mean", "reward"),
+        ("actor/kl_loss", "KL"),
+        ("response_length/mean", "response length"),
+        ("perf/throughput", "tokens/s per worker"),
+    ]
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    for ax, (key, title) in zip(axes.flat, panels):
+        pts = [(r["training/global_step"], r[key]) for r in rows if key in r]
+        if pts:
+            ax.plot(*zip(*pts))
+        ax.set_title(title)
+        ax.set_xlabel("step")
+    fig.tight_layout()
+    out = Path(args.out or Path(args.run_dir) / "metrics.png")
+    fig.savefig(out)
+    print(f"wrote {out}")
+    return 0
+
+
+def add_subcommands(sub) -> None:
+    d = sub.add_parser("data", help="write a data set in verl's GSM8K parquet schema")
+    d.add_argument("dataset", choices=["arithmetic", "gsm8k"])
+    d.add_argument("--out", required=True)
+    d.add_argument("--from", dest="from_file", help="gsm8k: a local file with GSM8K's question/answer columns")
+    d.add_argument("--train-size", type=int, default=2048)
+    d.add_argument("--test-size", type=int, default=128)
+    d.add_argument("--max-operand", type=int, default=9, help="arithmetic: largest operand")
+    d.add_argument(
+        "--instruct",
+        action="store_true",
+        help="arithmetic: ask in words with GSM8K's instruction (for pretrained chat models)",
+    )
+    d.set_defaults(func=cmd_data)
+    e = sub.add_parser("export", help="write a checkpoint as a Hugging Face model (safetensors)")
+    e.add_argument("checkpoint", help="a global_step_N directory or the run directory (latest)")
+    e.add_argument("--out", required=True)
+    e.add_argument("--base", help="the model the run started from (default: recorded in the checkpoint)")
+    e.set_defaults(func=cmd_export)
+    p = sub.add_parser("plot", help="PNG of reward, KL, response length and throughput")
+    p.add_argument("run_dir")
+    p.add_argument("--out")
+    p.set_defaults(func=cmd_plot)

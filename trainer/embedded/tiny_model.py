@@ -1,0 +1,108 @@
+"""The embedded model: a character-level tokenizer and a small Qwen2, built offline and cached.
+
+A randomly initialised model practically never writes `#### <answer>`, so RL would have no signal.
+A short supervised warm-up teaches the format and a little arithmetic; RL then improves on it.
+Everything is seeded, so the cached model is the same on every machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+VERSION = "tiny-arith-v1"
+ALPHABET = list("0123456789+-*=#., ")
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+WARMUP_STEPS = int(os.environ.get("RLRIG_TINY_WARMUP_STEPS", "120"))
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RLRIG_CACHE", Path.home() / ".cache" / "rlrig")) / VERSION
+
+
+def build_tokenizer():
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2}
+    for ch in ALPHABET:
+        vocab.setdefault(ch, len(vocab))
+    return tokenizer_from_vocab(vocab)
+
+
+def tokenizer_from_vocab(vocab: dict[str, int]):
+    """A character-level tokenizer over `vocab` (text splits into single characters; longer entries are only
+    ever sampled, never produced by encoding), with the embedded chat template."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.padding_side = "left"
+    return fast
+
+
+def build_model(tokenizer, seed: int = 0):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    # head_dim 64: vLLM's CPU attention refuses smaller heads.
+    cfg = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+    )
+    return Qwen2ForCausalLM(cfg)
+
+
+def warm_up(model, tokenizer, steps: int, seed: int = 0) -> None:
+    import torch
+
+    from rlrig.trainer.data.datasets import arithmetic_rows
+
+    rows = arithmetic_rows(steps * 32, "warmup", seed=seed + 1000)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for s in range(steps):
+        batch = rows[s * 32 : (s + 1) * 32]
+        texts = [r["prompt"][0]["content"] + r["extra_info"]["answer"] + tokenizer.eos_token for r in batch]
+        enc = tokenizer(texts, return_tensors="pt", padding=True)
+        labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
+        loss = model(**enc, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+
+
+def ensure_tiny_model(path: Path | None = None) -> str:
+    """Build (once) and return the directory of the embedded model."""
+    path = path or cache_dir()
+    if (path / "config.json").is_file() and (path / "tokenizer.json").is_file():
+        return str(path)
+    tok = build_tokenizer()
+    model = build_model(tok)
+    warm_up(model, tok, WARMUP_STEPS)
+    return save_atomically(path, model, tok)
+
+
+def save_atomically(path: Path, model, tok) -> str:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    try:
+        tmp.rename(path)  # atomic: a concurrent builder's copy is just as good
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(path)

@@ -1,0 +1,171 @@
+"""Model and optimizer setup for one worker: the actor (trained, wrapped for data parallelism), the
+frozen reference, the critic, and the full module a rollout engine generates with."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+
+from rlrig.trainer.model import lora, parallel
+from rlrig.trainer.model.precision import Precision, cast_buffers, resolve
+
+
+@dataclass
+class Trainable:
+    module: torch.nn.Module  # the model itself: state dicts, sync, gradient clipping
+    train: torch.nn.Module  # what training forwards call (a DDP wrapper, or the FSDP-sharded module)
+    opt: torch.optim.Optimizer
+    precision: Precision
+    checkpointing: bool  # gradient checkpointing is on (it acts in training mode only)
+    optimizer_offload: bool  # the optimizer state lives in host memory between steps (model/offload.py)
+    device: torch.device
+    param_offload: bool = False  # the (sharded) weights live in host memory outside the phases that use them
+
+
+@dataclass
+class Models:
+    actor: Trainable
+    ref: torch.nn.Module | None
+    ref_precision: Precision | None
+    ref_offload: bool  # the reference's weights live in host memory between its passes
+    critic: Trainable | None
+    gen_module: torch.nn.Module  # the actor itself, or under FSDP a full copy for an engine that generates with it
+    gen_is_actor: bool = False  # the engine generates with the actor's own model: the live weights, nothing to sync
+    ref_in_actor: bool = False  # LoRA: the reference is the actor with its adapters disabled (ref is None)
+
+
+def load_kwargs(model_cfg) -> dict:
+    """from_pretrained arguments from model.*: a GGUF file, trust_remote_code."""
+    gguf = getattr(model_cfg, "gguf_file", "")  # the reward model's config has none
+    kw = {"gguf_file": gguf} if gguf else {}
+    if model_cfg.trust_remote_code:
+        kw["trust_remote_code"] = True
+    return kw
+
+
+def load_tokenizer(cfg, path: str):
+    """The tokenizer the driver and every worker use: model.* load arguments, and data.trust_remote_code."""
+    from transformers import AutoTokenizer
+
+    kw = load_kwargs(cfg.actor_rollout_ref.model)
+    if cfg.data.trust_remote_code:
+        kw["trust_remote_code"] = True
+    return AutoTokenizer.from_pretrained(path, **kw)
+
+
+def model_kwargs(model_cfg, path: str, **overrides) -> dict:
+    """from_pretrained arguments: load_kwargs and a config with model.override_config (and `overrides`) set on
+    it before the weights load, as verl does (attributes a config does not define are set too)."""
+    from transformers import AutoConfig
+
+    kw = load_kwargs(model_cfg)
+    conf = AutoConfig.from_pretrained(path, **kw)
+    for k, v in {**overrides, **model_cfg.override_config}.items():
+        setattr(conf, k, v)
+    return {**kw, "config": conf}
+
+
+def import_external_lib(model_cfg) -> None:
+    """model.external_lib: a module that registers its model classes with transformers when imported."""
+    if model_cfg.external_lib:
+        import importlib
+
+        from rlrig.trainer.config.errors import ConfigError
+
+        try:
+            importlib.import_module(model_cfg.external_lib)
+        except ImportError as e:
+            raise ConfigError(
+                f"model.external_lib={model_cfg.external_lib} cannot be imported ({e}); install it"
+            ) from None
+
+
+def trainable(module, device, precision: Precision, optim, checkpointing: bool, fsdp_config) -> Trainable:
+    cast_buffers(module, precision)
+    if checkpointing:
+        # non-reentrant: the variant that works under FSDP2 and with inputs that need no grad. transformers 5
+        # renamed the method (the old name warns); it acts only in training mode, which the update sets
+        if hasattr(module, "activation_checkpointing_enable"):
+            module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    train = parallel.wrap(module, device, precision)
+    # frozen weights (LoRA's base) get no optimizer state
+    opt = torch.optim.AdamW(
+        [p for p in module.parameters() if p.requires_grad], lr=optim.lr, weight_decay=optim.weight_decay
+    )
+    return Trainable(
+        module, train, opt, precision, checkpointing, fsdp_config.optimizer_offload, device, fsdp_config.param_offload
+    )
+
+
+def generation_copy(module: torch.nn.Module, prec: Precision) -> torch.nn.Module:
+    """The full copy an engine generates with under FSDP, held in the compute dtype: the dtype FSDP's policy
+    computes the actor's forwards in, at half an fp32 copy's memory (a 7B model: 15 GB instead of 30 on
+    every GPU), and with it the engine's key/value cache. Buffers (rotary frequencies) in buffer_dtype."""
+    gen = copy.deepcopy(module)
+    if prec.mixed:
+        gen.to(prec.param_dtype)  # parameter by parameter: the fp32 copy is never held beside a whole bf16 one
+        cast_buffers(gen, prec)
+    return gen
+
+
+def build(
+    cfg, path: str, device: torch.device, needs_critic: bool, engine_needs_full_module: bool, remote_ref: bool = False
+) -> Models:
+    """remote_ref: the reference lives in its own pool (workers/ref_worker.py), not here; needs_critic is False where the
+    critic does (workers/critic_worker.py)."""
+    from transformers import AutoModelForCausalLM
+
+    a = cfg.actor_rollout_ref
+    strategy = a.actor.strategy
+    import_external_lib(a.model)
+    kw = model_kwargs(a.model, path)
+    prec = resolve(a.actor.fsdp_config, device.type, strategy, "actor")
+    module = AutoModelForCausalLM.from_pretrained(path, dtype=prec.model_dtype, **kw).to(device)
+    # transformers' generate cannot run on a sharded module (ranks would step out of lockstep at EOS), so
+    # under FSDP an engine that generates with the actor's module gets its own full copy, refreshed by sync_weights
+    # (taken before LoRA, which changes the model in place: the copy takes merged weights)
+    gen_module = generation_copy(module, prec) if strategy == "fsdp" and engine_needs_full_module else module
+    gen_is_actor = engine_needs_full_module and gen_module is module
+    with_lora = a.model.uses_lora
+    if with_lora:
+        module = lora.apply(module, a.model)
+    actor = trainable(module, device, prec, a.actor.optim, a.model.enable_gradient_checkpointing, a.actor.fsdp_config)
+    ref = ref_prec = None
+    ref_offload = a.ref.fsdp_config.param_offload
+    if cfg.ref_in_use and not remote_ref and not with_lora:
+        ref_prec = resolve(a.ref.fsdp_config, device.type, strategy, "ref")
+        ref = (
+            AutoModelForCausalLM.from_pretrained(path, dtype=ref_prec.model_dtype, **model_kwargs(a.model, path))
+            .to(device)
+            .eval()
+        )
+        ref.requires_grad_(False)
+        cast_buffers(ref, ref_prec)
+        if strategy == "fsdp":
+            parallel.fsdp_shard(ref)  # sharded where it computes; offloaded after
+        if ref_offload:
+            ref.to("cpu")
+    critic = build_critic(cfg, path, device) if needs_critic else None
+    return Models(actor, ref, ref_prec, ref_offload, critic, gen_module, gen_is_actor, cfg.ref_in_use and with_lora)
+
+
+def build_critic(cfg, path: str, device: torch.device) -> Trainable:
+    """The value model, wrapped like the actor (critic.model.path, else the actor's model with a value head)."""
+    from transformers import AutoModelForTokenClassification
+
+    a, c = cfg.actor_rollout_ref, cfg.critic
+    cprec = resolve(c.model.fsdp_config, device.type, a.actor.strategy, "critic")
+    import_external_lib(c.model)
+    # no dropout on the value head (transformers' default is 0.1), as verl sets it: the update runs in training mode
+    cpath = c.model.path or path
+    ckw = model_kwargs(c.model if c.model.path else a.model, cpath, classifier_dropout=0.0, num_labels=1)
+    # the value head is new, drawn from its own seeded stream: the same head wherever the critic is built (a training
+    # worker or its own pool), and the worker's stream (what it samples with) does not depend on where that is
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.trainer.seed)
+        cmodule = AutoModelForTokenClassification.from_pretrained(cpath, dtype=cprec.model_dtype, **ckw).to(device)
+    return trainable(cmodule, device, cprec, c.optim, c.model.enable_gradient_checkpointing, c.model.fsdp_config)

@@ -1,0 +1,36 @@
+"""Which of its node's GPUs a Ray worker holds, as a torch device index."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+# Ray's switches that leave the visible-devices variable alone: every worker then sees all the node's GPUs. The ROCm
+# image sets the HIP one, as AMD's Ray guide does (ROCm libraries read it where CUDA's variable is ignored).
+NOSET_FLAGS = {
+    "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "CUDA_VISIBLE_DEVICES",
+    "RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES": "HIP_VISIBLE_DEVICES",
+    "RAY_EXPERIMENTAL_NOSET_ROCR_VISIBLE_DEVICES": "ROCR_VISIBLE_DEVICES",
+}
+
+
+def gpu_index(env: Mapping[str, str] | None = None, assigned: Sequence[str] | None = None) -> int:
+    """0 when Ray narrows the visible devices to the worker's own GPU (its default). Under a NOSET flag the worker
+    sees every GPU of the node, so its device is the one Ray assigned it (`assigned`: Ray's accelerator ids, which
+    are the node's device ids), found by position in the visible list when one is set, else taken as the index."""
+    env = os.environ if env is None else env
+    flagged = [var for flag, var in NOSET_FLAGS.items() if env.get(flag, "").lower() in ("1", "true")]
+    if not flagged:
+        return 0
+    if assigned is None:
+        import ray
+
+        assigned = ray.get_runtime_context().get_accelerator_ids().get("GPU", [])
+    if len(assigned) != 1:
+        raise RuntimeError(
+            f"a training worker holds one GPU, but Ray assigned {list(assigned)} under "
+            f"{', '.join(f for f in NOSET_FLAGS if env.get(f))}"
+        )
+    visible = next((env[var] for var in flagged if env.get(var)), "")
+    ids = [v.strip() for v in visible.split(",") if v.strip()]
+    return ids.index(assigned[0]) if ids else int(assigned[0])

@@ -1,0 +1,97 @@
+"""The forward passes over a rollout: the actor's and reference's log-probs of the response tokens
+and the critic's values, each in micro batches, so that no pass holds the whole batch's logits.
+
+Only the response positions' logits are computed (`logits_to_keep`), and log-probs come from
+logsumexp and a gather instead of a full log-softmax copy: with a 152k vocabulary the logits are
+the largest tensors of a step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from rlrig.trainer.model import packing, prefix_grouper
+
+
+def response_outputs(model, input_ids, attention_mask, prompt_len, remove_padding=False, causal_lm=True):
+    """The model's outputs where each response token is predicted (the position before it), and those
+    tokens: padded ([B, R, ...], [B, R], None), or packed (see model/packing.py) ([N, ...], [N], the [B, R]
+    slots they fill). Position ids respect left padding."""
+    if remove_padding:
+        pk = packing.pack(input_ids, attention_mask, prompt_len)
+        out = model(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False).logits
+        # the position before a response token is always in the same sequence
+        return out.flatten(0, 1)[pk.at - 1], pk.input_ids.flatten()[pk.at], pk.filled
+    resp = input_ids.shape[1] - prompt_len
+    pos = (attention_mask.cumsum(-1) - 1).clamp_min(0)
+    # the last token predicts nothing that is scored, so it is left out; a causal LM computes logits only for
+    # the response positions: the prompt's are never needed
+    keep = {"logits_to_keep": resp} if causal_lm else {}
+    out = model(
+        input_ids=input_ids[:, :-1],
+        attention_mask=attention_mask[:, :-1],
+        position_ids=pos[:, :-1],
+        use_cache=False,
+        **keep,
+    ).logits
+    return out[:, -resp:], input_ids[:, prompt_len:], None
+
+
+def logprobs_from_logits(logits, targets, with_entropy=False, entropy_grad=True):
+    # log p(y) = z_y - logsumexp(z) ;  H = logsumexp(z) - sum_v softmax(z)_v z_v   (in fp32).
+    # entropy_grad=False keeps the entropy (then only a metric) out of the backward pass and its memory
+    z = logits.float()
+    lse = torch.logsumexp(z, -1)
+    logp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    ent = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            ent = lse - (torch.softmax(z, -1) * z).sum(-1)
+    return logp, ent
+
+
+def token_logprobs(
+    model,
+    input_ids,
+    attention_mask,
+    prompt_len,
+    with_entropy=False,
+    entropy_grad=True,
+    remove_padding=False,
+    share_prompts=False,
+):
+    """Log-probs [B, R] of the response tokens under the model (and the entropy, [B, R]). With
+    entropy_coeff 0 the entropy is only a metric: `entropy_grad=False` keeps it out of the backward pass.
+    share_prompts: each distinct prompt computed once (model/prefix_grouper.py)."""
+    if share_prompts:
+        pieces = [
+            logprobs_from_logits(z, y, with_entropy, entropy_grad)
+            for z, y in prefix_grouper.response_logits(model, input_ids, attention_mask, prompt_len)
+        ]
+        return torch.cat([p[0] for p in pieces], 1), (torch.cat([p[1] for p in pieces], 1) if with_entropy else None)
+    logits, targets, filled = response_outputs(model, input_ids, attention_mask, prompt_len, remove_padding)
+    logp, ent = logprobs_from_logits(logits, targets, with_entropy, entropy_grad)
+    if filled is not None:
+        logp, ent = packing.unpack(logp, filled), (packing.unpack(ent, filled) if ent is not None else None)
+    return logp, ent
+
+
+def values(critic, input_ids, attention_mask, prompt_len, remove_padding=False):
+    """Critic values [B, R]: the value of the state before each response token."""
+    v, _, filled = response_outputs(critic, input_ids, attention_mask, prompt_len, remove_padding, causal_lm=False)
+    v = v.squeeze(-1).float()
+    return packing.unpack(v, filled) if filled is not None else v
+
+
+def in_micro_batches(parts: list, fn: Callable[[object], torch.Tensor]) -> torch.Tensor:
+    """fn over each micro batch (a slice of rows, or a list of row indices: model/micro_batches.py), back in row order."""
+    outs = [fn(p) for p in parts]
+    cat = torch.cat(outs)
+    if all(isinstance(p, slice) for p in parts):
+        return cat
+    order = torch.tensor([i for p in parts for i in p], device=cat.device)
+    res = torch.empty_like(cat)
+    res[order] = cat
+    return res

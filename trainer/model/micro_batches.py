@@ -1,0 +1,97 @@
+"""How a worker's rows are cut into micro batches: a fixed number of sequences each, or (verl's
+use_dynamic_bsz) as few micro batches as keep each under a token budget, balanced by token count.
+
+Under data parallelism every rank must run the same number of forwards and backwards (each is a
+collective under FSDP, each backward an all-reduce under DDP), so the count is agreed across ranks
+(`agree`: the maximum over all of them) before the rows are partitioned.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+Part = slice | list  # consecutive rows, or any rows by index
+
+
+def fixed(start: int, stop: int, size: int | None) -> list[slice]:
+    size = size or (stop - start)
+    return [slice(s, min(s + size, stop)) for s in range(start, stop, size)]
+
+
+def balanced(lengths: list[int], parts: int) -> list[list[int]]:
+    """Indices of `lengths` in `parts` groups of near-equal total: longest first, each into the group with
+    the least so far (fewest items on a tie); each group in ascending index order."""
+    groups: list[list[int]] = [[] for _ in range(parts)]
+    loads = [0] * parts
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        g = min(range(parts), key=lambda g: (loads[g], len(groups[g]), g))
+        groups[g].append(i)
+        loads[g] += lengths[i]
+    return [sorted(g) for g in groups]
+
+
+def parts_needed(lengths: list[int], max_tokens: int) -> int:
+    """The fewest balanced groups in which none exceeds max_tokens (a sequence longer than the budget
+    goes alone: config validation keeps the budget at least the longest possible sequence)."""
+    k = max(1, math.ceil(sum(lengths) / max_tokens))
+    while k < len(lengths) and max(sum(lengths[i] for i in g) for g in balanced(lengths, k)) > max_tokens:
+        k += 1
+    return min(k, max(1, len(lengths)))
+
+
+def token_budget(
+    lengths: list[int], start: int, stop: int, max_tokens: int, agree: Callable[[int], int]
+) -> list[list[int]]:
+    """Rows start..stop-1 as index lists within the token budget, in the number of micro batches every rank agrees on."""
+    own = lengths[start:stop]
+    k = min(agree(parts_needed(own, max_tokens)), len(own))
+    return [[start + i for i in g] for g in balanced(own, k) if g]
+
+
+def plan(
+    lengths: list[int], start: int, stop: int, micro: int | None, max_tokens: int | None, agree: Callable[[int], int]
+) -> list[Part]:
+    """The micro batches of rows start..stop-1: by token budget when max_tokens is set, else `micro` rows each."""
+    if max_tokens:
+        return token_budget(lengths, start, stop, max_tokens, agree)
+    return fixed(start, stop, micro)
+
+
+def rows(
+    attention_mask, start: int, stop: int, micro: int | None, max_tokens: int | None, agree: Callable[[int], int]
+) -> list[Part]:
+    """plan() over a padded batch: its sequence lengths are read (a device sync) only when a token budget needs them."""
+    lengths = attention_mask.sum(-1).tolist() if max_tokens else []
+    return plan(lengths, start, stop, micro, max_tokens, agree)
+
+
+def size(part: Part) -> int:
+    return part.stop - part.start if isinstance(part, slice) else len(part)
+
+
+def token_budgets(cfg) -> dict[str, int | None]:
+    """The token budget of each pass's micro batches under use_dynamic_bsz (None: by count), with verl's
+    defaults: the rollout, reference and critic follow the actor's switch and budget unless set, the reward model the critic's."""
+    a, r, ref, c = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.ref, cfg.critic
+    rm = cfg.reward_model
+    on = lambda flag: a.use_dynamic_bsz if flag is None else flag
+    critic_forward = c.forward_max_token_len_per_gpu or c.ppo_max_token_len_per_gpu
+    return {
+        "reward_model.forward_max_token_len_per_gpu": (rm.forward_max_token_len_per_gpu or critic_forward)
+        if on(rm.use_dynamic_bsz if rm.use_dynamic_bsz is not None else c.use_dynamic_bsz)
+        else None,
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None,
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": (
+            r.log_prob_max_token_len_per_gpu or a.ppo_max_token_len_per_gpu
+        )
+        if on(r.log_prob_use_dynamic_bsz)
+        else None,
+        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": (
+            ref.log_prob_max_token_len_per_gpu or a.ppo_max_token_len_per_gpu
+        )
+        if on(ref.log_prob_use_dynamic_bsz)
+        else None,
+        "critic.ppo_max_token_len_per_gpu": c.ppo_max_token_len_per_gpu if on(c.use_dynamic_bsz) else None,
+        "critic.forward_max_token_len_per_gpu": critic_forward if on(c.use_dynamic_bsz) else None,
+    }

@@ -1,0 +1,98 @@
+"""Data-parallel wrapping (actor.strategy ddp | fsdp) and the full state every strategy shares.
+
+Checkpoints hold full, unsharded tensors keyed by parameter name (torch.distributed.checkpoint's
+"full state dict"), so a run saved with one strategy or world size resumes with another.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+STRATEGIES = ("ddp", "fsdp")
+_GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)  # rank 0 gets the tensors, the others {}
+_SCATTER = StateDictOptions(full_state_dict=True)  # every rank passes the full state; each keeps its shard
+
+
+def gather_rows(t: torch.Tensor) -> torch.Tensor:
+    """Every rank's rows in rank order (each rank holds as many)."""
+    flag = t.dtype == torch.bool  # not every backend gathers bool
+    t = t.to(torch.uint8) if flag else t
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, t.contiguous())
+    out = torch.cat(parts)
+    return out.bool() if flag else out
+
+
+def broadcast_from_rank0(module: torch.nn.Module) -> None:
+    # DDP does this itself; FSDP does not, and another node's copy of the model on disk need not match
+    for t in itertools.chain(module.parameters(), module.buffers()):
+        dist.broadcast(t.data, 0)
+
+
+def fsdp_shard(module: torch.nn.Module, mp_policy=None) -> torch.nn.Module:
+    """FSDP2: one unit per transformer block (the classes HF marks as not to be split), then the root;
+    `mp_policy` (a MixedPrecisionPolicy) casts each unit's gathered parameters for its forward."""
+    from torch.distributed.fsdp import fully_shard
+
+    broadcast_from_rank0(module)
+    kw = {"mp_policy": mp_policy} if mp_policy is not None else {}
+    blocks = set(getattr(module, "_no_split_modules", None) or ())
+    for sub in module.modules():
+        if sub is not module and type(sub).__name__ in blocks:
+            fully_shard(sub, **kw)
+    fully_shard(module, **kw)
+    return module
+
+
+def wrap(module: torch.nn.Module, device: torch.device, precision) -> torch.nn.Module:
+    """The module to call for training forwards: a DDP wrapper, or `module` itself sharded in place."""
+    if precision.strategy == "fsdp":
+        return fsdp_shard(module, precision.fsdp_policy())
+    if precision.strategy == "ddp":
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            module, device_ids=[device.index] if device.type == "cuda" else None
+        )
+        if precision.reduce_dtype == torch.bfloat16:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        return ddp
+    raise ValueError(f"actor_rollout_ref.actor.strategy={precision.strategy}: use one of {', '.join(STRATEGIES)}")
+
+
+def full_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) on every rank, one at a time: a sharded parameter is all-gathered when reached,
+    so a rollout engine takes the weights without the whole model gathered twice. Every rank must consume
+    the whole iterator, in order."""
+    for name, t in module.state_dict().items():
+        yield name, t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def grad_norm(module: torch.nn.Module, max_norm: float) -> float:
+    gn = torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm)
+    return float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
+
+
+def gather_state(module: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """Full model and optimizer state on rank 0 ({} elsewhere). A collective: every rank calls it."""
+    model_sd = get_model_state_dict(module, options=_GATHER)
+    optim_sd = get_optimizer_state_dict(module, opt, options=_GATHER)
+    return model_sd, optim_sd
+
+
+def load_state(module: torch.nn.Module, opt: torch.optim.Optimizer, model_sd: dict, optim_sd: dict | None) -> None:
+    """Every rank passes the same full state (read from the checkpoint); sharded modules keep their part."""
+    set_model_state_dict(module, model_sd, options=_SCATTER)
+    if optim_sd is not None:
+        set_optimizer_state_dict(module, opt, optim_sd, options=_SCATTER)

@@ -1,0 +1,89 @@
+"""Rule-based rewards chosen by data_source, user functions loaded from a file, and which of them (or the reward
+model) a run scores with."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from rlrig.trainer.config.errors import ConfigError
+
+RULE_SOURCES = ("openai/gsm8k", "rlrig/arithmetic")
+
+STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
+FLEXIBLE = re.compile(r"(\-?[0-9\.\,]+)")
+
+
+def extract_solution(text: str, method: str = "strict") -> str | None:
+    """verl's GSM8K extraction: last 300 characters, last `#### N` (strict) or last number (flexible)."""
+    text = text[-300:]
+    if method == "strict":
+        found = STRICT.findall(text)
+        return found[-1].replace(",", "").replace("$", "") if found else None
+    found = [x for x in FLEXIBLE.findall(text) if x not in ("", ".")]
+    return found[-1] if found else None
+
+
+def gsm8k_score(
+    solution: str, ground_truth: str, method: str = "strict", format_score: float = 0.0, score: float = 1.0
+) -> float:
+    answer = extract_solution(solution, method)
+    if answer is None:
+        return 0.0
+    return score if answer == str(ground_truth) else format_score
+
+
+def default_compute_score(data_source: str, solution: str, ground_truth: str, extra_info=None) -> float:
+    if data_source in RULE_SOURCES:
+        return gsm8k_score(solution, ground_truth)
+    raise ValueError(f"no rule-based reward for data_source {data_source!r}; set custom_reward_function.path and .name")
+
+
+def load_reward_fn(path: str | None, name: str) -> Callable:
+    if not path:
+        return default_compute_score
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"custom_reward_function.path={path} does not exist")
+    spec = importlib.util.spec_from_file_location("rlrig_user_reward", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, name):
+        raise ConfigError(f"custom_reward_function.name={name} is not defined in {path}")
+    return getattr(module, name)
+
+
+def check_sources(sources: set[str], custom_path: str | None) -> None:
+    """Before any worker starts: every data_source has a rule-based reward, or a custom function is set."""
+    unknown = sorted(sources - set(RULE_SOURCES))
+    if unknown and not custom_path:
+        raise ConfigError(
+            f"no rule-based reward for data_source {', '.join(map(repr, unknown))} (rlrig has "
+            f"{', '.join(RULE_SOURCES)}); set custom_reward_function.path and .name"
+        )
+
+
+def takes_rm_score(fn: Callable) -> bool:
+    params = inspect.signature(fn).parameters.values()
+    return any(p.name == "rm_score" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def check_reward_setup(cfg, sources: set[str]) -> Callable | None:
+    """Before any worker starts: the function the workers will call (None: the reward model's score alone)."""
+    rf = cfg.custom_reward_function
+    fn = load_reward_fn(rf.path, rf.name)  # a bad path or name stops here
+    if not cfg.reward_model.enable:
+        check_sources(sources, rf.path)
+        return fn
+    if not rf.path:
+        return None  # verl: with a reward model and no custom function, the model's score is the reward
+    if not takes_rm_score(fn):
+        # verl's reward loop hands the function an HTTP router to its reward-model servers, which rlrig does not run
+        raise ConfigError(
+            f"custom_reward_function {rf.name} in {rf.path} is used with reward_model.enable=True: rlrig "
+            "calls it with the model's score as the keyword rm_score; add an rm_score parameter"
+        )
+    return fn

@@ -1,0 +1,90 @@
+"""The rollout-and-score phase: sample responses, then score each: with the reward function, the reward
+model, or both (a custom function that takes the model's score as `rm_score`), through the reward manager."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from rlrig.trainer.reward.managers import Overlong
+from rlrig.trainer.rollout.engines import Rollout, RolloutEngine, Sampling
+
+
+@dataclass
+class Scored:
+    rollout: Rollout
+    mask: torch.Tensor  # [B, R] float response mask
+    scores: torch.Tensor  # [B] outcome scores
+    token_scores: torch.Tensor  # [B, R]: the score on each response's last token, 0 elsewhere
+
+
+@dataclass
+class RewardSource:
+    fn: Callable | None  # the rule or custom function; None: the reward model's score is the reward
+    model: Callable[[str, list], list[float]] | None  # ("chats" | "ids", inputs) -> the reward model's scores
+    # decodes responses for the model to read in its own chat template; None: it reads the policy's tokens as they are
+    input_tokenizer: object | None
+    prompt_key: str
+    overlong: Overlong | None  # the dapo manager's penalty
+
+
+def model_inputs(rows: list[dict], ro: Rollout, n: int, src: RewardSource) -> tuple[str, list]:
+    """What the reward model reads for each sample: the conversation with the response as the assistant's turn
+    (verl decodes the response and drops the EOS text), or the policy's own prompt and response tokens."""
+    prompt_mask = ro.attention_mask[:, : ro.prompt_len].bool()
+    out = []
+    for i in range(len(ro.input_ids)):
+        resp = ro.input_ids[i, ro.prompt_len :][ro.response_mask[i].bool()].tolist()
+        if src.input_tokenizer is not None:
+            text = src.input_tokenizer.decode(resp)
+            if src.input_tokenizer.eos_token:
+                text = text.replace(src.input_tokenizer.eos_token, "")
+            out.append(list(rows[i // n][src.prompt_key]) + [{"role": "assistant", "content": text}])
+        else:
+            out.append(ro.input_ids[i, : ro.prompt_len][prompt_mask[i]].tolist() + resp)
+    return ("ids" if src.input_tokenizer is None else "chats"), out
+
+
+def score(
+    tokenizer, src: RewardSource, rows: list[dict], ro: Rollout, n: int
+) -> tuple[torch.Tensor, list[str], list[dict]]:
+    """The reward of each sample (prompt i's n samples at rows i*n .. i*n+n-1), its decoded text, and the fields a
+    reward function returned beside the score (verl's reward_extra_info: `acc`, `pred`, ...; {} for a number)."""
+    texts = tokenizer.batch_decode(ro.input_ids[:, ro.prompt_len :].tolist(), skip_special_tokens=True)
+    rm = src.model(*model_inputs(rows, ro, n, src)) if src.model else None
+    lengths = ro.response_mask.sum(-1).tolist()
+    out, extras = [], []
+    for i, text in enumerate(texts):
+        r = rows[i // n]
+        if src.fn is None:
+            s = rm[i]
+        else:
+            extra = {"rm_score": rm[i]} if rm is not None else {}
+            s = src.fn(
+                r["data_source"], text, (r.get("reward_model") or {}).get("ground_truth"), r.get("extra_info"), **extra
+            )
+        fields = {}
+        if isinstance(s, dict):  # verl's functions may return {"score": ..., other fields}
+            fields, s = dict(s), s["score"]
+        s = float(s)
+        if src.overlong:
+            s += src.overlong.penalty(int(lengths[i]))
+        out.append(s)
+        extras.append(fields)
+    return torch.tensor(out), texts, extras
+
+
+def generate(engine: RolloutEngine, rows: list[dict], n: int, device, sampling: Sampling | None = None) -> Rollout:
+    """n samples of each row's prompt, with `sampling` (None: rollout.*'s)."""
+    return engine.generate([r["input_ids"] for r in rows], n, sampling).to(device)
+
+
+def score_rollout(tokenizer, src: RewardSource, rows: list[dict], ro: Rollout, n: int) -> Scored:
+    scores = score(tokenizer, src, rows, ro, n)[0].to(ro.input_ids.device)
+    mask = ro.response_mask.float()
+    last = (mask.sum(-1).long() - 1).clamp_min(0)
+    token_scores = torch.zeros_like(mask)
+    token_scores[torch.arange(len(scores)), last] = scores  # outcome reward on the last response token
+    return Scored(ro, mask, scores, token_scores)

@@ -1,0 +1,60 @@
+"""Rollout engines by name (`actor_rollout_ref.rollout.name`). A new engine is a module in this
+package with a RolloutEngine subclass, plus one line in ENGINES. `auto` is vLLM where it is installed,
+else hf."""
+
+from __future__ import annotations
+
+import sys
+
+from rlrig.trainer.rollout.engines.base import (
+    GREEDY,
+    EngineContext,
+    EngineNotInstalled,
+    EngineUnavailable,
+    Rollout,
+    RolloutEngine,
+    Sampling,
+)
+from rlrig.trainer.rollout.engines.hf_engine import HFRollout
+from rlrig.trainer.rollout.engines.sglang_engine import SGLangRollout
+from rlrig.trainer.rollout.engines.vllm_engine import VLLMRollout
+
+ENGINES: dict[str, type[RolloutEngine]] = {e.name: e for e in (HFRollout, VLLMRollout, SGLangRollout)}
+AUTO = "auto"
+NAMES = (*ENGINES, AUTO)
+
+__all__ = [
+    "ENGINES",
+    "GREEDY",
+    "NAMES",
+    "EngineContext",
+    "EngineNotInstalled",
+    "EngineUnavailable",
+    "Rollout",
+    "RolloutEngine",
+    "Sampling",
+    "engine_class",
+    "make_engine",
+]
+
+
+def engine_class(name: str) -> type[RolloutEngine]:
+    """The class behind a configured name; for `auto`, which of vLLM and hf. Only vLLM's absence makes
+    auto choose hf: an installed vLLM that fails to start is an error with its own cause."""
+    if name != AUTO:
+        return ENGINES[name]
+    try:
+        import vllm  # noqa: F401
+    except ImportError as e:
+        print(f"rlrig: rollout engine auto -> hf: vLLM is not installed ({e})", file=sys.stderr, flush=True)
+        return HFRollout
+    return VLLMRollout
+
+
+def make_engine(cls: type[RolloutEngine], ctx: EngineContext) -> RolloutEngine:
+    if ctx.device not in cls.devices:
+        raise EngineUnavailable(
+            f"actor_rollout_ref.rollout.name={cls.name} runs on {' or '.join(cls.devices)}, "
+            f"not {ctx.device}; use another engine (hf runs everywhere)"
+        )
+    return cls(ctx)

@@ -1,0 +1,159 @@
+"""What every rollout engine shares: the batch it returns, the interface it implements, the context it
+is built from, and the packing of token lists into a padded batch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Rollout:
+    """A batch of sampled sequences: left-padded prompts followed by right-padded responses."""
+
+    input_ids: torch.Tensor  # [B, P + R]
+    attention_mask: torch.Tensor  # [B, P + R]
+    response_mask: torch.Tensor  # [B, R]: 1 up to and including EOS
+    prompt_len: int
+    engine_logp: torch.Tensor | None = None  # [B, R] log-probs the engine reported, when it does
+
+    def rows(self, sl: slice) -> Rollout:
+        logp = self.engine_logp[sl] if self.engine_logp is not None else None
+        return Rollout(self.input_ids[sl], self.attention_mask[sl], self.response_mask[sl], self.prompt_len, logp)
+
+    def to(self, device) -> Rollout:
+        logp = self.engine_logp.to(device) if self.engine_logp is not None else None
+        return Rollout(
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.response_mask.to(device),
+            self.prompt_len,
+            logp,
+        )
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How to sample: actor_rollout_ref.rollout.* for training, rollout.val_kwargs.* for validation."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 or 0: no top-k truncation
+    do_sample: bool = True
+
+    @classmethod
+    def of(cls, cfg) -> Sampling:
+        return cls(cfg.temperature, cfg.top_p, cfg.top_k, cfg.do_sample)
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature == 0
+
+
+GREEDY = Sampling(0.0, 1.0, -1, False)
+
+
+@dataclass
+class EngineContext:
+    """Everything an engine is built from: one constructor signature for all engines."""
+
+    module: torch.nn.Module  # the actor's full (unsharded) module, for engines that generate with it
+    tokenizer: object
+    cfg: object  # actor_rollout_ref.rollout
+    max_prompt_length: int
+    max_response_length: int
+    model_path: str
+    device: str  # cpu | cuda
+    seed: int  # the same on the ranks of one tensor-parallel engine: they must sample the same tokens
+    compute_dtype: torch.dtype | None = None  # autocast dtype for engines that run the actor's module
+
+
+class RolloutEngine:
+    """What a rollout backend implements. `sync_weights` is called after every optimizer step and
+    after a checkpoint is loaded with the actor's (name, full tensor) pairs; it must hand the engine
+    the weights in memory, never via disk, and consume the whole iterator (under FSDP each item is
+    a collective all ranks take part in).
+
+    The class attributes declare what the engine needs, so callers never test its name."""
+
+    name = "?"
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    generates_with_actor_module = False  # under FSDP the worker then keeps a full copy for it to use
+    tensor_parallel = False  # one engine may span rollout.tensor_model_parallel_size workers
+
+    def __init__(self, ctx: EngineContext):
+        raise NotImplementedError
+
+    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling | None = None) -> Rollout:
+        """n samples of each prompt (prompt i's at rows i*n .. i*n+n-1); `sampling` None: the rollout config's."""
+        raise NotImplementedError
+
+    def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """For the log line naming the engine."""
+        return self.name
+
+
+def response_mask_from(responses: torch.Tensor, eos_id: int) -> torch.Tensor:
+    # 1 on every token up to and including the first EOS
+    is_eos = (responses == eos_id).int()
+    after_eos = (is_eos.cumsum(-1) - is_eos) > 0
+    return (~after_eos).long()
+
+
+def pack_responses(
+    prompts: list[list[int]],
+    n: int,
+    responses: list[list[int]],
+    logprobs: list[list[float]] | None,
+    max_new: int,
+    pad_id: int,
+    eos_id: int,
+) -> Rollout:
+    """An engine's token lists (prompt i's samples at rows i*n .. i*n+n-1) as a padded Rollout."""
+    expanded = [p for p in prompts for _ in range(n)]
+    if len(responses) != len(expanded):
+        raise ValueError(f"engine returned {len(responses)} sequences for {len(expanded)} requested")
+    ids, mask = left_pad(expanded, pad_id)
+    resp = torch.full((len(responses), max_new), pad_id, dtype=torch.long)
+    logp = torch.zeros((len(responses), max_new)) if logprobs is not None else None
+    for i, r in enumerate(responses):
+        r = r[:max_new]
+        resp[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        if logp is not None:
+            logp[i, : len(r)] = torch.tensor(logprobs[i][: len(r)])
+    rmask = response_mask_from(resp, eos_id)
+    lengths = torch.tensor([len(r) for r in responses]).clamp_max(max_new)
+    rmask = rmask * (torch.arange(max_new)[None, :] < lengths[:, None])  # padding after a length stop is not a response
+    resp = resp.masked_fill(rmask == 0, pad_id)
+    if logp is not None:
+        logp = logp * rmask
+    return Rollout(torch.cat([ids, resp], 1), torch.cat([mask, rmask], 1), rmask, ids.shape[1], logp)
+
+
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
+    return ids, mask
+
+
+def left_pad_to(t: torch.Tensor, width: int, value) -> torch.Tensor:
+    """[B, P] left-padded prompt columns widened to `width` (more padding on the left)."""
+    return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value)
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine cannot run here (its package is missing, or this device is not one it runs on);
+    the message says how to fix it. Any other failure of an engine is an error of its own."""
+
+
+class EngineNotInstalled(EngineUnavailable):
+    """The engine's package is not installed: the one case in which rollout.name=auto falls back."""

