@@ -123,7 +123,8 @@ def main() -> None:
         r["update_mfu"] = 6 * r["params"] * r["tokens"] * r["epochs"] / upd / (peak * 1e12)
         results.append(r)
         print(
-            f"\n== {prec}: {r['params'] / 1e6:.0f}M parameters; {r['tokens']:.0f} tokens, {r['response_tokens']:.0f} generated; "
+            f"\n== {prec}: {r['params'] / 1e6:.0f}M parameters; {r['tokens']:.0f} tokens, "
+            f"{r['response_tokens']:.0f} generated; "
             f"step {m['step_s']:.1f} s; peak GPU memory {m.get('perf/max_memory_allocated_gb', 0):.1f} GB"
         )
         print(f"{'phase':16} {'seconds':>8} {'tokens/s':>10}")
@@ -132,13 +133,15 @@ def main() -> None:
             count = r["response_tokens"] if k == "gen" else r["tokens"]
             print(f"{k:16} {s:8.2f} {count / s if s > 0.001 else float('nan'):10.0f}")
         print(
-            f"update MFU {100 * r['update_mfu']:.1f}% of the measured bf16 peak (6 x params x tokens x epochs / update seconds)"
+            f"update MFU {100 * r['update_mfu']:.1f}% of the measured bf16 peak "
+            "(6 x params x tokens x epochs / update seconds)"
         )
     by = {r["precision"]: r["metrics"] for r in results}
     if {"fp32", "bf16"} <= by.keys():
         a, b = by["fp32"], by["bf16"]
         print(
-            f"\nbf16 vs fp32: step {a['step_s'] / b['step_s']:.2f}x faster, update {a['timing_s/update_actor'] / b['timing_s/update_actor']:.2f}x, "
+            f"\nbf16 vs fp32: step {a['step_s'] / b['step_s']:.2f}x faster, "
+            f"update {a['timing_s/update_actor'] / b['timing_s/update_actor']:.2f}x, "
             f"generation {a['timing_s/gen'] / b['timing_s/gen']:.2f}x; peak memory "
             f"{b.get('perf/max_memory_allocated_gb', 0) / a.get('perf/max_memory_allocated_gb', 1):.2f}x"
         )

@@ -135,10 +135,10 @@ def fabric(n: int) -> dict[str, float]:
             nodes = [run.start(i, [str(BIN / "rlrig"), "run", "--", "true"], node_env(run.ns, i, n)) for i in range(n)]
             try:
                 wait(lambda: nodes[0].saw("fabric check passed"), 600, "the fabric check", run.nodes)
-            except RuntimeError:
+            except RuntimeError as err:
                 raise RuntimeError(
                     "the fabric check did not pass; the head's output:\n" + "\n".join(nodes[0].lines[-15:])
-                )
+                ) from err
             text = "\n".join(nodes[0].lines)
             formed = float(re.search(r"node\(s\) alive after ([\d.]+)s", text).group(1))
             took = float(re.search(r"fabric check passed \(([\d.]+)s after the nodes formed\)", text).group(1))

@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     print(f"{'N':>3} " + " ".join(f"{m:>8}" for m in args.methods) + "  rlrig/floor  rlrig/seeds")
     for n in args.n:
         row = " ".join(f"{table[n, m]:8.2f}" for m in args.methods)
-        ratio = lambda other: (
+        ratio = lambda other, n=n: (
             table[n, "rlrig"] / table[n, other] if other in args.methods and "rlrig" in args.methods else float("nan")
         )
         print(f"{n:>3} {row}  {ratio('floor'):11.2f}  {ratio('seeds'):11.2f}")

@@ -72,8 +72,8 @@ def validate(cls: type[Launcher], spec: NodeSpec, env: Mapping[str, str]) -> Nod
         raise RigError(f"{spec.launcher}: number of nodes is {spec.nnodes}; check {origin(cls, spec, env, 'nnodes')}")
     if not 0 < spec.port < 65536:
         raise RigError(
-            f"{spec.launcher}: Ray port {spec.port} is not a TCP port; set RLRIG_RAY_PORT (or the head address's :port) "
-            "to a number in 1..65535"
+            f"{spec.launcher}: Ray port {spec.port} is not a TCP port; set RLRIG_RAY_PORT "
+            "(or the head address's :port) to a number in 1..65535"
         )
     if not 0 <= spec.node_rank < spec.nnodes:
         raise RigError(

@@ -200,7 +200,7 @@ class Probe:
         """Best MB/s of up to PAIR_REPEATS transfers from `peer`. The receiver asks for each one (small message: 1
         send another, 0 done), so the clock starts before any byte left: nothing waits in socket buffers unmeasured."""
         best = 0.0
-        for i in range(PAIR_REPEATS):
+        for _ in range(PAIR_REPEATS):
             self.small.fill_(1)
             self._send(self.small, peer)
             t0 = time.perf_counter()

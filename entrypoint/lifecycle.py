@@ -167,7 +167,8 @@ def _ignore_the_warning_signal() -> None:
 def run_head(plan: Plan) -> int:
     spec, pf, address = plan.spec, plan.preflight, plan.gcs_address
     say(
-        f"head of {spec.nnodes} node(s) at {address} ({spec.launcher}), {pf.num_cpus} CPU, {pf.num_gpus} GPU, temp {plan.temp_dir}"
+        f"head of {spec.nnodes} node(s) at {address} ({spec.launcher}), "
+        f"{pf.num_cpus} CPU, {pf.num_gpus} GPU, temp {plan.temp_dir}"
     )
     ray_proc = start_ray(plan, plan.start_command, plan.ray_env, plan.cluster_env)
     alive = _head_ray_alive(ray_proc)

@@ -192,8 +192,8 @@ def check_gpus(spec: NodeSpec, env: Mapping[str, str], inv: Inventory, pf: Prefl
             "gpus",
             FAIL,
             f"{spec.launcher} allotted {allotted} GPU(s) to this node but {count} are visible "
-            f"({inv.gpu_probe or 'no probe'}); check CUDA_VISIBLE_DEVICES/HIP_VISIBLE_DEVICES and the container's GPU flags "
-            "(--gpus all / --device /dev/kfd --device /dev/dri)",
+            f"({inv.gpu_probe or 'no probe'}); check CUDA_VISIBLE_DEVICES/HIP_VISIBLE_DEVICES "
+            "and the container's GPU flags (--gpus all / --device /dev/kfd --device /dev/dri)",
         )
     elif allotted is not None and count > allotted:
         pf.add(
@@ -349,7 +349,8 @@ def check_reachability(spec: NodeSpec, inv: Inventory, pf: Preflight) -> None:
             "node_ip",
             FAIL,
             f"this container would advertise {spec.node_ip} (a Docker bridge address) which the head "
-            f"{spec.head_address} cannot reach; run the container with --network host (or set RLRIG_NODE_IP to a routable address)",
+            f"{spec.head_address} cannot reach; run the container with --network host "
+            "(or set RLRIG_NODE_IP to a routable address)",
         )
     else:
         pf.add("node_ip", PASS, f"{spec.node_ip} on {spec.interface or '?'}")
@@ -421,7 +422,8 @@ def check_temp_dir(temp_dir: str, pf: Preflight) -> None:
             "temp dir path",
             FAIL,
             f"Ray temp dir {temp_dir} is {len(temp_dir)} characters; Ray's socket paths below it "
-            f"would pass the 107-byte limit. Set RAY_TMPDIR (or --temp-dir) to a path of at most {TEMP_DIR_MAX - 20} characters",
+            "would pass the 107-byte limit. Set RAY_TMPDIR (or --temp-dir) "
+            f"to a path of at most {TEMP_DIR_MAX - 20} characters",
         )
 
 

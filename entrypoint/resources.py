@@ -21,9 +21,14 @@ EXAMPLE = f"""{VAR}='{{"v100": 1}}'"""
 # Ray's own resource names, each with who sets it instead
 RESERVED = {
     "CPU": "rlrig sets it with --num-cpus from RLRIG_NUM_CPUS (default: the allocation, CPU affinity and cgroup quota)",
-    "GPU": "rlrig sets it with --num-gpus from the visible GPUs (CUDA_VISIBLE_DEVICES/HIP_VISIBLE_DEVICES) and RLRIG_NUM_GPUS",
+    "GPU": (
+        "rlrig sets it with --num-gpus from the visible GPUs (CUDA_VISIBLE_DEVICES/HIP_VISIBLE_DEVICES) "
+        "and RLRIG_NUM_GPUS"
+    ),
     "memory": "Ray sizes it from this node's memory",
-    "object_store_memory": "rlrig sets it with --object-store-memory to fit /dev/shm (raise the container's --shm-size for more)",
+    "object_store_memory": (
+        "rlrig sets it with --object-store-memory to fit /dev/shm (raise the container's --shm-size for more)"
+    ),
 }
 RESERVED_PREFIXES = {
     "node:": "Ray names every node node:<ip> itself",
@@ -119,6 +124,7 @@ def node_lines(nodes: Mapping[int, dict]) -> list[str]:
     what Ray registered, so a mistyped RLRIG_RESOURCES or a missing GPU shows before a job asks for it."""
     # Ray leaves a resource it has none of out of the table; GPU 0 is said, since it is what one looks for
     return [
-        f"node {describe(r, {r: {'hostname': n.get('host', '')}}, n['ip'])}: {summary({'GPU': 0, **n.get('resources', {})})}"
+        f"node {describe(r, {r: {'hostname': n.get('host', '')}}, n['ip'])}: "
+        f"{summary({'GPU': 0, **n.get('resources', {})})}"
         for r, n in sorted(nodes.items())
     ]

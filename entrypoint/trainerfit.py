@@ -1,8 +1,9 @@
 """What `rlrig train` checks of the trainer's config against the node before anything starts. MIG: NCCL between
 MIG devices. On a cluster that is already there (a submitted job, or nested under `rlrig run`):
 trainer.nnodes must be the cluster's node count, or with the reward model in its own pool, between that count less
-the nodes of the pools of their own (reference, reward model) and the count (the pools may share nodes). Fewer would leave nodes idle, more would wait for
-placement groups that can never be placed; either way the one-line error says what to set."""
+the nodes of the pools of their own (reference, reward model) and the count (the pools may share nodes). Fewer would
+leave nodes idle, more would wait for placement groups that can never be placed; either way the one-line error says
+what to set."""
 
 from __future__ import annotations
 

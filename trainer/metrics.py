@@ -47,8 +47,8 @@ RULES: dict[str, str] = {
     "global_seqlen/balanced_min": MAX,
     "global_seqlen/balanced_max": MAX,
     "global_seqlen/mean": MAX,
-    # rollout correction (algos/rollout_correction.py): each worker's mean and fractions, combined by its response tokens
-    # (exact for rollout_is=token; for sequence, whose fractions count sequences, a token-weighted mean of them)
+    # rollout correction (algos/rollout_correction.py): each worker's mean and fractions, combined by its response
+    # tokens (exact for rollout_is=token; for sequence, whose fractions count sequences, a token-weighted mean of them)
     "rollout_corr/rollout_is_mean": TOKEN_MEAN,
     "rollout_corr/rollout_is_max": MAX,
     "rollout_corr/rollout_is_min": MIN,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "integration"), str(HERE.parent)]
-from conftest import slurm_cluster  # noqa: E402,F401  (the two-node Slurm fixture of the integration tests)
+from conftest import slurm_cluster as slurm_cluster  # noqa: E402  (the two-node Slurm fixture of the integration tests)
 from test_slurm import REPO, TINY  # noqa: E402
 
 

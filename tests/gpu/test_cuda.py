@@ -323,7 +323,8 @@ def test_micro_batched_passes_lower_peak_memory_with_a_large_vocabulary_on_cuda(
         model_path=path,
     )[0]["perf/max_memory_allocated_gb"]
     print(
-        f"peak GPU memory, 152k vocabulary, 128 sequences: whole batch {whole:.2f} GB, micro batches of 8 {micro:.2f} GB"
+        f"peak GPU memory, 152k vocabulary, 128 sequences: whole batch {whole:.2f} GB, "
+        f"micro batches of 8 {micro:.2f} GB"
     )
     assert micro < 0.6 * whole, (whole, micro)
 

@@ -1,7 +1,7 @@
 """Heterogeneous nodes for real: three namespace nodes started with different RLRIG_RESOURCES (the OpenRLHF FAQ's
 layout), the actor's workers placed on the nodes with its resource and the reference's and reward model's own
-pools on the node with theirs (read back through Ray's state API); GRPO scored by a reward model; placements that cannot be
-met refused in one line, before or while placing, never waited on."""
+pools on the node with theirs (read back through Ray's state API); GRPO scored by a reward model; placements that
+cannot be met refused in one line, before or while placing, never waited on."""
 
 import json
 import os

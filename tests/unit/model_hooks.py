@@ -2,7 +2,8 @@
 
 
 def embedded_tokens(*models):
-    """A counter ([n]) of the token positions the models' input embeddings see, and a function that removes the hooks."""
+    """A counter ([n]) of the token positions the models' input embeddings see, and a function that removes the
+    hooks."""
     seen = [0]
     handles = [
         m.get_input_embeddings().register_forward_hook(

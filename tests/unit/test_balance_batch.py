@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rlrig.trainer.batch import balance as bb
-from rlrig.trainer.reward.scoring import Scored
+from rlrig.trainer.batch.step_batch import StepBatch
 from rlrig.trainer.rollout.engines import Rollout
 
 PAD = 0
@@ -80,18 +80,18 @@ def _worker_samples(prompts: list[list[int]], responses: list[list[int]], n: int
     scores = torch.tensor([float(sum(r)) for r in responses])
     token_scores = torch.zeros(len(responses), R)
     token_scores[torch.arange(len(responses)), rmask.sum(-1) - 1] = scores
-    return ro, Scored(ro, rmask.float(), scores, token_scores), scores * 10
+    return StepBatch.from_rollout(ro, n).replace(scores=scores, token_scores=token_scores, baselines=scores * 10)
 
 
-def _as_samples(ro: Rollout, sc: Scored, baselines) -> list[tuple]:
+def _as_samples(b: StepBatch) -> list[tuple]:
     """Each sample as what it is: its prompt and response tokens, score, baseline and engine log-probs."""
     out = []
-    for i in range(len(ro.input_ids)):
-        prompt = ro.input_ids[i, : ro.prompt_len][ro.attention_mask[i, : ro.prompt_len].bool()].tolist()
-        resp = ro.input_ids[i, ro.prompt_len :][ro.response_mask[i].bool()].tolist()
-        logp = tuple(round(x, 5) for x in ro.engine_logp[i][ro.response_mask[i].bool()].tolist())
-        assert sc.mask[i].sum() == len(resp) and sc.token_scores[i].sum() == sc.scores[i]
-        out.append((tuple(prompt), tuple(resp), float(sc.scores[i]), float(baselines[i]), logp))
+    for i in range(len(b.input_ids)):
+        prompt = b.input_ids[i, : b.prompt_len][b.attention_mask[i, : b.prompt_len].bool()].tolist()
+        resp = b.input_ids[i, b.prompt_len :][b.response_mask[i].bool()].tolist()
+        logp = tuple(round(x, 5) for x in b.engine_logp[i][b.response_mask[i].bool()].tolist())
+        assert b.mask[i].sum() == len(resp) and b.token_scores[i].sum() == b.scores[i]
+        out.append((tuple(prompt), tuple(resp), float(b.scores[i]), float(b.baselines[i]), logp))
     return out
 
 
@@ -109,14 +109,13 @@ def _balance_worker(rank, world, port, out_dir):
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    ro, sc, base = _worker_samples(*WORKERS[rank], N, seed=rank)
-    ro2, sc2, base2, metrics = bb.balance(ro, sc, base, N, PAD)
+    b2, metrics = bb.balance(_worker_samples(*WORKERS[rank], N, seed=rank), N, PAD)
     torch.save(
         {
-            "samples": _as_samples(ro2, sc2, base2),
+            "samples": _as_samples(b2),
             "metrics": metrics,
-            "prompt_len": ro2.prompt_len,
-            "dtypes": [t.dtype for t in (ro2.input_ids, ro2.attention_mask, ro2.response_mask, sc2.mask)],
+            "prompt_len": b2.prompt_len,
+            "dtypes": [t.dtype for t in (b2.input_ids, b2.attention_mask, b2.response_mask, b2.mask)],
         },
         os.path.join(out_dir, f"{rank}.pt"),
     )
@@ -124,11 +123,11 @@ def _balance_worker(rank, world, port, out_dir):
 
 
 def test_two_workers_trade_whole_groups_to_even_out_tokens(tmp_path):
-    from rlrig.trainer.workers.training_worker import free_port
+    from rlrig.trainer.workers.base import free_port
 
     mp.spawn(_balance_worker, args=(2, free_port(), str(tmp_path)), nprocs=2)
     got = [torch.load(tmp_path / f"{r}.pt") for r in range(2)]
-    before = [_as_samples(*_worker_samples(*WORKERS[r], N, seed=r)) for r in range(2)]
+    before = [_as_samples(_worker_samples(*WORKERS[r], N, seed=r)) for r in range(2)]
     # every sample once, unchanged, in whole groups of N, and equally many on each worker
     assert sorted(s for g in got for s in g["samples"]) == sorted(s for b in before for s in b)
     for g in got:

@@ -7,7 +7,8 @@ import pytest
 
 from rlrig.trainer.config import presets
 from rlrig.trainer.config.presets import EMBEDDED, with_preset
-from rlrig.trainer.config.schema import ConfigError, parse_literal, parse_overrides
+from rlrig.trainer.config.errors import ConfigError
+from rlrig.trainer.config.overrides import parse_literal, parse_overrides
 
 MODEL = "actor_rollout_ref.model.path=/m"
 

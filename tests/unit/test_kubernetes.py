@@ -123,7 +123,8 @@ def container_env(template: dict) -> dict[str, str]:
 def injected(doc: dict, role: str, index: int) -> tuple[dict[str, str], str]:
     """What each controller adds to a pod (its variables, the pod's hostname), from their sources: the Job controller
     (JOB_COMPLETION_INDEX, hostname <job>-<index>), LWS (pod_controller's env), Training Operator v1
-    (pytorch/envvar.go: Master rank 0, workers from 1), KubeRay (pod.go: RAY_CLUSTER_NAME, KUBERAY_GEN_RAY_START_CMD)."""
+    (pytorch/envvar.go: Master rank 0, workers from 1), KubeRay (pod.go: RAY_CLUSTER_NAME,
+    KUBERAY_GEN_RAY_START_CMD)."""
     name, spec = doc["metadata"]["name"], doc["spec"]
     if doc["kind"] == "Job":
         return {"JOB_COMPLETION_INDEX": str(index)}, f"{name}-{index}"

@@ -123,7 +123,7 @@ def test_remax_by_hand(rewards, mask, baselines, advantages, returns):
 
 
 def test_every_registered_name_is_accepted_by_config():
-    from rlrig.trainer.config.schema import parse_overrides
+    from rlrig.trainer.config.overrides import parse_overrides
 
     for name in estimators.ESTIMATORS:
         parse_overrides(
@@ -137,7 +137,8 @@ def test_remax_through_a_worker_scores_each_prompts_greedy_response():
     """The worker generates each prompt's greedy response once, scores it, and hands the estimator that score for
     each of the prompt's n samples."""
     from rlrig.trainer.driver.single_process import single_worker
-    from rlrig.trainer.reward import scoring as generate_score
+    from rlrig.trainer.batch.step_batch import StepBatch
+    from rlrig.trainer.reward.scoring import score_batch
     from rlrig.trainer.rollout.engines import GREEDY
 
     with single_worker(
@@ -167,6 +168,7 @@ def test_remax_through_a_worker_scores_each_prompts_greedy_response():
         rows = next(batches)
         out = w.step(rows, 0.0, 1)
         assert len(greedy) == 1 and greedy[0].input_ids.shape[0] == len(rows)  # one greedy response per prompt
-        expected = generate_score.score_rollout(w.tok, w.reward, rows, greedy[0], 1).scores.repeat_interleave(3)
+        expected = score_batch(w.tok, w.reward, rows, StepBatch.from_rollout(greedy[0], 1), 1).scores
+        expected = expected.repeat_interleave(3)
         torch.testing.assert_close(seen["baselines"], expected.to(seen["baselines"].dtype))
         assert "timing_s/gen_max" in out

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from rlrig.trainer.algos import pf_ppo as P
-from rlrig.trainer.config.schema import ConfigError, parse_overrides
+from rlrig.trainer.config.errors import ConfigError
+from rlrig.trainer.config.overrides import parse_overrides
 
 E = 1e-8
 
@@ -54,6 +55,7 @@ WORKER = """
 import json, sys
 import torch, torch.distributed as dist
 from rlrig.trainer.algos import pf_ppo
+from rlrig.trainer.batch.step_batch import StepBatch
 from rlrig.trainer.rollout.engines.base import Rollout
 rank, init = int(sys.argv[1]), sys.argv[2]
 dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
@@ -64,9 +66,10 @@ base = 100 * rank + 10 * rows
 ids = torch.cat([base[:, None].repeat(1, plen) + torch.arange(plen), base[:, None] + 7], 1)
 ro = Rollout(ids, torch.ones_like(ids), torch.ones(3, 1, dtype=torch.bool), plen, None)
 scores = torch.tensor([[1.0, 0.2, 0.0], [0.5, 3.0, 0.1]][rank])
-out, r = pf_ppo.resample(ro, {"adv": base.float(), "none": None}, scores, "pow", 2.0, 11, -1)
+batch = StepBatch.from_rollout(ro, 1).replace(advantages=base.float()[:, None], token_scores=scores[:, None])
+out = pf_ppo.resample(batch, "pow", 2.0, 11, -1)
 print(json.dumps({"ids": out.input_ids.tolist(), "mask": out.attention_mask.tolist(), "plen": out.prompt_len,
-                  "adv": r["adv"].tolist(), "none": r["none"]}), flush=True)
+                  "adv": out.advantages[:, 0].tolist(), "none": out.values}), flush=True)
 dist.destroy_process_group()  # Gloo's threads joined before exit (else C++ may abort the process as it ends)
 """
 

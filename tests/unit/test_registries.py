@@ -5,7 +5,8 @@ import pytest
 
 from rlrig.trainer import metrics
 from rlrig.trainer.algos import estimators, policy_losses
-from rlrig.trainer.config.schema import ConfigError, parse_overrides
+from rlrig.trainer.config.errors import ConfigError
+from rlrig.trainer.config.overrides import parse_overrides
 from rlrig.trainer.rollout import engines
 
 MODEL = "actor_rollout_ref.model.path=/m"
@@ -35,7 +36,8 @@ def test_a_new_estimator_is_one_registration(monkeypatch):
     def sign(x):  # A = sign(score), on every response token
         return x.token_rewards.sum(-1, keepdim=True).sign() * x.mask, x.token_rewards
 
-    monkeypatch.setattr("rlrig.trainer.config.schema.ESTIMATORS", estimators.registry.ESTIMATORS)
+    for module in ("schema", "validation"):  # the modules that read the registry
+        monkeypatch.setattr(f"rlrig.trainer.config.{module}.ESTIMATORS", estimators.registry.ESTIMATORS)
     cfg = parse_overrides([MODEL, "algorithm.adv_estimator=sign", "actor_rollout_ref.rollout.n=2"])
     assert cfg.algorithm.adv_estimator == "sign"
     with pytest.raises(ConfigError, match="rollout.n to 2"):  # its declaration, read by validation
@@ -95,7 +97,7 @@ def test_a_metric_only_some_workers_report():
     ],
 )
 def test_sharding_of_prompts_over_workers(rows, parts, shards, spread):
-    from rlrig.trainer.driver.main import shard
-    from rlrig.trainer.driver.main import spread as spread_rows
+    from rlrig.trainer.driver.train import equal_shares
+    from rlrig.trainer.driver.validation import spread as spread_rows
 
-    assert shard(rows, parts) == shards and spread_rows(rows, parts) == spread
+    assert equal_shares(rows, parts) == shards and spread_rows(rows, parts) == spread

@@ -4,7 +4,8 @@ managers' arithmetic, what the reward model reads, how its score combines with a
 import pytest
 import torch
 
-from rlrig.trainer.config.schema import ConfigError, parse_overrides
+from rlrig.trainer.config.errors import ConfigError
+from rlrig.trainer.config.overrides import parse_overrides
 from rlrig.trainer.driver import placement as P
 from rlrig.trainer.embedded.tiny_model import build_tokenizer, ensure_tiny_model
 from rlrig.trainer.reward.managers import Overlong
@@ -148,7 +149,8 @@ def test_what_the_reward_model_reads_and_how_scores_combine():
     # no function: the model's score is the reward
     scores, texts, fields = score(tok, src, rows, ro, 1)
     assert scores.tolist() == [0.25, -1.5] and texts == ["#### 7", "#### 2"] and fields == [{}, {}]
-    # a custom function gets it as rm_score and decides; a dict result gives its "score", and its fields go to validation
+    # a custom function gets it as rm_score and decides; a dict result gives its "score", and its fields go to
+    # validation
     fn = lambda ds, text, gt, extra, rm_score: {
         "score": rm_score + (1.0 if text.endswith(gt) else 0.0),
         "pred": text[-1],
@@ -188,7 +190,10 @@ BASE = ["reward_model.enable=True"]
                 "reward_model.rollout.tensor_model_parallel_size=3",
                 "trainer.n_gpus_per_node=4",
             ],
-            "reward_model.rollout.tensor_model_parallel_size=3: one reward engine spans that many training workers of one node",
+            (
+                "reward_model.rollout.tensor_model_parallel_size=3: one reward engine spans that many training workers "
+                "of one node"
+            ),
         ),
         (
             ["reward_model.use_reward_loop=True", "+reward_model.rollout.engine_kwargs.sglang.x=1"],
@@ -327,7 +332,7 @@ def test_reward_loop_without_vllm_is_refused_before_workers_start(monkeypatch):
 
 
 def test_a_custom_function_beside_the_reward_model_must_take_rm_score(tmp_path):
-    from rlrig.trainer.reward.rules import check_reward_setup
+    from rlrig.trainer.reward.rules import check_reward_setup, reward_fn
 
     f = tmp_path / "r.py"
     f.write_text(
@@ -338,9 +343,11 @@ def test_a_custom_function_beside_the_reward_model_must_take_rm_score(tmp_path):
     with pytest.raises(ConfigError, match="add an rm_score parameter"):
         check_reward_setup(cfg, {"anything"})
     cfg.custom_reward_function.name = "combined"
-    assert check_reward_setup(cfg, {"anything"}).__name__ == "combined"
-    # with a reward model, data sources without a rule need no function
-    assert check_reward_setup(parse_overrides(BASE), {"anything"}) is None
+    check_reward_setup(cfg, {"anything"})
+    assert reward_fn(cfg).__name__ == "combined"
+    # with a reward model, data sources without a rule need no function: the model's score is the reward
+    check_reward_setup(parse_overrides(BASE), {"anything"})
+    assert reward_fn(parse_overrides(BASE)) is None
 
 
 def test_grpo_scored_by_the_embedded_reward_model_in_one_process():
@@ -364,6 +371,7 @@ def test_grpo_scored_by_the_embedded_reward_model_in_one_process():
 
 
 def test_the_reference_in_its_own_pool_computes_what_the_colocated_one_does():
+    from rlrig.trainer.batch.step_batch import StepBatch
     from rlrig.trainer.driver.single_process import single_worker
     from rlrig.trainer.rollout.engines import Sampling
     from rlrig.trainer.workers.ref_worker import RefWorker
@@ -377,12 +385,12 @@ def test_the_reference_in_its_own_pool_computes_what_the_colocated_one_does():
     ]
     with single_worker(overrides) as (w, batches):
         rows = next(batches)
-        ro = w.engine.generate([r["input_ids"] for r in rows], 2, Sampling())
+        batch = StepBatch.from_rollout(w.engine.generate([r["input_ids"] for r in rows], 2, Sampling()), 2)
         here = w._logprobs(
-            w.models.ref, ro, 3, w.models.ref_precision, "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"
+            w.models.ref, batch, 3, w.models.ref_precision, "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"
         )
         remote = RefWorker(w.cfg.to_dict(), ensure_tiny_model(), use_gpu=False)
-        there = remote.logprobs(ro.input_ids, ro.attention_mask, ro.prompt_len)
+        there = remote.logprobs(batch.only())
     assert there.shape == here.shape and torch.allclose(there, here, atol=1e-5)
 
 
@@ -450,6 +458,6 @@ def test_own_pools_need_a_size_and_a_reference_in_use():
     ],
 )
 def test_every_worker_takes_part_in_validation(rows, workers, parts, fillers):
-    from rlrig.trainer.driver.main import val_parts
+    from rlrig.trainer.driver.validation import val_parts
 
     assert val_parts(rows, workers) == (parts, fillers)

@@ -9,7 +9,8 @@ import textwrap
 
 import pytest
 
-from rlrig.trainer.config.schema import ConfigError, parse_overrides
+from rlrig.trainer.config.errors import ConfigError
+from rlrig.trainer.config.overrides import parse_overrides
 from rlrig.trainer.rollout import tp_groups as T
 from rlrig.trainer.rollout.engines.sglang_engine import tp_engine_kwargs
 
@@ -110,7 +111,8 @@ FAKE = {
         class Engine:
             def __init__(self, **kw):
                 self.kw = kw
-                self.log = {"kw": kw, "devices": os.environ["CUDA_VISIBLE_DEVICES"], "asked": [], "weights": {}, "calls": []}
+                self.log = {"kw": kw, "devices": os.environ["CUDA_VISIBLE_DEVICES"],
+                            "asked": [], "weights": {}, "calls": []}
                 self._save()
             def _save(self):
                 with open(f"{OUT}/engine-{os.environ['FAKE_RANK']}.json", "w") as f:
@@ -119,7 +121,8 @@ FAKE = {
                 self.log["asked"].append(input_ids)
                 self._save()
                 # the last prompt token, then EOS (id 2 in the tiny tokenizer)
-                return [{"output_ids": [p[-1], 2], "meta_info": {"output_token_logprobs": [(-0.5, p[-1], None), (-0.1, 2, None)]}}
+                return [{"output_ids": [p[-1], 2],
+                         "meta_info": {"output_token_logprobs": [(-0.5, p[-1], None), (-0.1, 2, None)]}}
                         for p in input_ids]
             def update_weights_from_tensor(self, named_tensors, flush_cache):
                 for name, local in named_tensors:
@@ -170,7 +173,8 @@ eng = sglang_engine.SGLangRollout(EngineContext(None, tok, cfg, 8, 4, "/m", "cud
 prompts = [[10 + rank, 20 + rank], [30 + rank]]
 ro = eng.generate(prompts, 2)
 eng.sync_weights([("w", torch.full((2,), rank + 1.0)), ("v", torch.tensor([float(rank)]))])
-resp = [[int(t) for t, m in zip(r, mk) if m] for r, mk in zip(ro.input_ids[:, ro.prompt_len:].tolist(), ro.response_mask.tolist())]
+resp = [[int(t) for t, m in zip(r, mk) if m]
+        for r, mk in zip(ro.input_ids[:, ro.prompt_len:].tolist(), ro.response_mask.tolist())]
 print(json.dumps({"responses": resp, "describe": eng.describe()}), flush=True)
 dist.destroy_process_group()  # Gloo's threads joined before exit (else C++ may abort the process as it ends)
 """
@@ -181,13 +185,13 @@ def test_four_workers_on_two_nodes_drive_one_engine(tmp_path):
         f = tmp_path / "fake" / path
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(textwrap.dedent(text))
-    (tmp_path / "workers/training_worker.py").write_text(WORKER)
+    (tmp_path / "worker.py").write_text(WORKER)
     env = {"PYTHONPATH": str(tmp_path / "fake"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     procs = [
         subprocess.Popen(
             [
                 sys.executable,
-                str(tmp_path / "workers/training_worker.py"),
+                str(tmp_path / "worker.py"),
                 str(r),
                 "4",
                 str(tmp_path / "init"),

@@ -56,7 +56,7 @@ def _shard_worker(rank, world, port, out_dir):
 
 def test_batch_whitening_is_the_same_on_one_or_two_workers(tmp_path):
     """GAE and REINFORCE++ whiten over the whole batch (verl), so sharding it over workers changes nothing."""
-    from rlrig.trainer.workers.training_worker import free_port
+    from rlrig.trainer.workers.base import free_port
 
     mp.spawn(_shard_worker, args=(2, free_port(), str(tmp_path)), nprocs=2)
     rewards, values, mask = _batch()
@@ -168,7 +168,7 @@ def test_phases_time_named_blocks():
 
 def test_kl_controller_adapts_by_samples_not_prompts():
     from rlrig.trainer.algos.core_algos import AdaptiveKLController
-    from rlrig.trainer.driver.main import update_kl_controller
+    from rlrig.trainer.driver.train import update_kl_controller
 
     cfg = SimpleNamespace(
         data=SimpleNamespace(train_batch_size=4), actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(n=5))

@@ -4,7 +4,7 @@ way of drawing the bootstrap samples where they are not."""
 import numpy as np
 import pytest
 
-from rlrig.trainer.config.schema import ConfigError
+from rlrig.trainer.config.errors import ConfigError
 from rlrig.trainer.driver.val_metrics import majority, subset_sizes, validation_metrics
 
 

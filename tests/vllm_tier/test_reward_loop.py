@@ -10,7 +10,7 @@ import psutil
 import pytest
 import torch
 
-from rlrig.trainer.config.schema import parse_overrides
+from rlrig.trainer.config.overrides import parse_overrides
 from rlrig.trainer.embedded.tiny_reward_model import ensure_tiny_reward_model
 from rlrig.trainer.reward.reward_model import LoopScorer, RewardScorer, make_scorer, scorer_settings
 

@@ -38,9 +38,10 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, allreduce: AllReduce = lo
 
 
 def kl_penalty(logp, ref_logp, kind: str):
-    # k1: logp - ref ; abs: |logp - ref| ; k2 (mse): 0.5 (logp - ref)^2 ; k3 (low_var_kl): exp(ref - logp) - (ref - logp) - 1,
-    # clamped to [-10, 10]. A kind ending in "+" (k1+, k3+, ...) keeps its value but takes k2's gradient (straight
-    # through: value - sg[value] of k2 added), as verl does for an unbiased KL gradient
+    # k1: logp - ref ; abs: |logp - ref| ; k2 (mse): 0.5 (logp - ref)^2 ; k3 (low_var_kl):
+    # exp(ref - logp) - (ref - logp) - 1, clamped to [-10, 10]. A kind ending in "+" (k1+, k3+, ...) keeps its value
+    # but takes k2's gradient (straight through: value - sg[value] of k2 added), as verl does for an unbiased KL
+    # gradient
     if kind.endswith("+"):
         value = kl_penalty(logp, ref_logp, kind[:-1])
         k2 = 0.5 * (logp - ref_logp).square()

@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from rlrig.trainer.batch.exchange import exchange
+from rlrig.trainer.batch.step_batch import StepBatch
 from rlrig.trainer.model.parallel import gather_rows
-from rlrig.trainer.rollout.engines.base import Rollout, left_pad_to
 
 
 def weights(scores: torch.Tensor, method: str, weight_pow: float) -> torch.Tensor:
@@ -37,24 +38,10 @@ def draw(scores: torch.Tensor, method: str, weight_pow: float, generator: torch.
     )
 
 
-def resample(
-    ro: Rollout, rows: dict, scores: torch.Tensor, method: str, weight_pow: float, seed: int, pad_id: int
-) -> tuple[Rollout, dict]:
-    """The draw over every worker's samples, and this worker's share of it: its rollout and `rows` (name -> [B, ...]
-    tensor or None) resampled. Every worker holds as many samples; prompts are re-padded to the widest worker's."""
-    width = torch.tensor([ro.prompt_len], device=scores.device)
-    dist.all_reduce(width, op=dist.ReduceOp.MAX)  # each worker's prompts were padded to its own longest
-    width = int(width.item())
+def resample(batch: StepBatch, method: str, weight_pow: float, seed: int, pad_id: int) -> StepBatch:
+    """The draw over every worker's samples, weighted by each sample's score (the sum of its token scores), and
+    this worker's share of it. Every worker holds as many samples."""
+    scores = batch.token_scores.sum(-1)
     b, rank = len(scores), dist.get_rank()
     idx = draw(gather_rows(scores), method, weight_pow, torch.Generator().manual_seed(seed))
-    mine = idx[rank * b : (rank + 1) * b].to(scores.device)
-    take = lambda t: None if t is None else gather_rows(t)[mine]
-    widen = lambda t, fill: torch.cat([left_pad_to(t[:, : ro.prompt_len], width, fill), t[:, ro.prompt_len :]], 1)
-    out = Rollout(
-        take(widen(ro.input_ids, pad_id)),
-        take(widen(ro.attention_mask, 0)),
-        take(ro.response_mask),
-        width,
-        take(ro.engine_logp),
-    )
-    return out, {k: take(v) for k, v in rows.items()}
+    return exchange(batch, idx[rank * b : (rank + 1) * b].to(scores.device), pad_id)

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
+from rlrig.trainer.batch.exchange import exchange
+from rlrig.trainer.batch.step_batch import StepBatch
 from rlrig.trainer.model.parallel import gather_rows
-from rlrig.trainer.reward.scoring import Scored
-from rlrig.trainer.rollout.engines.base import Rollout, left_pad_to
 
 
 def workload(seqlen: torch.Tensor) -> torch.Tensor:
@@ -64,35 +64,19 @@ def seqlen_metrics(before: list[int], after: list[int]) -> dict:
     }
 
 
-def take(ro: Rollout, sc: Scored, baselines, rows: torch.Tensor, width: int, pad_id: int):
-    """This worker's share of every worker's samples: `rows` of them in worker order. Prompts are widened to the
-    widest worker's (each worker padded its own to its longest), then cut to the widest of the rows taken;
-    responses are as wide on every worker (the engines pad them to max_response_length)."""
-    gather = lambda t: None if t is None else gather_rows(t)[rows]
-    widen = lambda t, fill: torch.cat([left_pad_to(t[:, : ro.prompt_len], width, fill), t[:, ro.prompt_len :]], 1)
-    ids, attn = gather(widen(ro.input_ids, pad_id)), gather(widen(ro.attention_mask, 0))
-    used = attn[:, :width].any(0).nonzero()
-    first = int(used[0]) if len(used) else width - 1
-    out = Rollout(ids[:, first:], attn[:, first:], gather(ro.response_mask), width - first, gather(ro.engine_logp))
-    return out, Scored(out, gather(sc.mask), gather(sc.scores), gather(sc.token_scores)), gather(baselines)
-
-
-def balance(
-    ro: Rollout, sc: Scored, baselines, n: int, pad_id: int
-) -> tuple[Rollout, Scored, torch.Tensor | None, dict]:
+def balance(batch: StepBatch, n: int, pad_id: int) -> tuple[StepBatch, dict]:
     """Every worker calls this at the same point of its step (collectives over all of them). First each worker's
-    prompt width and tokens per sample, from which every worker computes the same assignment; then, when groups
-    move, everyone's samples, each tensor all-gathered on the workers' own devices (NCCL on GPUs, Gloo on CPU)."""
+    tokens per sample, from which every worker computes the same assignment; then, when groups move, everyone's
+    samples (batch/exchange.py)."""
     import torch.distributed as dist
 
     world, rank = dist.get_world_size(), dist.get_rank()
-    head = torch.cat([torch.tensor([ro.prompt_len], device=ro.input_ids.device), ro.attention_mask.sum(-1)])
-    heads = gather_rows(head.to(torch.int64)[None]).cpu()
-    groups = heads[:, 1:].reshape(-1, n)  # each sample's tokens (prompt + response), a row per prompt group
+    heads = gather_rows(batch.attention_mask.sum(-1).to(torch.int64)[None]).cpu()
+    groups = heads.reshape(-1, n)  # each sample's tokens (prompt + response), a row per prompt group
     parts, sampled = assign(workload(groups).sum(-1).tolist(), world), as_sampled(len(groups), world)
     tokens = lambda assignment: [int(groups[p].sum()) for p in assignment]
     metrics = seqlen_metrics(tokens(sampled), tokens(parts))
     if parts == sampled:
-        return ro, sc, baselines, metrics
-    rows = torch.tensor([g * n + j for g in parts[rank] for j in range(n)], device=ro.input_ids.device)
-    return (*take(ro, sc, baselines, rows, int(heads[:, 0].max()), pad_id), metrics)
+        return batch, metrics
+    rows = torch.tensor([g * n + j for g in parts[rank] for j in range(n)], device=batch.input_ids.device)
+    return exchange(batch, rows, pad_id), metrics

@@ -21,11 +21,11 @@ REFUSED_PREFIXES = {
     "actor_rollout_ref.rollout.trace.": "verl's rollout tracing is not in rlrig",
 }
 REFUSED = {
-    "actor_rollout_ref.rollout.multi_turn.enable": "verl's multi-turn and tool-calling rollout is not in rlrig; its rollout is "
-    "single-turn",
+    "actor_rollout_ref.rollout.multi_turn.enable": "verl's multi-turn and tool-calling rollout is not in rlrig; its "
+    "rollout is single-turn",
     **{
-        f"algorithm.rollout_correction.{k}": "of verl's rollout correction rlrig has the importance weights of the decoupled "
-        "mode (algorithm.rollout_correction.rollout_is=token|sequence, rollout_is_threshold, "
+        f"algorithm.rollout_correction.{k}": "of verl's rollout correction rlrig has the importance weights of the "
+        "decoupled mode (algorithm.rollout_correction.rollout_is=token|sequence, rollout_is_threshold, "
         "rollout_is_batch_normalize), not rejection sampling or bypass mode"
         for k in ("rollout_rs", "rollout_rs_threshold", "bypass_mode", "loss_type")
     },
@@ -36,7 +36,8 @@ REFUSED = {
     "critic.model.lora_adapter_path": "LoRA on the critic is not in rlrig (see critic.model.lora_rank)",
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "sequence parallelism (Ulysses) is not in rlrig; each "
     "sequence stays on one GPU (use_dynamic_bsz bounds the tokens)",
-    "critic.ulysses_sequence_parallel_size": "sequence parallelism (Ulysses) is not in rlrig; each sequence stays on one GPU",
+    "critic.ulysses_sequence_parallel_size": "sequence parallelism (Ulysses) is not in rlrig; each sequence stays on "
+    "one GPU",
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": "sequence parallelism (Ulysses) is not in rlrig",
     "reward_model.micro_batch_size": "verl's deprecated global micro batch; set reward_model.micro_batch_size_per_gpu",
     "reward_model.launch_reward_fn_async": "rlrig scores in the step, not asynchronously during the log-prob pass",
@@ -88,15 +89,16 @@ NO_EFFECT = {
     "each prompt once per rollout.n as rlrig's engines do; async and sync give the "
     "same single-turn rollout here, and what async adds beyond it (multi_turn, "
     "agent.*) is refused",
-    "data.return_raw_chat": "rlrig applies the chat template itself on the driver; raw or templated, the engine gets the same tokens",
+    "data.return_raw_chat": "rlrig applies the chat template itself on the driver; raw or templated, the engine gets "
+    "the same tokens",
     "data.dataloader_num_workers": "rlrig reads the data set in the driver process",
     "data.filter_overlong_prompts_workers": "rlrig filters over-long prompts in the driver process",
     "actor_rollout_ref.rollout.layered_summon": "rlrig always hands the engine one gathered tensor at a time",
     "actor_rollout_ref.rollout.calculate_log_probs": "rlrig's vLLM and SGLang engines always return them "
     "(training/rollout_probs_diff_*); hf computes none",
     "actor_rollout_ref.model.use_shm": "rlrig loads the model from its path as it is",
-    "actor_rollout_ref.model.use_fused_kernels": "rlrig computes logits only at the response positions and log-probs by "
-    "logsumexp, with no separate kernel",
+    "actor_rollout_ref.model.use_fused_kernels": "rlrig computes logits only at the response positions and log-probs "
+    "by logsumexp, with no separate kernel",
     "trainer.use_legacy_worker_impl": "rlrig has one worker implementation",
     "actor_rollout_ref.model.fused_kernel_options": "see use_fused_kernels",
     "reward_model.strategy": "each of rlrig's reward-model workers holds the whole model (forward passes only, no "
@@ -118,8 +120,8 @@ DEFAULTS_DIFFER = {
     "reward_model.rollout.name": "verl has no default (it must be given); rlrig's is vllm, its only engine here",
     "reward_model.model.path": "verl's default is ~/models/FsfairX-LLaMA3-RM-v0.1; rlrig's empty default is its "
     "embedded tiny reward model",
-    "actor_rollout_ref.actor.strategy": "verl's default is fsdp; rlrig's is ddp, faster for models that fit on one device "
-    "(fsdp and fsdp2 both select FSDP2)",
+    "actor_rollout_ref.actor.strategy": "verl's default is fsdp; rlrig's is ddp, faster for models that fit on one "
+    "device (fsdp and fsdp2 both select FSDP2)",
 }
 
 # rlrig's own keys, with no verl counterpart.

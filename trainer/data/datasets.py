@@ -110,3 +110,25 @@ def tokenize_prompts(
     if not out:
         raise ConfigError(f"every prompt is longer than data.max_prompt_length={max_len}")
     return out
+
+
+def load_rows(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
+    """The training and validation prompts, tokenized: data.train_files and data.val_files, or without them the
+    offline arithmetic task."""
+    d = cfg.data
+    train = load_dataset(d.train_files) if d.train_files else arithmetic_rows(2048, "train", seed=d.seed)
+    val = (
+        load_dataset(d.val_files)
+        if d.val_files
+        else (arithmetic_rows(128, "test", seed=d.seed + 1) if not d.train_files else [])
+    )
+    tok = lambda rows: tokenize_prompts(
+        rows,
+        tokenizer,
+        d.max_prompt_length,
+        d.truncation,
+        d.filter_overlong_prompts,
+        d.prompt_key,
+        d.apply_chat_template_kwargs,
+    )
+    return tok(train), (tok(val) if val else [])

@@ -129,7 +129,8 @@ def create(pools: list[Pool], timeout_s: float) -> list[list]:
             f"{n['NodeManagerAddress']}: {_fmt(n.get('Resources', {}))}" for n in ray.nodes() if n["Alive"]
         )
         raise ConfigError(
-            f"the workers' placement ({', '.join(f'{p.role}: {p.nnodes} x {p.per_node} of {p.bundle}' for p in pools)}) "
+            f"the workers' placement "
+            f"({', '.join(f'{p.role}: {p.nnodes} x {p.per_node} of {p.bundle}' for p in pools)}) "
             f"was not ready within trainer.placement_timeout_s={timeout_s:g} (other jobs may hold the "
             f"resources); the nodes: {free}"
         )

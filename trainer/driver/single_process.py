@@ -9,11 +9,13 @@ from contextlib import contextmanager
 @contextmanager
 def single_worker(overrides: list[str], model_path: str | None = None):
     """(worker, batches): `batches()` yields each step's prompt rows as the driver's sampler would."""
-    from rlrig.trainer.config.schema import parse_overrides
-    from rlrig.trainer.driver.main import Sampler, load_rows
+    from rlrig.trainer.config.overrides import parse_overrides
+    from rlrig.trainer.data.datasets import load_rows
+    from rlrig.trainer.data.sampler import Sampler
     from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
     from rlrig.trainer.model.build import load_tokenizer
-    from rlrig.trainer.workers.training_worker import Worker, free_port
+    from rlrig.trainer.workers.base import free_port
+    from rlrig.trainer.workers.training_worker import TrainingWorker
 
     cfg = parse_overrides([*overrides, "trainer.n_gpus_per_node=1", "trainer.nnodes=1"])
     path = model_path or cfg.actor_rollout_ref.model.path or ensure_tiny_model()
@@ -23,7 +25,7 @@ def single_worker(overrides: list[str], model_path: str | None = None):
     from rlrig.trainer.reward.reward_model import resolve_path
 
     rm_path = resolve_path(cfg.reward_model) if cfg.reward_model.enable else None  # colocated: scored in this process
-    w = Worker(cfg.to_dict(), 0, 1, ("127.0.0.1", free_port()), path, rm_path)
+    w = TrainingWorker(cfg.to_dict(), 0, 1, ("127.0.0.1", free_port()), path, rm_path)
 
     def batches():
         while True:

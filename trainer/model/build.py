@@ -115,8 +115,8 @@ def generation_copy(module: torch.nn.Module, prec: Precision) -> torch.nn.Module
 def build(
     cfg, path: str, device: torch.device, needs_critic: bool, engine_needs_full_module: bool, remote_ref: bool = False
 ) -> Models:
-    """remote_ref: the reference lives in its own pool (workers/ref_worker.py), not here; needs_critic is False where the
-    critic does (workers/critic_worker.py)."""
+    """remote_ref: the reference lives in its own pool (workers/ref_worker.py), not here; needs_critic is False where
+    the critic does (workers/critic_worker.py)."""
     from transformers import AutoModelForCausalLM
 
     a = cfg.actor_rollout_ref
@@ -137,20 +137,26 @@ def build(
     ref = ref_prec = None
     ref_offload = a.ref.fsdp_config.param_offload
     if cfg.ref_in_use and not remote_ref and not with_lora:
-        ref_prec = resolve(a.ref.fsdp_config, device.type, strategy, "ref")
-        ref = (
-            AutoModelForCausalLM.from_pretrained(path, dtype=ref_prec.model_dtype, **model_kwargs(a.model, path))
-            .to(device)
-            .eval()
-        )
-        ref.requires_grad_(False)
-        cast_buffers(ref, ref_prec)
+        ref, ref_prec = load_reference(cfg, path, device, strategy)
         if strategy == "fsdp":
             parallel.fsdp_shard(ref)  # sharded where it computes; offloaded after
         if ref_offload:
             ref.to("cpu")
     critic = build_critic(cfg, path, device) if needs_critic else None
     return Models(actor, ref, ref_prec, ref_offload, critic, gen_module, gen_is_actor, cfg.ref_in_use and with_lora)
+
+
+def load_reference(cfg, path: str, device: torch.device, strategy: str) -> tuple[torch.nn.Module, Precision]:
+    """The frozen reference on `device` in eval mode, held in its precision (bf16 on GPU unless asked otherwise)."""
+    from transformers import AutoModelForCausalLM
+
+    a = cfg.actor_rollout_ref
+    import_external_lib(a.model)
+    prec = resolve(a.ref.fsdp_config, device.type, strategy, "ref")
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=prec.model_dtype, **model_kwargs(a.model, path))
+    ref.to(device).eval().requires_grad_(False)
+    cast_buffers(ref, prec)
+    return ref, prec
 
 
 def build_critic(cfg, path: str, device: torch.device) -> Trainable:

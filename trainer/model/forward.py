@@ -86,7 +86,8 @@ def values(critic, input_ids, attention_mask, prompt_len, remove_padding=False):
 
 
 def in_micro_batches(parts: list, fn: Callable[[object], torch.Tensor]) -> torch.Tensor:
-    """fn over each micro batch (a slice of rows, or a list of row indices: model/micro_batches.py), back in row order."""
+    """fn over each micro batch (a slice of rows, or a list of row indices: model/micro_batches.py), back in row
+    order."""
     outs = [fn(p) for p in parts]
     cat = torch.cat(outs)
     if all(isinstance(p, slice) for p in parts):

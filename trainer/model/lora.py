@@ -137,7 +137,7 @@ def merged(
     layer is held at a time."""
     held: dict[str, dict[str, torch.Tensor]] = {}
     for name, t in tensors:
-        for part, tag in ((".base_layer.", "W"), (".lora_A.", "A"), (".lora_B.", "B")):
+        for part, tag in ((".base_layer.", "W"), (".lora_A.", "A"), (".lora_B.", "B")):  # noqa: B007  (read after the break)
             if part in name:
                 layer, rest = name.split(part, 1)
                 break

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 Part = slice | list  # consecutive rows, or any rows by index
 
@@ -43,7 +44,8 @@ def parts_needed(lengths: list[int], max_tokens: int) -> int:
 def token_budget(
     lengths: list[int], start: int, stop: int, max_tokens: int, agree: Callable[[int], int]
 ) -> list[list[int]]:
-    """Rows start..stop-1 as index lists within the token budget, in the number of micro batches every rank agrees on."""
+    """Rows start..stop-1 as index lists within the token budget, in the number of micro batches every rank agrees
+    on."""
     own = lengths[start:stop]
     k = min(agree(parts_needed(own, max_tokens)), len(own))
     return [[start + i for i in g] for g in balanced(own, k) if g]
@@ -66,13 +68,29 @@ def rows(
     return plan(lengths, start, stop, micro, max_tokens, agree)
 
 
+@dataclass
+class MiniBatches:
+    """A worker's rows as mini batches (one optimizer step each), each as its micro batches (gradients
+    accumulated); `rows`: the rows of a full mini batch, which scales each micro batch's share of the gradient."""
+
+    parts: list[list[Part]]
+    rows: int
+
+
+def per_worker_mini_batch(cfg, world: int) -> int:
+    """Sequences in each worker's share of a mini batch: ppo_mini_batch_size prompts x n samples over the workers."""
+    a = cfg.actor_rollout_ref
+    return a.actor.ppo_mini_batch_size * a.rollout.n // world
+
+
 def size(part: Part) -> int:
     return part.stop - part.start if isinstance(part, slice) else len(part)
 
 
 def token_budgets(cfg) -> dict[str, int | None]:
     """The token budget of each pass's micro batches under use_dynamic_bsz (None: by count), with verl's
-    defaults: the rollout, reference and critic follow the actor's switch and budget unless set, the reward model the critic's."""
+    defaults: the rollout, reference and critic follow the actor's switch and budget unless set, the reward model the
+    critic's."""
     a, r, ref, c = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.ref, cfg.critic
     rm = cfg.reward_model
     on = lambda flag: a.use_dynamic_bsz if flag is None else flag

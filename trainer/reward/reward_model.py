@@ -42,7 +42,8 @@ class ChatScorer:
         self.max_length = max_length
 
     def render(self, chat: list[dict]) -> list[int]:
-        """The conversation with the response as the assistant's turn, in the reward model's template, cut on the right."""
+        """The conversation with the response as the assistant's turn, in the reward model's template, cut on the
+        right."""
         text = self.tok.apply_chat_template(chat, add_generation_prompt=False, tokenize=False)
         return self.tok(text, add_special_tokens=False)["input_ids"][: self.max_length]
 
@@ -101,8 +102,9 @@ class LoopScorer(ChatScorer):
 
     With reward_model.rollout.tensor_model_parallel_size = k > 1 (colocated), k consecutive training workers share
     one engine over their GPUs, as verl's colocated reward replicas span k of the pool's GPUs: the group's first
-    worker starts it with CUDA_VISIBLE_DEVICES set to the group's GPUs (rollout/tp_groups.py) and scores the whole group's
-    inputs; each worker keeps its own scores. Every worker of a group must score at the same time, as they do."""
+    worker starts it with CUDA_VISIBLE_DEVICES set to the group's GPUs (rollout/tp_groups.py) and scores the whole
+    group's inputs; each worker keeps its own scores. Every worker of a group must score at the same time, as they
+    do."""
 
     def __init__(self, rm_cfg, path: str, device: torch.device, default_max_length: int, budget: int | None):
         from transformers import AutoConfig

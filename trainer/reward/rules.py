@@ -71,19 +71,24 @@ def takes_rm_score(fn: Callable) -> bool:
     return any(p.name == "rm_score" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
-def check_reward_setup(cfg, sources: set[str]) -> Callable | None:
-    """Before any worker starts: the function the workers will call (None: the reward model's score alone)."""
+def reward_fn(cfg) -> Callable | None:
+    """The function that scores a run's samples: the rule-based default or the custom function; None where the
+    reward model's score alone is the reward (verl: a reward model and no custom function)."""
     rf = cfg.custom_reward_function
-    fn = load_reward_fn(rf.path, rf.name)  # a bad path or name stops here
+    if cfg.reward_model.enable and not rf.path:
+        return None
+    return load_reward_fn(rf.path, rf.name)
+
+
+def check_reward_setup(cfg, sources: set[str]) -> None:
+    """Before any worker starts: the reward function loads, every data_source has a rule, and a custom function
+    used beside the reward model takes its score."""
+    rf, fn = cfg.custom_reward_function, reward_fn(cfg)  # a bad path or name stops here
     if not cfg.reward_model.enable:
         check_sources(sources, rf.path)
-        return fn
-    if not rf.path:
-        return None  # verl: with a reward model and no custom function, the model's score is the reward
-    if not takes_rm_score(fn):
+    elif fn is not None and not takes_rm_score(fn):
         # verl's reward loop hands the function an HTTP router to its reward-model servers, which rlrig does not run
         raise ConfigError(
             f"custom_reward_function {rf.name} in {rf.path} is used with reward_model.enable=True: rlrig "
             "calls it with the model's score as the keyword rm_score; add an rm_score parameter"
         )
-    return fn

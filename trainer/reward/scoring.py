@@ -8,16 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
+from rlrig.trainer.batch.step_batch import StepBatch
 from rlrig.trainer.reward.managers import Overlong
-from rlrig.trainer.rollout.engines import Rollout, RolloutEngine, Sampling
-
-
-@dataclass
-class Scored:
-    rollout: Rollout
-    mask: torch.Tensor  # [B, R] float response mask
-    scores: torch.Tensor  # [B] outcome scores
-    token_scores: torch.Tensor  # [B, R]: the score on each response's last token, 0 elsewhere
+from rlrig.trainer.rollout.engines import Rollout
 
 
 @dataclass
@@ -76,15 +69,11 @@ def score(
     return torch.tensor(out), texts, extras
 
 
-def generate(engine: RolloutEngine, rows: list[dict], n: int, device, sampling: Sampling | None = None) -> Rollout:
-    """n samples of each row's prompt, with `sampling` (None: rollout.*'s)."""
-    return engine.generate([r["input_ids"] for r in rows], n, sampling).to(device)
-
-
-def score_rollout(tokenizer, src: RewardSource, rows: list[dict], ro: Rollout, n: int) -> Scored:
-    scores = score(tokenizer, src, rows, ro, n)[0].to(ro.input_ids.device)
-    mask = ro.response_mask.float()
+def score_batch(tokenizer, src: RewardSource, rows: list[dict], batch: StepBatch, n: int) -> StepBatch:
+    """The batch with its scores and token scores: the outcome reward on each response's last token, 0 elsewhere."""
+    scores = score(tokenizer, src, rows, batch, n)[0].to(batch.input_ids.device)
+    mask = batch.mask
     last = (mask.sum(-1).long() - 1).clamp_min(0)
     token_scores = torch.zeros_like(mask)
-    token_scores[torch.arange(len(scores)), last] = scores  # outcome reward on the last response token
-    return Scored(ro, mask, scores, token_scores)
+    token_scores[torch.arange(len(scores)), last] = scores
+    return batch.replace(scores=scores, token_scores=token_scores)

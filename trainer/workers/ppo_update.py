@@ -10,11 +10,12 @@ import torch
 
 from rlrig.trainer.algos import core_algos as algos
 from rlrig.trainer.algos import policy_losses
+from rlrig.trainer.batch.step_batch import StepBatch
 from rlrig.trainer.model import offload, parallel
 from rlrig.trainer.model.build import Trainable
 from rlrig.trainer.model.forward import token_logprobs
 from rlrig.trainer.model.forward import values as critic_values
-from rlrig.trainer.model.micro_batches import size
+from rlrig.trainer.model.micro_batches import MiniBatches, size
 
 
 @contextmanager
@@ -28,29 +29,27 @@ def training(t: Trainable):
         t.opt.zero_grad(set_to_none=True)  # gradients are not held through the next rollout
 
 
-def update_actor(
-    t: Trainable, ro, mask, old_logp, ref_logp, adv, cfg, minis: list[list], mini: int, packed: bool, is_weights=None
-):
-    """`minis`: each mini batch (one optimizer step) as its micro batches (model/micro_batches.py); `mini`: the rows
-    of a full mini batch, which scales each micro batch's share of the gradient. Returns the stats (lists
-    per metric) and the log-probs before the first optimizer step: old_logp, or on-policy (old_logp None)
-    those of the update's own first forwards. `is_weights`: rollout correction's per-token weights, or None."""
+def update_actor(t: Trainable, batch: StepBatch, cfg, plan: MiniBatches):
+    """Returns the stats (lists per metric) and the log-probs before the first optimizer step: the batch's
+    old_logp, or on-policy (old_logp None) those of the update's own first forwards."""
     a = cfg.actor_rollout_ref.actor
     loss_fn = policy_losses.get(a.policy_loss.loss_mode).fn
+    packed = cfg.actor_rollout_ref.model.use_remove_padding
+    old_logp, mask, adv, is_w = batch.old_logp, batch.mask, batch.advantages, batch.is_weights
     stats: dict[str, list[float]] = {}
     first = torch.zeros_like(mask) if old_logp is None else None
     with training(t):
         for _ in range(a.ppo_epochs):
-            for micros in minis:
+            for micros in plan.parts:
                 t.opt.zero_grad()
                 for sl in micros:
                     m = mask[sl]
                     with t.precision.autocast():
                         logp, ent = token_logprobs(
                             t.train,
-                            ro.input_ids[sl],
-                            ro.attention_mask[sl],
-                            ro.prompt_len,
+                            batch.input_ids[sl],
+                            batch.attention_mask[sl],
+                            batch.prompt_len,
                             with_entropy=True,
                             entropy_grad=a.entropy_coeff != 0,
                             remove_padding=packed,
@@ -59,16 +58,15 @@ def update_actor(
                     if old_logp is None:  # on-policy: one epoch, one mini batch, so these are the old log-probs
                         first[sl] = logp.detach()
                     old = old_logp[sl] if old_logp is not None else logp.detach()
-                    pg, extra = loss_fn(
-                        old, logp, adv[sl], m, a, a.loss_agg_mode, None if is_weights is None else is_weights[sl]
-                    )
+                    pg, extra = loss_fn(old, logp, adv[sl], m, a, a.loss_agg_mode, None if is_w is None else is_w[sl])
                     entropy = algos.agg_loss(ent, m, a.loss_agg_mode)
                     loss = pg - a.entropy_coeff * entropy
                     if a.use_kl_loss:
-                        kl = algos.agg_loss(algos.kl_penalty(logp, ref_logp[sl], a.kl_loss_type), m, a.loss_agg_mode)
+                        kl = algos.kl_penalty(logp, batch.ref_logp[sl], a.kl_loss_type)
+                        kl = algos.agg_loss(kl, m, a.loss_agg_mode)
                         loss = loss + a.kl_loss_coef * kl
                         stats.setdefault("actor/kl_loss", []).append(kl.item())
-                    (loss * size(sl) / mini).backward()
+                    (loss * size(sl) / plan.rows).backward()
                     for k, v in (("actor/pg_loss", pg), ("actor/entropy", entropy), *extra.items()):
                         stats.setdefault(k, []).append(v.item())
                 stats.setdefault("actor/grad_norm", []).append(parallel.grad_norm(t.module, a.optim.clip_grad))
@@ -77,18 +75,21 @@ def update_actor(
     return stats, (old_logp if old_logp is not None else first)
 
 
-def update_critic(t: Trainable, ro, mask, old_values, returns, cfg, minis: list[list], mini: int, packed: bool):
+def update_critic(t: Trainable, batch: StepBatch, cfg, plan: MiniBatches):
     c = cfg.critic
+    mask, packed = batch.mask, c.model.use_remove_padding
     stats: dict[str, list[float]] = {}
     with training(t):
         for _ in range(cfg.actor_rollout_ref.actor.ppo_epochs):
-            for micros in minis:
+            for micros in plan.parts:
                 t.opt.zero_grad()
                 for sl in micros:
                     with t.precision.autocast():
-                        v = critic_values(t.train, ro.input_ids[sl], ro.attention_mask[sl], ro.prompt_len, packed)
-                    vf, vclip = algos.value_loss(v, old_values[sl], returns[sl], mask[sl], c.cliprange_value)
-                    (vf * size(sl) / mini).backward()
+                        v = critic_values(
+                            t.train, batch.input_ids[sl], batch.attention_mask[sl], batch.prompt_len, packed
+                        )
+                    vf, vclip = algos.value_loss(v, batch.values[sl], batch.returns[sl], mask[sl], c.cliprange_value)
+                    (vf * size(sl) / plan.rows).backward()
                     stats.setdefault("critic/vf_loss", []).append(vf.item())
                     stats.setdefault("critic/vf_clipfrac", []).append(vclip.item())
                 stats.setdefault("critic/grad_norm", []).append(parallel.grad_norm(t.module, c.optim.clip_grad))

@@ -1,4 +1,5 @@
-"""Clip-Cov: PPO's clipped loss, with a random few tokens of high advantage-log-prob covariance cut out of the gradient."""
+"""Clip-Cov: PPO's clipped loss, with a random few tokens of high advantage-log-prob covariance cut out of the
+gradient."""
 
 from __future__ import annotations
 

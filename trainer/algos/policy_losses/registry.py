@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-# (old_logp, logp, advantages, mask, actor config, loss_agg_mode, is_weights) -> (loss, {"actor/pg_clipfrac": ..., ...});
-# is_weights: rollout correction's [B, R] importance weights (algos/rollout_correction.py) or None, multiplying each token's
-# loss before aggregation, as verl's losses take rollout_is_weights
+# (old_logp, logp, advantages, mask, actor config, loss_agg_mode, is_weights) -> (loss, {"actor/pg_clipfrac": ...,
+# ...}); is_weights: rollout correction's [B, R] importance weights (algos/rollout_correction.py) or None, multiplying
+# each token's loss before aggregation, as verl's losses take rollout_is_weights
 LossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 

@@ -52,9 +52,7 @@ def engine_class(name: str) -> type[RolloutEngine]:
 
 
 def make_engine(cls: type[RolloutEngine], ctx: EngineContext) -> RolloutEngine:
-    if ctx.device not in cls.devices:
-        raise EngineUnavailable(
-            f"actor_rollout_ref.rollout.name={cls.name} runs on {' or '.join(cls.devices)}, "
-            f"not {ctx.device}; use another engine (hf runs everywhere)"
-        )
+    why = cls.unavailable(ctx.device)
+    if why:
+        raise why
     return cls(ctx)

@@ -86,6 +86,17 @@ class RolloutEngine:
     def __init__(self, ctx: EngineContext):
         raise NotImplementedError
 
+    @classmethod
+    def unavailable(cls, device: str) -> EngineUnavailable | None:
+        """Why the engine cannot run on `device` here (a device it does not run on, its package missing or too
+        old), or None. The driver asks on every node before it builds any worker; a constructor asks again."""
+        if device not in cls.devices:
+            return EngineUnavailable(
+                f"actor_rollout_ref.rollout.name={cls.name} runs on {' or '.join(cls.devices)}, "
+                f"not {device}; use another engine (hf runs everywhere)"
+            )
+        return None
+
     def generate(self, prompts: list[list[int]], n: int, sampling: Sampling | None = None) -> Rollout:
         """n samples of each prompt (prompt i's at rows i*n .. i*n+n-1); `sampling` None: the rollout config's."""
         raise NotImplementedError
@@ -156,4 +167,4 @@ class EngineUnavailable(RuntimeError):
 
 
 class EngineNotInstalled(EngineUnavailable):
-    """The engine's package is not installed: the one case in which rollout.name=auto falls back."""
+    """The engine's package is not installed."""

@@ -23,6 +23,7 @@ from rlrig.trainer.rollout import tp_groups
 from rlrig.trainer.rollout.engines.base import (
     EngineContext,
     EngineNotInstalled,
+    EngineUnavailable,
     RolloutEngine,
     Sampling,
     pack_responses,
@@ -109,11 +110,23 @@ class SGLangRollout(RolloutEngine):
     devices = ("cuda",)
     tensor_parallel = True
 
-    def __init__(self, ctx: EngineContext):
+    @classmethod
+    def unavailable(cls, device: str) -> EngineUnavailable | None:
+        why = super().unavailable(device)
+        if why:
+            return why
         try:
-            import sglang
+            import sglang  # noqa: F401
         except ImportError as e:
-            raise EngineNotInstalled(f"SGLang is not installed ({e}); {INSTALL_HINT}") from None
+            return EngineNotInstalled(f"SGLang is not installed ({e}); {INSTALL_HINT}")
+        return None
+
+    def __init__(self, ctx: EngineContext):
+        why = self.unavailable("cuda")  # the device was checked by make_engine; the package may be missing
+        if why:
+            raise why
+        import sglang
+
         self.tok, self.cfg, self.max_new = ctx.tokenizer, ctx.cfg, ctx.max_response_length
         self.dtype = getattr(torch, engine_dtype(ctx.cfg))  # what the engine holds its weights in
         self.released = False

@@ -111,23 +111,36 @@ class VLLMRollout(RolloutEngine):
     name = "vllm"
     tensor_parallel = True
 
+    @classmethod
+    def unavailable(cls, device: str) -> EngineUnavailable | None:
+        why = super().unavailable(device)
+        if why:
+            return why
+        try:
+            import vllm
+        except ImportError as e:
+            return EngineNotInstalled(f"vLLM is not installed ({e}); {INSTALL_HINT}")
+        if not takes_weights_in_memory():
+            return EngineUnavailable(
+                f"vLLM {vllm.__version__} cannot take the actor's weights in memory (its reload_weights has "
+                f"no weights_iterator); install vLLM {MIN_VERSION} or newer, or set "
+                "actor_rollout_ref.rollout.name=hf"
+            )
+        return None
+
     def __init__(self, ctx: EngineContext):
         cfg, device = ctx.cfg, ctx.device
+        # set before vLLM is imported here (the check below imports it): some of its modules read them at import
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if device == "cpu":
             # vLLM's CPU KV cache defaults to several GiB per engine; one per worker must fit beside training
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kvcache_space_gb))
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        try:
-            import vllm
-        except ImportError as e:
-            raise EngineNotInstalled(f"vLLM is not installed ({e}); {INSTALL_HINT}") from None
-        if not takes_weights_in_memory():
-            raise EngineUnavailable(
-                f"vLLM {vllm.__version__} cannot take the actor's weights in memory (its reload_weights has "
-                f"no weights_iterator); install vLLM {MIN_VERSION} or newer, or set "
-                "actor_rollout_ref.rollout.name=hf"
-            )
+        why = self.unavailable(device)
+        if why:
+            raise why
+        import vllm
+
         self.vllm = vllm
         self.tok, self.cfg, self.max_new, self.device = ctx.tokenizer, cfg, ctx.max_response_length, device
         self.tp_group = None

@@ -1,0 +1,30 @@
+"""Samples moving between the workers of one data-parallel group: every worker's batch all-gathered, field by
+field on the workers' own devices (NCCL on GPUs, Gloo on CPU), and each worker keeping the rows it is given.
+Balancing (batch/balance.py) and PF-PPO's resampling (algos/pf_ppo.py) both move samples this way."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from rlrig.trainer.batch.step_batch import StepBatch
+from rlrig.trainer.model.parallel import gather_rows
+from rlrig.trainer.rollout.engines.base import left_pad_to
+
+
+def exchange(batch: StepBatch, rows: torch.Tensor, pad_id: int) -> StepBatch:
+    """This worker's share of every worker's samples: `rows` of them in worker order (each worker holds as many).
+    Prompts are widened to the widest worker's (each worker padded its own to its longest), then cut to the widest
+    of the rows taken; responses are as wide on every worker (the engines pad them to max_response_length).
+    A collective: every worker calls it at the same point, with the same fields set."""
+    width = torch.tensor([batch.prompt_len], device=batch.input_ids.device)
+    dist.all_reduce(width, op=dist.ReduceOp.MAX)
+    width, p = int(width.item()), batch.prompt_len
+    widen = lambda t, fill: torch.cat([left_pad_to(t[:, :p], width, fill), t[:, p:]], 1)
+    fields = batch.per_sample()
+    fields["input_ids"], fields["attention_mask"] = widen(batch.input_ids, pad_id), widen(batch.attention_mask, 0)
+    taken = {k: None if v is None else gather_rows(v)[rows] for k, v in fields.items()}
+    used = taken["attention_mask"][:, :width].any(0).nonzero()
+    first = int(used[0]) if len(used) else width - 1
+    taken["input_ids"], taken["attention_mask"] = taken["input_ids"][:, first:], taken["attention_mask"][:, first:]
+    return StepBatch(prompt_len=width - first, **taken)

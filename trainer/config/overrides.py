@@ -1,0 +1,125 @@
+"""The one place that parses `KEY=VALUE` overrides onto the typed config, and reports unknown keys.
+
+Overrides use verl's dotted keys; values are Hydra/OmegaConf literals (null, True, numbers, ['a','b']). The
+FAQ's old `ray_init.*` spellings are accepted as aliases.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+from typing import Any, get_type_hints
+
+from rlrig.trainer.config import verl_keys
+from rlrig.trainer.config.errors import ConfigError
+from rlrig.trainer.config.schema import Config, all_keys, canonical_strategy
+from rlrig.trainer.config.validation import validate
+
+ALIASES = {
+    "ray_init.num_cpus": "ray_kwargs.ray_init.num_cpus",
+    "ray_init.timeline_file": "ray_kwargs.timeline_json_file",
+    "trainer.nnode": "trainer.nnodes",  # the FAQ's spelling
+}
+
+
+def parse_literal(raw: str) -> Any:
+    """Hydra-style literals: null/None, true/false, numbers, lists; anything else is a string."""
+    low = raw.strip().lower()
+    if low in ("null", "none", "~"):
+        return None
+    if low in ("true", "false"):
+        return low == "true"
+    try:
+        return ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        pass
+    if raw.startswith("[") and raw.endswith("]"):  # [console,wandb] without quotes
+        return [parse_literal(x.strip()) for x in raw[1:-1].split(",") if x.strip()]
+    return raw
+
+
+def _coerce(value: Any, hint: Any, key: str) -> Any:
+    text = str(hint)
+    if value is None:
+        if "None" in text or "Optional" in text:
+            return None
+        raise ConfigError(f"{key}=null is not allowed; give a value")
+    if hint is bool or text == "bool":
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}={value!r}: expected True or False")
+    if hint is int or text.startswith("int"):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or (isinstance(value, float) and not value.is_integer())
+        ):
+            raise ConfigError(f"{key}={value!r}: expected a whole number")
+        return int(value)
+    if hint is float or text.startswith("float"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}={value!r}: expected a number")
+        return float(value)
+    if hint is list or text.startswith("list"):
+        return value if isinstance(value, list) else [value]
+    if hint is str or text.startswith("str"):
+        return str(value)
+    if hint is dict or text.startswith("dict"):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}={value!r}: expected a mapping such as {{'key': 'value'}}")
+        return value
+    return value
+
+
+def _dict_item(cfg: Config, key: str) -> tuple[dict, str] | None:
+    """For `a.b.mapping.item`, where a.b.mapping is a dict field (Hydra's `+key.item=value`): (the dict, item)."""
+    *parents, leaf = key.split(".")
+    for cut in range(len(parents), 0, -1):
+        obj = cfg
+        for p in parents[:cut]:
+            obj = getattr(obj, p, None)
+            if obj is None:
+                break
+        if isinstance(obj, dict):
+            for p in parents[cut:]:
+                obj = obj.setdefault(p, {})
+            return obj, leaf
+    return None
+
+
+def set_key(cfg: Config, key: str, raw: str) -> None:
+    key = ALIASES.get(key, key)
+    why = verl_keys.refusal(key, raw)
+    if why:
+        raise ConfigError(why)
+    known = all_keys(cfg)
+    if key not in known and (key in verl_keys.ACCEPTED_DEFAULTS or verl_keys.inert(key)):
+        return  # verl's default of a feature rlrig does not have, or a setting of one that is off: nothing to do
+    if key not in known and (item := _dict_item(cfg, key)):
+        item[0][item[1]] = parse_literal(raw)
+        return
+    if key not in known:
+        near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        hint = f"; did you mean {near[0]}?" if near else "; run `rlrig train --print-config` to list the keys"
+        raise ConfigError(f"unknown config key {key!r}{hint}")
+    *parents, leaf = key.split(".")
+    obj = cfg
+    for p in parents:
+        obj = getattr(obj, p)
+    hint = get_type_hints(type(obj))[leaf]
+    setattr(obj, leaf, _coerce(parse_literal(raw), hint, key))
+
+
+def parse_overrides(overrides: list[str]) -> Config:
+    """Overrides applied in order onto verl's defaults (a preset's, if any, come first: see config/presets.py)."""
+    cfg = Config()
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not KEY=VALUE")
+        key, raw = item.split("=", 1)
+        # `+key=value` adds a key in Hydra; every key we accept already exists, so it just sets it.
+        set_key(cfg, key.lstrip("+").strip(), raw)
+    a = cfg.actor_rollout_ref.actor
+    a.strategy = canonical_strategy(a.strategy)
+    validate(cfg)
+    return cfg

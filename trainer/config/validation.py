@@ -1,0 +1,401 @@
+"""Config validation, section by section: every check reads the config and raises ConfigError in one line
+naming the key, its value and the fix; nothing here changes the config."""
+
+from __future__ import annotations
+
+from rlrig.trainer.algos.estimators import ESTIMATORS
+from rlrig.trainer.algos.policy_losses import POLICY_LOSSES
+from rlrig.trainer.config.errors import ConfigError
+from rlrig.trainer.config.schema import Config, FsdpConfig, RewardModelRolloutConfig, canonical_strategy
+from rlrig.trainer.model.micro_batches import per_worker_mini_batch, token_budgets
+from rlrig.trainer.reward.managers import overlong
+from rlrig.trainer.rollout.engines import ENGINES
+from rlrig.trainer.rollout.engines import NAMES as ENGINE_NAMES
+
+LOGGERS = ("console", "tensorboard", "wandb")
+_KL = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+KL_KINDS = (*_KL, *(k + "+" for k in _KL))  # "+": the value of the kind, the gradient of k2
+DTYPES = (
+    "fp32",
+    "bf16",
+    "float32",
+    "bfloat16",
+)  # verl's spellings both; fp16 compute would need loss scaling, which rlrig does not do
+
+
+RAY_RESERVED = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+def fsdp_configs(cfg: Config) -> dict[str, FsdpConfig]:
+    return {
+        "actor_rollout_ref.actor.fsdp_config": cfg.actor_rollout_ref.actor.fsdp_config,
+        "actor_rollout_ref.ref.fsdp_config": cfg.actor_rollout_ref.ref.fsdp_config,
+        "critic.model.fsdp_config": cfg.critic.model.fsdp_config,
+    }
+
+
+def validate(cfg: Config) -> None:
+    """The first problem found, as a ConfigError."""
+    for section in (
+        _choices,
+        _strategy,
+        _trainer,
+        _batch_sizes,  # before the checks that divide by these sizes
+        _rollout,
+        _actor,
+        _algorithm,
+        validate_reward_model,
+        validate_lora,
+        validate_rollout_correction,
+        _pools,
+    ):
+        section(cfg)
+
+
+def _choices(cfg: Config) -> None:
+    """Every enumerated key among its values."""
+    d, a, r, t = cfg.data, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.trainer
+    choices = {
+        "algorithm.adv_estimator": (cfg.algorithm.adv_estimator, tuple(ESTIMATORS)),
+        "actor_rollout_ref.actor.policy_loss.loss_mode": (a.policy_loss.loss_mode, tuple(POLICY_LOSSES)),
+        "actor_rollout_ref.actor.loss_agg_mode": (
+            a.loss_agg_mode,
+            ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+        ),
+        "actor_rollout_ref.actor.kl_loss_type": (a.kl_loss_type, KL_KINDS),
+        "algorithm.kl_penalty": (cfg.algorithm.kl_penalty, KL_KINDS),
+        "algorithm.kl_ctrl.type": (cfg.algorithm.kl_ctrl.type, ("fixed", "adaptive")),
+        "algorithm.pf_ppo.reweight_method": (cfg.algorithm.pf_ppo.reweight_method, ("pow", "max_min", "max_random")),
+        "data.truncation": (d.truncation, ("error", "left", "right")),
+        "trainer.resume_mode": (t.resume_mode, ("auto", "disable", "resume_path")),
+        "trainer.device": (t.device, ("auto", "cuda", "cpu")),
+        "actor_rollout_ref.rollout.name": (r.name, ENGINE_NAMES),
+        "actor_rollout_ref.actor.strategy": (a.strategy, ("ddp", "fsdp", "fsdp2")),
+        "actor_rollout_ref.rollout.load_format": (r.load_format, ("dummy", "auto", "safetensors", "pt")),
+    }
+    for prefix, optim in (("actor_rollout_ref.actor.optim", a.optim), ("critic.optim", cfg.critic.optim)):
+        style = optim.warmup_style or optim.lr_scheduler_type
+        choices[f"{prefix}.{'warmup_style' if optim.warmup_style else 'lr_scheduler_type'}"] = (
+            style,
+            ("constant", "cosine"),
+        )
+    for prefix, fc in fsdp_configs(cfg).items():
+        mp = fc.mixed_precision
+        for key, value in (
+            ("model_dtype", fc.model_dtype),
+            ("mixed_precision.param_dtype", mp.param_dtype),
+            ("mixed_precision.reduce_dtype", mp.reduce_dtype),
+        ):
+            if value is not None:
+                choices[f"{prefix}.{key}"] = (value, DTYPES)
+        choices[f"{prefix}.mixed_precision.buffer_dtype"] = (mp.buffer_dtype, DTYPES)
+    for key, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise ConfigError(f"{key}={value!r}: choose one of {', '.join(allowed)}")
+
+
+def _strategy(cfg: Config) -> None:
+    """Data parallelism: FSDP's offload, and the reference sharded as the actor."""
+    a = cfg.actor_rollout_ref.actor
+    for prefix in ("actor_rollout_ref.actor.fsdp_config", "critic.model.fsdp_config"):
+        if fsdp_configs(cfg)[prefix].param_offload and a.strategy != "fsdp":
+            # DDP keeps a full replica and gradient buckets on the device: moving the weights out saves little
+            raise ConfigError(
+                f"{prefix}.param_offload=True offloads FSDP shards; set actor_rollout_ref.actor.strategy=fsdp "
+                "(or leave param_offload=False)"
+            )
+    ref = cfg.actor_rollout_ref.ref
+    if ref.strategy is not None and canonical_strategy(ref.strategy) != a.strategy:
+        raise ConfigError(
+            f"actor_rollout_ref.ref.strategy={ref.strategy}: rlrig shards the reference as it does the actor "
+            f"(actor_rollout_ref.actor.strategy={a.strategy}); leave it unset or equal"
+        )
+
+
+def _rollout(cfg: Config) -> None:
+    """The rollout engine: its mode, engine arguments, lengths and tensor parallelism."""
+    d, r, t = cfg.data, cfg.actor_rollout_ref.rollout, cfg.trainer
+    workers = t.nnodes * t.n_gpus_per_node
+    if r.mode not in ("async", "sync"):
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.mode={r.mode}: verl's modes are async (its default) and sync; "
+            "both give rlrig's single-turn rollout"
+        )
+    unknown_engines = set(r.engine_kwargs) - set(ENGINES)
+    if unknown_engines:
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.engine_kwargs.{sorted(unknown_engines)[0]}: rlrig's engines are "
+            f"{', '.join(ENGINES)}"
+        )
+    if r.max_model_len is not None and r.max_model_len < d.max_prompt_length + d.max_response_length:
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.max_model_len={r.max_model_len} is shorter than "
+            f"data.max_prompt_length + data.max_response_length = {d.max_prompt_length + d.max_response_length}"
+        )
+    tp, per_node = r.tensor_model_parallel_size, t.n_gpus_per_node
+    if tp < 1 or workers % tp or (per_node % tp if tp <= per_node else tp % per_node):
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}: each engine spans that many workers, "
+            f"so it must divide trainer.n_gpus_per_node={per_node} or be a multiple of it and divide "
+            f"the {workers} workers"
+        )
+    if tp > 1 and r.name in ENGINES and not ENGINES[r.name].tensor_parallel:
+        capable = ", ".join(n for n, e in ENGINES.items() if e.tensor_parallel)
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size>1 works with rollout.name={capable}; "
+            f"rlrig's {r.name} engine runs one GPU per worker (tensor_model_parallel_size=1)"
+        )
+
+
+def _trainer(cfg: Config) -> None:
+    """Loggers, the data sampler, checkpoints' storage and resuming, placement's wait."""
+    d, t = cfg.data, cfg.trainer
+    bad_loggers = [x for x in t.logger if x not in LOGGERS]
+    if bad_loggers:
+        raise ConfigError(
+            f"trainer.logger: {', '.join(map(str, bad_loggers))} is not in rlrig; it logs to {', '.join(LOGGERS)}"
+        )
+    if d.sampler.class_path or d.sampler.class_name:
+        raise ConfigError(
+            "data.sampler.class_path/class_name: custom samplers are not in rlrig; it shuffles by epoch "
+            "(data.shuffle, data.seed)"
+        )
+    if t.default_hdfs_dir:
+        raise ConfigError(
+            f"trainer.default_hdfs_dir={t.default_hdfs_dir}: rlrig does not copy checkpoints to HDFS; leave it "
+            "null and point trainer.default_local_dir at shared storage"
+        )
+    if t.placement_timeout_s <= 0:
+        raise ConfigError(f"trainer.placement_timeout_s={t.placement_timeout_s:g} must be positive")
+    if t.resume_mode == "resume_path" and not t.resume_from_path:
+        raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint dir>")
+
+
+def _batch_sizes(cfg: Config) -> None:
+    """Batch, mini-batch and micro-batch sizes and token budgets: whole numbers that divide as the update needs."""
+    d, a, r, t = cfg.data, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.trainer
+    workers = t.nnodes * t.n_gpus_per_node
+    for key, value in (
+        ("data.train_batch_size", d.train_batch_size),
+        ("actor_rollout_ref.rollout.n", r.n),
+        ("actor_rollout_ref.rollout.val_kwargs.n", r.val_kwargs.n),
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", a.ppo_mini_batch_size),
+        ("trainer.nnodes", t.nnodes),
+        ("trainer.n_gpus_per_node", t.n_gpus_per_node),
+        ("algorithm.kl_ctrl.horizon", cfg.algorithm.kl_ctrl.horizon),
+    ):
+        if value < 1:
+            raise ConfigError(f"{key}={value} must be at least 1")
+    for key, value in (
+        ("data.val_batch_size", d.val_batch_size),
+        ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", r.log_prob_micro_batch_size_per_gpu),
+        (
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+            cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu,
+        ),
+        ("critic.ppo_micro_batch_size_per_gpu", cfg.critic.ppo_micro_batch_size_per_gpu),
+        ("critic.forward_micro_batch_size_per_gpu", cfg.critic.forward_micro_batch_size_per_gpu),
+    ):
+        if value is not None and value < 1:
+            raise ConfigError(f"{key}={value} must be at least 1 (or null)")
+    longest = d.max_prompt_length + d.max_response_length
+    for key, budget in token_budgets(cfg).items():
+        if budget is not None and budget < longest:
+            raise ConfigError(
+                f"{key}={budget} is shorter than one sequence (data.max_prompt_length + "
+                f"data.max_response_length = {longest}); raise it"
+            )
+    if d.train_batch_size % a.ppo_mini_batch_size:
+        raise ConfigError(
+            f"data.train_batch_size={d.train_batch_size} is not a multiple of "
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={a.ppo_mini_batch_size}"
+        )
+    if a.ppo_mini_batch_size % workers:
+        raise ConfigError(
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={a.ppo_mini_batch_size} prompts cannot be split over "
+            f"{workers} workers (trainer.nnodes x trainer.n_gpus_per_node); make it a multiple of {workers}"
+        )
+    per_worker_mini = per_worker_mini_batch(cfg, workers)
+    for key, micro in (
+        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", a.ppo_micro_batch_size_per_gpu),
+        ("critic.ppo_micro_batch_size_per_gpu", cfg.critic.ppo_micro_batch_size_per_gpu),
+    ):
+        micro = micro or per_worker_mini
+        if micro < 1 or per_worker_mini % min(micro, per_worker_mini):
+            raise ConfigError(
+                f"each worker's mini batch ({per_worker_mini} sequences) is not a multiple of {key}={micro}"
+            )
+
+
+def _actor(cfg: Config) -> None:
+    """The actor's loss and optimizer settings."""
+    a = cfg.actor_rollout_ref.actor
+    if a.use_prefix_grouper and cfg.actor_rollout_ref.model.use_remove_padding:
+        raise ConfigError(
+            "actor_rollout_ref.actor.use_prefix_grouper=True shares prompts in the padded layout; set "
+            "actor_rollout_ref.model.use_remove_padding=False (verl's grouper does not run with it either)"
+        )
+    if a.clip_ratio_c <= 1:
+        raise ConfigError(
+            f"actor_rollout_ref.actor.clip_ratio_c={a.clip_ratio_c}: the dual-clip bound must be greater than 1 "
+            "(verl's default is 3.0)"
+        )
+    for prefix, optim in (("actor_rollout_ref.actor.optim", a.optim), ("critic.optim", cfg.critic.optim)):
+        if not 0 <= optim.lr_warmup_steps_ratio <= 1 or not 0 <= optim.min_lr_ratio <= 1:
+            raise ConfigError(f"{prefix}.lr_warmup_steps_ratio and {prefix}.min_lr_ratio are fractions between 0 and 1")
+
+
+def _algorithm(cfg: Config) -> None:
+    """What the advantage estimator needs."""
+    r = cfg.actor_rollout_ref.rollout
+    est = ESTIMATORS[cfg.algorithm.adv_estimator]
+    if cfg.algorithm.use_pf_ppo and est.name != "gae":
+        raise ConfigError(
+            f"algorithm.use_pf_ppo=True: verl resamples only after adv_estimator=gae (with {est.name} it "
+            "does nothing); set algorithm.adv_estimator=gae or use_pf_ppo=False"
+        )
+    if est.needs_groups and r.n < 2:
+        raise ConfigError(
+            f"algorithm.adv_estimator={est.name} compares samples of one prompt; "
+            "set actor_rollout_ref.rollout.n to 2 or more"
+        )
+
+
+def _pools(cfg: Config) -> None:
+    """Roles in pools of their own, and custom placement resources."""
+    t = cfg.trainer
+    workers = t.nnodes * t.n_gpus_per_node
+    ref = cfg.actor_rollout_ref.ref
+    if ref.enable_resource_pool and not cfg.ref_in_use:
+        raise ConfigError(
+            "actor_rollout_ref.ref.enable_resource_pool=True but this run has no reference model (it needs "
+            "actor.use_kl_loss=True or algorithm.use_kl_in_reward=True)"
+        )
+    if cfg.critic.enable_resource_pool and not cfg.critic_in_use:
+        raise ConfigError(
+            f"critic.enable_resource_pool=True but algorithm.adv_estimator={cfg.algorithm.adv_estimator} "
+            "trains no critic (gae does)"
+        )
+    c = cfg.critic
+    if c.enable_resource_pool and c.nnodes * c.n_gpus_per_node != workers:
+        raise ConfigError(
+            f"critic.enable_resource_pool=True: one critic worker per training worker, so critic.nnodes x "
+            f"critic.n_gpus_per_node must be {workers} (trainer.nnodes x trainer.n_gpus_per_node), "
+            f"not {c.nnodes} x {c.n_gpus_per_node}"
+        )
+    for prefix, pool in cfg.own_pools().items():
+        if pool.nnodes < 1 or pool.n_gpus_per_node < 1:
+            raise ConfigError(
+                f"{prefix}.enable_resource_pool=True needs {prefix}.nnodes and {prefix}.n_gpus_per_node "
+                f"of at least 1 (got {pool.nnodes} and {pool.n_gpus_per_node})"
+            )
+    for key, pc in (
+        ("actor_rollout_ref.placement.resource", cfg.actor_rollout_ref.placement),
+        ("actor_rollout_ref.ref.placement.resource", ref.placement),
+        ("critic.placement.resource", cfg.critic.placement),
+        ("reward_model.placement.resource", cfg.reward_model.placement),
+    ):
+        if pc.resource is not None and (not pc.resource or pc.resource in RAY_RESERVED):
+            raise ConfigError(
+                f"{key}={pc.resource!r}: name a custom resource the nodes offer (RLRIG_RESOURCES), not "
+                f"{', '.join(RAY_RESERVED)}; trainer.device decides GPU or CPU"
+            )
+
+
+def validate_rollout_correction(cfg: Config) -> None:
+    rc, p = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
+    if rc.rollout_is not in (None, "token", "sequence"):
+        raise ConfigError(f"{p}.rollout_is={rc.rollout_is}: choose token, sequence or null (off)")
+    if rc.rollout_is_threshold <= 0:
+        raise ConfigError(f"{p}.rollout_is_threshold={rc.rollout_is_threshold} must be positive")
+    why = rollout_is_refusal(rc, cfg.actor_rollout_ref.rollout.name)
+    if why:
+        raise ConfigError(why)
+
+
+def rollout_is_refusal(rc, engine: str) -> str | None:
+    """Rollout correction weighs by the engine's own log-probs, which the hf engine does not compute. Asked of
+    the configured name here, and by the driver of the engine that rollout.name=auto chose."""
+    if rc.rollout_is and engine == "hf":
+        return (
+            f"algorithm.rollout_correction.rollout_is={rc.rollout_is} weighs by the engine's own log-probs, which "
+            "the hf engine does not compute; install vLLM or SGLang and set actor_rollout_ref.rollout.name to it"
+        )
+    return None
+
+
+def validate_lora(cfg: Config) -> None:
+    m = cfg.actor_rollout_ref.model
+    if m.lora_rank < 0 or m.lora_alpha <= 0:
+        raise ConfigError(
+            f"actor_rollout_ref.model.lora_rank={m.lora_rank}, lora_alpha={m.lora_alpha}: the rank is 0 "
+            "(no LoRA) or more, the alpha above 0"
+        )
+    for key, value, optional in (
+        ("target_modules", m.target_modules, False),
+        ("exclude_modules", m.exclude_modules, True),
+    ):
+        if value is None and optional:
+            continue
+        names = value if isinstance(value, list) else [value]
+        if not names or not all(isinstance(x, str) and x for x in names):
+            raise ConfigError(
+                f"actor_rollout_ref.model.{key}={value!r}: give all-linear, a module-name regex, or a list "
+                "of module names such as [q_proj,v_proj]"
+            )
+    if m.uses_lora and cfg.actor_rollout_ref.ref.enable_resource_pool:
+        raise ConfigError(
+            "actor_rollout_ref.ref.enable_resource_pool=True with LoRA: the reference is the actor with its "
+            "adapters disabled, as in verl, so it has no workers of its own; set it False"
+        )
+
+
+def validate_reward_model(cfg: Config) -> None:
+    rm = cfg.reward_model
+    overlong(rm)  # the manager and its reward_kwargs, whether or not a model scores
+    if not rm.enable:
+        return
+    for key, value in (
+        ("reward_model.micro_batch_size_per_gpu", rm.micro_batch_size_per_gpu),
+        ("reward_model.max_length", rm.max_length),
+    ):
+        if value is not None and value < 1:
+            raise ConfigError(f"{key}={value} must be at least 1 (or null)")
+    if rm.use_reward_loop:
+        validate_reward_loop(rm.rollout, rm.enable_resource_pool, cfg.trainer.n_gpus_per_node)
+
+
+def validate_reward_loop(r: RewardModelRolloutConfig, own_pool: bool, per_node: int) -> None:
+    if r.name != "vllm":
+        raise ConfigError(
+            f"reward_model.rollout.name={r.name}: rlrig's reward loop serves the reward model with vLLM; "
+            "set reward_model.rollout.name=vllm (or use_reward_loop=False to score with transformers)"
+        )
+    k = r.tensor_model_parallel_size
+    if k < 1 or k > 1 and own_pool:
+        raise ConfigError(
+            f"reward_model.rollout.tensor_model_parallel_size={k}: rlrig's reward engines span workers only "
+            "colocated (reward_model.enable_resource_pool=False); in a pool of their own they run on one GPU each"
+        )
+    if per_node % k:
+        raise ConfigError(
+            f"reward_model.rollout.tensor_model_parallel_size={k}: one reward engine spans that many "
+            f"training workers of one node, so it must divide trainer.n_gpus_per_node={per_node}"
+        )
+    unknown = set(r.engine_kwargs) - {"vllm"}
+    if unknown:
+        raise ConfigError(
+            f"reward_model.rollout.engine_kwargs.{sorted(unknown)[0]}: the reward loop's engine is vLLM; "
+            "put its arguments under reward_model.rollout.engine_kwargs.vllm"
+        )
+    for key, value in (
+        ("prompt_length", r.prompt_length),
+        ("response_length", r.response_length),
+        ("max_num_batched_tokens", r.max_num_batched_tokens),
+        ("max_num_seqs", r.max_num_seqs),
+        ("max_model_len", r.max_model_len),
+    ):
+        if value is not None and value < 1:
+            raise ConfigError(f"reward_model.rollout.{key}={value} must be at least 1")
+    if not 0 < r.gpu_memory_utilization <= 1:
+        raise ConfigError(f"reward_model.rollout.gpu_memory_utilization={r.gpu_memory_utilization} must be in (0, 1]")

@@ -1,0 +1,139 @@
+"""Starting the trainer's workers: their placement groups, a check on every node that the rollout engine can
+run there, then the workers themselves, each whole or not at all.
+
+The training workers hold the actor and its rollout engine, and the reference, critic and reward model unless
+those have pools of their own (critic.enable_resource_pool, ...: OpenRLHF's separate nodes); each training
+worker sends its samples to one worker of each such pool (round robin; the critic's pairs one to one)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlrig.trainer.config.errors import ConfigError
+from rlrig.trainer.driver import placement
+
+
+@dataclass
+class Workers:
+    training: list  # the training workers' Ray handles, by rank
+    pools: dict[str, list] = field(default_factory=dict)  # the workers of each role in a pool of its own, by prefix
+
+    @property
+    def critics(self) -> list:
+        return self.pools.get("critic", [])
+
+    @property
+    def stateful(self) -> list:
+        """Every worker that holds a process group or a reward scorer, for shutdown."""
+        return self.training + self.critics
+
+
+def uses_gpu(cfg) -> bool:
+    """trainer.device=auto: GPUs where the cluster has them."""
+    import ray
+
+    t = cfg.trainer
+    return t.device == "cuda" or (t.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
+
+
+def plan_pools(cfg) -> list[placement.Pool]:
+    """The training workers' pool first, then one per role with a pool of its own, in cfg.own_pools() order."""
+    t, rm, use_gpu = cfg.trainer, cfg.reward_model, cfg.trainer.device == "cuda"
+    own = cfg.own_pools()
+    resources = [
+        cfg.actor_rollout_ref.placement.resource,
+        cfg.critic.placement.resource if cfg.critic_in_use and "critic" not in own else None,
+        rm.placement.resource if rm.enable and "reward_model" not in own else None,
+        cfg.actor_rollout_ref.ref.placement.resource if cfg.ref_in_use and "actor_rollout_ref.ref" not in own else None,
+    ]
+    labelled = {n.rank for n in placement.cluster_nodes()} - {None}
+    # one group per node, pinned to the node of the same rank unless a resource decides where workers go
+    pin = len(labelled) >= t.nnodes > 1 and not any(resources)
+    pools = [placement.Pool("trainer", t.nnodes, t.n_gpus_per_node, placement.bundle(use_gpu, *resources), pin)]
+    pools += [
+        placement.Pool(prefix, p.nnodes, p.n_gpus_per_node, placement.bundle(use_gpu, p.placement.resource))
+        for prefix, p in own.items()
+    ]
+    return pools
+
+
+def start_workers(cfg, model_path: str, rm_path: str | None) -> Workers:
+    """Every worker of the run, started. `cfg.trainer.device` is resolved (cuda or cpu). Raises ConfigError,
+    before any worker exists, when the rollout engine cannot run on a node."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from rlrig.trainer.workers.base import node_address
+    from rlrig.trainer.workers.critic_worker import CriticWorker
+    from rlrig.trainer.workers.ref_worker import RefWorker
+    from rlrig.trainer.workers.reward_worker import RewardModelWorker
+    from rlrig.trainer.workers.training_worker import Peers, TrainingWorker, engine_refusal
+
+    t, use_gpu, cfg_dict = cfg.trainer, cfg.trainer.device == "cuda", cfg.to_dict()
+    pools = plan_pools(cfg)
+    made = placement.create(pools, t.placement_timeout_s)
+
+    def opts(k: int, i: int) -> dict:
+        """Ray options of worker i of pools[k]: its bundle's resources, in its group."""
+        pool = pools[k]
+        return dict(
+            num_cpus=1,
+            num_gpus=1 if use_gpu else 0,
+            resources={r: v for r, v in pool.bundle.items() if r not in ("CPU", "GPU")},
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                made[k][i // pool.per_node], placement_group_bundle_index=i % pool.per_node
+            ),
+        )
+
+    probe = ray.remote(engine_refusal)
+    nodes = range(0, t.nnodes * t.n_gpus_per_node, pools[0].per_node)
+    refusals = ray.get([probe.options(**opts(0, i)).remote(cfg_dict, model_path, t.device) for i in nodes])
+    if any(refusals):
+        raise ConfigError(next(r for r in refusals if r))
+    side = {}
+    for k, prefix in enumerate(cfg.own_pools(), start=1):
+        n = pools[k].nnodes * pools[k].per_node
+        if prefix == "critic":  # trained data parallel: a process group of its own
+            master = ray.get(ray.remote(node_address).options(**opts(k, 0)).remote())
+            actor = ray.remote(CriticWorker)
+            side[prefix] = [actor.options(**opts(k, i)).remote(cfg_dict, i, n, master, model_path) for i in range(n)]
+            continue
+        cls, path = {"actor_rollout_ref.ref": (RefWorker, model_path), "reward_model": (RewardModelWorker, rm_path)}[
+            prefix
+        ]
+        side[prefix] = [ray.remote(cls).options(**opts(k, i)).remote(cfg_dict, path, use_gpu) for i in range(n)]
+    world = t.nnodes * t.n_gpus_per_node
+    master = ray.get(ray.remote(node_address).options(**opts(0, 0)).remote())
+    pick = lambda prefix, r: side[prefix][r % len(side[prefix])] if prefix in side else None
+    actor = ray.remote(TrainingWorker)
+    training = []
+    for r in range(world):
+        peers = Peers(pick("reward_model", r), pick("actor_rollout_ref.ref", r), pick("critic", r))
+        training.append(actor.options(**opts(0, r)).remote(cfg_dict, r, world, master, model_path, rm_path, peers))
+    return Workers(training, side)
+
+
+def where(workers) -> str:
+    """`ip x count, ...` in the workers' order of first appearance."""
+    import ray
+
+    ips = ray.get([w.node_ip.remote() for w in workers])
+    return ", ".join(f"{ip} x{ips.count(ip)}" if ips.count(ip) > 1 else ip for ip in dict.fromkeys(ips))
+
+
+def describe_placement(cfg, workers: Workers, rm_path: str | None) -> str:
+    """Which roles run where: the colocated ones with the training workers, then each pool of its own."""
+    side = workers.pools
+    colocated = [
+        name
+        for name, here in (
+            ("ref", cfg.ref_in_use and "actor_rollout_ref.ref" not in side),
+            ("critic", cfg.critic_in_use and "critic" not in side),
+            (f"reward_model ({rm_path})", rm_path and "reward_model" not in side),
+        )
+        if here
+    ]
+    pools = "".join(
+        f"; {prefix}{f' ({rm_path})' if prefix == 'reward_model' else ''} on {where(ws)}" for prefix, ws in side.items()
+    )
+    return f"placement: actor_rollout_ref{''.join(' + ' + c for c in colocated)} on {where(workers.training)}{pools}"

@@ -1,0 +1,264 @@
+"""The PPO/GRPO driver on the head, as named stages: prepare (model, data and every check that needs no
+worker), start the workers, resume, the loop, shut down."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlrig.trainer import metrics as M
+from rlrig.trainer.config.errors import ConfigError
+from rlrig.trainer.config.validation import rollout_is_refusal
+from rlrig.trainer.data.sampler import Sampler
+from rlrig.trainer.driver import checkpoint, preemption
+from rlrig.trainer.driver.launch import Workers, describe_placement, start_workers, uses_gpu
+from rlrig.trainer.driver.reporting import MetricsLog, progress, rss_gb, say
+from rlrig.trainer.driver.validation import validate_rows
+from rlrig.trainer.model import lora
+
+
+@dataclass
+class Run:
+    """What the stages share: the resolved config, what was prepared, and the run's progress."""
+
+    cfg: object
+    model_path: str
+    rm_path: str | None
+    adapter: dict | None  # the LoRA adapter's shape (lora.check), which a resume must match and export rebuilds
+    train_rows: list[dict]
+    val_rows: list[dict]
+    sampler: Sampler
+    kl_ctrl: object
+    out: Path
+    resume_from: Path | None
+    workers: Workers | None = None
+    log: MetricsLog | None = None
+    step: int = 0
+
+
+def equal_shares(rows: list, parts: int) -> list[list]:
+    """`rows` cut into `parts` consecutive shares of len(rows) // parts each (config validation keeps a batch a
+    multiple of the workers, so nothing is left over)."""
+    size = len(rows) // parts
+    return [rows[i * size : (i + 1) * size] for i in range(parts)]
+
+
+def update_kl_controller(kl_ctrl, m: dict, cfg) -> None:
+    """After a step with KL in the reward: adapt the coefficient by the batch's number of samples
+    (prompts x n, as verl passes it), and log it."""
+    if "actor/reward_kl_penalty" in m:
+        kl_ctrl.update(m["actor/reward_kl_penalty"], cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n)
+        m["actor/reward_kl_penalty_coeff"] = kl_ctrl.value
+
+
+def with_runtime(cfg, total_steps: int, device: str):
+    """The config the workers get: the total number of steps (the learning-rate schedules need it; verl injects
+    it the same way) and the device trainer.device=auto resolved to."""
+    t = dataclasses.replace(cfg.trainer, total_training_steps=total_steps, device=device)
+    return dataclasses.replace(cfg, trainer=t)
+
+
+def prepare(cfg) -> Run:
+    """Ray, the tokenizer, the data and every check that needs no worker: a bad input stops here, before any
+    worker is placed."""
+    import ray
+
+    from rlrig.trainer.algos import core_algos
+    from rlrig.trainer.data.datasets import load_rows
+    from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
+    from rlrig.trainer.model.build import import_external_lib, load_kwargs, load_tokenizer
+    from rlrig.trainer.reward.reward_model import check_installed, resolve_path
+    from rlrig.trainer.reward.rules import check_reward_setup
+
+    model_path = cfg.actor_rollout_ref.model.path or ensure_tiny_model()
+    if cfg.ray_kwargs.ray_init.num_cpus is not None and not os.environ.get("RAY_ADDRESS"):
+        ray.init(num_cpus=cfg.ray_kwargs.ray_init.num_cpus)
+    else:
+        ray.init(log_to_driver=True)
+    model_cfg = cfg.actor_rollout_ref.model
+    import_external_lib(model_cfg)
+    tokenizer = load_tokenizer(cfg, model_path)
+    if cfg.actor_rollout_ref.actor.use_prefix_grouper:
+        from rlrig.trainer.model import prefix_grouper
+
+        prefix_grouper.check(model_path, load_kwargs(model_cfg))
+    adapter = lora.check(model_cfg, model_path, load_kwargs(model_cfg)) if model_cfg.uses_lora else None
+    train_rows, val_rows = load_rows(cfg, tokenizer)
+    check_reward_setup(cfg, {r["data_source"] for r in train_rows + val_rows})
+    check_installed(cfg.reward_model)
+    rm_path = resolve_path(cfg.reward_model) if cfg.reward_model.enable else None
+    t = cfg.trainer
+    sampler = Sampler(len(train_rows), cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle)
+    if sampler.steps_per_epoch() < 1:
+        raise ConfigError(
+            f"data.train_batch_size={cfg.data.train_batch_size} is larger than the {len(train_rows)} training prompts"
+        )
+    total = t.total_training_steps or sampler.steps_per_epoch() * t.total_epochs
+    cfg = with_runtime(cfg, total, "cuda" if uses_gpu(cfg) else "cpu")
+    out = Path(t.default_local_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint.clean_partial(str(out))
+    preemption.keep_fabric_report(out)
+    say(
+        f"model {model_path}; {len(train_rows)} prompts; {total} steps; {t.nnodes}x{t.n_gpus_per_node} workers; "
+        f"rollout {cfg.actor_rollout_ref.rollout.name}"
+    )
+    resume_from = None
+    if t.resume_mode == "resume_path":
+        resume_from = Path(t.resume_from_path)
+    elif t.resume_mode == "auto":
+        resume_from = checkpoint.latest(str(out))
+    if resume_from is not None:
+        lora.check_resume(checkpoint.trainer_state(resume_from).get("lora"), adapter, resume_from)
+    kl_ctrl = core_algos.kl_controller(cfg.algorithm.kl_ctrl)
+    return Run(cfg, model_path, rm_path, adapter, train_rows, val_rows, sampler, kl_ctrl, out, resume_from)
+
+
+def start(run: Run) -> None:
+    """The workers, and the one check that needs them: the engine that rollout.name=auto chose."""
+    import ray
+
+    run.workers = workers = start_workers(run.cfg, run.model_path, run.rm_path)
+    say("workers on " + ", ".join(ray.get([w.node_ip.remote() for w in workers.training])))
+    say(describe_placement(run.cfg, workers, run.rm_path))
+    engines = sorted(set(ray.get([w.engine_name.remote() for w in workers.training])))
+    refusals = [rollout_is_refusal(run.cfg.algorithm.rollout_correction, name) for name in engines]
+    if any(refusals):
+        raise ConfigError(next(r for r in refusals if r))
+    say(f"rollout engine: {', '.join(engines)}")
+
+
+def resume(run: Run) -> None:
+    """From the checkpoint prepare() chose, or a fresh log."""
+    import ray
+
+    log_path = run.out / "metrics.jsonl"
+    if run.resume_from is None:
+        if log_path.exists():
+            log_path.unlink()  # a fresh run starts a fresh log
+        return
+    state, rngs, ts = checkpoint.load(run.resume_from)
+    w = run.workers
+    ray.get(
+        [t.load.remote(state, rngs[i] if i < len(rngs) else None) for i, t in enumerate(w.training)]
+        + [c.load.remote(state) for c in w.critics]
+    )
+    run.step, run.sampler.epoch, run.sampler.pos = ts["global_step"], ts["epoch"], ts["pos"]
+    run.kl_ctrl.value = ts["kl_coef"]
+    dropped = preemption.truncate_metrics(log_path, run.step)
+    say(
+        f"resumed from {run.resume_from} at step {run.step}"
+        + (f" (dropped {dropped} logged steps after it)" if dropped else "")
+        + (f"; restart {preemption.restarts()} in place" if preemption.restarts() else "")
+    )
+
+
+def validate(run: Run) -> dict:
+    return validate_rows(run.workers.training, run.val_rows, run.cfg, run.step, run.out)
+
+
+def save(run: Run) -> None:
+    """A checkpoint at run.step: the training workers' state (with the critic pool's, if it has one), every
+    worker's random streams, and where the data and the KL controller stand."""
+    import ray
+
+    w = run.workers
+    state = ray.get([t.state.remote() for t in w.training])[0]  # under FSDP gathering the state is a collective
+    if w.critics:
+        state.update(ray.get([c.state.remote() for c in w.critics])[0])
+    rngs = ray.get([t.rng_state.remote() for t in w.training])
+    trainer_state = {
+        "global_step": run.step,
+        "epoch": run.sampler.epoch,
+        "pos": run.sampler.pos,
+        "kl_coef": run.kl_ctrl.value,
+        "model_path": run.model_path,
+        "gguf_file": run.cfg.actor_rollout_ref.model.gguf_file,
+        "lora": run.adapter,
+    }
+    checkpoint.save(str(run.out), run.step, state, rngs, trainer_state)
+
+
+def train_step(run: Run) -> dict:
+    """One step on every worker, validation and a checkpoint when due, and the step's metrics."""
+    import ray
+
+    cfg, t, workers = run.cfg, run.cfg.trainer, run.workers.training
+    total = t.total_training_steps
+    t0 = time.perf_counter()
+    batch = [run.train_rows[i] for i in run.sampler.next()]
+    shares = equal_shares(batch, len(workers))
+    m = M.reduce(ray.get([w.step.remote(p, run.kl_ctrl.value, run.step) for w, p in zip(workers, shares)]))
+    update_kl_controller(run.kl_ctrl, m, cfg)
+    if t.test_freq > 0 and (run.step % t.test_freq == 0 or run.step == total):
+        tv = time.perf_counter()
+        m.update(validate(run))
+        m["timing_s/testing"] = time.perf_counter() - tv
+    if t.save_freq > 0 and (run.step % t.save_freq == 0 or run.step == total):
+        ts0 = time.perf_counter()
+        save(run)
+        m["timing_s/save_checkpoint"] = time.perf_counter() - ts0
+    dt = time.perf_counter() - t0
+    m.update(
+        {
+            "training/global_step": run.step,
+            "training/epoch": run.sampler.epoch,
+            "training/restarts": preemption.restarts(),
+            "timing_s/step": dt,
+            "perf/time_per_step": dt,
+            "perf/throughput": m["perf/total_num_tokens"] / (dt * len(workers)),
+            "perf/cpu_memory_used_gb": rss_gb(),
+        }
+    )
+    return m
+
+
+def loop(run: Run) -> preemption.StopRequest:
+    """Steps until the last or a stop signal; a signal's step in flight finishes and is checkpointed."""
+    total = run.cfg.trainer.total_training_steps
+    started, first = time.monotonic(), run.step + 1
+    stop, saved_at = preemption.StopRequest(), None
+    while run.step < total and stop.signum is None:
+        run.step += 1
+        m = train_step(run)
+        if "timing_s/save_checkpoint" in m:
+            saved_at = run.step
+        run.log.log(run.step, m)
+        progress(run.step, total, m, started, first)
+    if stop.signum is not None and saved_at != run.step:
+        save(run)
+    return stop
+
+
+def shut_down(run: Run) -> None:
+    import ray
+
+    ray.get([w.shutdown.remote() for w in run.workers.stateful])
+    if run.cfg.ray_kwargs.timeline_json_file:
+        ray.timeline(filename=run.cfg.ray_kwargs.timeline_json_file)
+
+
+def train(cfg) -> int:
+    run = prepare(cfg)
+    start(run)
+    resume(run)
+    t, metrics_file = run.cfg.trainer, run.out / "metrics.jsonl"
+    run.log = MetricsLog(run.cfg, metrics_file)
+    if (t.val_before_train and run.step == 0 or t.val_only) and run.val_rows:
+        m = validate(run)
+        say(f"validation at step {run.step}: {m}")
+        run.log.log(run.step, {"training/global_step": run.step, **m})
+    if t.val_only:
+        shut_down(run)
+        say(f"trainer.val_only: validated, not trained; metrics in {metrics_file}")
+        return 0
+    stop = loop(run)
+    shut_down(run)
+    if stop.signum is not None:
+        say(f"stopped by signal after step {run.step}, checkpoint written; a relaunch resumes at step {run.step + 1}")
+        return stop.exit_code
+    say(f"done: {run.step} steps; metrics in {metrics_file}")
+    return 0

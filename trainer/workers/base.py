@@ -1,0 +1,146 @@
+"""What the workers of the trainer's pools share. Every worker is a Ray actor on one device of a placement
+group's bundle; the data-parallel ones (training workers, the critic's own pool) are also ranks of a
+torch.distributed group, and cut their rows into the micro batches all ranks agree on. The critic's value
+pass and its update are here because a training worker runs them when the critic is colocated and a critic
+worker runs them when it has a pool of its own."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from rlrig.trainer.batch.step_batch import StepBatch
+from rlrig.trainer.config.schema import Config, from_dict
+from rlrig.trainer.model import lr_schedule, precision
+from rlrig.trainer.model import micro_batches as batching
+from rlrig.trainer.model.build import Trainable
+from rlrig.trainer.model.devices import gpu_index
+from rlrig.trainer.model.forward import in_micro_batches
+from rlrig.trainer.model.forward import values as critic_values
+from rlrig.trainer.workers.ppo_update import mean_stats, update_critic
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def node_address() -> tuple[str, int]:
+    """Where a process group's rank 0 listens: run as a Ray task in rank 0's bundle."""
+    import ray
+
+    return ray.util.get_node_ip_address(), free_port()
+
+
+def ensure_local_embedded_model(path: str) -> None:
+    """The embedded models (policy, reward model) are built where they are used (deterministic; DDP then
+    broadcasts rank 0's weights), so a node without the head's filesystem, e.g. a second container, still has
+    them. It must run before torch.distributed starts: transformers' save_pretrained then writes only on rank 0,
+    and another rank's node would get the tokenizer without the model (seen with compose)."""
+    from rlrig.trainer.embedded.tiny_model import cache_dir, ensure_tiny_model
+    from rlrig.trainer.embedded.tiny_reward_model import ensure_tiny_reward_model, rm_cache_dir
+
+    builders = {str(cache_dir()): ensure_tiny_model, str(rm_cache_dir()): ensure_tiny_reward_model}
+    if not os.path.exists(path) and os.path.abspath(path) in builders:
+        builders[os.path.abspath(path)]()
+
+
+def single_device(use_gpu: bool) -> torch.device:
+    """The device of a worker that holds a whole model and joins no process group (reference, reward model)."""
+    torch.set_num_threads(1)
+    return torch.device("cuda", gpu_index()) if use_gpu else torch.device("cpu")
+
+
+def start_rank(
+    cfg: Config, rank: int, world: int, master: tuple[str, int], model_paths: list[str | None]
+) -> torch.device:
+    """Seeds, this rank's device, the embedded models it needs, and its process group (Gloo on CPU, NCCL on GPU)."""
+    seed = cfg.trainer.seed + rank
+    random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
+    torch.set_num_threads(1)
+    dev, device = cfg.trainer.device, torch.device("cpu")
+    if dev == "cuda" or (dev == "auto" and torch.cuda.is_available()):
+        device = torch.device("cuda", gpu_index())
+        torch.cuda.set_device(device)
+        precision.allow_tf32()
+    for path in model_paths:
+        if path:
+            ensure_local_embedded_model(path)  # before the process group: see there
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        init_method=f"tcp://{master[0]}:{master[1]}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(minutes=10),
+    )
+    return device
+
+
+class PoolWorker:
+    def node_ip(self) -> str:
+        import ray
+
+        return ray.util.get_node_ip_address()
+
+
+class RankWorker(PoolWorker):
+    """A rank of a data-parallel group: its config, device and process group, and micro batches every rank agrees
+    on (each forward and backward is a collective under FSDP or DDP, so all ranks must run as many)."""
+
+    def __init__(self, cfg_dict: dict, rank: int, world: int, master: tuple[str, int], model_paths: list[str | None]):
+        self.cfg = from_dict(cfg_dict)
+        self.rank, self.world = rank, world
+        self.device = start_rank(self.cfg, rank, world, master, model_paths)
+        self.budgets = batching.token_budgets(self.cfg)
+        self.mini = batching.per_worker_mini_batch(self.cfg, world)
+
+    def _agree_max(self, k: int) -> int:
+        t = torch.tensor([k], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def _micro_batches(self, batch: StepBatch, micro: int | None, budget_key: str, rows: range | None = None) -> list:
+        """Micro batches of `rows` (default: all): `micro` rows each, or by the pass's token budget
+        (use_dynamic_bsz)."""
+        rows = rows or range(len(batch))
+        return batching.rows(
+            batch.attention_mask, rows.start, rows.stop, micro, self.budgets[budget_key], self._agree_max
+        )
+
+    def _mini_batches(self, batch: StepBatch, micro: int | None, budget_key: str) -> batching.MiniBatches:
+        """The update's mini batches (one optimizer step each) as their micro batches."""
+        mini, n = self.mini, len(batch)
+        micro = min(micro or mini, mini)
+        parts = [self._micro_batches(batch, micro, budget_key, range(s, min(s + mini, n))) for s in range(0, n, mini)]
+        return batching.MiniBatches(parts, mini)
+
+    def _values(self, critic: Trainable, batch: StepBatch) -> torch.Tensor:
+        """The critic's value of each response position ([B, R]), in its forward micro batches."""
+        c = self.cfg.critic
+
+        def part(sl):
+            with critic.precision.autocast():
+                ids, mask = batch.input_ids[sl], batch.attention_mask[sl]
+                return critic_values(critic.module, ids, mask, batch.prompt_len, c.model.use_remove_padding)
+
+        micro = c.forward_micro_batch_size_per_gpu or c.ppo_micro_batch_size_per_gpu
+        return in_micro_batches(self._micro_batches(batch, micro, "critic.forward_max_token_len_per_gpu"), part)
+
+    def _update_critic(self, critic: Trainable, batch: StepBatch, global_step: int) -> dict:
+        """The critic's update at its scheduled learning rate; `batch` carries values and returns."""
+        c = self.cfg.critic
+        lr = lr_schedule.lr_at(c.optim, global_step - 1, self.cfg.trainer.total_training_steps)
+        lr_schedule.apply(critic.opt, lr)
+        plan = self._mini_batches(batch, c.ppo_micro_batch_size_per_gpu, "critic.ppo_max_token_len_per_gpu")
+        return {"critic/lr": lr, **mean_stats(update_critic(critic, batch, self.cfg, plan))}
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
