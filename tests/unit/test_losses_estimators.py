@@ -136,8 +136,8 @@ def test_every_registered_name_is_accepted_by_config():
 def test_remax_through_a_worker_scores_each_prompts_greedy_response():
     """The worker generates each prompt's greedy response once, scores it, and hands the estimator that score for
     each of the prompt's n samples."""
-    from rlrig.trainer.driver.single_process import single_worker
     from rlrig.trainer.batch.step_batch import StepBatch
+    from rlrig.trainer.driver.single_process import single_worker
     from rlrig.trainer.reward.scoring import score_batch
     from rlrig.trainer.rollout.engines import GREEDY
 
