@@ -8,8 +8,8 @@ whole batch (AdamW, the same lr), on the same CPU cores.
   verl's `actor_rollout_ref.actor.use_prefix_grouper=True`: the reference's and the update's forwards compute
   each prompt once for its n samples (TRL has no such option); and `trainer.balance_batch=False`: the forwards
   here are padded, so a worker's work is its batch's width, not its tokens, and trading samples between the
-  workers would buy nothing for the barrier it adds (with it on, the step time outside the phases went from
-  2-4 ms to 8-11 ms in two runs of session 15).
+  workers would buy nothing for the barrier it adds (with it on, the step time outside the phases grows from
+  a few milliseconds to about 10 on 2 CPU cores).
 - TRL: GRPOTrainer with per_device_train_batch_size = batch x n, num_generations = n, one generation
   per optimizer step, beta 0.001, torch on all cores.
 - floor: one process, no Ray and no torch.distributed, calling the same kernels rlrig's worker calls

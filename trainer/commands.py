@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def cmd_data(args) -> int:
-    from rlrig.trainer.data.datasets import arithmetic_rows, gsm8k_rows, read_records, write_parquet
+    from .data.datasets import arithmetic_rows, gsm8k_rows, read_records, write_parquet
 
     out = Path(args.out)
     if args.dataset == "arithmetic":
@@ -50,7 +50,7 @@ def cmd_export(args) -> int:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from rlrig.trainer.driver import checkpoint
+    from .driver import checkpoint
 
     ckpt = Path(args.checkpoint)
     if (ckpt / checkpoint.POINTER).is_file():
@@ -70,7 +70,7 @@ def cmd_export(args) -> int:
         # a LoRA run: the adapter as peft saves it (verl's lora_adapter/), and the model with it merged in
         from peft import LoraConfig, TaskType, get_peft_model
 
-        from rlrig.trainer.model.lora import ADAPTER
+        from .model.lora import ADAPTER
 
         model = get_peft_model(model, LoraConfig(task_type=TaskType.CAUSAL_LM, bias="none", **ts["lora"]))
         model.load_state_dict(state["model"])

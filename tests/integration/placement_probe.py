@@ -13,7 +13,7 @@ if r.returncode:
 ray.init()
 nodes = {n.node_id: n for n in list_nodes(detail=True)}
 for a in list_actors(detail=True, limit=1000):  # the run's actors are dead by now; Ray keeps their records
-    if a.class_name not in ("Worker", "RefWorker", "RewardModelWorker"):
+    if a.class_name not in ("TrainingWorker", "RefWorker", "RewardModelWorker"):
         continue
     n = nodes[a.node_id]
     custom = sorted(

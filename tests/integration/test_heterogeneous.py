@@ -69,10 +69,10 @@ def test_openrlhf_faq_layout_reference_and_reward_model_in_their_own_pools(clust
     # each node's resources reached Ray and the head's log
     assert "v100 2" in out and "h100 1" in out, out[-4000:]
     actors = [line.split()[1:] for line in out.splitlines() if line.startswith("ACTOR ")]
-    workers = sorted(ip for cls, ip, res in actors if cls == "Worker")
+    workers = sorted(ip for cls, ip, res in actors if cls == "TrainingWorker")
     rms = [(ip, res) for cls, ip, res in actors if cls == "RewardModelWorker"]
     assert workers == sorted([ns.ip(0), ns.ip(1)]) and all(
-        res == "h100" for cls, _, res in actors if cls == "Worker"
+        res == "h100" for cls, _, res in actors if cls == "TrainingWorker"
     ), actors
     assert rms == [(ns.ip(2), "v100")], actors
     assert [(ip, res) for cls, ip, res in actors if cls == "RefWorker"] == [(ns.ip(2), "v100")], actors

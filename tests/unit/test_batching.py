@@ -91,8 +91,8 @@ def test_dynamic_batches_train_like_fixed_ones_in_fewer_forwards():
 
 
 def test_a_budget_below_one_sequence_is_refused():
-    from rlrig.trainer.config.errors import ConfigError
     from rlrig.trainer.config.overrides import parse_overrides
+    from rlrig.trainer.errors import ConfigError
 
     with pytest.raises(ConfigError, match="log_prob_max_token_len_per_gpu=100 is shorter than one sequence"):
         parse_overrides(

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import pytest
 
 from rlrig.trainer.config import presets
-from rlrig.trainer.config.errors import ConfigError
 from rlrig.trainer.config.overrides import parse_literal, parse_overrides
 from rlrig.trainer.config.presets import EMBEDDED, with_preset
+from rlrig.trainer.errors import ConfigError
 
 MODEL = "actor_rollout_ref.model.path=/m"
 

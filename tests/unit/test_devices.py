@@ -3,7 +3,7 @@ image sets the HIP one) every worker sees the node's GPUs and must take the one 
 
 import pytest
 
-from rlrig.trainer.model.devices import gpu_index
+from rlrig.trainer.devices import gpu_index
 
 CASES = [
     # (id, env, Ray's accelerator ids, index)

@@ -6,9 +6,9 @@ import copy
 import pytest
 import torch
 
-from rlrig.trainer.config.errors import ConfigError
 from rlrig.trainer.config.overrides import parse_overrides
 from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
+from rlrig.trainer.errors import ConfigError
 from rlrig.trainer.model import lora
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from rlrig.trainer.algos import pf_ppo as P
-from rlrig.trainer.config.errors import ConfigError
 from rlrig.trainer.config.overrides import parse_overrides
+from rlrig.trainer.errors import ConfigError
 
 E = 1e-8
 
@@ -54,7 +54,7 @@ def test_pf_ppo_refusals(overrides, words):
 WORKER = """
 import json, sys
 import torch, torch.distributed as dist
-from rlrig.trainer.algos import pf_ppo
+from rlrig.trainer.batch.exchange import pf_ppo_resample
 from rlrig.trainer.batch.step_batch import StepBatch
 from rlrig.trainer.rollout.engines.base import Rollout
 rank, init = int(sys.argv[1]), sys.argv[2]
@@ -67,7 +67,7 @@ ids = torch.cat([base[:, None].repeat(1, plen) + torch.arange(plen), base[:, Non
 ro = Rollout(ids, torch.ones_like(ids), torch.ones(3, 1, dtype=torch.bool), plen, None)
 scores = torch.tensor([[1.0, 0.2, 0.0], [0.5, 3.0, 0.1]][rank])
 batch = StepBatch.from_rollout(ro, 1).replace(advantages=base.float()[:, None], token_scores=scores[:, None])
-out = pf_ppo.resample(batch, "pow", 2.0, 11, -1)
+out = pf_ppo_resample(batch, "pow", 2.0, 11, -1)
 print(json.dumps({"ids": out.input_ids.tolist(), "mask": out.attention_mask.tolist(), "plen": out.prompt_len,
                   "adv": out.advantages[:, 0].tolist(), "none": out.values}), flush=True)
 dist.destroy_process_group()  # Gloo's threads joined before exit (else C++ may abort the process as it ends)

@@ -5,8 +5,8 @@ import pytest
 
 from rlrig.trainer import metrics
 from rlrig.trainer.algos import estimators, policy_losses
-from rlrig.trainer.config.errors import ConfigError
 from rlrig.trainer.config.overrides import parse_overrides
+from rlrig.trainer.errors import ConfigError
 from rlrig.trainer.rollout import engines
 
 MODEL = "actor_rollout_ref.model.path=/m"

@@ -4,10 +4,10 @@ managers' arithmetic, what the reward model reads, how its score combines with a
 import pytest
 import torch
 
-from rlrig.trainer.config.errors import ConfigError
 from rlrig.trainer.config.overrides import parse_overrides
 from rlrig.trainer.driver import placement as P
 from rlrig.trainer.embedded.tiny_model import build_tokenizer, ensure_tiny_model
+from rlrig.trainer.errors import ConfigError
 from rlrig.trainer.reward.managers import Overlong
 from rlrig.trainer.reward.scoring import RewardSource, model_inputs, score
 from rlrig.trainer.rollout.engines import Rollout

@@ -8,8 +8,8 @@ import torch
 
 from rlrig.trainer.algos.policy_losses import POLICY_LOSSES
 from rlrig.trainer.algos.rollout_correction import is_weights
-from rlrig.trainer.config.errors import ConfigError
 from rlrig.trainer.config.overrides import parse_overrides
+from rlrig.trainer.errors import ConfigError
 
 alone = lambda t: t  # noqa: E731  (one worker: the all-reduce is the identity)
 L = math.log

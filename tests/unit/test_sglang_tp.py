@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from rlrig.trainer.config.errors import ConfigError
 from rlrig.trainer.config.overrides import parse_overrides
+from rlrig.trainer.errors import ConfigError
 from rlrig.trainer.rollout import tp_groups as T
 from rlrig.trainer.rollout.engines.sglang_engine import tp_engine_kwargs
 

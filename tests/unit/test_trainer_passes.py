@@ -252,8 +252,8 @@ def test_lr_warmup_reaches_the_optimizer():
 
 
 def test_prompt_key_names_the_column(tmp_path):
-    from rlrig.trainer.config.errors import ConfigError
     from rlrig.trainer.data.datasets import arithmetic_rows, write_parquet
+    from rlrig.trainer.errors import ConfigError
 
     rows = [{("question" if k == "prompt" else k): v for k, v in r.items()} for r in arithmetic_rows(64, "train", 1)]
     write_parquet(rows, tmp_path / "t.parquet")
@@ -341,8 +341,8 @@ def test_prefix_grouper_steps_as_the_padded_forwards_do(extra):
 def test_prefix_grouper_refuses_a_sliding_window_model_at_start_up(tmp_path):
     from transformers import AutoConfig
 
-    from rlrig.trainer.config.errors import ConfigError
     from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
+    from rlrig.trainer.errors import ConfigError
     from rlrig.trainer.model import prefix_grouper
 
     prefix_grouper.check(ensure_tiny_model(), {})

@@ -4,8 +4,8 @@ way of drawing the bootstrap samples where they are not."""
 import numpy as np
 import pytest
 
-from rlrig.trainer.config.errors import ConfigError
 from rlrig.trainer.driver.val_metrics import majority, subset_sizes, validation_metrics
+from rlrig.trainer.errors import ConfigError
 
 
 def verl_bootstrap(data, k, fn):

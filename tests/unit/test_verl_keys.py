@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from rlrig.trainer.algos import core_algos as A
-from rlrig.trainer.config.errors import ConfigError
 from rlrig.trainer.config.overrides import parse_overrides
+from rlrig.trainer.errors import ConfigError
 
 MODEL = "actor_rollout_ref.model.path=/m"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rlrig.trainer.config.errors import ConfigError
 from rlrig.trainer.config.overrides import parse_overrides
+from rlrig.trainer.errors import ConfigError
 
 SCRIPTS = json.loads((Path(__file__).parent / "verl_scripts" / "overrides.json").read_text())
 

@@ -2,17 +2,13 @@
 RLHF"): once GAE has given advantages and returns, the whole batch is resampled with replacement, each sample
 drawn with probability proportional to a weight of its score, so the update sees more of the samples whose
 reward is most trustworthy. As in verl, only under adv_estimator=gae, and over the whole batch: the workers pool
-their samples, draw the same indices from one seeded generator, and each keeps its share of the draw.
+their samples, draw the same indices from one seeded generator, and each keeps its share of the draw
+(batch/exchange.py moves the samples; here are the weights and the draw).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
-
-from rlrig.trainer.batch.exchange import exchange
-from rlrig.trainer.batch.step_batch import StepBatch
-from rlrig.trainer.model.parallel import gather_rows
 
 
 def weights(scores: torch.Tensor, method: str, weight_pow: float) -> torch.Tensor:
@@ -36,12 +32,3 @@ def draw(scores: torch.Tensor, method: str, weight_pow: float, generator: torch.
     return torch.multinomial(
         weights(scores.float().cpu(), method, weight_pow), len(scores), replacement=True, generator=generator
     )
-
-
-def resample(batch: StepBatch, method: str, weight_pow: float, seed: int, pad_id: int) -> StepBatch:
-    """The draw over every worker's samples, weighted by each sample's score (the sum of its token scores), and
-    this worker's share of it. Every worker holds as many samples."""
-    scores = batch.token_scores.sum(-1)
-    b, rank = len(scores), dist.get_rank()
-    idx = draw(gather_rows(scores), method, weight_pow, torch.Generator().manual_seed(seed))
-    return exchange(batch, idx[rank * b : (rank + 1) * b].to(scores.device), pad_id)

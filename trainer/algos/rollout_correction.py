@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from rlrig.trainer.algos.core_algos import masked_mean
+from .core_algos import masked_mean
 
 SAFETY_BOUND = 20.0  # verl's clamp on a log ratio before exp
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from rlrig.trainer.batch.exchange import exchange
-from rlrig.trainer.batch.step_batch import StepBatch
-from rlrig.trainer.model.parallel import gather_rows
+from ..model.parallel import gather_rows
+from .exchange import exchange
+from .step_batch import StepBatch
 
 
 def workload(seqlen: torch.Tensor) -> torch.Tensor:

@@ -1,15 +1,16 @@
 """Samples moving between the workers of one data-parallel group: every worker's batch all-gathered, field by
 field on the workers' own devices (NCCL on GPUs, Gloo on CPU), and each worker keeping the rows it is given.
-Balancing (batch/balance.py) and PF-PPO's resampling (algos/pf_ppo.py) both move samples this way."""
+Balancing (batch/balance.py) and PF-PPO's resampling (the draw: algos/pf_ppo.py) both move samples this way."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from rlrig.trainer.batch.step_batch import StepBatch
-from rlrig.trainer.model.parallel import gather_rows
-from rlrig.trainer.rollout.engines.base import left_pad_to
+from ..algos import pf_ppo
+from ..model.parallel import gather_rows
+from ..rollout.engines.base import left_pad_to
+from .step_batch import StepBatch
 
 
 def exchange(batch: StepBatch, rows: torch.Tensor, pad_id: int) -> StepBatch:
@@ -28,3 +29,12 @@ def exchange(batch: StepBatch, rows: torch.Tensor, pad_id: int) -> StepBatch:
     first = int(used[0]) if len(used) else width - 1
     taken["input_ids"], taken["attention_mask"] = taken["input_ids"][:, first:], taken["attention_mask"][:, first:]
     return StepBatch(prompt_len=width - first, **taken)
+
+
+def pf_ppo_resample(batch: StepBatch, method: str, weight_pow: float, seed: int, pad_id: int) -> StepBatch:
+    """The draw over every worker's samples, weighted by each sample's score (the sum of its token scores), and
+    this worker's share of it. Every worker holds as many samples."""
+    scores = batch.token_scores.sum(-1)
+    b, rank = len(scores), dist.get_rank()
+    idx = pf_ppo.draw(gather_rows(scores), method, weight_pow, torch.Generator().manual_seed(seed))
+    return exchange(batch, idx[rank * b : (rank + 1) * b].to(scores.device), pad_id)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlrig.trainer.rollout.engines.base import Rollout
+from ..rollout.engines.base import Rollout
 
 
 @dataclass

@@ -10,10 +10,10 @@ import ast
 import difflib
 from typing import Any, get_type_hints
 
-from rlrig.trainer.config import verl_keys
-from rlrig.trainer.config.errors import ConfigError
-from rlrig.trainer.config.schema import Config, all_keys, canonical_strategy
-from rlrig.trainer.config.validation import validate
+from ..errors import ConfigError
+from . import verl_keys
+from .schema import Config, all_keys, canonical_strategy
+from .validation import validate
 
 ALIASES = {
     "ray_init.num_cpus": "ray_kwargs.ray_init.num_cpus",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from rlrig.trainer.config.errors import ConfigError
+from ..errors import ConfigError
 
 # the tiny offline model on the offline arithmetic data, sized to learn visibly on 2 CPU cores in a
 # few minutes
@@ -58,8 +58,8 @@ def smollm2_dir() -> str:
 def instruct_arithmetic_files() -> tuple[str, str]:
     """Sums up to 20 + 20 asked in words with GSM8K's instruction, written once as parquet (as `rlrig data
     arithmetic --instruct` would) so the run reads them like any user's data files."""
-    from rlrig.trainer.data.datasets import arithmetic_rows, write_parquet
-    from rlrig.trainer.embedded.tiny_model import cache_dir
+    from ..data.datasets import arithmetic_rows, write_parquet
+    from ..embedded.tiny_model import cache_dir
 
     root = cache_dir().parent / "data" / "arithmetic-instruct-v2"
     train, test = root / "train.parquet", root / "test.parquet"

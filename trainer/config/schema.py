@@ -7,8 +7,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlrig.trainer.algos.estimators import ESTIMATORS
-from rlrig.trainer.config import verl_keys
+from ..algos.estimators import ESTIMATORS
+from . import verl_keys
 
 
 @dataclass

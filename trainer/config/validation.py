@@ -3,14 +3,14 @@ naming the key, its value and the fix; nothing here changes the config."""
 
 from __future__ import annotations
 
-from rlrig.trainer.algos.estimators import ESTIMATORS
-from rlrig.trainer.algos.policy_losses import POLICY_LOSSES
-from rlrig.trainer.config.errors import ConfigError
-from rlrig.trainer.config.schema import Config, FsdpConfig, RewardModelRolloutConfig, canonical_strategy
-from rlrig.trainer.model.micro_batches import per_worker_mini_batch, token_budgets
-from rlrig.trainer.reward.managers import overlong
-from rlrig.trainer.rollout.engines import ENGINES
-from rlrig.trainer.rollout.engines import NAMES as ENGINE_NAMES
+from ..algos.estimators import ESTIMATORS
+from ..algos.policy_losses import POLICY_LOSSES
+from ..errors import ConfigError
+from ..model.micro_batches import per_worker_mini_batch, token_budgets
+from ..reward.managers import overlong
+from ..rollout.engines import ENGINES
+from ..rollout.engines import NAMES as ENGINE_NAMES
+from .schema import Config, FsdpConfig, RewardModelRolloutConfig, canonical_strategy
 
 LOGGERS = ("console", "tensorboard", "wandb")
 _KL = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")

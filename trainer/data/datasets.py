@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from rlrig.trainer.config.errors import ConfigError
+from ..errors import ConfigError
 
 GSM8K_SUFFIX = 'Let\'s think step by step and output the final answer after "####".'
 

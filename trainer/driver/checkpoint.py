@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from rlrig.trainer.config.errors import ConfigError
+from ..errors import ConfigError
 
 POINTER = "latest_checkpointed_iteration.txt"
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlrig.trainer.config.errors import ConfigError
-from rlrig.trainer.driver import placement
+from ..errors import ConfigError
+from . import placement
 
 
 @dataclass
@@ -63,11 +63,11 @@ def start_workers(cfg, model_path: str, rm_path: str | None) -> Workers:
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from rlrig.trainer.workers.base import node_address
-    from rlrig.trainer.workers.critic_worker import CriticWorker
-    from rlrig.trainer.workers.ref_worker import RefWorker
-    from rlrig.trainer.workers.reward_worker import RewardModelWorker
-    from rlrig.trainer.workers.training_worker import Peers, TrainingWorker, engine_refusal
+    from ..workers.base import node_address
+    from ..workers.critic_worker import CriticWorker
+    from ..workers.ref_worker import RefWorker
+    from ..workers.reward_worker import RewardModelWorker
+    from ..workers.training_worker import Peers, TrainingWorker, engine_refusal
 
     t, use_gpu, cfg_dict = cfg.trainer, cfg.trainer.device == "cuda", cfg.to_dict()
     pools = plan_pools(cfg)

@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from rlrig.trainer.config.errors import ConfigError
-from rlrig.trainer.config.overrides import parse_overrides
-from rlrig.trainer.config.presets import with_preset
+from ..config.overrides import parse_overrides
+from ..config.presets import with_preset
+from ..errors import ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.print_config:
             print(json.dumps(cfg.described(), indent=2))
             return 0
-        from rlrig.trainer.driver.train import train
+        from .train import train
 
         return train(cfg)
     except ConfigError as e:  # bad input, found where it was read; anything else is a bug and shows its traceback

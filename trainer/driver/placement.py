@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlrig.trainer.config.errors import ConfigError
+from ..errors import ConfigError
 
 
 @dataclass(frozen=True)

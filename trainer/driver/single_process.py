@@ -9,20 +9,20 @@ from contextlib import contextmanager
 @contextmanager
 def single_worker(overrides: list[str], model_path: str | None = None):
     """(worker, batches): `batches()` yields each step's prompt rows as the driver's sampler would."""
-    from rlrig.trainer.config.overrides import parse_overrides
-    from rlrig.trainer.data.datasets import load_rows
-    from rlrig.trainer.data.sampler import Sampler
-    from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
-    from rlrig.trainer.model.build import load_tokenizer
-    from rlrig.trainer.workers.base import free_port
-    from rlrig.trainer.workers.training_worker import TrainingWorker
+    from ..config.overrides import parse_overrides
+    from ..data.datasets import load_rows
+    from ..data.sampler import Sampler
+    from ..embedded.tiny_model import ensure_tiny_model
+    from ..model.build import load_tokenizer
+    from ..workers.base import free_port
+    from ..workers.training_worker import TrainingWorker
 
     cfg = parse_overrides([*overrides, "trainer.n_gpus_per_node=1", "trainer.nnodes=1"])
     path = model_path or cfg.actor_rollout_ref.model.path or ensure_tiny_model()
     rows, _ = load_rows(cfg, load_tokenizer(cfg, path))
     cfg.trainer.total_training_steps = cfg.trainer.total_training_steps or len(rows) // cfg.data.train_batch_size
     sampler = Sampler(len(rows), cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle)
-    from rlrig.trainer.reward.reward_model import resolve_path
+    from ..reward.reward_model import resolve_path
 
     rm_path = resolve_path(cfg.reward_model) if cfg.reward_model.enable else None  # colocated: scored in this process
     w = TrainingWorker(cfg.to_dict(), 0, 1, ("127.0.0.1", free_port()), path, rm_path)

@@ -9,15 +9,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlrig.trainer import metrics as M
-from rlrig.trainer.config.errors import ConfigError
-from rlrig.trainer.config.validation import rollout_is_refusal
-from rlrig.trainer.data.sampler import Sampler
-from rlrig.trainer.driver import checkpoint, preemption
-from rlrig.trainer.driver.launch import Workers, describe_placement, start_workers, uses_gpu
-from rlrig.trainer.driver.reporting import MetricsLog, progress, rss_gb, say
-from rlrig.trainer.driver.validation import validate_rows
-from rlrig.trainer.model import lora
+from .. import metrics as M
+from ..config.validation import rollout_is_refusal
+from ..data.sampler import Sampler
+from ..errors import ConfigError
+from ..model import lora
+from . import checkpoint, preemption
+from .launch import Workers, describe_placement, start_workers, uses_gpu
+from .reporting import MetricsLog, progress, rss_gb, say
+from .validation import validate_rows
 
 
 @dataclass
@@ -66,12 +66,12 @@ def prepare(cfg) -> Run:
     worker is placed."""
     import ray
 
-    from rlrig.trainer.algos import core_algos
-    from rlrig.trainer.data.datasets import load_rows
-    from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
-    from rlrig.trainer.model.build import import_external_lib, load_kwargs, load_tokenizer
-    from rlrig.trainer.reward.reward_model import check_installed, resolve_path
-    from rlrig.trainer.reward.rules import check_reward_setup
+    from ..algos import core_algos
+    from ..data.datasets import load_rows
+    from ..embedded.tiny_model import ensure_tiny_model
+    from ..model.build import import_external_lib, load_kwargs, load_tokenizer
+    from ..reward.reward_model import check_installed, resolve_path
+    from ..reward.rules import check_reward_setup
 
     model_path = cfg.actor_rollout_ref.model.path or ensure_tiny_model()
     if cfg.ray_kwargs.ray_init.num_cpus is not None and not os.environ.get("RAY_ADDRESS"):
@@ -82,7 +82,7 @@ def prepare(cfg) -> Run:
     import_external_lib(model_cfg)
     tokenizer = load_tokenizer(cfg, model_path)
     if cfg.actor_rollout_ref.actor.use_prefix_grouper:
-        from rlrig.trainer.model import prefix_grouper
+        from ..model import prefix_grouper
 
         prefix_grouper.check(model_path, load_kwargs(model_cfg))
     adapter = lora.check(model_cfg, model_path, load_kwargs(model_cfg)) if model_cfg.uses_lora else None

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rlrig.trainer.config.errors import ConfigError
+from ..errors import ConfigError
 
 BOOTSTRAPS, SEED = 1000, 42
 

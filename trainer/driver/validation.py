@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlrig.trainer.driver.reporting import say
-from rlrig.trainer.driver.val_metrics import validation_metrics
+from .reporting import say
+from .val_metrics import validation_metrics
 
 
 def spread(rows: list, parts: int) -> list[list]:

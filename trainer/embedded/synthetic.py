@@ -12,7 +12,7 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rlrig.trainer.embedded.tiny_model import build_tokenizer, cache_dir, tokenizer_from_vocab
+from .tiny_model import build_tokenizer, cache_dir, tokenizer_from_vocab
 
 
 @dataclass(frozen=True)

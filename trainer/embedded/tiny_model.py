@@ -68,7 +68,7 @@ def build_model(tokenizer, seed: int = 0):
 def warm_up(model, tokenizer, steps: int, seed: int = 0) -> None:
     import torch
 
-    from rlrig.trainer.data.datasets import arithmetic_rows
+    from ..data.datasets import arithmetic_rows
 
     rows = arithmetic_rows(steps * 32, "warmup", seed=seed + 1000)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from rlrig.trainer.embedded.tiny_model import build_tokenizer, cache_dir, ensure_tiny_model, save_atomically
+from .tiny_model import build_tokenizer, cache_dir, ensure_tiny_model, save_atomically
 
 VERSION = "tiny-arith-rm-v1"
 STEPS, BATCH = 600, 32
@@ -20,7 +20,7 @@ def rm_cache_dir() -> Path:
 
 def _samples(n: int, seed: int) -> tuple[list[str], list[float]]:
     """Prompt + answer texts, half with the right sum and half with a wrong one, and their labels."""
-    from rlrig.trainer.data.datasets import arithmetic_rows
+    from ..data.datasets import arithmetic_rows
 
     rng = random.Random(seed)
     texts, labels = [], []

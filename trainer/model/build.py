@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlrig.trainer.model import lora, parallel
-from rlrig.trainer.model.precision import Precision, cast_buffers, resolve
+from . import lora, parallel
+from .precision import Precision, cast_buffers, resolve
 
 
 @dataclass
@@ -72,7 +72,7 @@ def import_external_lib(model_cfg) -> None:
     if model_cfg.external_lib:
         import importlib
 
-        from rlrig.trainer.config.errors import ConfigError
+        from ..errors import ConfigError
 
         try:
             importlib.import_module(model_cfg.external_lib)

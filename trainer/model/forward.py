@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from rlrig.trainer.model import packing, prefix_grouper
+from . import packing, prefix_grouper
 
 
 def response_outputs(model, input_ids, attention_mask, prompt_len, remove_padding=False, causal_lm=True):

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from rlrig.trainer.config.errors import ConfigError
+from ..errors import ConfigError
 
 ADAPTER = "default"  # peft's name for a model's one adapter
 WRAPPED = "base_model.model."  # where a PeftModel keeps the wrapped model's parameter names

@@ -58,7 +58,7 @@ def check(model_path: str, load_kwargs: dict) -> None:
     """At start-up, before any worker loads the model."""
     from transformers import AutoConfig
 
-    from rlrig.trainer.config.errors import ConfigError
+    from ..errors import ConfigError
 
     if why := refusal(AutoConfig.from_pretrained(model_path, **load_kwargs)):
         raise ConfigError(why)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlrig.trainer.config.errors import ConfigError
+from ..errors import ConfigError
 
 MANAGERS = ("naive", "dapo")
 KWARGS = {"naive": set(), "dapo": {"overlong_buffer_cfg", "max_resp_len"}}

@@ -12,13 +12,13 @@ import os
 import torch
 import torch.distributed as dist
 
-from rlrig.trainer.model import micro_batches as batching
-from rlrig.trainer.model import offload
-from rlrig.trainer.model.build import import_external_lib, model_kwargs
+from ..model import micro_batches as batching
+from ..model import offload
+from ..model.build import import_external_lib, model_kwargs
 
 
 def resolve_path(rm_cfg) -> str:
-    from rlrig.trainer.embedded.tiny_reward_model import ensure_tiny_reward_model
+    from ..embedded.tiny_reward_model import ensure_tiny_reward_model
 
     return rm_cfg.model.path or ensure_tiny_reward_model()
 
@@ -109,8 +109,8 @@ class LoopScorer(ChatScorer):
     def __init__(self, rm_cfg, path: str, device: torch.device, default_max_length: int, budget: int | None):
         from transformers import AutoConfig
 
-        from rlrig.trainer.reward.vllm_scorer import VLLMEngineScorer, max_length
-        from rlrig.trainer.rollout import tp_groups
+        from ..rollout import tp_groups
+        from .vllm_scorer import VLLMEngineScorer, max_length
 
         m, r = rm_cfg.model, rm_cfg.rollout
         conf = AutoConfig.from_pretrained(path, **({"trust_remote_code": True} if m.trust_remote_code else {}))
@@ -141,7 +141,7 @@ class LoopScorer(ChatScorer):
         seqs = [s[: self.max_length] for s in seqs]  # vLLM refuses what exceeds max_model_len
         if self.group is None:
             return self.engine.score_ids(seqs)
-        from rlrig.trainer.rollout import tp_groups
+        from ..rollout import tp_groups
 
         asked, mine = tp_groups.gather_share(self.group, self.me, len(self.members), seqs)
         result = [self.engine.score_ids(asked) if self.engine is not None and asked else []]
@@ -162,8 +162,8 @@ def check_installed(rm_cfg) -> None:
     """Before any worker starts: the reward loop's engine must be importable (one line, not a dead actor)."""
     import importlib.util
 
-    from rlrig.trainer.config.errors import ConfigError
-    from rlrig.trainer.reward.vllm_scorer import INSTALL_HINT
+    from ..errors import ConfigError
+    from .vllm_scorer import INSTALL_HINT
 
     if rm_cfg.enable and rm_cfg.use_reward_loop and importlib.util.find_spec("vllm") is None:
         raise ConfigError(

@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from rlrig.trainer.config.errors import ConfigError
+from ..errors import ConfigError
 
 RULE_SOURCES = ("openai/gsm8k", "rlrig/arithmetic")
 

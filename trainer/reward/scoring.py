@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from rlrig.trainer.batch.step_batch import StepBatch
-from rlrig.trainer.reward.managers import Overlong
-from rlrig.trainer.rollout.engines import Rollout
+from ..batch.step_batch import StepBatch
+from ..rollout.engines import Rollout
+from .managers import Overlong
 
 
 @dataclass

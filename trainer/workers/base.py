@@ -15,15 +15,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rlrig.trainer.batch.step_batch import StepBatch
-from rlrig.trainer.config.schema import Config, from_dict
-from rlrig.trainer.model import lr_schedule, precision
-from rlrig.trainer.model import micro_batches as batching
-from rlrig.trainer.model.build import Trainable
-from rlrig.trainer.model.devices import gpu_index
-from rlrig.trainer.model.forward import in_micro_batches
-from rlrig.trainer.model.forward import values as critic_values
-from rlrig.trainer.workers.ppo_update import mean_stats, update_critic
+from ..batch.step_batch import StepBatch
+from ..config.schema import Config, from_dict
+from ..devices import gpu_index
+from ..model import lr_schedule, precision
+from ..model import micro_batches as batching
+from ..model.build import Trainable
+from ..model.forward import in_micro_batches
+from ..model.forward import values as critic_values
+from .ppo_update import mean_stats, update_critic
 
 
 def free_port() -> int:
@@ -44,8 +44,8 @@ def ensure_local_embedded_model(path: str) -> None:
     broadcasts rank 0's weights), so a node without the head's filesystem, e.g. a second container, still has
     them. It must run before torch.distributed starts: transformers' save_pretrained then writes only on rank 0,
     and another rank's node would get the tokenizer without the model (seen with compose)."""
-    from rlrig.trainer.embedded.tiny_model import cache_dir, ensure_tiny_model
-    from rlrig.trainer.embedded.tiny_reward_model import ensure_tiny_reward_model, rm_cache_dir
+    from ..embedded.tiny_model import cache_dir, ensure_tiny_model
+    from ..embedded.tiny_reward_model import ensure_tiny_reward_model, rm_cache_dir
 
     builders = {str(cache_dir()): ensure_tiny_model, str(rm_cache_dir()): ensure_tiny_reward_model}
     if not os.path.exists(path) and os.path.abspath(path) in builders:

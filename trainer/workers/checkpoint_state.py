@@ -8,8 +8,8 @@ import random
 import numpy as np
 import torch
 
-from rlrig.trainer.model import offload, parallel
-from rlrig.trainer.model.build import Models, Trainable
+from ..model import offload, parallel
+from ..model.build import Models, Trainable
 
 
 def _gather(t: Trainable) -> tuple[dict, dict]:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from rlrig.trainer.batch.step_batch import StepBatch
-from rlrig.trainer.model import offload
-from rlrig.trainer.model.build import build_critic
-from rlrig.trainer.workers import checkpoint_state
-from rlrig.trainer.workers.base import RankWorker
+from ..batch.step_batch import StepBatch
+from ..model import offload
+from ..model.build import build_critic
+from . import checkpoint_state
+from .base import RankWorker
 
 
 class CriticWorker(RankWorker):

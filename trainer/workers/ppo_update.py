@@ -8,14 +8,14 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from rlrig.trainer.algos import core_algos as algos
-from rlrig.trainer.algos import policy_losses
-from rlrig.trainer.batch.step_batch import StepBatch
-from rlrig.trainer.model import offload, parallel
-from rlrig.trainer.model.build import Trainable
-from rlrig.trainer.model.forward import token_logprobs
-from rlrig.trainer.model.forward import values as critic_values
-from rlrig.trainer.model.micro_batches import MiniBatches, size
+from ..algos import core_algos as algos
+from ..algos import policy_losses
+from ..batch.step_batch import StepBatch
+from ..model import offload, parallel
+from ..model.build import Trainable
+from ..model.forward import token_logprobs
+from ..model.forward import values as critic_values
+from ..model.micro_batches import MiniBatches, size
 
 
 @contextmanager

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import torch
 
-from rlrig.trainer.batch.step_batch import StepBatch
-from rlrig.trainer.config.schema import from_dict
-from rlrig.trainer.model import micro_batches as batching
-from rlrig.trainer.model import offload
-from rlrig.trainer.model.build import load_reference
-from rlrig.trainer.model.forward import in_micro_batches, token_logprobs
-from rlrig.trainer.workers.base import PoolWorker, ensure_local_embedded_model, single_device
+from ..batch.step_batch import StepBatch
+from ..config.schema import from_dict
+from ..model import micro_batches as batching
+from ..model import offload
+from ..model.build import load_reference
+from ..model.forward import in_micro_batches, token_logprobs
+from .base import PoolWorker, ensure_local_embedded_model, single_device
 
 
 class RefWorker(PoolWorker):

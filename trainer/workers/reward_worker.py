@@ -3,9 +3,9 @@ on one device, scoring what the training workers send it. Forward passes only, s
 
 from __future__ import annotations
 
-from rlrig.trainer.config.schema import from_dict
-from rlrig.trainer.reward.reward_model import make_scorer, scorer_settings
-from rlrig.trainer.workers.base import PoolWorker, single_device
+from ..config.schema import from_dict
+from ..reward.reward_model import make_scorer, scorer_settings
+from .base import PoolWorker, single_device
 
 
 class RewardModelWorker(PoolWorker):

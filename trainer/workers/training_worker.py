@@ -16,21 +16,22 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from rlrig.trainer import metrics as M
-from rlrig.trainer.algos import core_algos as algos
-from rlrig.trainer.algos import estimators, pf_ppo, rollout_correction
-from rlrig.trainer.batch.balance import balance
-from rlrig.trainer.batch.step_batch import StepBatch
-from rlrig.trainer.model import build, lora, lr_schedule, offload, parallel
-from rlrig.trainer.model.forward import in_micro_batches, token_logprobs
-from rlrig.trainer.reward.managers import overlong
-from rlrig.trainer.reward.rules import reward_fn
-from rlrig.trainer.reward.scoring import RewardSource, score, score_batch
-from rlrig.trainer.rollout.engines import GREEDY, EngineContext, Sampling, engine_class, make_engine
-from rlrig.trainer.workers import checkpoint_state
-from rlrig.trainer.workers.base import RankWorker
-from rlrig.trainer.workers.ppo_update import mean_stats, update_actor
-from rlrig.trainer.workers.timing import Phases
+from .. import metrics as M
+from ..algos import core_algos as algos
+from ..algos import estimators, rollout_correction
+from ..batch.balance import balance
+from ..batch.exchange import pf_ppo_resample
+from ..batch.step_batch import StepBatch
+from ..model import build, lora, lr_schedule, offload, parallel
+from ..model.forward import in_micro_batches, token_logprobs
+from ..reward.managers import overlong
+from ..reward.rules import reward_fn
+from ..reward.scoring import RewardSource, score, score_batch
+from ..rollout.engines import GREEDY, EngineContext, Sampling, engine_class, make_engine
+from . import checkpoint_state
+from .base import RankWorker
+from .ppo_update import mean_stats, update_actor
+from .timing import Phases
 
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 
@@ -55,7 +56,7 @@ def moe_refusal(model_path: str, load_kwargs: dict, engine_cls) -> str | None:
 def engine_refusal(cfg_dict: dict, model_path: str, device: str) -> str | None:
     """Why a training worker could not start its rollout engine on this node, in one line, or None. The driver
     runs it as a task on every node before it builds any worker, so no worker is ever left without an engine."""
-    from rlrig.trainer.config.schema import from_dict
+    from ..config.schema import from_dict
 
     cfg = from_dict(cfg_dict)
     a = cfg.actor_rollout_ref
@@ -155,7 +156,7 @@ class TrainingWorker(RankWorker):
         rm = self.cfg.reward_model
         if not rm.enable or self.peers.reward_model is not None:
             return None
-        from rlrig.trainer.reward.reward_model import make_scorer, scorer_settings
+        from ..reward.reward_model import make_scorer, scorer_settings
 
         return make_scorer(rm, rm_path, self.device, *scorer_settings(self.cfg))
 
@@ -245,7 +246,7 @@ class TrainingWorker(RankWorker):
         if cfg.algorithm.use_pf_ppo:
             with phases("pf_ppo"):
                 pf, seed = cfg.algorithm.pf_ppo, cfg.trainer.seed * 1_000_003 + plan.global_step
-                batch = pf_ppo.resample(batch, pf.reweight_method, pf.weight_pow, seed, self.tok.pad_token_id)
+                batch = pf_ppo_resample(batch, pf.reweight_method, pf.weight_pow, seed, self.tok.pad_token_id)
         # the update's random draws (dropout) come from a forked stream: the ranks of one tensor-parallel
         # engine, which must sample the same tokens, keep the same generator state whatever the update draws
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):

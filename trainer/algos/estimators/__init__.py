@@ -1,7 +1,7 @@
 """The advantage estimators. A new one is a module in this package that calls `register`, plus its
 import below."""
 
-from rlrig.trainer.algos.estimators import (  # noqa: E402,F401  (each registers itself)
+from . import (  # noqa: E402,F401  (each registers itself)
     gae,
     gpg,
     grpo,
@@ -12,7 +12,7 @@ from rlrig.trainer.algos.estimators import (  # noqa: E402,F401  (each registers
     remax,
     rloo,
 )
-from rlrig.trainer.algos.estimators.registry import ESTIMATORS, AdvantageInput, Estimator, register
+from .registry import ESTIMATORS, AdvantageInput, Estimator, register
 
 __all__ = ["ESTIMATORS", "AdvantageInput", "Estimator", "register", "get"]
 

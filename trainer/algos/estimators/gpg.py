@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from rlrig.trainer.algos.core_algos import AllReduce, local
-from rlrig.trainer.algos.estimators.grpo import group_centred
-from rlrig.trainer.algos.estimators.registry import AdvantageInput, register
+from ..core_algos import AllReduce, local
+from .grpo import group_centred
+from .registry import AdvantageInput, register
 
 
 def gpg_advantages(scores, mask, index, allreduce: AllReduce = local, f_norm: float = 1.0):

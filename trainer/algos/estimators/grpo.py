@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rlrig.trainer.algos.estimators.registry import AdvantageInput, register
+from .registry import AdvantageInput, register
 
 EPS = 1e-6
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from rlrig.trainer.algos.estimators.grpo import EPS, group_ids
-from rlrig.trainer.algos.estimators.registry import AdvantageInput, register
+from .grpo import EPS, group_ids
+from .registry import AdvantageInput, register
 
 
 def grpo_passk_advantages(scores, mask, index, norm_by_std: bool = True):

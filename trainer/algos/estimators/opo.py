@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rlrig.trainer.algos.estimators.grpo import group_ids
-from rlrig.trainer.algos.estimators.registry import AdvantageInput, register
+from .grpo import group_ids
+from .registry import AdvantageInput, register
 
 
 def opo_advantages(scores, mask, index):

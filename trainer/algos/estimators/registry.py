@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlrig.trainer.algos.core_algos import AllReduce
+from ..core_algos import AllReduce
 
 
 @dataclass

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from rlrig.trainer.algos.core_algos import AllReduce, local, masked_whiten
-from rlrig.trainer.algos.estimators.registry import AdvantageInput, register
+from ..core_algos import AllReduce, local, masked_whiten
+from .registry import AdvantageInput, register
 
 
 def reinforce_pp_advantages(token_rewards, mask, gamma: float, allreduce: AllReduce = local):

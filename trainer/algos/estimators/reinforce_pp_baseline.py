@@ -3,9 +3,9 @@ mean, then whitened over the whole batch."""
 
 from __future__ import annotations
 
-from rlrig.trainer.algos.core_algos import AllReduce, local, masked_whiten
-from rlrig.trainer.algos.estimators.grpo import group_centred
-from rlrig.trainer.algos.estimators.registry import AdvantageInput, register
+from ..core_algos import AllReduce, local, masked_whiten
+from .grpo import group_centred
+from .registry import AdvantageInput, register
 
 
 def reinforce_pp_baseline_advantages(scores, mask, index, allreduce: AllReduce = local):

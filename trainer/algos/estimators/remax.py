@@ -3,7 +3,7 @@ generates and scores that greedy response for every prompt before the advantages
 
 from __future__ import annotations
 
-from rlrig.trainer.algos.estimators.registry import AdvantageInput, register
+from .registry import AdvantageInput, register
 
 
 def remax_advantages(token_rewards, mask, baselines):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from rlrig.trainer.algos.estimators.grpo import group_ids
-from rlrig.trainer.algos.estimators.registry import AdvantageInput, register
+from .grpo import group_ids
+from .registry import AdvantageInput, register
 
 
 def rloo_advantages(scores, mask, index):

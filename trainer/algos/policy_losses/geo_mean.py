@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from rlrig.trainer.algos.core_algos import masked_mean
-from rlrig.trainer.algos.policy_losses.registry import register
-from rlrig.trainer.algos.policy_losses.vanilla import clip_range
+from ..core_algos import masked_mean
+from .registry import register
+from .vanilla import clip_range
 
 
 def geo_mean_loss(old_logp, logp, adv, mask, clip_low, clip_high, is_weights=None):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rlrig.trainer.algos.core_algos import agg_loss
-from rlrig.trainer.algos.policy_losses.registry import register, weighted
+from ..core_algos import agg_loss
+from .registry import register, weighted
 
 
 @register("gpg")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from rlrig.trainer.algos.core_algos import agg_loss, masked_mean
-from rlrig.trainer.algos.policy_losses.registry import register, weighted
+from ..core_algos import agg_loss, masked_mean
+from .registry import register, weighted
 
 
 def kl_cov_loss(old_logp, logp, adv, mask, ratio_k, kl_coef, agg, is_weights=None):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from rlrig.trainer.algos.core_algos import agg_loss, masked_mean
-from rlrig.trainer.algos.policy_losses.registry import register, weighted
+from ..core_algos import agg_loss, masked_mean
+from .registry import register, weighted
 
 
 def sapo_loss(old_logp, logp, adv, mask, tau_pos: float, tau_neg: float, is_weights=None):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from rlrig.trainer.rollout.engines.base import (
+from .base import (
     GREEDY,
     EngineContext,
     EngineNotInstalled,
@@ -15,9 +15,9 @@ from rlrig.trainer.rollout.engines.base import (
     RolloutEngine,
     Sampling,
 )
-from rlrig.trainer.rollout.engines.hf_engine import HFRollout
-from rlrig.trainer.rollout.engines.sglang_engine import SGLangRollout
-from rlrig.trainer.rollout.engines.vllm_engine import VLLMRollout
+from .hf_engine import HFRollout
+from .sglang_engine import SGLangRollout
+from .vllm_engine import VLLMRollout
 
 ENGINES: dict[str, type[RolloutEngine]] = {e.name: e for e in (HFRollout, VLLMRollout, SGLangRollout)}
 AUTO = "auto"

@@ -8,7 +8,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin, DynamicLayer
 
-from rlrig.trainer.rollout.engines.base import (
+from .base import (
     EngineContext,
     Rollout,
     RolloutEngine,

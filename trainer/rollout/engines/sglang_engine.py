@@ -19,8 +19,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from rlrig.trainer.rollout import tp_groups
-from rlrig.trainer.rollout.engines.base import (
+from .. import tp_groups
+from .base import (
     EngineContext,
     EngineNotInstalled,
     EngineUnavailable,

@@ -17,8 +17,8 @@ import os
 
 import torch.distributed as dist
 
-from rlrig.trainer.model.devices import gpu_index
-from rlrig.trainer.rollout.engines.base import (
+from ...devices import gpu_index
+from .base import (
     EngineContext,
     EngineNotInstalled,
     EngineUnavailable,
