@@ -29,9 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import netns  # noqa: E402
-from nodeproc import NodeProc  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench scripts run as files: repo root, for tests
+from tests.helpers import netns  # noqa: E402
+from tests.helpers.nodeproc import NodeProc  # noqa: E402
 
 TOKEN = "b" * 64
 PORT = 6379

@@ -4,7 +4,7 @@ sharing that prompt's prefill (as vLLM's prefix cache shares it) against each sa
 The model: bench/rollout.py's randomly initialised Qwen2 of 8 layers x 512, built offline. Prompts of
 --prompt-len random tokens, --n samples each, --max-new new tokens at temperature 1 (the untrained model
 rarely stops early, so every run decodes about the same tokens); generation seconds are the median of
---reps, the two settings interleaved. The samples are the same either way (tests/unit/test_rollout.py).
+--reps, the two settings interleaved. The samples are the same either way (tests/unit/trainer/rollout/test_rollout.py).
 
     python bench/prefix_caching.py
 """

@@ -28,8 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import netns  # noqa: E402  (tests/, put on sys.path by bringup)
-from bringup import BIN, Run, node_env, wait  # the bring-up bench's namespaces and node processes
+from bringup import BIN, Run, netns, node_env, wait  # the bring-up bench's namespaces and node processes
 
 TRAIN = [
     "data.train_batch_size=8",

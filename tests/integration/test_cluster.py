@@ -6,7 +6,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import dstack_env
+
+from tests.helpers.cluster import dstack_env
 
 pytestmark = pytest.mark.integration
 CHECK = str(Path(__file__).with_name("check_cluster.py"))

@@ -6,7 +6,8 @@ import re
 import time
 
 import pytest
-from conftest import dstack_env
+
+from tests.helpers.cluster import dstack_env
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import dstack_env
+
+from tests.helpers.cluster import dstack_env
 
 pytestmark = pytest.mark.integration
 PROBE = str(Path(__file__).with_name("placement_probe.py"))

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import dstack_env
-from crashlog import excerpt
+
+from tests.helpers.cluster import dstack_env
+from tests.helpers.crashlog import excerpt
 
 pytestmark = pytest.mark.integration
 STEPS = 6

@@ -4,8 +4,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TOKEN
-from crashlog import excerpt
+
+from tests.helpers.cluster import TOKEN
+from tests.helpers.crashlog import excerpt
 
 pytestmark = pytest.mark.integration
 CHECK = str(Path(__file__).with_name("check_cluster.py"))

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import TOKEN, dstack_env
-from crashlog import excerpt
-from test_train import TINY, metrics
+
+from tests.helpers.cluster import TOKEN, dstack_env
+from tests.helpers.crashlog import excerpt
+from tests.integration.test_train import TINY, metrics
 
 pytestmark = pytest.mark.integration
 JOBS = str(Path(__file__).with_name("standing_jobs.py"))
-PROBE = str(Path(__file__).resolve().parents[1] / "portprobe.py")
+PROBE = str(Path(__file__).resolve().parents[1] / "helpers" / "portprobe.py")
 BIN = Path(sys.executable).parent
 URL = "http://127.0.0.1:8265"
 

@@ -6,8 +6,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import dstack_env
-from crashlog import excerpt
+
+from tests.helpers.cluster import dstack_env
+from tests.helpers.crashlog import excerpt
 
 pytestmark = pytest.mark.integration
 TINY = [

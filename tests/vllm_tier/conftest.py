@@ -1,7 +1,7 @@
 import pytest
 
 try:
-    import vllm  # noqa: F401  (this folder must not be named vllm: tests/ is on sys.path)
+    import vllm  # noqa: F401  (the repo root is on the path, not tests/: this folder cannot shadow vllm)
 except ImportError as e:  # the main .venv has no vLLM; tests/run.sh runs this tier in .venv-vllm
     collect_ignore_glob = ["test_*.py"]
     print(f"tests/vllm_tier: vLLM not importable here ({e}); tests/run.sh runs this tier in .venv-vllm")

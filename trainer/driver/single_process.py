@@ -16,11 +16,14 @@ def single_worker(overrides: list[str], model_path: str | None = None):
     from ..model.build import load_tokenizer
     from ..workers.base import free_port
     from ..workers.training_worker import TrainingWorker
+    from .train import with_runtime
 
     cfg = parse_overrides([*overrides, "trainer.n_gpus_per_node=1", "trainer.nnodes=1"])
     path = model_path or cfg.actor_rollout_ref.model.path or ensure_tiny_model()
     rows, _ = load_rows(cfg, load_tokenizer(cfg, path))
-    cfg.trainer.total_training_steps = cfg.trainer.total_training_steps or len(rows) // cfg.data.train_batch_size
+    cfg = with_runtime(
+        cfg, cfg.trainer.total_training_steps or len(rows) // cfg.data.train_batch_size, cfg.trainer.device
+    )
     sampler = Sampler(len(rows), cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle)
     from ..reward.reward_model import resolve_path
 

@@ -10,7 +10,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from model_hooks import embedded_tokens
 
 from rlrig.trainer.algos import core_algos as A
 from rlrig.trainer.algos.estimators import AdvantageInput, get
@@ -18,6 +17,7 @@ from rlrig.trainer.config.presets import EMBEDDED
 from rlrig.trainer.config.schema import FsdpConfig, MixedPrecisionConfig, OptimConfig
 from rlrig.trainer.model import lr_schedule, precision
 from rlrig.trainer.workers.timing import Phases
+from tests.helpers.model_hooks import embedded_tokens
 
 T = torch.tensor
 

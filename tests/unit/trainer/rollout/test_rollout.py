@@ -11,7 +11,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from model_hooks import embedded_tokens
 
 from rlrig.trainer.config.schema import RolloutConfig
 from rlrig.trainer.rollout import engines
@@ -20,6 +19,7 @@ from rlrig.trainer.rollout.engines import hf_engine
 from rlrig.trainer.rollout.engines import sglang_engine as sglang_rollout
 from rlrig.trainer.rollout.engines import vllm_engine as vllm_rollout
 from rlrig.trainer.workers.training_worker import probs_diff
+from tests.helpers.model_hooks import embedded_tokens
 
 PAD, EOS = 0, 9
 

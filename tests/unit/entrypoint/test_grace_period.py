@@ -10,10 +10,10 @@ import threading
 import time
 
 import pytest
-from entrypoint_fakes import MemoryStore
 
 from rlrig.entrypoint import lifecycle
 from rlrig.entrypoint.processes import STOP_SIGNALS, Stop, install_stop_handlers
+from tests.helpers.entrypoint_fakes import MemoryStore
 
 # traps the signal, takes 6 s "to checkpoint" (longer than the 5 s a plain stop gives), then leaves a mark and
 # exits as the trainer does

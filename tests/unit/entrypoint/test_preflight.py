@@ -3,12 +3,12 @@
 from pathlib import Path
 
 import pytest
-from entrypoint_fakes import UUIDS, GiB, machine
 
 from rlrig.entrypoint import preflight
 from rlrig.entrypoint.addresses import Interface
 from rlrig.entrypoint.inventory import in_container, infiniband_devices
 from rlrig.entrypoint.nodespec import NodeSpec
+from tests.helpers.entrypoint_fakes import UUIDS, GiB, machine
 
 
 def spec(**kw) -> NodeSpec:

@@ -7,10 +7,10 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from entrypoint_fakes import collector
 
 from rlrig.entrypoint import bootstrap, cli, fabric, inventory, lifecycle
 from rlrig.entrypoint.errors import RigError
+from tests.helpers.entrypoint_fakes import collector
 
 
 def node(rank, mb_s=None, error="", gpus=()):

@@ -5,12 +5,12 @@ import os
 import sys
 
 import pytest
-from entrypoint_fakes import MemoryStore, collector
 
 from rlrig.entrypoint import bootstrap, cli, doctor, inventory, resources
 from rlrig.entrypoint.coordination import GPU_MODEL_LABEL, HOST_LABEL, LAUNCHER_LABEL, NNODES_LABEL, RANK_LABEL
 from rlrig.entrypoint.errors import RigError
 from rlrig.entrypoint.preflight import Preflight
+from tests.helpers.entrypoint_fakes import MemoryStore, collector
 
 VAR = resources.VAR
 TOKEN = "t" * 64

@@ -5,10 +5,10 @@ import threading
 import time
 
 import pytest
-from entrypoint_fakes import MemoryStore
 
 from rlrig.entrypoint import coordination as co
 from rlrig.entrypoint.errors import NodeLost, RigError, Unreachable
+from tests.helpers.entrypoint_fakes import MemoryStore
 
 ADDRESS = "10.0.0.1:6379"
 

@@ -3,7 +3,7 @@
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "entrypoint"
+PACKAGE = Path(__file__).resolve().parents[3] / "entrypoint"
 ABSOLUTE = "rlrig.entrypoint."
 
 

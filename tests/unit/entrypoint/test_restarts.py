@@ -8,12 +8,12 @@ import threading
 import time
 
 import pytest
-from entrypoint_fakes import MemoryStore
 
 from rlrig.entrypoint import lifecycle
 from rlrig.entrypoint.errors import NodeLost
 from rlrig.entrypoint.nodespec import NodeSpec
 from rlrig.entrypoint.plan import Plan
+from tests.helpers.entrypoint_fakes import MemoryStore
 
 
 def two_nodes() -> MemoryStore:

@@ -3,10 +3,10 @@ each distinct prompt computed once (tokens counted at the embedding), with and w
 
 import pytest
 import torch
-from model_hooks import embedded_tokens
 
 from rlrig.trainer.model import prefix_grouper
 from rlrig.trainer.model.forward import token_logprobs
+from tests.helpers.model_hooks import embedded_tokens
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,11 @@
 """From an environment to a Plan: what each node gets, and which setting wins where several give one."""
 
 import pytest
-from entrypoint_fakes import collector
 
 from rlrig.entrypoint import bootstrap, inventory, raystart
 from rlrig.entrypoint.errors import RigError
 from rlrig.entrypoint.preflight import Preflight
+from tests.helpers.entrypoint_fakes import collector
 
 TOKEN = "t" * 64
 # a two-node dstack job seen from this machine (eth0 = 10.0.0.2): the head advertises 10.0.0.2

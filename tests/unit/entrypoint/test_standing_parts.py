@@ -366,9 +366,8 @@ def test_trainer_nnodes_must_match_the_cluster(nnodes, ranks, pool, words):
 
 
 def test_doctor_shows_what_must_be_set_before_ray_starts(monkeypatch, tmp_path):
-    from entrypoint_fakes import collector
-
     from rlrig.entrypoint import doctor
+    from tests.helpers.entrypoint_fakes import collector
 
     monkeypatch.chdir(tmp_path)
     found = bootstrap.inspect(

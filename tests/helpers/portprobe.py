@@ -1,6 +1,6 @@
 """What a TCP port answers to a client without (or with) the cluster token: run inside another host's namespace.
 
-    python tests/portprobe.py IP PORT [PORT ...] [--token TOKEN]    -> one JSON object {port: answer}
+    python tests/helpers/portprobe.py IP PORT [PORT ...] [--token TOKEN]    -> one JSON object {port: answer}
 
 Answers: `http 401` / `http 200` ... (an HTTP server's status to GET /); `grpc UNAUTHENTICATED` /
 `grpc OK` ... (a gRPC server's status for the first of Ray's own methods it serves, called with an

@@ -1,7 +1,7 @@
 """kubernetes/: every built-in object validated by Kubernetes' own schema (kubernetes-validate, strict: unknown
-fields refused), every custom resource by its CRD's schema (tests/unit/k8s_schemas, pod templates cut out) with
-unknown fields refused as `kubectl apply --validate=strict` does, each pod template as a v1 PodTemplate; then the
-environment each pod's container gets (the manifest's plus what the controller injects, as read from the
+fields refused), every custom resource by its CRD's schema (tests/unit/launch_files/k8s_schemas, pod templates cut
+out) with unknown fields refused as `kubectl apply --validate=strict` does, each pod template as a v1 PodTemplate;
+then the environment each pod's container gets (the manifest's plus what the controller injects, as read from the
 controllers' sources) run through rlrig's launcher detection."""
 
 import json
@@ -14,7 +14,7 @@ import yaml
 
 from rlrig.entrypoint.detection import detect
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SCHEMAS = Path(__file__).parent / "k8s_schemas"
 K8S = kubernetes_validate.utils.latest_version()
 MANIFESTS = sorted((REPO / "kubernetes").glob("*.yaml"))

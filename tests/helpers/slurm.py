@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import netns
+from tests.helpers import netns
 
 DAEMONS = ("slurmctld", "slurmd", "munged", "srun", "sbatch", "nsenter")
 HOSTS = Path("/etc/hosts")

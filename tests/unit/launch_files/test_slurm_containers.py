@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TOKEN = "ab" * 32
 
 # every stand-in: record (tool, arguments, environment), exit with EXIT_<TOOL> (default 0)

@@ -7,11 +7,11 @@ import subprocess
 import sys
 
 import pytest
-from entrypoint_fakes import collector
 
 from rlrig.entrypoint import addresses, cli, doctor, inventory
 from rlrig.entrypoint.bootstrap import inspect
 from rlrig.entrypoint.launchers import BY_NAME
+from tests.helpers.entrypoint_fakes import collector
 
 HOST = "node2"
 
