@@ -34,3 +34,20 @@ def gpu_index(env: Mapping[str, str] | None = None, assigned: Sequence[str] | No
     visible = next((env[var] for var in flagged if env.get(var)), "")
     ids = [v.strip() for v in visible.split(",") if v.strip()]
     return ids.index(assigned[0]) if ids else int(assigned[0])
+
+
+def own_gpu_only(env: Mapping[str, str] | None = None, assigned: Sequence[str] | None = None) -> dict[str, str]:
+    """The variables that show a child process only this worker's GPU, where a NOSET flag shows the worker all of
+    its node's GPUs (else {}: Ray already narrowed them). vLLM in a child places a one-GPU engine on the first
+    visible GPU, which is another worker's there. ROCm's vLLM copies HIP_VISIBLE_DEVICES into CUDA_VISIBLE_DEVICES
+    and refuses the two differing, so both are set."""
+    env = os.environ if env is None else env
+    flagged = [var for flag, var in NOSET_FLAGS.items() if env.get(flag, "").lower() in ("1", "true")]
+    if not flagged:
+        return {}
+    index = gpu_index(env, assigned)
+    visible = next((env[var] for var in flagged if env.get(var)), "")
+    ids = [v.strip() for v in visible.split(",") if v.strip()]
+    own = ids[index] if ids else str(index)
+    names = set(flagged) | ({"CUDA_VISIBLE_DEVICES"} if "HIP_VISIBLE_DEVICES" in flagged else set())
+    return {var: own for var in sorted(names)}

@@ -20,6 +20,16 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 
 
+# verl's GPU runs set every pass's micro batch (rlrig refuses a GPU run without them, as verl does); a test's own
+# overrides come after these
+GPU_MICRO = [
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
+    "critic.ppo_micro_batch_size_per_gpu=8",
+]
+
+
 def run_worker(
     overrides: list[str],
     steps: int | None = None,
@@ -39,7 +49,14 @@ def run_worker(
     from rlrig.trainer.driver.single_process import single_worker
 
     with single_worker(
-        [*EMBEDDED, f"trainer.device={device}", "actor_rollout_ref.rollout.name=hf", *overrides], model_path
+        [
+            *EMBEDDED,
+            f"trainer.device={device}",
+            *(GPU_MICRO if device == "cuda" else []),
+            "actor_rollout_ref.rollout.name=hf",
+            *overrides,
+        ],
+        model_path,
     ) as (w, batches):
         assert w.device.type == device and next(w.models.actor.module.parameters()).device.type == device
         assert torch.distributed.get_backend() == ("nccl" if device == "cuda" else "gloo")
@@ -164,6 +181,7 @@ def test_bf16_mixed_precision_on_cuda(strategy):
         [
             *EMBEDDED,
             "trainer.device=cuda",
+            *GPU_MICRO,
             "actor_rollout_ref.rollout.name=hf",
             f"actor_rollout_ref.actor.strategy={strategy}",
         ]
@@ -191,6 +209,7 @@ def test_lora_in_bf16_on_cuda_trains_adapters_only_with_less_optimizer_memory(st
         [
             *EMBEDDED,
             "trainer.device=cuda",
+            *GPU_MICRO,
             "actor_rollout_ref.rollout.name=hf",
             f"actor_rollout_ref.actor.strategy={strategy}",
             "actor_rollout_ref.model.lora_rank=8",
@@ -238,6 +257,7 @@ def test_gradient_checkpointing_recomputes_in_the_update_on_cuda():
             [
                 *EMBEDDED,
                 "trainer.device=cuda",
+                *GPU_MICRO,
                 "actor_rollout_ref.rollout.name=hf",
                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
                 f"actor_rollout_ref.model.enable_gradient_checkpointing={flag}",
@@ -259,6 +279,7 @@ def test_offload_keeps_optimizer_state_and_reference_in_host_memory_on_cuda():
             [
                 *EMBEDDED,
                 "trainer.device=cuda",
+                *GPU_MICRO,
                 "actor_rollout_ref.rollout.name=hf",
                 f"actor_rollout_ref.actor.fsdp_config.optimizer_offload={flag}",
                 f"actor_rollout_ref.ref.fsdp_config.param_offload={flag}",
@@ -285,6 +306,7 @@ def test_param_offload_keeps_fsdp_shards_in_host_memory_between_steps_on_cuda():
             [
                 *EMBEDDED,
                 "trainer.device=cuda",
+                *GPU_MICRO,
                 "actor_rollout_ref.rollout.name=hf",
                 "algorithm.adv_estimator=gae",
                 "actor_rollout_ref.actor.strategy=fsdp",
@@ -311,7 +333,12 @@ def test_micro_batched_passes_lower_peak_memory_with_a_large_vocabulary_on_cuda(
         "actor_rollout_ref.actor.ppo_mini_batch_size=16",
         "actor_rollout_ref.rollout.n=8",
     ]
-    whole = run_worker(common, steps=1, model_path=path)[0]["perf/max_memory_allocated_gb"]
+    whole_batch = [  # each pass's 128 sequences at once
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=128",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=128",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=128",
+    ]
+    whole = run_worker([*common, *whole_batch], steps=1, model_path=path)[0]["perf/max_memory_allocated_gb"]
     micro = run_worker(
         [
             *common,
@@ -341,6 +368,7 @@ def test_reward_model_scores_in_bf16_on_cuda_colocated_and_offloaded():
             [
                 *EMBEDDED,
                 "trainer.device=cuda",
+                *GPU_MICRO,
                 "actor_rollout_ref.rollout.name=hf",
                 *rm,
                 f"reward_model.model.fsdp_config.param_offload={offload}",
@@ -354,3 +382,36 @@ def test_reward_model_scores_in_bf16_on_cuda_colocated_and_offloaded():
                 m["critic/score/min"],
                 m["critic/score/max"],
             } <= {0.0, 1.0}
+
+
+def test_chunked_log_probs_and_entropy_peak_below_a_third_of_the_plain_formulas_on_cuda():
+    """8192 response tokens of bf16 logits at a 152k vocabulary, forward and backward: the chunked pass keeps no
+    fp32 copy of the logits; the plain formulas keep several."""
+    from rlrig.trainer.model.chunked_logprobs import token_logprobs_and_entropy
+
+    def plain(z, y):
+        z = z.float()
+        lse = torch.logsumexp(z, -1)
+        return z.gather(-1, y[:, None]).squeeze(-1) - lse, lse - (torch.softmax(z, -1) * z).sum(-1)
+
+    def peak(fn) -> int:
+        logits = torch.randn(8192, 151936, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        targets = torch.randint(0, 151936, (8192,), device="cuda")
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        logp, ent = fn(logits, targets)
+        (logp.sum() + 0.01 * ent.sum()).backward()
+        torch.cuda.synchronize()
+        out = torch.cuda.max_memory_allocated() - base
+        del logits, targets, logp, ent
+        gc.collect()
+        torch.cuda.empty_cache()
+        return out
+
+    chunked = peak(lambda z, y: token_logprobs_and_entropy(z, y, True))
+    full = peak(plain)
+    print(
+        f"log-prob + entropy, 8192 x 152k, with backward: chunked {chunked / 2**30:.2f} GB, plain {full / 2**30:.2f} GB"
+    )
+    assert chunked < 0.35 * full, (chunked, full)

@@ -215,6 +215,10 @@ def _batch_sizes(cfg: Config) -> None:
             f"actor_rollout_ref.actor.ppo_mini_batch_size={a.ppo_mini_batch_size} prompts cannot be split over "
             f"{workers} workers (trainer.nnodes x trainer.n_gpus_per_node); make it a multiple of {workers}"
         )
+    if t.device == "cuda":
+        why = micro_batch_refusal(cfg)
+        if why:
+            raise ConfigError(why)
     per_worker_mini = per_worker_mini_batch(cfg, workers)
     for key, micro in (
         ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", a.ppo_micro_batch_size_per_gpu),
@@ -225,6 +229,43 @@ def _batch_sizes(cfg: Config) -> None:
             raise ConfigError(
                 f"each worker's mini batch ({per_worker_mini} sequences) is not a multiple of {key}={micro}"
             )
+
+
+def micro_batch_refusal(cfg: Config) -> str | None:
+    """verl refuses a GPU run that leaves a pass's micro batch unset: that pass would hold its whole batch's logits at
+    once (1024 prompts x 5 samples over 16 GPUs: 320 sequences, tens of GB at a 152k vocabulary). A pass under a token
+    budget (use_dynamic_bsz) needs none. Asked when trainer.device=cuda, and by the driver once auto chose GPUs."""
+    a, c, budgets = cfg.actor_rollout_ref, cfg.critic, token_budgets(cfg)
+    passes = [
+        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", a.actor.ppo_micro_batch_size_per_gpu, "actor", True),
+        (
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+            a.rollout.log_prob_micro_batch_size_per_gpu,
+            "rollout.log_prob",
+            True,
+        ),
+        (
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+            a.ref.log_prob_micro_batch_size_per_gpu,
+            "ref.log_prob",
+            cfg.ref_in_use,
+        ),
+        ("critic.ppo_micro_batch_size_per_gpu", c.ppo_micro_batch_size_per_gpu, "critic.ppo", cfg.critic_in_use),
+    ]
+    budget_keys = {
+        "actor": "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+        "rollout.log_prob": "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+        "ref.log_prob": "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
+        "critic.ppo": "critic.ppo_max_token_len_per_gpu",
+    }
+    unset = [key for key, micro, kind, used in passes if used and micro is None and budgets[budget_keys[kind]] is None]
+    if not unset:
+        return None
+    return (
+        f"{', '.join(unset)} unset: on GPUs such a pass would hold its whole batch's logits at once; set "
+        f"{'it' if len(unset) == 1 else 'them'} (verl refuses to run without), or use_dynamic_bsz=True with a token "
+        "budget"
+    )
 
 
 def _actor(cfg: Config) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import metrics as M
-from ..config.validation import rollout_is_refusal
+from ..config.validation import micro_batch_refusal, rollout_is_refusal
 from ..data.sampler import Sampler
 from ..errors import ConfigError
 from ..model import lora
@@ -98,6 +98,9 @@ def prepare(cfg) -> Run:
         )
     total = t.total_training_steps or sampler.steps_per_epoch() * t.total_epochs
     cfg = with_runtime(cfg, total, "cuda" if uses_gpu(cfg) else "cpu")
+    why = micro_batch_refusal(cfg) if cfg.trainer.device == "cuda" else None  # trainer.device=auto chose GPUs
+    if why:
+        raise ConfigError(why)
     out = Path(t.default_local_dir)
     out.mkdir(parents=True, exist_ok=True)
     checkpoint.clean_partial(str(out))

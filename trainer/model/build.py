@@ -103,11 +103,17 @@ def trainable(module, device, precision: Precision, optim, checkpointing: bool, 
 
 def generation_copy(module: torch.nn.Module, prec: Precision) -> torch.nn.Module:
     """The full copy an engine generates with under FSDP, held in the compute dtype: the dtype FSDP's policy
-    computes the actor's forwards in, at half an fp32 copy's memory (a 7B model: 15 GB instead of 30 on
-    every GPU), and with it the engine's key/value cache. Buffers (rotary frequencies) in buffer_dtype."""
-    gen = copy.deepcopy(module)
+    computes the actor's forwards in, at half an fp32 copy's memory (a 7B model: 15 GB instead of 30 on every
+    GPU), and with it the engine's key/value cache. Its parameters are allocated empty, one by one, and filled by
+    the engine's first weight sync (which the worker runs before any rollout), a tensor at a time: the actor is
+    never copied in fp32. Buffers (rotary frequencies), small and not synced, are copied, in buffer_dtype."""
+    dtype = prec.param_dtype if prec.mixed else None
+    empty = {
+        id(p): torch.nn.Parameter(torch.empty_like(p, dtype=dtype or p.dtype), requires_grad=p.requires_grad)
+        for p in module.parameters()
+    }
+    gen = copy.deepcopy(module, memo=empty)  # the memo hands deepcopy each parameter's empty stand-in
     if prec.mixed:
-        gen.to(prec.param_dtype)  # parameter by parameter: the fp32 copy is never held beside a whole bf16 one
         cast_buffers(gen, prec)
     return gen
 

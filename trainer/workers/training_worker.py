@@ -29,7 +29,7 @@ from ..reward.rules import reward_fn
 from ..reward.scoring import RewardSource, score, score_batch
 from ..rollout.engines import GREEDY, EngineContext, Sampling, engine_class, make_engine
 from . import checkpoint_state
-from .base import RankWorker
+from .base import RankWorker, forked_rngs
 from .ppo_update import mean_stats, update_actor
 from .timing import Phases
 
@@ -129,6 +129,10 @@ class TrainingWorker(RankWorker):
             engine_cls.generates_with_actor_module,
             remote_ref=peers.ref is not None,
         )
+        if self.device.type == "cuda":
+            # loading the full model before sharding it leaves its memory reserved by torch's allocator; engines in
+            # other processes (SGLang, the reward model's vLLM) size their caches from what the GPU has free
+            torch.cuda.empty_cache()
         self.rm_scorer = self._local_reward_model(rm_path)
         self.reward = self._reward_source(model_path)
         prec = self.models.actor.precision
@@ -247,9 +251,7 @@ class TrainingWorker(RankWorker):
             with phases("pf_ppo"):
                 pf, seed = cfg.algorithm.pf_ppo, cfg.trainer.seed * 1_000_003 + plan.global_step
                 batch = pf_ppo_resample(batch, pf.reweight_method, pf.weight_pow, seed, self.tok.pad_token_id)
-        # the update's random draws (dropout) come from a forked stream: the ranks of one tensor-parallel
-        # engine, which must sample the same tokens, keep the same generator state whatever the update draws
-        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+        with forked_rngs(self.device):  # the update's draws (dropout) leave the engine's streams as they were
             stats, actor_logp = self._update(phases, batch, plan)
         if plan.update_actor:
             with phases("update_weights"):

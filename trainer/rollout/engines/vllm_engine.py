@@ -7,7 +7,8 @@ vLLM's loader maps the Hugging Face names onto its fused layouts (qkv, gate_up) 
 With tensor_model_parallel_size = tp > 1 each training worker is one rank of an engine that spans
 tp consecutive workers (vLLM's external launcher, as verl runs it): vLLM builds its TP groups over
 the trainer's own torch.distributed world, every rank of a group generates for the prompts of the
-whole group, and each keeps its own share.
+whole group, and each keeps its own share. On GPUs a one-GPU engine runs under the external launcher
+too, which is how it lands on the worker's own GPU.
 """
 
 from __future__ import annotations
@@ -43,6 +44,31 @@ def takes_weights_in_memory() -> bool:
     return reload is not None and "weights_iterator" in inspect.signature(reload).parameters
 
 
+def external_launcher(cfg, device: str) -> bool:
+    """Whether the engine runs under vLLM's external launcher, which places it on LOCAL_RANK: on GPUs always,
+    since vLLM's single-process executor puts a one-GPU engine on cuda:0 whatever GPU the worker holds (its device
+    config carries no index; vLLM 0.32 uniproc_executor and gpu_worker.init_device), which is another worker's
+    GPU wherever workers see all of their node's GPUs (the ROCm image, RAY_EXPERIMENTAL_NOSET_*_VISIBLE_DEVICES);
+    on CPU for tensor parallelism."""
+    return device == "cuda" or cfg.tensor_model_parallel_size > 1
+
+
+# vLLM's all-reduce backends that map peer GPUs' memory, on by default for tensor-parallel groups (0.32 envs.py):
+# under Ray each worker sees only its own GPU, and FlashInfer's lazy set-up failing on one rank hangs the others
+ALLREDUCE_OFF = {"VLLM_ALLREDUCE_USE_SYMM_MEM": "0", "VLLM_ALLREDUCE_USE_FLASHINFER": "0"}
+
+
+def launcher_env(cfg, device: str, rank: int, world: int, local_gpu: int) -> dict[str, str]:
+    """What the external launcher reads from the environment (torch.distributed is already up), and the
+    all-reduce switches of a GPU engine that spans workers."""
+    env = {}
+    if external_launcher(cfg, device):
+        env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local_gpu if device == "cuda" else rank))
+    if cfg.tensor_model_parallel_size > 1 and device == "cuda":
+        env.update(ALLREDUCE_OFF)
+    return env
+
+
 def engine_kwargs(cfg, model_path: str, max_model_len: int, device: str, seed: int) -> dict:
     """vllm.LLM arguments from actor_rollout_ref.rollout.*; GPU-only knobs stay off on CPU."""
     dtype = cfg.dtype
@@ -68,11 +94,11 @@ def engine_kwargs(cfg, model_path: str, max_model_len: int, device: str, seed: i
     if cfg.max_num_seqs:
         kw["max_num_seqs"] = cfg.max_num_seqs
     kw.update(cfg.engine_kwargs.get("vllm", {}))  # rollout.engine_kwargs.vllm.*: the user's word is last
-    if cfg.tensor_model_parallel_size > 1:
+    if external_launcher(cfg, device):
         kw["distributed_executor_backend"] = "external_launcher"
-        if device == "cuda":
-            # custom all-reduce maps the peers' memory by device index; Ray shows each worker only its own GPU
-            kw["disable_custom_all_reduce"] = True
+    if cfg.tensor_model_parallel_size > 1 and device == "cuda":
+        # custom all-reduce maps the peers' memory by device index; Ray shows each worker only its own GPU
+        kw["disable_custom_all_reduce"] = True
     if device == "cuda":
         kw["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         kw["enable_sleep_mode"] = cfg.free_cache_engine
@@ -144,14 +170,9 @@ class VLLMRollout(RolloutEngine):
         self.vllm = vllm
         self.tok, self.cfg, self.max_new, self.device = ctx.tokenizer, cfg, ctx.max_response_length, device
         self.tp_group = None
-        if cfg.tensor_model_parallel_size > 1:
-            # the external launcher reads the rank from the environment; torch.distributed is already up.
-            # vLLM takes the GPU from LOCAL_RANK: the worker's own (devices.gpu_index)
-            os.environ.update(
-                RANK=str(dist.get_rank()),
-                WORLD_SIZE=str(dist.get_world_size()),
-                LOCAL_RANK=str(gpu_index()) if device == "cuda" else str(dist.get_rank()),
-            )
+        if external_launcher(cfg, device):
+            local_gpu = gpu_index() if device == "cuda" else 0
+            os.environ.update(launcher_env(cfg, device, dist.get_rank(), dist.get_world_size(), local_gpu))
         # any failure to start (out of memory, a bug) is an error that shows its own cause, never a fallback
         self.llm = vllm.LLM(
             **engine_kwargs(cfg, ctx.model_path, ctx.max_prompt_length + ctx.max_response_length, device, ctx.seed)

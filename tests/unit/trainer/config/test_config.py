@@ -255,3 +255,43 @@ def test_print_config_cli():
         timeout=120,
     )
     assert r.returncode == 2 and "whole number" in r.stderr and r.stderr.count("\n") == 1
+
+
+MICRO = {
+    "actor": "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    "rollout": "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+    "ref": "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+    "critic": "critic.ppo_micro_batch_size_per_gpu",
+}
+
+
+@pytest.mark.parametrize(
+    "extra, unset",
+    [
+        ([], ["actor", "rollout", "ref", "critic"]),  # verl's defaults: gae with a critic, use_kl_loss
+        (
+            [
+                "algorithm.adv_estimator=grpo",
+                "actor_rollout_ref.rollout.n=2",
+                "actor_rollout_ref.actor.use_kl_loss=False",
+            ],
+            ["actor", "rollout"],
+        ),
+        ([f"{MICRO['actor']}=4", f"{MICRO['rollout']}=8"], ["ref", "critic"]),
+        ([f"{k}=4" for k in MICRO.values()], []),
+        (["actor_rollout_ref.actor.use_dynamic_bsz=True", "critic.use_dynamic_bsz=True"], []),  # token budgets
+        (["actor_rollout_ref.actor.use_dynamic_bsz=True"], []),  # the other passes follow the actor's switch
+        (["actor_rollout_ref.actor.use_dynamic_bsz=True", "critic.use_dynamic_bsz=False"], ["critic"]),
+    ],
+)
+def test_a_gpu_run_needs_every_pass_micro_batch_as_verl(extra, unset):
+    overrides = [MODEL, "trainer.device=cuda", "actor_rollout_ref.actor.use_kl_loss=True", *extra]
+    if not unset:
+        parse_overrides(overrides)
+        return
+    with pytest.raises(ConfigError) as e:
+        parse_overrides(overrides)
+    msg = str(e.value)
+    assert "\n" not in msg and "on GPUs" in msg
+    assert [k for k, key in MICRO.items() if key in msg] == unset
+    parse_overrides([o for o in overrides if o != "trainer.device=cuda"])  # on CPU the whole batch is allowed

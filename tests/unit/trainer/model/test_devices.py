@@ -43,3 +43,20 @@ def test_gpu_index(env, assigned, index):
 def test_a_worker_assigned_several_gpus_is_refused():
     with pytest.raises(RuntimeError, match=r"holds one GPU, but Ray assigned \['0', '1'\]"):
         gpu_index({"RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES": "1"}, ["0", "1"])
+
+
+OWN = {  # the variables a child process gets: only this worker's GPU, by the node's device id
+    "ray narrows: always 0": {},
+    "noset hip, no list": {"CUDA_VISIBLE_DEVICES": "3", "HIP_VISIBLE_DEVICES": "3"},
+    "noset hip, node list": {"CUDA_VISIBLE_DEVICES": "6", "HIP_VISIBLE_DEVICES": "6"},
+    "noset cuda, node list": {"CUDA_VISIBLE_DEVICES": "3"},
+    "noset flag empty": {},
+    "the rocm image's list is HIP's": {"CUDA_VISIBLE_DEVICES": "0", "HIP_VISIBLE_DEVICES": "0"},
+}
+
+
+@pytest.mark.parametrize("name,env,assigned", [c[:3] for c in CASES], ids=[c[0] for c in CASES])
+def test_a_child_process_sees_only_the_workers_gpu(name, env, assigned):
+    from rlrig.trainer.devices import own_gpu_only
+
+    assert own_gpu_only(env, assigned) == OWN[name]

@@ -84,3 +84,17 @@ def test_packed_logprobs_entropy_and_values_match_padded(tiny, prompt_lens, resp
     with torch.no_grad():
         values = {flag: critic_values(critic, ids, mask, P, flag) for flag in (False, True)}
     torch.testing.assert_close(values[True][filled], values[False][filled], atol=1e-5, rtol=1e-5)
+
+
+def test_the_packed_forward_reaches_the_vocabulary_only_at_response_positions(tiny):
+    from rlrig.trainer.model.forward import token_logprobs
+
+    actor, _ = tiny
+    ids, mask, P = batch(actor.config.vocab_size, [6, 4, 2, 5, 6], [7, 3, 0, 5, 1])
+    rows = []
+    handle = actor.get_output_embeddings().register_forward_hook(lambda m, args, out: rows.append(out.shape[:-1]))
+    try:
+        token_logprobs(actor, ids, mask, P, with_entropy=True, remove_padding=True)
+    finally:
+        handle.remove()
+    assert [tuple(r) for r in rows] == [(1, int(mask[:, P:].sum()))]  # the 16 response tokens, not the packed rows

@@ -62,6 +62,22 @@ def test_vllm_sampling_kwargs(sampling, extra):
 
 
 @pytest.mark.parametrize(
+    "device,tp,local_gpu,env",
+    [
+        # vLLM 0.32 puts a single-process engine on cuda:0: the launcher's LOCAL_RANK carries the worker's own GPU
+        ("cuda", 1, 5, dict(RANK="3", WORLD_SIZE="8", LOCAL_RANK="5")),
+        ("cuda", 2, 1, dict(RANK="3", WORLD_SIZE="8", LOCAL_RANK="1", **vllm_rollout.ALLREDUCE_OFF)),
+        ("cpu", 2, 0, dict(RANK="3", WORLD_SIZE="8", LOCAL_RANK="3")),
+        ("cpu", 1, 0, {}),
+    ],
+)
+def test_vllm_launcher_environment(device, tp, local_gpu, env):
+    cfg = RolloutConfig(tensor_model_parallel_size=tp)
+    assert vllm_rollout.launcher_env(cfg, device, 3, 8, local_gpu) == env
+    assert set(vllm_rollout.ALLREDUCE_OFF) == {"VLLM_ALLREDUCE_USE_SYMM_MEM", "VLLM_ALLREDUCE_USE_FLASHINFER"}
+
+
+@pytest.mark.parametrize(
     "device,dtype,cfg_dtype,gpu_keys",
     [
         ("cpu", "float32", "auto", False),
@@ -82,7 +98,10 @@ def test_vllm_engine_kwargs(device, dtype, cfg_dtype, gpu_keys):
         kw["distributed_executor_backend"] == "external_launcher"
         and kw.get("disable_custom_all_reduce", False) == gpu_keys
     )
-    assert "distributed_executor_backend" not in vllm_rollout.engine_kwargs(RolloutConfig(), "/m", 48, device, 3)
+    # one GPU an engine: also under the external launcher, which places it on LOCAL_RANK (the worker's own GPU)
+    one = vllm_rollout.engine_kwargs(RolloutConfig(), "/m", 48, device, 3)
+    assert (one.get("distributed_executor_backend") == "external_launcher") == (device == "cuda")
+    assert "disable_custom_all_reduce" not in one
     for on in (True, False):
         assert (
             vllm_rollout.engine_kwargs(RolloutConfig(enable_prefix_caching=on), "/m", 48, device, 3)[

@@ -363,3 +363,21 @@ def test_the_critic_trains_without_dropout():
         lambda w: seen.extend(m.p for m in w.models.critic.module.modules() if isinstance(m, torch.nn.Dropout)),
     )
     assert seen and set(seen) == {0.0}
+
+
+def test_draws_inside_forked_rngs_leave_every_global_stream_as_it_was():
+    import random
+
+    import numpy as np
+
+    from rlrig.trainer.workers.base import forked_rngs
+
+    def draws():
+        return torch.rand(3).tolist(), np.random.randint(0, 2**31, 3).tolist(), [random.random() for _ in range(3)]
+
+    torch.manual_seed(1), np.random.seed(1), random.seed(1)
+    expected = draws()
+    torch.manual_seed(1), np.random.seed(1), random.seed(1)
+    with forked_rngs(torch.device("cpu")):
+        draws()  # the update's dropout, say
+    assert draws() == expected

@@ -1,0 +1,80 @@
+"""Log-probs and entropy of the sampled tokens from the logits, a chunk of tokens at a time (as verl's fused
+kernels avoid the full copies): with a 152k vocabulary, one fp32 copy of a micro batch's logits is about
+0.6 MB per token, and the plain formulas make several (the fp32 cast, logsumexp's exponentials, the softmax,
+its product with the logits), each kept for the backward pass. Here no fp32 tensor is larger than one chunk,
+forward or backward: the backward pass recomputes each chunk's softmax from the logits it was given instead
+of keeping it.
+
+    log p(y) = z_y - lse(z),   lse(z) = log sum_v exp(z_v)
+    H        = lse(z) - sum_v p_v z_v,   p = softmax(z)
+    d log p(y) / dz = onehot(y) - p
+    d H / dz        = -p * (z - lse(z) + H)      (= -p (log p + H))
+"""
+
+from __future__ import annotations
+
+import torch
+
+CHUNK_ELEMENTS = 2**25  # fp32 elements of one chunk's copy of the logits: 128 MiB
+
+
+def chunk_tokens(vocab: int) -> int:
+    return max(1, CHUNK_ELEMENTS // vocab)
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
+        n, vocab = logits.shape
+        logp = torch.empty(n, dtype=torch.float32, device=logits.device)
+        lse = torch.empty_like(logp)
+        ent = torch.empty_like(logp) if with_entropy else None
+        step = chunk_tokens(vocab)
+        for s in range(0, n, step):
+            z = logits[s : s + step].to(torch.float32, copy=True)  # a copy also of fp32 logits: changed in place
+            lse[s : s + step] = torch.logsumexp(z, -1)
+            logp[s : s + step] = z.gather(-1, targets[s : s + step, None]).squeeze(-1) - lse[s : s + step]
+            if with_entropy:
+                z.sub_(lse[s : s + step, None])  # log p, in place: one chunk-sized tensor at a time
+                ent[s : s + step] = -(z.exp() * z).sum(-1)
+        ctx.save_for_backward(logits, targets, lse, ent if with_entropy else lse)
+        ctx.with_entropy = with_entropy
+        ctx.set_materialize_grads(False)
+        return (logp, ent) if with_entropy else (logp, lse.new_zeros(0))
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_ent):
+        logits, targets, lse, ent = ctx.saved_tensors
+        if grad_logp is None and grad_ent is None:
+            return None, None, None
+        n, vocab = logits.shape
+        grad = torch.empty_like(logits)
+        step = chunk_tokens(vocab)
+        for s in range(0, n, step):
+            log_p = logits[s : s + step].to(torch.float32, copy=True).sub_(lse[s : s + step, None])
+            p = log_p.exp()
+            g = torch.zeros_like(p)
+            if grad_ent is not None and ctx.with_entropy:
+                # dH/dz = -p (log p + H)
+                g = -p * (log_p + ent[s : s + step, None]) * grad_ent[s : s + step, None]
+            if grad_logp is not None:
+                gl = grad_logp[s : s + step, None]
+                g.sub_(p * gl)
+                g.scatter_add_(-1, targets[s : s + step, None], gl)
+            grad[s : s + step] = g.to(grad.dtype)
+        return grad, None, None
+
+
+def token_logprobs_and_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool = False, entropy_grad: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logits [..., V] (any float dtype), targets [...] -> log p(target) [...] and the entropy [...] (or None),
+    both fp32. entropy_grad=False: the entropy is a metric only, with no gradient."""
+    shape = targets.shape
+    flat_logits, flat_targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    logp, ent = _TokenLogprobs.apply(flat_logits, flat_targets, with_entropy)
+    if not with_entropy:
+        return logp.view(shape), None
+    if not entropy_grad:
+        ent = ent.detach()
+    return logp.view(shape), ent.view(shape)
