@@ -149,7 +149,8 @@ class TrainingWorker(RankWorker):
             prec.param_dtype if prec.mixed else None,
         )
         self.engine = make_engine(engine_cls, ctx)
-        # the wrapper just broadcast rank 0's weights, which this node's copy on disk need not equal
+        # the engine takes the actor's weights: rank 0's, which the wrapper just broadcast (this node's copy on disk
+        # need not equal them); an FSDP generation copy is allocated empty until this first sync
         self._sync_engine()
         for t in (self.models.actor, self.models.critic):
             if t is not None and t.param_offload:
