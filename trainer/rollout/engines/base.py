@@ -3,6 +3,7 @@ is built from, and the packing of token lists into a padded batch."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -82,6 +83,7 @@ class RolloutEngine:
     devices: tuple[str, ...] = ("cpu", "cuda")
     generates_with_actor_module = False  # under FSDP the worker then keeps a full copy for it to use
     tensor_parallel = False  # one engine may span rollout.tensor_model_parallel_size workers
+    package: tuple[str, str, str] | None = None  # (module, its name for people, how to install it) if not torch's
 
     def __init__(self, ctx: EngineContext):
         raise NotImplementedError
@@ -95,6 +97,11 @@ class RolloutEngine:
                 f"actor_rollout_ref.rollout.name={cls.name} runs on {' or '.join(cls.devices)}, "
                 f"not {device}; use another engine (hf runs everywhere)"
             )
+        if cls.package is not None:
+            try:
+                importlib.import_module(cls.package[0])
+            except ImportError as e:
+                return EngineNotInstalled(f"{cls.package[1]} is not installed ({e}); {cls.package[2]}")
         return None
 
     def generate(self, prompts: list[list[int]], n: int, sampling: Sampling | None = None) -> Rollout:

@@ -22,8 +22,6 @@ import torch.distributed as dist
 from .. import tp_groups
 from .base import (
     EngineContext,
-    EngineNotInstalled,
-    EngineUnavailable,
     RolloutEngine,
     Sampling,
     pack_responses,
@@ -109,17 +107,7 @@ class SGLangRollout(RolloutEngine):
     name = "sglang"
     devices = ("cuda",)
     tensor_parallel = True
-
-    @classmethod
-    def unavailable(cls, device: str) -> EngineUnavailable | None:
-        why = super().unavailable(device)
-        if why:
-            return why
-        try:
-            import sglang  # noqa: F401
-        except ImportError as e:
-            return EngineNotInstalled(f"SGLang is not installed ({e}); {INSTALL_HINT}")
-        return None
+    package = ("sglang", "SGLang", INSTALL_HINT)
 
     def __init__(self, ctx: EngineContext):
         why = self.unavailable("cuda")  # the device was checked by make_engine; the package may be missing

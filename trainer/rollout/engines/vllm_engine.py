@@ -21,7 +21,6 @@ import torch.distributed as dist
 from ...devices import gpu_index
 from .base import (
     EngineContext,
-    EngineNotInstalled,
     EngineUnavailable,
     RolloutEngine,
     Sampling,
@@ -136,16 +135,15 @@ def sampled_logprobs(token_ids, logprobs) -> list[float]:
 class VLLMRollout(RolloutEngine):
     name = "vllm"
     tensor_parallel = True
+    package = ("vllm", "vLLM", INSTALL_HINT)
 
     @classmethod
     def unavailable(cls, device: str) -> EngineUnavailable | None:
         why = super().unavailable(device)
         if why:
             return why
-        try:
-            import vllm
-        except ImportError as e:
-            return EngineNotInstalled(f"vLLM is not installed ({e}); {INSTALL_HINT}")
+        import vllm
+
         if not takes_weights_in_memory():
             return EngineUnavailable(
                 f"vLLM {vllm.__version__} cannot take the actor's weights in memory (its reload_weights has "
