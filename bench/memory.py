@@ -110,25 +110,16 @@ TARGETS = [
 ]
 
 
-def plain_logprobs(logits, targets):
-    # the formulas before chunking: log p(y) = z_y - lse(z); H = lse(z) - sum softmax(z) z, all in fp32 at once
-    import torch
-
-    z = logits.float()
-    lse = torch.logsumexp(z, -1)
-    return z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse, lse - (torch.softmax(z, -1) * z).sum(-1)
-
-
 def logits_child(kind: str, tokens: int, backward: bool) -> None:
     import torch
 
-    from rlrig.trainer.model.chunked_logprobs import token_logprobs_and_entropy
+    from rlrig.trainer.model.chunked_logprobs import plain_logprobs_and_entropy, token_logprobs_and_entropy
 
     torch.manual_seed(0)
     vocab = WIDE["vocab_size"]
     logits = torch.randn(tokens, vocab, dtype=torch.bfloat16).requires_grad_(backward)
     targets = torch.randint(0, vocab, (tokens,))
-    fn = plain_logprobs if kind == "plain" else lambda z, y: token_logprobs_and_entropy(z, y, True)
+    fn = plain_logprobs_and_entropy if kind == "plain" else lambda z, y: token_logprobs_and_entropy(z, y, True)
     before = status_kb("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")

@@ -14,14 +14,13 @@ NOSET_FLAGS = {
 }
 
 
-def gpu_index(env: Mapping[str, str] | None = None, assigned: Sequence[str] | None = None) -> int:
-    """0 when Ray narrows the visible devices to the worker's own GPU (its default). Under a NOSET flag the worker
-    sees every GPU of the node, so its device is the one Ray assigned it (`assigned`: Ray's accelerator ids, which
-    are the node's device ids), found by position in the visible list when one is set, else taken as the index."""
-    env = os.environ if env is None else env
-    flagged = [var for flag, var in NOSET_FLAGS.items() if env.get(flag, "").lower() in ("1", "true")]
-    if not flagged:
-        return 0
+def _noset_vars(env: Mapping[str, str]) -> list[str]:
+    """The visible-devices variables that a NOSET flag leaves showing all of the node's GPUs."""
+    return [var for flag, var in NOSET_FLAGS.items() if env.get(flag, "").lower() in ("1", "true")]
+
+
+def _assigned_gpu(env: Mapping[str, str], assigned: Sequence[str] | None) -> str:
+    """The node device id of the one GPU Ray assigned this worker."""
     if assigned is None:
         import ray
 
@@ -31,23 +30,32 @@ def gpu_index(env: Mapping[str, str] | None = None, assigned: Sequence[str] | No
             f"a training worker holds one GPU, but Ray assigned {list(assigned)} under "
             f"{', '.join(f for f in NOSET_FLAGS if env.get(f))}"
         )
+    return assigned[0]
+
+
+def gpu_index(env: Mapping[str, str] | None = None, assigned: Sequence[str] | None = None) -> int:
+    """0 when Ray narrows the visible devices to the worker's own GPU (its default). Under a NOSET flag the worker
+    sees every GPU of the node, so its device is the one Ray assigned it (`assigned`: Ray's accelerator ids, which
+    are the node's device ids), found by position in the visible list when one is set, else taken as the index."""
+    env = os.environ if env is None else env
+    flagged = _noset_vars(env)
+    if not flagged:
+        return 0
+    own = _assigned_gpu(env, assigned)
     visible = next((env[var] for var in flagged if env.get(var)), "")
     ids = [v.strip() for v in visible.split(",") if v.strip()]
-    return ids.index(assigned[0]) if ids else int(assigned[0])
+    return ids.index(own) if ids else int(own)
 
 
 def own_gpu_only(env: Mapping[str, str] | None = None, assigned: Sequence[str] | None = None) -> dict[str, str]:
-    """The variables that show a child process only this worker's GPU, where a NOSET flag shows the worker all of
-    its node's GPUs (else {}: Ray already narrowed them). vLLM in a child places a one-GPU engine on the first
-    visible GPU, which is another worker's there. ROCm's vLLM copies HIP_VISIBLE_DEVICES into CUDA_VISIBLE_DEVICES
-    and refuses the two differing, so both are set."""
+    """The variables that show a child process only this worker's GPU (by the node's device id), where a NOSET flag
+    shows the worker all of its node's GPUs (else {}: Ray already narrowed them). vLLM in a child places a one-GPU
+    engine on the first visible GPU, which is another worker's there. ROCm's vLLM copies HIP_VISIBLE_DEVICES into
+    CUDA_VISIBLE_DEVICES and refuses the two differing, so both are set."""
     env = os.environ if env is None else env
-    flagged = [var for flag, var in NOSET_FLAGS.items() if env.get(flag, "").lower() in ("1", "true")]
+    flagged = _noset_vars(env)
     if not flagged:
         return {}
-    index = gpu_index(env, assigned)
-    visible = next((env[var] for var in flagged if env.get(var)), "")
-    ids = [v.strip() for v in visible.split(",") if v.strip()]
-    own = ids[index] if ids else str(index)
+    own = _assigned_gpu(env, assigned)
     names = set(flagged) | ({"CUDA_VISIBLE_DEVICES"} if "HIP_VISIBLE_DEVICES" in flagged else set())
     return {var: own for var in sorted(names)}

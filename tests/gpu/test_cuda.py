@@ -387,12 +387,7 @@ def test_reward_model_scores_in_bf16_on_cuda_colocated_and_offloaded():
 def test_chunked_log_probs_and_entropy_peak_below_a_third_of_the_plain_formulas_on_cuda():
     """8192 response tokens of bf16 logits at a 152k vocabulary, forward and backward: the chunked pass keeps no
     fp32 copy of the logits; the plain formulas keep several."""
-    from rlrig.trainer.model.chunked_logprobs import token_logprobs_and_entropy
-
-    def plain(z, y):
-        z = z.float()
-        lse = torch.logsumexp(z, -1)
-        return z.gather(-1, y[:, None]).squeeze(-1) - lse, lse - (torch.softmax(z, -1) * z).sum(-1)
+    from rlrig.trainer.model.chunked_logprobs import plain_logprobs_and_entropy, token_logprobs_and_entropy
 
     def peak(fn) -> int:
         logits = torch.randn(8192, 151936, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -410,7 +405,7 @@ def test_chunked_log_probs_and_entropy_peak_below_a_third_of_the_plain_formulas_
         return out
 
     chunked = peak(lambda z, y: token_logprobs_and_entropy(z, y, True))
-    full = peak(plain)
+    full = peak(plain_logprobs_and_entropy)
     print(
         f"log-prob + entropy, 8192 x 152k, with backward: chunked {chunked / 2**30:.2f} GB, plain {full / 2**30:.2f} GB"
     )

@@ -236,29 +236,17 @@ def micro_batch_refusal(cfg: Config) -> str | None:
     once (1024 prompts x 5 samples over 16 GPUs: 320 sequences, tens of GB at a 152k vocabulary). A pass under a token
     budget (use_dynamic_bsz) needs none. Asked when trainer.device=cuda, and by the driver once auto chose GPUs."""
     a, c, budgets = cfg.actor_rollout_ref, cfg.critic, token_budgets(cfg)
-    passes = [
-        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", a.actor.ppo_micro_batch_size_per_gpu, "actor", True),
-        (
-            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-            a.rollout.log_prob_micro_batch_size_per_gpu,
-            "rollout.log_prob",
-            True,
-        ),
-        (
-            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
-            a.ref.log_prob_micro_batch_size_per_gpu,
-            "ref.log_prob",
-            cfg.ref_in_use,
-        ),
-        ("critic.ppo_micro_batch_size_per_gpu", c.ppo_micro_batch_size_per_gpu, "critic.ppo", cfg.critic_in_use),
-    ]
-    budget_keys = {
-        "actor": "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-        "rollout.log_prob": "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
-        "ref.log_prob": "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
-        "critic.ppo": "critic.ppo_max_token_len_per_gpu",
-    }
-    unset = [key for key, micro, kind, used in passes if used and micro is None and budgets[budget_keys[kind]] is None]
+    passes = [  # (micro batch key, its value, the token budget that replaces it, whether the run has the pass)
+        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", a.actor.ppo_micro_batch_size_per_gpu,
+         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", True),
+        ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", a.rollout.log_prob_micro_batch_size_per_gpu,
+         "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", True),
+        ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", a.ref.log_prob_micro_batch_size_per_gpu,
+         "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", cfg.ref_in_use),
+        ("critic.ppo_micro_batch_size_per_gpu", c.ppo_micro_batch_size_per_gpu,
+         "critic.ppo_max_token_len_per_gpu", cfg.critic_in_use),
+    ]  # fmt: skip
+    unset = [key for key, micro, budget, used in passes if used and micro is None and budgets[budget] is None]
     if not unset:
         return None
     return (

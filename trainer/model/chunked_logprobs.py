@@ -53,16 +53,25 @@ class _TokenLogprobs(torch.autograd.Function):
         for s in range(0, n, step):
             log_p = logits[s : s + step].to(torch.float32, copy=True).sub_(lse[s : s + step, None])
             p = log_p.exp()
-            g = torch.zeros_like(p)
-            if grad_ent is not None and ctx.with_entropy:
-                # dH/dz = -p (log p + H)
-                g = -p * (log_p + ent[s : s + step, None]) * grad_ent[s : s + step, None]
-            if grad_logp is not None:
+            if grad_ent is not None and ctx.with_entropy:  # dH/dz = -p (log p + H)
+                g = log_p.add_(ent[s : s + step, None]).mul_(p).mul_(-grad_ent[s : s + step, None])
+            else:
+                g = torch.zeros_like(p)
+            if grad_logp is not None:  # d log p(y)/dz = onehot(y) - p
                 gl = grad_logp[s : s + step, None]
-                g.sub_(p * gl)
+                g.addcmul_(p, gl, value=-1)
                 g.scatter_add_(-1, targets[s : s + step, None], gl)
             grad[s : s + step] = g.to(grad.dtype)
         return grad, None, None
+
+
+def plain_logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same two numbers by the plain formulas, all of the logits at once in fp32 (an fp32 copy, logsumexp's
+    exponentials, a full softmax, each kept for backward): the reference the tests and bench/memory.py hold the
+    chunked pass against."""
+    z = logits.float()
+    lse = torch.logsumexp(z, -1)
+    return z.gather(-1, targets[..., None]).squeeze(-1) - lse, lse - (torch.softmax(z, -1) * z).sum(-1)
 
 
 def token_logprobs_and_entropy(

@@ -1,5 +1,5 @@
-"""The rollout-and-score phase: sample responses, then score each: with the reward function, the reward
-model, or both (a custom function that takes the model's score as `rm_score`), through the reward manager."""
+"""Scoring sampled responses: with the reward function, the reward model, or both (a custom function that takes
+the model's score as `rm_score`), through the reward manager."""
 
 from __future__ import annotations
 

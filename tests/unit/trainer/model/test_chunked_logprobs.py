@@ -3,12 +3,7 @@ import torch
 
 from rlrig.trainer.model import chunked_logprobs as C
 
-
-def reference(logits, targets):
-    # the plain formulas, in fp32: log p(y) = z_y - lse(z); H = lse(z) - sum softmax(z) z
-    z = logits.float()
-    lse = torch.logsumexp(z, -1)
-    return z.gather(-1, targets[..., None]).squeeze(-1) - lse, lse - (torch.softmax(z, -1) * z).sum(-1)
+reference = C.plain_logprobs_and_entropy
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
