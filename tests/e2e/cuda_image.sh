@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA image, built for real with podman from the local Debian base and PyPI's wheels (vLLM 0.32, torch 2.13
 # CUDA 13.0; about 4 GB of wheels), then checked on this GPU-less machine: its labels, its size, `doctor` and the
-# seconds to its output, `import vllm` with torch's CUDA build, and a short `rlrig train` on CPU with the hf engine.
+# seconds to its output, `import vllm` with torch's CUDA build, a short `rlrig train` on CPU with the hf engine, and the
+# trainer's and entrypoint's unit tests run by the image's own Python stack (its transformers is the one vLLM pins).
 # Needs root and PyPI; outside CI (downloads and a build of many minutes). Prints PASS/FAIL per stage.
 #   bash tests/e2e/cuda_image.sh
 set -euo pipefail
@@ -67,4 +68,24 @@ grep -E "^rlrig|done:" "$log" | tail -5
 ok=1
 [ "$code" -eq 0 ] && grep -q "done: 4 steps" "$log" || ok=0
 rm -f "$log"
-if [ "$ok" = 1 ]; then echo "PASS: cuda image build, contents, doctor, CPU training"; else echo "FAIL: train exited $code"; exit 1; fi
+[ "$ok" = 1 ] || { echo "FAIL: train exited $code"; exit 1; }
+
+stage "the trainer's and entrypoint's unit tests inside the image, on its own stack (transformers as vLLM pins it), on CPU"
+# pytest and what it needs beyond the image (--no-deps: the image's own packaging stays), beside it in /tmp, not in
+# the image's venv; the tests come from this checkout, read-only
+testwheels=$(mktemp -d) && chmod 755 "$testwheels"  # readable by the image's user
+.venv/bin/python -m pip download -q --no-deps --only-binary=:all: -d "$testwheels" \
+  "pytest==$(.venv/bin/python -c 'import pytest; print(pytest.__version__)')" iniconfig pluggy pygments
+set +e
+podman run --rm --shm-size=2g --entrypoint bash -e PYTHONDONTWRITEBYTECODE=1 -e PIP_CONSTRAINT= -w /work \
+  -v "$PWD/tests:/work/tests:ro" -v "$testwheels:/tmp/testwheels:ro" "$image" -c '
+    pip install -q --no-index --no-deps --target /tmp/pytest /tmp/testwheels/*.whl || exit 1
+    export PYTHONPATH=/work:/tmp/pytest
+    python -c "import torch, transformers, ray; print(\"stack:\", \"torch\", torch.__version__, \"transformers\", transformers.__version__, \"ray\", ray.__version__)"
+    python -m pytest -q -p no:cacheprovider -rs tests/unit/trainer tests/unit/entrypoint' 2>&1 | tee /tmp/cuda-image-units.log \
+  | grep -E "^stack:|passed|failed|^FAILED|^ERROR|^SKIPPED"
+code=${PIPESTATUS[0]}
+set -e
+rm -rf "$testwheels"
+[ "$code" -eq 0 ] || { echo "FAIL: the unit tests in the image exited $code (log: /tmp/cuda-image-units.log)"; exit 1; }
+echo "PASS: cuda image build, contents, doctor, CPU training, unit tests on the image's stack"

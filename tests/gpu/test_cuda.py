@@ -410,3 +410,30 @@ def test_chunked_log_probs_and_entropy_peak_below_a_third_of_the_plain_formulas_
         f"log-prob + entropy, 8192 x 152k, with backward: chunked {chunked / 2**30:.2f} GB, plain {full / 2**30:.2f} GB"
     )
     assert chunked < 0.35 * full, (chunked, full)
+
+
+def test_vllm_on_cuda_drops_its_weights_only_before_a_sync_and_samples_the_synced_policy():
+    """vLLM's sleep level 2 after a step's rollout (the sync overwrites the weights), level 1 after validation (the
+    next rollout reuses them); the engine sits on the worker's own GPU and samples what the actor scores."""
+    pytest.importorskip("vllm", reason="vLLM is not installed here: pip install 'rlrig[vllm]'")
+    from rlrig.trainer.config.presets import EMBEDDED
+    from rlrig.trainer.driver.single_process import single_worker
+
+    overrides = [
+        *EMBEDDED,
+        "trainer.device=cuda",
+        *GPU_MICRO,
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.enforce_eager=False",  # verl's default: compiled, CUDA graphs
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
+    ]
+    with single_worker(overrides) as (w, batches):
+        levels, sleep = [], w.engine.llm.sleep
+        w.engine.llm.sleep = lambda level=1, **kw: levels.append(level) or sleep(level=level, **kw)
+        first = w.step(next(batches), 0.0, 1)
+        w.evaluate(next(batches))
+        second = w.step(next(batches), 0.0, 2)
+        assert levels == [2, 1, 2]
+        assert torch.cuda.current_device() == 0
+        # a bfloat16 engine against the actor's own scores: garbage weights would differ by ~0.5 on average
+        assert first["training/rollout_probs_diff_mean"] < 0.02 and second["training/rollout_probs_diff_mean"] < 0.02

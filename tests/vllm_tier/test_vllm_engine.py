@@ -19,7 +19,9 @@ TOL = 1e-3  # float32 engine vs float32 actor on CPU: seen ~4e-7
 def engine(tiny):
     path, tok, model = tiny
     torch.set_num_threads(1)
-    eng = make_engine(ENGINES["vllm"], EngineContext(model, tok, RolloutConfig(), 16, 8, path, "cpu", 1))
+    eng = make_engine(
+        ENGINES["vllm"], EngineContext(model, tok, RolloutConfig(enforce_eager=True), 16, 8, path, "cpu", 1)
+    )
     assert eng.name == "vllm"
     return eng
 
@@ -165,3 +167,22 @@ def test_embedded_default_picks_vllm_and_says_so(tmp_path):
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "rollout engine: vllm" in r.stderr + r.stdout
+
+
+def test_what_the_unit_tests_record_is_vllms_own_api():
+    """tests/unit's recorder of the engine's sleep and wake calls takes no argument vllm.LLM does not, and the
+    switch that keeps the all-reduce fusion off is one vLLM's own config reads."""
+    import inspect
+
+    import vllm
+    from vllm.config import CompilationConfig
+
+    from rlrig.trainer.rollout.engines import vllm_engine
+    from tests.unit.trainer.rollout.test_rollout import _RecordingLLM
+
+    for name in ("sleep", "wake_up", "collective_rpc", "reset_prefix_cache", "generate"):
+        real = inspect.signature(getattr(vllm.LLM, name)).parameters
+        assert set(inspect.signature(getattr(_RecordingLLM, name)).parameters) <= set(real), name
+    cfg = RolloutConfig(tensor_model_parallel_size=2)
+    passes = vllm_engine.compiled_passes(cfg, "cuda", vllm_engine.pass_config_fields())["compilation_config"]
+    assert CompilationConfig(**passes).pass_config.fuse_allreduce_rms is False

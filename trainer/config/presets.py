@@ -17,6 +17,8 @@ from ..errors import ConfigError
 EMBEDDED = [
     "algorithm.adv_estimator=grpo",
     "actor_rollout_ref.rollout.name=auto",
+    # vLLM on CPU compiles with Inductor unless eager: minutes of compiling for a run of a few minutes
+    "actor_rollout_ref.rollout.enforce_eager=True",
     "data.train_batch_size=32",
     "data.max_prompt_length=16",
     "data.max_response_length=8",
@@ -84,6 +86,7 @@ def smollm2() -> list[str]:
         f"data.val_files={test}",
         "algorithm.adv_estimator=grpo",
         "actor_rollout_ref.rollout.name=auto",
+        "actor_rollout_ref.rollout.enforce_eager=True",  # a short run: compiling would cost more than it saves
         "data.train_batch_size=8",
         "data.max_prompt_length=96",
         "data.max_response_length=64",

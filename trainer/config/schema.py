@@ -167,7 +167,7 @@ class RolloutConfig:
     log_prob_max_token_len_per_gpu: int | None = None  # None: actor.ppo_max_token_len_per_gpu
     tensor_model_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
-    enforce_eager: bool = True
+    enforce_eager: bool = False  # as verl: vLLM compiles and captures CUDA graphs, SGLang captures them
     free_cache_engine: bool = True
     dtype: str = "auto"  # auto: bfloat16 on GPU, float32 (the actor's own) on CPU
     max_num_seqs: int | None = None

@@ -213,7 +213,7 @@ class TrainingWorker(RankWorker):
         cfg, m = self.cfg, self.models
         plan = StepPlan(global_step, kl_coef, global_step >= cfg.trainer.critic_warmup)
         phases = Phases(self._sync_device)
-        batch = self._rollout(phases, rows)
+        batch = self._rollout(phases, rows, plan)
         balanced = {}
         if cfg.trainer.balance_batch:
             with phases("balance"):
@@ -225,19 +225,23 @@ class TrainingWorker(RankWorker):
         with actor_on, critic_on or contextlib.nullcontext():
             return {**self._train(phases, batch, plan), **balanced}
 
-    def _rollout(self, phases: Phases, rows: list[dict]) -> StepBatch:
+    def _rollout(self, phases: Phases, rows: list[dict], plan: StepPlan) -> StepBatch:
         """Generation and scoring: n samples of each prompt with their scores (and ReMax's greedy baselines)."""
         n = self.cfg.actor_rollout_ref.rollout.n
+        # the engine may drop its weights after its last generation of a step that ends in a weight sync
+        syncs = plan.update_actor and not self.models.gen_is_actor
+        greedy_too = self.estimator.needs_greedy_baseline
         if self.device.type == "cuda" and not self.engine.generates_with_actor_module:
             torch.cuda.empty_cache()  # what training freed goes back before the engine's KV cache wakes
         prompts = [r["input_ids"] for r in rows]
         with phases("gen"):
-            ro = self.engine.generate(prompts, n).to(self.device)
+            ro = self.engine.generate(prompts, n, sync_follows=syncs and not greedy_too).to(self.device)
         with phases("reward"):
             batch = score_batch(self.tok, self.reward, rows, StepBatch.from_rollout(ro, n, self.rank * len(rows)), n)
-        if self.estimator.needs_greedy_baseline:  # verl's ReMax: each prompt's greedy response, scored
+        if greedy_too:  # verl's ReMax: each prompt's greedy response, scored
             with phases("gen_max"):
-                greedy = StepBatch.from_rollout(self.engine.generate(prompts, 1, GREEDY).to(self.device), 1)
+                greedy = self.engine.generate(prompts, 1, GREEDY, sync_follows=syncs)
+                greedy = StepBatch.from_rollout(greedy.to(self.device), 1)
                 baselines = score_batch(self.tok, self.reward, rows, greedy, 1).scores.repeat_interleave(n)
             batch = batch.replace(baselines=baselines)
         return batch

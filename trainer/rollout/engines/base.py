@@ -104,8 +104,12 @@ class RolloutEngine:
                 return EngineNotInstalled(f"{cls.package[1]} is not installed ({e}); {cls.package[2]}")
         return None
 
-    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling | None = None) -> Rollout:
-        """n samples of each prompt (prompt i's at rows i*n .. i*n+n-1); `sampling` None: the rollout config's."""
+    def generate(
+        self, prompts: list[list[int]], n: int, sampling: Sampling | None = None, sync_follows: bool = False
+    ) -> Rollout:
+        """n samples of each prompt (prompt i's at rows i*n .. i*n+n-1); `sampling` None: the rollout config's.
+        sync_follows: the caller hands over new weights (sync_weights) before it next generates, so an engine that
+        frees its memory between rollouts may drop its weights instead of keeping a copy it would overwrite."""
         raise NotImplementedError
 
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -61,7 +61,8 @@ class HFRollout(RolloutEngine):
         self.dtype = ctx.compute_dtype  # mixed precision: the fp32 master weights, matrix products in bf16
 
     @torch.no_grad()
-    def generate(self, prompts, n, sampling=None):
+    def generate(self, prompts, n, sampling=None, sync_follows=False):
+        # sync_follows changes nothing: the module is the actor's own (or, under FSDP, its copy), never freed
         sampling = sampling or Sampling.of(self.cfg)
         dev = next(self.model.parameters()).device
         ids, mask = (t.to(dev) for t in left_pad(prompts, self.tok.pad_token_id))

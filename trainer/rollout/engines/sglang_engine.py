@@ -7,9 +7,9 @@ over CUDA IPC handles of its own full tensors, and SGLang's TP rank i opens thos
 
 Weights reach the engine with `update_weights_from_tensor` (CUDA IPC handles, no disk), in buckets of
 at most BUCKET_BYTES in the engine's dtype, so the whole model is never materialised twice on the GPU.
-Between rollouts `release_memory_occupation(tags=["kv_cache"])` hands the KV cache back to training when
-free_cache_engine is on. The weights stay: released without tags they are dropped with no CPU copy,
-and a rollout after a validation pass (no weight sync in between) would generate from garbage.
+Between rollouts `release_memory_occupation` hands the KV cache back to training when free_cache_engine is on,
+and the weights too when the caller syncs new ones before the next rollout (generate's sync_follows): SGLang drops
+released weights with no host copy, so they are released only where the sync overwrites them anyway.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from .base import (
 
 INSTALL_HINT = "pip install 'rlrig[sglang]' on a CUDA machine"
 BUCKET_BYTES = 512 * 2**20
-KV = ["kv_cache"]
+KV, WEIGHTS = "kv_cache", "weights"  # SGLang's memory tags (sglang.srt.constants)
 
 
 def buckets(weights, dtype, limit: int = BUCKET_BYTES):
@@ -117,7 +117,7 @@ class SGLangRollout(RolloutEngine):
 
         self.tok, self.cfg, self.max_new = ctx.tokenizer, ctx.cfg, ctx.max_response_length
         self.dtype = getattr(torch, engine_dtype(ctx.cfg))  # what the engine holds its weights in
-        self.released = False
+        self.released: list[str] = []  # memory tags given back until the next rollout or sync
         kw = engine_kwargs(ctx.cfg, ctx.model_path, ctx.max_prompt_length + ctx.max_response_length, ctx.seed)
         self.group = self.me = None
         self.engine, self.leads = None, True  # leads: this worker talks to the engine
@@ -147,19 +147,21 @@ class SGLangRollout(RolloutEngine):
     def describe(self) -> str:
         return self.name if self.group is None else f"{self.name}, tensor parallel over {len(self.members)} workers"
 
-    def _resume_kv(self):
-        if self.released:
-            self.engine.resume_memory_occupation(tags=KV)
-            self.released = False
+    def _resume(self, tag: str):
+        if tag in self.released:
+            self.engine.resume_memory_occupation(tags=[tag])
+            self.released.remove(tag)
 
-    def generate(self, prompts, n, sampling=None):
+    def generate(self, prompts, n, sampling=None, sync_follows=False):
         asked, mine = prompts, slice(0, len(prompts) * n)
         if self.group is not None:  # the group's prompts in rank order; the lead asks the engine for all of them
             asked, share = tp_groups.gather_share(self.group, self.me, len(self.members), prompts)
             mine = slice(share.start * n, share.stop * n)
         result = [None]
         if self.leads:
-            self._resume_kv()
+            if WEIGHTS in self.released:
+                raise RuntimeError("the SGLang engine released its weights for a sync that never came; sync first")
+            self._resume(KV)
             expanded = [p for p in asked for _ in range(n)]  # sample i*n..i*n+n-1 belong to prompt i
             outs = self.engine.generate(
                 input_ids=expanded,
@@ -168,15 +170,17 @@ class SGLangRollout(RolloutEngine):
             )
             result[0] = unpack(outs)
             if self.cfg.free_cache_engine:
-                self.engine.release_memory_occupation(tags=KV)
-                self.released = True
+                self.released = [KV, WEIGHTS] if sync_follows else [KV]
+                self.engine.release_memory_occupation(tags=list(self.released))
         if self.group is not None:
             dist.broadcast_object_list(result, src=self.members[0], group=self.group)
         tokens, logps = (x[mine] for x in result[0])
         return pack_responses(prompts, n, tokens, logps, self.max_new, self.tok.pad_token_id, self.tok.eos_token_id)
 
     def sync_weights(self, weights) -> None:
-        # the weights are resident (only the KV cache is ever released); the cache is flushed once, at the end
+        # released weights come back (their contents stale) to be overwritten; the cache is flushed once, at the end
+        if self.leads:
+            self._resume(WEIGHTS)
         if self.group is None:
             for chunk in buckets(weights, self.dtype):
                 self.engine.update_weights_from_tensor(named_tensors=chunk, flush_cache=False)

@@ -68,7 +68,25 @@ def launcher_env(cfg, device: str, rank: int, world: int, local_gpu: int) -> dic
     return env
 
 
-def engine_kwargs(cfg, model_path: str, max_model_len: int, device: str, seed: int) -> dict:
+def compiled_passes(cfg, device: str, pass_fields) -> dict:
+    """vLLM's compiled all-reduce + RMSNorm fusion is on by default for a compiled tensor-parallel engine on Hopper
+    and Blackwell with FlashInfer installed (vLLM 0.32 config/vllm.py, enable_allreduce_rms_fusion), and it runs
+    FlashInfer's all-reduce, which maps the peers' memory as ALLREDUCE_OFF's backends do. `pass_fields`: the
+    installed vLLM's PassConfig fields; older releases have no such pass on by default."""
+    if device != "cuda" or cfg.tensor_model_parallel_size == 1 or cfg.enforce_eager:
+        return {}
+    if "fuse_allreduce_rms" not in pass_fields:
+        return {}
+    return {"compilation_config": {"pass_config": {"fuse_allreduce_rms": False}}}
+
+
+def pass_config_fields() -> frozenset[str]:
+    from vllm.config import PassConfig
+
+    return frozenset(getattr(PassConfig, "__dataclass_fields__", ()))
+
+
+def engine_kwargs(cfg, model_path: str, max_model_len: int, device: str, seed: int, pass_fields=frozenset()) -> dict:
     """vllm.LLM arguments from actor_rollout_ref.rollout.*; GPU-only knobs stay off on CPU."""
     dtype = cfg.dtype
     if dtype == "auto":
@@ -92,6 +110,7 @@ def engine_kwargs(cfg, model_path: str, max_model_len: int, device: str, seed: i
     )
     if cfg.max_num_seqs:
         kw["max_num_seqs"] = cfg.max_num_seqs
+    kw.update(compiled_passes(cfg, device, pass_fields))
     kw.update(cfg.engine_kwargs.get("vllm", {}))  # rollout.engine_kwargs.vllm.*: the user's word is last
     if external_launcher(cfg, device):
         kw["distributed_executor_backend"] = "external_launcher"
@@ -173,13 +192,20 @@ class VLLMRollout(RolloutEngine):
             os.environ.update(launcher_env(cfg, device, dist.get_rank(), dist.get_world_size(), local_gpu))
         # any failure to start (out of memory, a bug) is an error that shows its own cause, never a fallback
         self.llm = vllm.LLM(
-            **engine_kwargs(cfg, ctx.model_path, ctx.max_prompt_length + ctx.max_response_length, device, ctx.seed)
+            **engine_kwargs(
+                cfg,
+                ctx.model_path,
+                ctx.max_prompt_length + ctx.max_response_length,
+                device,
+                ctx.seed,
+                pass_config_fields(),
+            )
         )
         if cfg.tensor_model_parallel_size > 1:
             from vllm.distributed.parallel_state import get_tp_group
 
             self.tp_group = get_tp_group()
-        self.asleep = False
+        self.asleep = self.weights_dropped = False
 
     def describe(self) -> str:
         if self.tp_group is None:
@@ -191,7 +217,9 @@ class VLLMRollout(RolloutEngine):
             self.llm.wake_up(tags=tags)
             self.asleep = tags is not None and "kv_cache" not in tags
 
-    def generate(self, prompts, n, sampling=None):
+    def generate(self, prompts, n, sampling=None, sync_follows=False):
+        if self.weights_dropped:
+            raise RuntimeError("the vLLM engine dropped its weights for a sync that never came; sync_weights first")
         self._wake()
         params = self.vllm.SamplingParams(
             **sampling_kwargs(sampling or Sampling.of(self.cfg), n, self.max_new, self.tok.eos_token_id)
@@ -208,8 +236,10 @@ class VLLMRollout(RolloutEngine):
                 responses.append(list(c.token_ids))
                 logps.append(sampled_logprobs(c.token_ids, c.logprobs))
         if self.device == "cuda" and self.cfg.free_cache_engine:
-            self.llm.sleep(level=1)  # give the KV cache back to training until the next rollout
-            self.asleep = True
+            # the KV cache goes back to training until the next rollout; level 2 drops the weights too where the
+            # sync that follows overwrites them anyway (as verl's hybrid engine), level 1 keeps them in host memory
+            self.llm.sleep(level=2 if sync_follows else 1)
+            self.asleep, self.weights_dropped = True, sync_follows
         return pack_responses(prompts, n, responses, logps, self.max_new, self.tok.pad_token_id, self.tok.eos_token_id)
 
     def sync_weights(self, weights) -> None:
@@ -221,3 +251,4 @@ class VLLMRollout(RolloutEngine):
             "reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True}
         )
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+        self.weights_dropped = False

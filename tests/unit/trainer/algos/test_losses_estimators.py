@@ -153,8 +153,8 @@ def test_remax_through_a_worker_scores_each_prompts_greedy_response():
         seen, greedy = {}, []
         real_generate, real_fn = w.engine.generate, w.estimator.fn
 
-        def generate(prompts, n, sampling=None):
-            ro = real_generate(prompts, n, sampling)
+        def generate(prompts, n, sampling=None, **kw):
+            ro = real_generate(prompts, n, sampling, **kw)
             if sampling == GREEDY:
                 greedy.append(ro)
             return ro

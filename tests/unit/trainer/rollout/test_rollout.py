@@ -125,8 +125,10 @@ def _fake_vllm(monkeypatch, runner):
         "vllm": types.ModuleType("vllm"),
         "vllm.v1": types.ModuleType("vllm.v1"),
         "vllm.v1.worker": types.ModuleType("vllm.v1.worker"),
+        "vllm.config": types.ModuleType("vllm.config"),
     }
     mods["vllm"].__version__ = "0.12.0"
+    mods["vllm.config"].PassConfig = type("PassConfig", (), {"__dataclass_fields__": {"fuse_allreduce_rms": None}})
     if runner is not None:
         mods["vllm.v1.worker.gpu_model_runner"] = types.ModuleType("vllm.v1.worker.gpu_model_runner")
         mods["vllm.v1.worker.gpu_model_runner"].GPUModelRunner = runner
@@ -148,6 +150,87 @@ def test_a_vllm_that_cannot_take_weights_in_memory_is_refused_in_one_line(monkey
             "vLLM 0.12.0 cannot take the actor's weights in memory (its reload_weights has no "
             "weights_iterator); install vLLM 0.16.0 or newer, or set actor_rollout_ref.rollout.name=hf"
         )
+
+
+class _RecordingLLM:
+    """vllm.LLM's memory and weight calls as vLLM 0.32 names them (the vLLM tier checks these signatures against
+    the real class), recorded in order; generate answers each prompt with one token, EOS."""
+
+    def __init__(self, **kw):
+        self.kw, self.calls = kw, []
+
+    def sleep(self, level=1):
+        self.calls.append(f"sleep {level}")
+
+    def wake_up(self, tags=None):
+        self.calls.append("wake " + ",".join(tags or ["all"]))
+
+    def collective_rpc(self, method, kwargs=None):
+        list(kwargs["weights_iterator"])
+        self.calls.append(method)
+
+    def reset_prefix_cache(self):
+        pass
+
+    def generate(self, prompts, sampling_params, use_tqdm=True):
+        self.calls.append("generate")
+        out = SimpleNamespace(token_ids=[EOS], logprobs=[{EOS: SimpleNamespace(logprob=-0.1)}])
+        return [SimpleNamespace(outputs=[out]) for _ in prompts]
+
+
+@pytest.fixture
+def gpu_vllm(monkeypatch):
+    """A VLLMRollout on "cuda" over _RecordingLLM: the engine's own sleep and wake logic, no GPU."""
+    _fake_vllm(monkeypatch, _Runner016)
+    sys.modules["vllm"].LLM = _RecordingLLM
+    sys.modules["vllm"].SamplingParams = lambda **kw: kw
+    monkeypatch.setattr(vllm_rollout, "gpu_index", lambda: 0)
+    monkeypatch.setattr(vllm_rollout.dist, "get_rank", lambda *a: 0)
+    monkeypatch.setattr(vllm_rollout.dist, "get_world_size", lambda *a: 1)
+    monkeypatch.setattr(vllm_rollout.os, "environ", {})  # what the engine sets for vLLM stays out of this process
+    tok = SimpleNamespace(eos_token_id=EOS, pad_token_id=PAD)
+    return vllm_rollout.VLLMRollout(rollout.EngineContext(None, tok, RolloutConfig(name="vllm"), 8, 4, "/m", "cuda", 0))
+
+
+def test_vllm_drops_its_weights_only_when_a_sync_follows(gpu_vllm):
+    weights = [("w", torch.zeros(2))]
+    gpu_vllm.generate([[1, 2]], 1)  # e.g. validation: the next rollout reuses these weights, kept in host memory
+    gpu_vllm.generate([[1, 2]], 1, sync_follows=True)  # the step's last rollout: the sync overwrites them
+    gpu_vllm.sync_weights(weights)
+    gpu_vllm.generate([[1, 2]], 1)
+    assert gpu_vllm.llm.calls == [
+        "generate",
+        "sleep 1",
+        "wake all",
+        "generate",
+        "sleep 2",
+        "wake weights",
+        "reload_weights",
+        "wake all",
+        "generate",
+        "sleep 1",
+    ]
+    # generating from dropped weights is a caller's bug, never garbage samples
+    gpu_vllm.generate([[1, 2]], 1, sync_follows=True)
+    with pytest.raises(RuntimeError, match="dropped its weights"):
+        gpu_vllm.generate([[1, 2]], 1)
+
+
+@pytest.mark.parametrize(
+    "device,tp,eager,fields,passes",
+    [
+        ("cuda", 2, False, {"fuse_allreduce_rms"}, {"pass_config": {"fuse_allreduce_rms": False}}),
+        ("cuda", 2, True, {"fuse_allreduce_rms"}, None),  # eager: nothing compiled
+        ("cuda", 1, False, {"fuse_allreduce_rms"}, None),  # no all-reduce
+        ("cpu", 2, False, {"fuse_allreduce_rms"}, None),
+        ("cuda", 2, False, {"enable_fi_allreduce_fusion"}, None),  # an older vLLM: its fusion is off by default
+    ],
+)
+def test_vllm_allreduce_fusion_is_off_for_compiled_tensor_parallel_gpu_engines(device, tp, eager, fields, passes):
+    cfg = RolloutConfig(tensor_model_parallel_size=tp, enforce_eager=eager)
+    assert vllm_rollout.engine_kwargs(cfg, "/m", 48, device, 3, frozenset(fields)).get("compilation_config") == passes
+    mine = RolloutConfig(tensor_model_parallel_size=tp, engine_kwargs={"vllm": {"compilation_config": {"mode": 0}}})
+    assert vllm_rollout.engine_kwargs(mine, "/m", 48, device, 3, frozenset(fields))["compilation_config"] == {"mode": 0}
 
 
 @pytest.mark.parametrize(

@@ -129,9 +129,9 @@ FAKE = {
                     self.log["weights"][name] = [pickle.loads(v).tolist() for v in local.values]
                 self._save()
             def release_memory_occupation(self, tags=None):
-                self.log["calls"].append("release")
+                self.log["calls"].append("release " + ",".join(tags))
             def resume_memory_occupation(self, tags=None):
-                self.log["calls"].append("resume")
+                self.log["calls"].append("resume " + ",".join(tags))
             def flush_cache(self):
                 self.log["calls"].append("flush")
                 self._save()
@@ -171,7 +171,7 @@ tok = build_tokenizer()
 cfg = RolloutConfig(name="sglang", tensor_model_parallel_size=4)
 eng = sglang_engine.SGLangRollout(EngineContext(None, tok, cfg, 8, 4, "/m", "cuda", 7))
 prompts = [[10 + rank, 20 + rank], [30 + rank]]
-ro = eng.generate(prompts, 2)
+ro = eng.generate(prompts, 2, sync_follows=True)
 eng.sync_weights([("w", torch.full((2,), rank + 1.0)), ("v", torch.tensor([float(rank)]))])
 resp = [[int(t) for t, m in zip(r, mk) if m]
         for r, mk in zip(ro.input_ids[:, ro.prompt_len:].tolist(), ro.response_mask.tolist())]
@@ -223,4 +223,5 @@ def test_four_workers_on_two_nodes_drive_one_engine(tmp_path):
         assert res["describe"] == "sglang, tensor parallel over 4 workers"
     # TP rank i opens worker i's handle of each tensor
     assert e0["weights"] == {"w": [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0], [4.0, 4.0]], "v": [[0.0], [1.0], [2.0], [3.0]]}
-    assert e0["calls"] == ["release", "flush"] and e2["calls"] == []
+    # the weights were released with the KV cache (a sync followed) and came back for the sync
+    assert e0["calls"] == ["release kv_cache,weights", "resume weights", "flush"] and e2["calls"] == []
