@@ -7,6 +7,7 @@ worker runs them when it has a pool of its own."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import random
 import socket
@@ -110,6 +111,8 @@ class RankWorker(PoolWorker):
     """A rank of a data-parallel group: its config, device and process group, and micro batches every rank agrees
     on (each forward and backward is a collective under FSDP or DDP, so all ranks must run as many)."""
 
+    holds_models: tuple[str, ...] = ()  # the attributes that hold DDP/FSDP-wrapped models, released at shutdown
+
     def __init__(self, cfg_dict: dict, rank: int, world: int, master: tuple[str, int], model_paths: list[str | None]):
         self.cfg = from_dict(cfg_dict)
         self.rank, self.world = rank, world
@@ -158,5 +161,10 @@ class RankWorker(PoolWorker):
         return {"critic/lr": lr, **mean_stats(update_critic(critic, batch, self.cfg, plan))}
 
     def shutdown(self) -> None:
+        # DDP's reducer holds a reference to the process group: freed after the group was destroyed, the Gloo group's
+        # destructor can deadlock (torch 2.13), so the models go first, their reference cycles with them
+        for name in self.holds_models:
+            setattr(self, name, None)
+        gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -15,6 +15,8 @@ from .base import RankWorker
 
 
 class CriticWorker(RankWorker):
+    holds_models = ("critic",)
+
     def __init__(self, cfg_dict: dict, rank: int, world: int, master: tuple[str, int], model_path: str):
         super().__init__(cfg_dict, rank, world, master, [model_path])
         self.critic = build_critic(self.cfg, model_path, self.device)

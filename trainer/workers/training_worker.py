@@ -100,6 +100,8 @@ class StepPlan:
 
 
 class TrainingWorker(RankWorker):
+    holds_models = ("models", "engine")
+
     def __init__(
         self,
         cfg_dict: dict,
