@@ -72,16 +72,18 @@ rm -f "$log"
 
 stage "the trainer's and entrypoint's unit tests inside the image, on its own stack (transformers as vLLM pins it), on CPU"
 # pytest and what it needs beyond the image (--no-deps: the image's own packaging stays), beside it in /tmp, not in
-# the image's venv; the tests come from this checkout, read-only
+# the image's venv; the tests and rlrig's sources come from this checkout, read-only, the sources ahead of the
+# installed copy on the path (rlrig is a namespace package), so a fix is tested without a rebuild
 testwheels=$(mktemp -d) && chmod 755 "$testwheels"  # readable by the image's user
 .venv/bin/python -m pip download -q --no-deps --only-binary=:all: -d "$testwheels" \
   "pytest==$(.venv/bin/python -c 'import pytest; print(pytest.__version__)')" iniconfig pluggy pygments
 set +e
 podman run --rm --shm-size=2g --entrypoint bash -e PYTHONDONTWRITEBYTECODE=1 -e PIP_CONSTRAINT= -w /work \
-  -v "$PWD/tests:/work/tests:ro" -v "$testwheels:/tmp/testwheels:ro" "$image" -c '
+  -v "$PWD/tests:/work/tests:ro" -v "$PWD/trainer:/work/src/rlrig/trainer:ro" \
+  -v "$PWD/entrypoint:/work/src/rlrig/entrypoint:ro" -v "$testwheels:/tmp/testwheels:ro" "$image" -c '
     pip install -q --no-index --no-deps --target /tmp/pytest /tmp/testwheels/*.whl || exit 1
-    export PYTHONPATH=/work:/tmp/pytest
-    python -c "import torch, transformers, ray; print(\"stack:\", \"torch\", torch.__version__, \"transformers\", transformers.__version__, \"ray\", ray.__version__)"
+    export PYTHONPATH=/work/src:/work:/tmp/pytest
+    python -c "import torch, transformers, ray, rlrig.trainer; print(\"stack:\", \"torch\", torch.__version__, \"transformers\", transformers.__version__, \"ray\", ray.__version__, \"rlrig from\", rlrig.trainer.__path__[0])"
     python -m pytest -q -p no:cacheprovider -rs tests/unit/trainer tests/unit/entrypoint' 2>&1 | tee /tmp/cuda-image-units.log \
   | grep -E "^stack:|passed|failed|^FAILED|^ERROR|^SKIPPED"
 code=${PIPESTATUS[0]}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The Kubernetes manifests' pods simulated with podman: for kubernetes/indexed-job.yaml, pytorchjob.yaml and
-# leaderworkerset.yaml (a standing cluster: a job submitted from the leader, then `rlrig down`), the CPU
+# The Kubernetes manifests' pods simulated with podman: for kubernetes/indexed-job.yaml, jobset.yaml, pytorchjob.yaml
+# and leaderworkerset.yaml (a standing cluster: a job submitted from the leader, then `rlrig down`), the CPU
 # image as one container per pod on one network, each with the host name, DNS name (network alias) and environment
 # its pod would get (the manifest's env, the token its Secret holds, what the controller injects: see
 # tests/unit/launch_files/test_kubernetes.py), running the manifest's own args made small and CPU-only; they must
@@ -40,6 +40,10 @@ def pods(doc):
     if doc["kind"] == "Job":
         members = [("job", i) for i in range(doc["spec"]["completions"])]
         subdomain = templates["job"]["spec"]["subdomain"]
+    elif doc["kind"] == "JobSet":  # its one Indexed Job; JobSet sets the pods' subdomain, the JobSet's name by default
+        (rjob,) = doc["spec"]["replicatedJobs"]
+        members = [(rjob["name"], i) for i in range(rjob["template"]["spec"]["completions"])]
+        subdomain = doc["spec"].get("network", {}).get("subdomain") or doc["metadata"]["name"]
     elif doc["kind"] == "LeaderWorkerSet":
         size = doc["spec"]["leaderWorkerTemplate"]["size"]
         members = [("leader", 0)] + [("worker", i) for i in range(1, size)]
@@ -61,8 +65,9 @@ def pods(doc):
 failed = []
 SUBMIT = ["rlrig", "submit", "--", "rlrig", "train", "trainer.nnodes=2", "trainer.n_gpus_per_node=1", "trainer.device=cpu",
           *EXTRA]
-for name in ("indexed-job.yaml", "pytorchjob.yaml", "leaderworkerset.yaml"):
-    doc = next(d for d in documents(REPO / "kubernetes" / name) if d["kind"] in ("Job", "PyTorchJob", "LeaderWorkerSet"))
+KINDS = {"Job": "indexed-job", "JobSet": "indexed-job", "PyTorchJob": "pytorchjob", "LeaderWorkerSet": "lws"}
+for name in ("indexed-job.yaml", "jobset.yaml", "pytorchjob.yaml", "leaderworkerset.yaml"):
+    doc = next(d for d in documents(REPO / "kubernetes" / name) if d["kind"] in KINDS)
     # CPU-only pods: no GPUs per node for the operator to announce (PET_NPROC_PER_NODE would be GPUs rlrig expects)
     doc["spec"].pop("nprocPerNode", None)
     podman("network", "rm", "-f", NET)
@@ -86,7 +91,7 @@ for name in ("indexed-job.yaml", "pytorchjob.yaml", "leaderworkerset.yaml"):
     codes = [podman("wait", c, timeout=900).stdout.strip() for c in names]
     logs = podman("logs", names[0])
     head_log = logs.stdout + logs.stderr + job_log
-    launcher = {"Job": "indexed-job", "PyTorchJob": "pytorchjob", "LeaderWorkerSet": "lws"}[doc["kind"]]
+    launcher = KINDS[doc["kind"]]
     ok = codes == ["0"] * len(names) and "head of 2 node(s)" in head_log and f"({launcher})" in head_log \
         and "done: 2 steps" in head_log and "submit exited 1" not in head_log
     print(f"{name}: pods {', '.join(names)} exited {codes}; "
@@ -99,4 +104,4 @@ for name in ("indexed-job.yaml", "pytorchjob.yaml", "leaderworkerset.yaml"):
     podman("network", "rm", "-f", NET)
 sys.exit(f"FAIL: {failed}" if failed else 0)
 PY
-echo "PASS: the Indexed Job's, the PyTorchJob's and the LeaderWorkerSet's pods, simulated, formed a cluster and trained"
+echo "PASS: the Indexed Job's, the JobSet's, the PyTorchJob's and the LeaderWorkerSet's pods, simulated, formed a cluster and trained"

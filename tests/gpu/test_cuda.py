@@ -1,7 +1,7 @@
 """On a machine with an NVIDIA GPU: the trainer's CUDA path (NCCL process group, DDP and FSDP2 on the
 device, padding-free forwards, transformers rollout) and the GPU preflight against the real NVML.
 
-CI has no GPU, so there these skip. They ran on a lent H100 (README, "What was run here and what was not"):
+CI has no GPU, so there these skip. Which of them ran on a GPU: docs/what-was-run.md.
 
     python -m pytest -q tests/gpu
 """
@@ -232,8 +232,9 @@ def test_lora_in_bf16_on_cuda_trains_adapters_only_with_less_optimizer_memory(st
 
 def _layer_calls(w, steps, batches) -> int:
     calls = [0]
-    # the layer's first projection: transformers checkpoints the layer's forward (its own hooks do not rerun), and the
-    # recompute stops once the last saved tensor is rebuilt, inside the MLP, before the MLP's hook would fire
+    # the layer's first projection, which every recompute runs: hooks on the layer itself rerun under transformers 5.19
+    # (vLLM 0.32's pin: it checkpoints the layer's __call__) but not under 5.2x (its forward), and the recompute stops
+    # once the last saved tensor is rebuilt, inside the MLP, before the MLP's hook would fire
     h = w.models.actor.module.model.layers[0].self_attn.q_proj.register_forward_hook(
         lambda *a: calls.__setitem__(0, calls[0] + 1)
     )

@@ -82,15 +82,25 @@ def import_external_lib(model_cfg) -> None:
             ) from None
 
 
+def set_checkpointing(module, on: bool) -> None:
+    """Gradient checkpointing on or off. Non-reentrant: the variant that works under FSDP2 and with inputs that need
+    no grad. transformers 5.2x names it activation checkpointing (the old name warns there); 5.19, which vLLM 0.32
+    pins, has only the old one. It acts only in training mode, which the update sets."""
+    if hasattr(module, "activation_checkpointing_enable"):
+        if on:
+            module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            module.activation_checkpointing_disable()
+    elif on:
+        module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        module.gradient_checkpointing_disable()
+
+
 def trainable(module, device, precision: Precision, optim, checkpointing: bool, fsdp_config) -> Trainable:
     cast_buffers(module, precision)
     if checkpointing:
-        # non-reentrant: the variant that works under FSDP2 and with inputs that need no grad. transformers 5
-        # renamed the method (the old name warns); it acts only in training mode, which the update sets
-        if hasattr(module, "activation_checkpointing_enable"):
-            module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        set_checkpointing(module, True)
     train = parallel.wrap(module, device, precision)
     # frozen weights (LoRA's base) get no optimizer state
     opt = torch.optim.AdamW(

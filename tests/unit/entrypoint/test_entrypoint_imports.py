@@ -3,7 +3,9 @@
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[3] / "entrypoint"
+import rlrig.entrypoint
+
+PACKAGE = Path(rlrig.entrypoint.__file__).parent  # the installed package's sources, wherever it is installed
 ABSOLUTE = "rlrig.entrypoint."
 
 

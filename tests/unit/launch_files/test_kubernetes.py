@@ -46,6 +46,8 @@ def pod_templates(doc: dict) -> dict[str, dict]:
         return {"leader": lwt.get("leaderTemplate", lwt["workerTemplate"]), "worker": lwt["workerTemplate"]}
     if doc["kind"] == "PyTorchJob":
         return {role.lower(): r["template"] for role, r in spec["pytorchReplicaSpecs"].items()}
+    if doc["kind"] == "JobSet":  # each replicated Job's pod template, by the replicated Job's name
+        return {rjob["name"]: rjob["template"]["spec"]["template"] for rjob in spec["replicatedJobs"]}
     if doc["kind"] == "RayJob":
         cluster = spec["rayClusterSpec"]
         return {
@@ -60,7 +62,7 @@ ALL = [(p.name, i, d) for p in MANIFESTS for i, d in enumerate(documents(p))]
 
 def test_every_launcher_kind_ships():
     kinds = {d["kind"] for _, _, d in ALL}
-    assert {"LeaderWorkerSet", "Job", "PyTorchJob", "RayJob", "Service"} <= kinds, kinds
+    assert {"LeaderWorkerSet", "Job", "JobSet", "PyTorchJob", "RayJob", "Service"} <= kinds, kinds
 
 
 @pytest.mark.parametrize("name,index,doc", ALL, ids=[f"{n}:{d['kind']}" for n, _, d in ALL])
@@ -122,12 +124,15 @@ def container_env(template: dict) -> dict[str, str]:
 
 def injected(doc: dict, role: str, index: int) -> tuple[dict[str, str], str]:
     """What each controller adds to a pod (its variables, the pod's hostname), from their sources: the Job controller
-    (JOB_COMPLETION_INDEX, hostname <job>-<index>), LWS (pod_controller's env), Training Operator v1
-    (pytorch/envvar.go: Master rank 0, workers from 1), KubeRay (pod.go: RAY_CLUSTER_NAME,
+    (JOB_COMPLETION_INDEX, hostname <job>-<index>), JobSet (no variables: its child Job <jobset>-<replicatedJob>-<job
+    index>, from placement.GenJobName, is an Indexed Job whose pod `index` of Job 0 this is), LWS (pod_controller's
+    env), Training Operator v1 (pytorch/envvar.go: Master rank 0, workers from 1), KubeRay (pod.go: RAY_CLUSTER_NAME,
     KUBERAY_GEN_RAY_START_CMD)."""
     name, spec = doc["metadata"]["name"], doc["spec"]
     if doc["kind"] == "Job":
         return {"JOB_COMPLETION_INDEX": str(index)}, f"{name}-{index}"
+    if doc["kind"] == "JobSet":
+        return {"JOB_COMPLETION_INDEX": str(index)}, f"{name}-{role}-0-{index}"
     if doc["kind"] == "LeaderWorkerSet":
         size = spec["leaderWorkerTemplate"]["size"]
         return (
@@ -166,6 +171,9 @@ DETECTED = [
     # (file, kind, role, pod index, launcher, node rank, nodes, head host)
     ("indexed-job.yaml", "Job", "job", 0, "indexed-job", 0, 2, "rlrig-grpo-0.rlrig-grpo"),
     ("indexed-job.yaml", "Job", "job", 1, "indexed-job", 1, 2, "rlrig-grpo-0.rlrig-grpo"),
+    # JobSet's pods are its child Job's: the Indexed Job launcher reads them
+    ("jobset.yaml", "JobSet", "node", 0, "indexed-job", 0, 2, "rlrig-grpo-node-0-0.rlrig-grpo"),
+    ("jobset.yaml", "JobSet", "node", 1, "indexed-job", 1, 2, "rlrig-grpo-node-0-0.rlrig-grpo"),
     ("leaderworkerset.yaml", "LeaderWorkerSet", "leader", 0, "lws", 0, 2, "rlrig-cluster-0.rlrig-cluster.default"),
     ("leaderworkerset.yaml", "LeaderWorkerSet", "worker", 1, "lws", 1, 2, "rlrig-cluster-0.rlrig-cluster.default"),
     ("pytorchjob.yaml", "PyTorchJob", "master", 0, "pytorchjob", 0, 2, "rlrig-grpo-master-0"),
@@ -188,3 +196,20 @@ def test_the_environment_each_pod_gets_is_detected(name, kind, role, index, laun
     args = template["spec"]["containers"][0].get("args", [])
     if args and args[0] == "train":
         assert f"trainer.nnodes={nnodes}" in args and spec.gpus_allotted in (None, 8)
+
+
+def test_the_jobset_is_one_indexed_job_whose_pod_0_is_the_head():
+    """rlrig's rank is the completion index, which each child Job counts from 0: one Job of RLRIG_NNODES pods, all
+    running at once, and RLRIG_HEAD_ADDRESS the DNS name JobSet gives that Job's pod 0 (<pod hostname>.<subdomain>,
+    the subdomain defaulting to the JobSet's name)."""
+    doc = manifest("jobset.yaml", "JobSet")
+    ((role, template),) = pod_templates(doc).items()
+    (rjob,) = doc["spec"]["replicatedJobs"]
+    job = rjob["template"]["spec"]
+    env = container_env(template)
+    assert rjob.get("replicas", 1) == 1 and job["completionMode"] == "Indexed"
+    assert job["completions"] == job["parallelism"] == int(env["RLRIG_NNODES"])
+    network = doc["spec"].get("network", {})
+    assert network.get("enableDNSHostnames", True) and network.get("publishNotReadyAddresses", True)
+    subdomain = network.get("subdomain") or doc["metadata"]["name"]
+    assert env["RLRIG_HEAD_ADDRESS"] == f"{injected(doc, role, 0)[1]}.{subdomain}"

@@ -4,6 +4,7 @@ so a schema is kilobytes instead of the CRD's 1.3 MB. Sources (read from the rep
   ray-project/kuberay feeaf72fa   ray-operator/config/crd/bases/ray.io_rayjobs.yaml            (ray.io/v1 RayJob)
   kubernetes-sigs/lws 060ab4d     config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml (v1 LeaderWorkerSet)
   kubeflow/trainer 289f17906      manifests/base/crds/kubeflow.org_pytorchjobs.yaml (release-1.9, kubeflow.org/v1 PyTorchJob)
+  kubernetes-sigs/jobset f22e565ac config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml (v0.12.0, v1alpha2 JobSet)
   python prune_crds.py CRD.yaml... : writes <kind>.schema.json next to this file."""
 
 import json

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from rlrig.trainer.model import prefix_grouper
+from rlrig.trainer.model.build import set_checkpointing
 from rlrig.trainer.model.forward import token_logprobs
 from tests.helpers.model_hooks import embedded_tokens
 
@@ -63,7 +64,7 @@ def test_shared_prompts_give_the_padded_numbers_from_fewer_tokens(model, prompts
     ids, mask, P = rollout(prompts, n, response_lens, R, model.config.vocab_size)
     resp_mask = mask[:, P:].float()
     if checkpointing:
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        set_checkpointing(model, True)
     model.train()
     seen, remove = embedded_tokens(model)
     try:
@@ -75,7 +76,7 @@ def test_shared_prompts_give_the_padded_numbers_from_fewer_tokens(model, prompts
             grads[shared] = _grads(model, outs[shared][0] + outs[shared][1], resp_mask)
     finally:
         remove()
-        model.activation_checkpointing_disable()
+        set_checkpointing(model, False)
         model.eval()
     filled = resp_mask.bool()
     for plain, fast in zip(outs[False], outs[True]):
@@ -99,13 +100,13 @@ def test_checkpointing_recomputes_the_shared_forwards(model):
     try:
         for on in (False, True):
             if on:
-                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+                set_checkpointing(model, True)
             calls[0] = 0
             token_logprobs(model, ids, mask, P, share_prompts=True)[0].sum().backward()
             counts.append(calls[0])
     finally:
         handle.remove()
-        model.activation_checkpointing_disable()
+        set_checkpointing(model, False)
         model.eval()
         model.zero_grad()
     assert counts == [2, 4]  # prompts' forward and responses' forward, each once more in the backward pass

@@ -200,8 +200,9 @@ def _one_step(extra, hook=lambda w: None):
 
 
 def test_gradient_checkpointing_recomputes_the_update_only():
-    # the layer's first projection: transformers checkpoints the layer's forward (hooks on the layer do not rerun),
-    # and the recompute stops inside the MLP once the last saved tensor is rebuilt
+    # the layer's first projection, which every recompute runs: hooks on the layer itself rerun under transformers 5.19
+    # (it checkpoints the layer's __call__) but not under 5.2x (its forward); the recompute stops inside the MLP once
+    # the last saved tensor is rebuilt
     hook = lambda w: _count_calls(w.models.actor.module.model.layers[0].self_attn.q_proj)[0]
     micro = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32"
     plain = _one_step([micro], hook)[2][0]
