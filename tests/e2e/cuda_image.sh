@@ -14,7 +14,7 @@ stage "wheels from PyPI (not this machine's CPU torch: --isolated leaves out its
 clear_wheels
 # the cert flag: --isolated also drops PIP_CERT, which machines behind a proxy need
 .venv/bin/python -m pip --isolated wheel -q --cert "${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}" \
-  --wheel-dir docker/wheels "vllm==0.32.0" "torch==2.13.0" ".[tensorboard,wandb,debug]" setuptools wheel
+  --wheel-dir docker/wheels "vllm==0.32.0" "torch==2.13.0" ".[tensorboard,wandb,debug,data]" setuptools wheel
 compgen -G 'docker/wheels/torch-2.13.0-*.whl' >/dev/null || { echo "FAIL: no CUDA torch wheel in docker/wheels"; exit 1; }
 echo "wheels: $(du -sh docker/wheels | cut -f1)"
 

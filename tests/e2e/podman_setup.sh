@@ -37,7 +37,7 @@ clear_wheels() { find docker/wheels -name '*.whl' -delete; }
 build_cpu_image() {  # localhost/rlrig:cpu from the local base and wheels built here (offline)
   stage "wheels for an offline image build"
   clear_wheels
-  .venv/bin/python -m pip wheel -q --wheel-dir docker/wheels ".[tensorboard,debug]" "torch==2.13.0" setuptools wheel
+  .venv/bin/python -m pip wheel -q --wheel-dir docker/wheels ".[tensorboard,debug,data]" "torch==2.13.0" setuptools wheel
   stage "podman build (cpu variant)"
   ENGINE=podman docker/build.sh cpu --format docker --build-arg BASE_IMAGE="$base" \
     --build-arg PIP_ARGS="--no-index --find-links /tmp/wheels" -q >/dev/null

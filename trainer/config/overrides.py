@@ -19,6 +19,10 @@ ALIASES = {
     "ray_init.num_cpus": "ray_kwargs.ray_init.num_cpus",
     "ray_init.timeline_file": "ray_kwargs.timeline_json_file",
     "trainer.nnode": "trainer.nnodes",  # the FAQ's spelling
+    # verl's legacy FSDP workers (its default, use_legacy_worker_impl=auto) clip with actor.grad_clip and
+    # critic.grad_clip, its newer engine with optim.clip_grad; both default to 1.0, and rlrig has one norm for each
+    "actor_rollout_ref.actor.grad_clip": "actor_rollout_ref.actor.optim.clip_grad",
+    "critic.grad_clip": "critic.optim.clip_grad",
 }
 
 
@@ -62,6 +66,8 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         return float(value)
     if hint is list or text.startswith("list"):
         return value if isinstance(value, list) else [value]
+    if isinstance(value, list) and "list[str]" in text:  # a file or a list of files: data.train_files, val_files
+        return [str(v) for v in value]
     if hint is str or text.startswith("str"):
         return str(value)
     if hint is dict or text.startswith("dict"):
@@ -111,14 +117,25 @@ def set_key(cfg: Config, key: str, raw: str) -> None:
 
 
 def parse_overrides(overrides: list[str]) -> Config:
-    """Overrides applied in order onto verl's defaults (a preset's, if any, come first: see config/presets.py)."""
+    """Overrides applied in order onto verl's defaults (a preset's, if any, come first: see config/presets.py; a
+    config file's next: config/config_files.py), `${...}` in values resolved against the final values."""
+    from .interpolation import Resolver  # here, not at the top: it imports ALIASES and parse_literal from this module
+
     cfg = Config()
+    resolve = Resolver(overrides)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not KEY=VALUE")
         key, raw = item.split("=", 1)
         # `+key=value` adds a key in Hydra; every key we accept already exists, so it just sets it.
-        set_key(cfg, key.lstrip("+").strip(), raw)
+        key = key.lstrip("+").strip()
+        try:
+            set_key(cfg, key, resolve(key, raw))
+        except ConfigError as e:
+            where = getattr(item, "where", None)  # a key from a config file (config/config_files.py) names its line
+            if where:
+                raise ConfigError(f"{where}: {e}") from None
+            raise
     a = cfg.actor_rollout_ref.actor
     a.strategy = canonical_strategy(a.strategy)
     validate(cfg)

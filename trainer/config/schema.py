@@ -19,8 +19,8 @@ class SamplerConfig:
 
 @dataclass
 class DataConfig:
-    train_files: str = ""  # empty: the embedded arithmetic data set
-    val_files: str = ""
+    train_files: str | list[str] = ""  # a file or a list of files, as verl; empty: the embedded arithmetic data set
+    val_files: str | list[str] = ""
     train_batch_size: int = 1024
     val_batch_size: int | None = None  # prompts per validation batch; None: the whole validation set at once
     max_prompt_length: int = 512

@@ -10,6 +10,7 @@ from ..model.micro_batches import per_worker_mini_batch, token_budgets
 from ..reward.managers import overlong
 from ..rollout.engines import ENGINES
 from ..rollout.engines import NAMES as ENGINE_NAMES
+from .domains import DOMAINS, value_at
 from .schema import Config, FsdpConfig, RewardModelRolloutConfig, canonical_strategy
 
 LOGGERS = ("console", "tensorboard", "wandb")
@@ -38,9 +39,10 @@ def validate(cfg: Config) -> None:
     """The first problem found, as a ConfigError."""
     for section in (
         _choices,
+        _domains,  # before the checks that divide by these values
         _strategy,
         _trainer,
-        _batch_sizes,  # before the checks that divide by these sizes
+        _batch_sizes,
         _rollout,
         _actor,
         _algorithm,
@@ -58,6 +60,7 @@ def _choices(cfg: Config) -> None:
     choices = {
         "algorithm.adv_estimator": (cfg.algorithm.adv_estimator, tuple(ESTIMATORS)),
         "actor_rollout_ref.actor.policy_loss.loss_mode": (a.policy_loss.loss_mode, tuple(POLICY_LOSSES)),
+        # verl's workers/config/actor.py: raise ValueError if loss_agg_mode not in valid_loss_agg_modes
         "actor_rollout_ref.actor.loss_agg_mode": (
             a.loss_agg_mode,
             ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
@@ -73,6 +76,7 @@ def _choices(cfg: Config) -> None:
         "actor_rollout_ref.actor.strategy": (a.strategy, ("ddp", "fsdp", "fsdp2")),
         "actor_rollout_ref.rollout.load_format": (r.load_format, ("dummy", "auto", "safetensors", "pt")),
     }
+    # verl's workers/config/optimizer.py: assert lr_scheduler_type (or warmup_style) in ["constant", "cosine"]
     for prefix, optim in (("actor_rollout_ref.actor.optim", a.optim), ("critic.optim", cfg.critic.optim)):
         style = optim.warmup_style or optim.lr_scheduler_type
         choices[f"{prefix}.{'warmup_style' if optim.warmup_style else 'lr_scheduler_type'}"] = (
@@ -92,6 +96,14 @@ def _choices(cfg: Config) -> None:
     for key, (value, allowed) in choices.items():
         if value not in allowed:
             raise ConfigError(f"{key}={value!r}: choose one of {', '.join(allowed)}")
+
+
+def _domains(cfg: Config) -> None:
+    """Every numeric key within its own range (config/domains.py)."""
+    for key, domain in DOMAINS.items():
+        why = domain.refusal(key, value_at(cfg, key))
+        if why:
+            raise ConfigError(why)
 
 
 def _strategy(cfg: Config) -> None:
@@ -165,39 +177,14 @@ def _trainer(cfg: Config) -> None:
             f"trainer.default_hdfs_dir={t.default_hdfs_dir}: rlrig does not copy checkpoints to HDFS; leave it "
             "null and point trainer.default_local_dir at shared storage"
         )
-    if t.placement_timeout_s <= 0:
-        raise ConfigError(f"trainer.placement_timeout_s={t.placement_timeout_s:g} must be positive")
     if t.resume_mode == "resume_path" and not t.resume_from_path:
         raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint dir>")
 
 
 def _batch_sizes(cfg: Config) -> None:
     """Batch, mini-batch and micro-batch sizes and token budgets: whole numbers that divide as the update needs."""
-    d, a, r, t = cfg.data, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.trainer
+    d, a, t = cfg.data, cfg.actor_rollout_ref.actor, cfg.trainer
     workers = t.nnodes * t.n_gpus_per_node
-    for key, value in (
-        ("data.train_batch_size", d.train_batch_size),
-        ("actor_rollout_ref.rollout.n", r.n),
-        ("actor_rollout_ref.rollout.val_kwargs.n", r.val_kwargs.n),
-        ("actor_rollout_ref.actor.ppo_mini_batch_size", a.ppo_mini_batch_size),
-        ("trainer.nnodes", t.nnodes),
-        ("trainer.n_gpus_per_node", t.n_gpus_per_node),
-        ("algorithm.kl_ctrl.horizon", cfg.algorithm.kl_ctrl.horizon),
-    ):
-        if value < 1:
-            raise ConfigError(f"{key}={value} must be at least 1")
-    for key, value in (
-        ("data.val_batch_size", d.val_batch_size),
-        ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", r.log_prob_micro_batch_size_per_gpu),
-        (
-            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
-            cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu,
-        ),
-        ("critic.ppo_micro_batch_size_per_gpu", cfg.critic.ppo_micro_batch_size_per_gpu),
-        ("critic.forward_micro_batch_size_per_gpu", cfg.critic.forward_micro_batch_size_per_gpu),
-    ):
-        if value is not None and value < 1:
-            raise ConfigError(f"{key}={value} must be at least 1 (or null)")
     longest = d.max_prompt_length + d.max_response_length
     for key, budget in token_budgets(cfg).items():
         if budget is not None and budget < longest:
@@ -225,7 +212,7 @@ def _batch_sizes(cfg: Config) -> None:
         ("critic.ppo_micro_batch_size_per_gpu", cfg.critic.ppo_micro_batch_size_per_gpu),
     ):
         micro = micro or per_worker_mini
-        if micro < 1 or per_worker_mini % min(micro, per_worker_mini):
+        if per_worker_mini % min(micro, per_worker_mini):
             raise ConfigError(
                 f"each worker's mini batch ({per_worker_mini} sequences) is not a multiple of {key}={micro}"
             )
@@ -257,21 +244,13 @@ def micro_batch_refusal(cfg: Config) -> str | None:
 
 
 def _actor(cfg: Config) -> None:
-    """The actor's loss and optimizer settings."""
+    """The actor's settings that depend on the model's."""
     a = cfg.actor_rollout_ref.actor
     if a.use_prefix_grouper and cfg.actor_rollout_ref.model.use_remove_padding:
         raise ConfigError(
             "actor_rollout_ref.actor.use_prefix_grouper=True shares prompts in the padded layout; set "
             "actor_rollout_ref.model.use_remove_padding=False (verl's grouper does not run with it either)"
         )
-    if a.clip_ratio_c <= 1:
-        raise ConfigError(
-            f"actor_rollout_ref.actor.clip_ratio_c={a.clip_ratio_c}: the dual-clip bound must be greater than 1 "
-            "(verl's default is 3.0)"
-        )
-    for prefix, optim in (("actor_rollout_ref.actor.optim", a.optim), ("critic.optim", cfg.critic.optim)):
-        if not 0 <= optim.lr_warmup_steps_ratio <= 1 or not 0 <= optim.min_lr_ratio <= 1:
-            raise ConfigError(f"{prefix}.lr_warmup_steps_ratio and {prefix}.min_lr_ratio are fractions between 0 and 1")
 
 
 def _algorithm(cfg: Config) -> None:
@@ -335,8 +314,6 @@ def validate_rollout_correction(cfg: Config) -> None:
     rc, p = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
     if rc.rollout_is not in (None, "token", "sequence"):
         raise ConfigError(f"{p}.rollout_is={rc.rollout_is}: choose token, sequence or null (off)")
-    if rc.rollout_is_threshold <= 0:
-        raise ConfigError(f"{p}.rollout_is_threshold={rc.rollout_is_threshold} must be positive")
     why = rollout_is_refusal(rc, cfg.actor_rollout_ref.rollout.name)
     if why:
         raise ConfigError(why)
@@ -382,15 +359,7 @@ def validate_lora(cfg: Config) -> None:
 def validate_reward_model(cfg: Config) -> None:
     rm = cfg.reward_model
     overlong(rm)  # the manager and its reward_kwargs, whether or not a model scores
-    if not rm.enable:
-        return
-    for key, value in (
-        ("reward_model.micro_batch_size_per_gpu", rm.micro_batch_size_per_gpu),
-        ("reward_model.max_length", rm.max_length),
-    ):
-        if value is not None and value < 1:
-            raise ConfigError(f"{key}={value} must be at least 1 (or null)")
-    if rm.use_reward_loop:
+    if rm.enable and rm.use_reward_loop:
         validate_reward_loop(rm.rollout, rm.enable_resource_pool, cfg.trainer.n_gpus_per_node)
 
 
@@ -417,14 +386,3 @@ def validate_reward_loop(r: RewardModelRolloutConfig, own_pool: bool, per_node: 
             f"reward_model.rollout.engine_kwargs.{sorted(unknown)[0]}: the reward loop's engine is vLLM; "
             "put its arguments under reward_model.rollout.engine_kwargs.vllm"
         )
-    for key, value in (
-        ("prompt_length", r.prompt_length),
-        ("response_length", r.response_length),
-        ("max_num_batched_tokens", r.max_num_batched_tokens),
-        ("max_num_seqs", r.max_num_seqs),
-        ("max_model_len", r.max_model_len),
-    ):
-        if value is not None and value < 1:
-            raise ConfigError(f"reward_model.rollout.{key}={value} must be at least 1")
-    if not 0 < r.gpu_memory_utilization <= 1:
-        raise ConfigError(f"reward_model.rollout.gpu_memory_utilization={r.gpu_memory_utilization} must be in (0, 1]")

@@ -21,6 +21,8 @@ REFUSED_PREFIXES = {
     "actor_rollout_ref.rollout.trace.": "verl's rollout tracing is not in rlrig",
 }
 REFUSED = {
+    "actor_rollout_ref.hybrid_engine": "rlrig's rollout engines run inside the training workers (verl's hybrid "
+    "engine, hybrid_engine=True); rollout on separate workers is not in rlrig",
     "actor_rollout_ref.rollout.multi_turn.enable": "verl's multi-turn and tool-calling rollout is not in rlrig; its "
     "rollout is single-turn",
     **{
@@ -74,6 +76,8 @@ ACCEPTED_DEFAULTS = {
     "reward_model.reward_loop_class_name": ("null", "None"),
     "reward_model.sandbox_fusion.url": ("null", "None"),
     "actor_rollout_ref.rollout.multi_turn.enable": ("False", "false"),
+    # verl's default: the rollout engine inside the actor's workers, which is how rlrig always runs it
+    "actor_rollout_ref.hybrid_engine": ("True", "true"),
 }
 
 # Keys of a verl feature that is off: verl reads them only when the feature is on, which rlrig refuses (above),

@@ -1,4 +1,5 @@
-"""`rlrig train KEY=VALUE ...`: the command line of the driver, which runs on the head under the Ray cluster."""
+"""`rlrig train [--config-path DIR --config-name NAME] KEY=VALUE ...`: the command line of the driver, which runs
+on the head under the Ray cluster."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import argparse
 import json
 import sys
 
+from ..config.config_files import assemble
 from ..config.overrides import parse_overrides
-from ..config.presets import with_preset
 from ..errors import ConfigError
 
 
@@ -16,10 +17,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlrig train")
     parser.add_argument("--print-config", action="store_true")
     parser.add_argument("--preset")
+    parser.add_argument("--config-path", help="the folder of a verl YAML config (as verl's --config-path)")
+    parser.add_argument("--config-name", help="its name, with or without .yaml; the command line's keys win over it")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     try:
-        cfg = parse_overrides(with_preset(args.preset, args.overrides))
+        cfg = parse_overrides(assemble(args.preset, args.config_path, args.config_name, args.overrides))
         if args.print_config:
             print(json.dumps(cfg.described(), indent=2))
             return 0

@@ -295,3 +295,36 @@ def test_a_gpu_run_needs_every_pass_micro_batch_as_verl(extra, unset):
     assert "\n" not in msg and "on GPUs" in msg
     assert [k for k, key in MICRO.items() if key in msg] == unset
     parse_overrides([o for o in overrides if o != "trainer.device=cuda"])  # on CPU the whole batch is allowed
+
+
+@pytest.mark.parametrize(
+    "override,key,value",
+    [
+        # verl's legacy FSDP workers (its default) clip with the role's grad_clip
+        ("actor_rollout_ref.actor.grad_clip=0.5", "actor_rollout_ref.actor.optim.clip_grad", 0.5),
+        ("critic.grad_clip=0.3", "critic.optim.clip_grad", 0.3),
+        ("data.train_files=/d/a.parquet", "data.train_files", "/d/a.parquet"),
+        ("data.train_files=[/d/a.parquet,/d/b.parquet]", "data.train_files", ["/d/a.parquet", "/d/b.parquet"]),
+        ("data.val_files=['/d/a.parquet', '/d/b.parquet']", "data.val_files", ["/d/a.parquet", "/d/b.parquet"]),
+    ],
+)
+def test_verl_spellings_reach_their_key(override, key, value):
+    obj = parse_overrides([override])
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    assert obj == value
+
+
+def test_hybrid_engine_is_accepted_as_verl_default_only():
+    parse_overrides(["actor_rollout_ref.hybrid_engine=True"])
+    with pytest.raises(ConfigError, match="actor_rollout_ref.hybrid_engine: a verl key rlrig does not implement"):
+        parse_overrides(["actor_rollout_ref.hybrid_engine=False"])
+
+
+def test_train_files_as_a_list_read_every_file(tmp_path):
+    from rlrig.trainer.data.datasets import arithmetic_rows, load_dataset, write_parquet
+
+    for name, seed in (("a", 1), ("b", 2)):
+        write_parquet(arithmetic_rows(3, "train", seed), tmp_path / f"{name}.parquet")
+    cfg = parse_overrides([f"data.train_files=[{tmp_path}/a.parquet,{tmp_path}/b.parquet]"])
+    assert len(load_dataset(cfg.data.train_files)) == 6
