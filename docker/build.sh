@@ -15,13 +15,13 @@ case "$variant" in
     args=(--build-arg BASE_IMAGE=docker.io/library/debian:bookworm-slim
           --build-arg PRE_PACKAGES="torch==2.13.0"
           --build-arg PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu"
-          --build-arg RLRIG_EXTRAS="tensorboard") ;;
+          --build-arg RLRIG_EXTRAS="tensorboard,data") ;;
   cuda)
     # a plain Debian base: PyPI's torch and vLLM carry CUDA 13.0's libraries; the host brings the driver (>= 580)
     args=(--build-arg BASE_IMAGE=docker.io/library/debian:bookworm-slim
           --build-arg PRE_PACKAGES="vllm==0.32.0 torch==2.13.0"
           --build-arg PIP_ARGS=""
-          --build-arg "RLRIG_EXTRAS=tensorboard,wandb"
+          --build-arg "RLRIG_EXTRAS=tensorboard,wandb,data"
           --build-arg RUNTIME_APT="gcc libc6-dev python3-dev"
           --build-arg CUDA_DRIVER_MIN=580.65.06
           --build-arg NVIDIA_VISIBLE=all
@@ -33,7 +33,7 @@ case "$variant" in
           --build-arg PRE_PACKAGES=""
           --build-arg PYTHON_APT=""
           --build-arg PIP_ARGS=""
-          --build-arg "RLRIG_EXTRAS=tensorboard,wandb"
+          --build-arg "RLRIG_EXTRAS=tensorboard,wandb,data"
           --build-arg NOSET_HIP=1) ;;
   *) echo "docker/build.sh: unknown variant '$variant'; use cpu, cuda or rocm" >&2; exit 2 ;;
 esac

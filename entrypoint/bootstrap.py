@@ -1,6 +1,6 @@
 """From the process environment to what this node will do.
 
-`inspect` runs the stages (launcher, addresses, inventory, preflight) and records a failed stage as
+`inspect` runs the stages (the installed Ray, launcher, addresses, inventory, preflight) and records a failed stage as
 a failed check; for `rlrig doctor` it goes on with every stage that does not need the failed one's
 result, so the report holds all that could be found out. `plan` stops at the first failed stage,
 refuses any failure, and returns the Plan that lifecycle carries out.
@@ -12,7 +12,19 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from . import addresses, auth, clusterenv, debugmode, detection, inventory, preflight, prestart, raystart, resources
+from . import (
+    addresses,
+    auth,
+    clusterenv,
+    debugmode,
+    detection,
+    inventory,
+    preflight,
+    prestart,
+    raystart,
+    rayversion,
+    resources,
+)
 from .console import say
 from .errors import RigError
 from .nodespec import NodeSpec
@@ -40,15 +52,18 @@ def inspect(
     env_file: str | None = None,
 ) -> Inspection:
     """`collect` reads the machine (inventory.collect unless given: tests pass a made-up one).
-    `keep_going=False` stops after a failed detection or address stage. `env_file`: this node's .env
+    `keep_going=False` stops after a failed Ray version, detection or address stage. `env_file`: this node's .env
     (default ./.env when present), read here for RLRIG_RESOURCES on every node."""
     found = Inspection(launcher=launcher or env.get("RLRIG_LAUNCHER") or None)
     pf = found.preflight
+    rayversion.check(rayversion.installed(), pf)  # first: without token authentication nothing else matters
+    detected = False
     try:
         cls = detection.choose(env, launcher)
         found.launcher = cls.name
         found.spec = detection.read(cls, env, hostname)
         detection.validate(cls, found.spec, env)
+        detected = True
     except RigError as e:
         pf.add("launcher", FAIL, str(e))
     spec = found.spec
@@ -58,7 +73,7 @@ def inspect(
         return found
     found.temp_dir = raystart.temp_dir(spec, env, temp_override)
     inv = (collect or inventory.collect)(found.temp_dir, env)
-    if not pf.failed:  # a spec that failed validation has no head to resolve
+    if detected:  # a spec that failed validation has no head to resolve
         try:
             addresses.resolve_spec(spec, inv.interfaces)
         except RigError as e:

@@ -112,8 +112,9 @@ def _client_parser() -> argparse.ArgumentParser:
 
 
 def _client(args) -> tuple[str, str]:
-    from . import auth, submit
+    from . import auth, rayversion, submit
 
+    rayversion.refuse_old(rayversion.installed())  # the job API's token errors need Ray's AuthenticationError
     url = submit.address(args.address, os.environ)
     token, _ = auth.client_token(os.environ)
     return url, token

@@ -30,10 +30,12 @@ def cmd_data(args) -> int:
     else:
         try:
             import datasets
-        except ImportError:
+        except ModuleNotFoundError as e:
+            if e.name != "datasets":  # installed but broken: its own error says more than ours would
+                raise
             print(
-                "rlrig: error: downloading GSM8K needs `pip install datasets` and internet; "
-                "or pass --from FILE with GSM8K's question/answer columns",
+                "rlrig: error: downloading GSM8K needs the datasets package: pip install 'rlrig[data]' "
+                "(and access to the Hugging Face Hub), or pass --from FILE with GSM8K's question/answer columns",
                 file=sys.stderr,
             )
             return 2
@@ -47,10 +49,8 @@ def cmd_data(args) -> int:
 
 def cmd_export(args) -> int:
     """A checkpoint to a Hugging Face model directory (safetensors)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     from .driver import checkpoint
+    from .model.hf_export import write_hf_model
 
     ckpt = Path(args.checkpoint)
     if (ckpt / checkpoint.POINTER).is_file():
@@ -60,27 +60,17 @@ def cmd_export(args) -> int:
     if not base:
         print("rlrig: error: the checkpoint does not name its base model; pass --base MODEL_DIR", file=sys.stderr)
         return 2
-    kw = {"gguf_file": ts["gguf_file"]} if ts.get("gguf_file") and not args.base else {}
-    # the architecture from the base, the weights all from the checkpoint: from_config, since a model
-    # read from GGUF stays marked as quantized and transformers refuses to save it
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base, **kw), dtype=torch.float32)
+    if "model" not in state:
+        print(
+            f"rlrig: error: {ckpt} holds no model weights (saved without 'model' in "
+            "actor_rollout_ref.actor.checkpoint.save_contents); take its actor/huggingface directory if it has one",
+            file=sys.stderr,
+        )
+        return 2
     out = Path(args.out)
     tmp = out.with_name(out.name + ".tmp")
-    if ts.get("lora"):
-        # a LoRA run: the adapter as peft saves it (verl's lora_adapter/), and the model with it merged in
-        from peft import LoraConfig, TaskType, get_peft_model
-
-        from .model.lora import ADAPTER
-
-        model = get_peft_model(model, LoraConfig(task_type=TaskType.CAUSAL_LM, bias="none", **ts["lora"]))
-        model.load_state_dict(state["model"])
-        model.peft_config[ADAPTER].base_model_name_or_path = str(base)
-        model.save_pretrained(tmp / "lora_adapter")
-        model = model.merge_and_unload()
-    else:
-        model.load_state_dict(state["model"])
-    model.save_pretrained(tmp, safe_serialization=True)
-    AutoTokenizer.from_pretrained(base, **kw).save_pretrained(tmp)
+    gguf = ts.get("gguf_file") if not args.base else ""
+    write_hf_model(state["model"], base, tmp, gguf or "", ts.get("lora"))
     if out.exists():
         import shutil
 

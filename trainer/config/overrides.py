@@ -7,7 +7,6 @@ FAQ's old `ray_init.*` spellings are accepted as aliases.
 from __future__ import annotations
 
 import ast
-import difflib
 from typing import Any, get_type_hints
 
 from ..errors import ConfigError
@@ -45,7 +44,7 @@ def parse_literal(raw: str) -> Any:
 def _coerce(value: Any, hint: Any, key: str) -> Any:
     text = str(hint)
     if value is None:
-        if "None" in text or "Optional" in text:
+        if "None" in text or "Optional" in text or hint is Any:
             return None
         raise ConfigError(f"{key}=null is not allowed; give a value")
     if hint is bool or text == "bool":
@@ -105,7 +104,7 @@ def set_key(cfg: Config, key: str, raw: str) -> None:
         item[0][item[1]] = parse_literal(raw)
         return
     if key not in known:
-        near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        near = [s] if (s := verl_keys.suggest(key, known)) else []
         hint = f"; did you mean {near[0]}?" if near else "; run `rlrig train --print-config` to list the keys"
         raise ConfigError(f"unknown config key {key!r}{hint}")
     *parents, leaf = key.split(".")

@@ -107,6 +107,22 @@ class PolicyLossConfig:
     ppo_kl_coef: float = 0.1
 
 
+CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")  # verl's choices (trainer/config/config.py)
+
+
+@dataclass
+class CheckpointConfig:
+    # what a checkpoint holds of the role: model (weights), optimizer (its state), extra (the workers' random
+    # streams; rlrig's learning rate is a function of the step, with no scheduler state), hf_model (also a Hugging
+    # Face model directory, global_step_N/<actor|critic>/huggingface, as verl writes it)
+    save_contents: list = field(default_factory=lambda: ["model", "optimizer", "extra"])
+    load_contents: list | None = None  # what a resume loads; None: save_contents (verl's ${.save_contents})
+
+    @property
+    def loads(self) -> list:
+        return self.save_contents if self.load_contents is None else self.load_contents
+
+
 @dataclass
 class ActorConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6))
@@ -131,6 +147,7 @@ class ActorConfig:
     kl_loss_type: str = "low_var_kl"
     strategy: str = "ddp"  # ddp | fsdp
     fsdp_config: FsdpConfig = field(default_factory=FsdpConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
 
 @dataclass
@@ -226,6 +243,7 @@ class CriticConfig:
     ppo_max_token_len_per_gpu: int = 32768
     forward_max_token_len_per_gpu: int | None = None  # None: critic.ppo_max_token_len_per_gpu
     cliprange_value: float = 0.5
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
 
 @dataclass

@@ -11,7 +11,7 @@ from ..reward.managers import overlong
 from ..rollout.engines import ENGINES
 from ..rollout.engines import NAMES as ENGINE_NAMES
 from .domains import DOMAINS, value_at
-from .schema import Config, FsdpConfig, RewardModelRolloutConfig, canonical_strategy
+from .schema import CHECKPOINT_CONTENTS, Config, FsdpConfig, RewardModelRolloutConfig, canonical_strategy
 
 LOGGERS = ("console", "tensorboard", "wandb")
 _KL = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
@@ -42,6 +42,7 @@ def validate(cfg: Config) -> None:
         _domains,  # before the checks that divide by these values
         _strategy,
         _trainer,
+        _checkpoints,
         _batch_sizes,
         _rollout,
         _actor,
@@ -179,6 +180,21 @@ def _trainer(cfg: Config) -> None:
         )
     if t.resume_mode == "resume_path" and not t.resume_from_path:
         raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint dir>")
+
+
+def _checkpoints(cfg: Config) -> None:
+    """What checkpoints hold: names among verl's (verl's checkpoint manager ignores a name it does not know)."""
+    for prefix, ck in (
+        ("actor_rollout_ref.actor.checkpoint", cfg.actor_rollout_ref.actor.checkpoint),
+        ("critic.checkpoint", cfg.critic.checkpoint),
+    ):
+        for key, names in (("save_contents", ck.save_contents), ("load_contents", ck.load_contents or [])):
+            bad = [n for n in names if n not in CHECKPOINT_CONTENTS]
+            if bad:
+                raise ConfigError(
+                    f"{prefix}.{key}: {bad[0]!r} is not a checkpoint content; choose among verl's "
+                    f"{', '.join(CHECKPOINT_CONTENTS)}"
+                )
 
 
 def _batch_sizes(cfg: Config) -> None:

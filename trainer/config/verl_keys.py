@@ -7,6 +7,11 @@ refused at start-up, never accepted and ignored.
 
 from __future__ import annotations
 
+import ast
+import difflib
+from collections.abc import Iterable
+from typing import Any
+
 # Whole families of verl keys, by prefix, and single keys: what they are and what rlrig offers instead.
 REFUSED_PREFIXES = {
     "reward_model.sandbox_fusion.": "verl's sandbox-fusion code execution is not in rlrig; score code with "
@@ -19,8 +24,27 @@ REFUSED_PREFIXES = {
     "actor_rollout_ref.ref.profiler.": "verl's profilers are not in rlrig; use ray_kwargs.timeline_json_file",
     "critic.profiler.": "verl's profilers are not in rlrig; use ray_kwargs.timeline_json_file",
     "actor_rollout_ref.rollout.trace.": "verl's rollout tracing is not in rlrig",
+    "async_training.": "verl's fully asynchronous training (rollout and training on separate pools, stale samples) "
+    "is not in rlrig; its steps are synchronous",
+    "actor_rollout_ref.actor.megatron.": "verl's Megatron backend is not in rlrig; actor_rollout_ref.actor.strategy is "
+    "ddp or fsdp",
+    "actor_rollout_ref.ref.megatron.": "verl's Megatron backend is not in rlrig; the reference is sharded as the actor",
+    "critic.megatron.": "verl's Megatron backend is not in rlrig; the critic is sharded as the actor",
+    "actor_rollout_ref.model.lora.": "verl's Megatron LoRA config is not in rlrig; rlrig's LoRA is "
+    "actor_rollout_ref.model.lora_rank, lora_alpha, target_modules",
+    "actor_rollout_ref.teacher.": "verl's on-policy distillation (the GKD recipe's teacher server) is not in rlrig",
+    "algorithm.filter_groups.": "DAPO's dynamic sampling (the dapo recipe's filter_groups) is not in rlrig",
+    "reward_model.overlong_buffer.": "the dapo recipe's older place for the overlong penalty; rlrig's is "
+    "reward_model.reward_manager=dapo with reward_model.reward_kwargs.overlong_buffer_cfg.*",
+    "trainer.spo.": "the spo recipe's offline values are not in rlrig",
 }
 REFUSED = {
+    # in verl's example scripts only (cispo); verl's own config has no such key and Hydra refuses it there
+    "actor_rollout_ref.model.torch_dtype": "not a key of verl's config; the dtype the weights load in is "
+    "actor_rollout_ref.actor.fsdp_config.model_dtype (ref.fsdp_config.model_dtype, "
+    "critic.model.fsdp_config.model_dtype)",
+    "actor_rollout_ref.actor.calculate_sum_pi_squared": "verl's optimal-token-baseline statistics "
+    "(sum of pi squared, variance_proxy/* metrics) are not in rlrig",
     "actor_rollout_ref.hybrid_engine": "rlrig's rollout engines run inside the training workers (verl's hybrid "
     "engine, hybrid_engine=True); rollout on separate workers is not in rlrig",
     "actor_rollout_ref.rollout.multi_turn.enable": "verl's multi-turn and tool-calling rollout is not in rlrig; its "
@@ -78,6 +102,7 @@ ACCEPTED_DEFAULTS = {
     "actor_rollout_ref.rollout.multi_turn.enable": ("False", "false"),
     # verl's default: the rollout engine inside the actor's workers, which is how rlrig always runs it
     "actor_rollout_ref.hybrid_engine": ("True", "true"),
+    "actor_rollout_ref.actor.calculate_sum_pi_squared": ("False", "false"),
 }
 
 # Keys of a verl feature that is off: verl reads them only when the feature is on, which rlrig refuses (above),
@@ -115,6 +140,420 @@ NO_EFFECT = {
     "renders in the workers that score, with no servers between",
 }
 
+
+def _each(prefixes: tuple[str, ...], defaults: dict[str, str]) -> dict[str, str]:
+    return {f"{p}{k}": v for p in prefixes for k, v in defaults.items()}
+
+
+_TRAINED = ("actor_rollout_ref.actor.", "critic.")
+_FSDP = ("actor_rollout_ref.actor.fsdp_config.", "actor_rollout_ref.ref.fsdp_config.", "critic.model.fsdp_config.")
+_OFF = "a verl feature rlrig does not have; its default (off) is accepted"
+
+# verl keys rlrig takes only at verl's default, which asks for what rlrig does anyway; any other value is refused
+# with the reason, which names what rlrig offers. Grouped by reason: {key: verl's default}.
+_AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
+    (
+        "rlrig's optimizer is torch.optim.AdamW with torch's betas (0.9, 0.999); optim.lr, weight_decay, clip_grad "
+        "and the scheduler keys are what it takes",
+        _each(
+            tuple(f"{p}optim." for p in _TRAINED),
+            {
+                "optimizer": "AdamW",
+                "optimizer_impl": "torch.optim",
+                "betas": "[0.9, 0.999]",
+                "override_optimizer_config": "null",
+            },
+        ),
+    ),
+    (
+        "verl fills it from the trainer's step count; set trainer.total_training_steps",
+        _each(tuple(f"{p}optim." for p in _TRAINED), {"total_training_steps": "-1"}),
+    ),
+    (
+        "rlrig's FSDP2 shards every transformer block and the root over all training workers, resharding after each "
+        "forward, with no prefetch, CPU offload policy or HSDP group; fsdp_config.param_offload and optimizer_offload "
+        "are what it takes",
+        {
+            **_each(
+                _FSDP,
+                {
+                    "wrap_policy.min_num_params": "0",
+                    "offload_policy": "False",
+                    "reshard_after_forward": "True",
+                    "fsdp_size": "-1",
+                    "forward_prefetch": "False",
+                    "use_orig_params": "False",
+                },
+            ),
+        },
+    ),
+    (
+        "verl's new-engine copy of the section's strategy; rlrig's is actor_rollout_ref.actor.strategy",
+        _each(_FSDP, {"strategy": "fsdp"}),
+    ),
+    (
+        "verl's new-engine compute dtype; rlrig computes in fsdp_config.mixed_precision.param_dtype (bf16 on GPU)",
+        _each(_FSDP, {"dtype": "bfloat16"}),
+    ),
+    (
+        "verl's new-engine seed and determinism switch; rlrig seeds from trainer.seed",
+        _each(_FSDP, {"seed": "42", "full_determinism": "False"}),
+    ),
+    ("sequence parallelism (Ulysses) is not in rlrig", _each(_FSDP, {"ulysses_sequence_parallel_size": "1"})),
+    (
+        "verl's memory savers for the entropy pass are not in rlrig; it computes entropy from the full logits",
+        {
+            **_each(_FSDP, {"entropy_from_logits_with_chunking": "False", "entropy_checkpointing": "False"}),
+            **_each(
+                ("actor_rollout_ref.actor.", "actor_rollout_ref.ref."),
+                {"entropy_from_logits_with_chunking": "False", "entropy_checkpointing": "False"},
+            ),
+            "actor_rollout_ref.actor.sum_pi_squared_checkpointing": "False",
+        },
+    ),
+    (
+        "set by verl itself (True for the reference, which only runs forward passes)",
+        {
+            "actor_rollout_ref.actor.fsdp_config.forward_only": "False",
+            "critic.model.fsdp_config.forward_only": "False",
+            "actor_rollout_ref.ref.fsdp_config.forward_only": "True",
+        },
+    ),
+    (
+        "verl's deprecated global micro batch; set the _per_gpu key beside it",
+        {
+            "actor_rollout_ref.actor.ppo_micro_batch_size": "null",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size": "null",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size": "null",
+            "critic.ppo_micro_batch_size": "null",
+            "critic.forward_micro_batch_size": "null",
+        },
+    ),
+    (
+        "rlrig takes each mini batch in order (verl's default, shuffle=False: no seed is drawn)",
+        _each(_TRAINED, {"shuffle": "False", "data_loader_seed": "42"}),
+    ),
+    (
+        "rlrig's value loss is a token mean (verl's default); other aggregations for the critic are not in rlrig",
+        {"critic.loss_agg_mode": "token-mean"},
+    ),
+    (
+        "rlrig uses a critic exactly when algorithm.adv_estimator needs one (verl's enable=null)",
+        {"critic.enable": "null"},
+    ),
+    (
+        "rlrig scales the loss by loss_agg_mode only",
+        {"actor_rollout_ref.actor.loss_scale_factor": "null"},
+    ),
+    (
+        "vision-language models are not in rlrig",
+        {
+            "actor_rollout_ref.actor.freeze_vision_tower": "False",
+            "data.image_patch_size": "14",
+            "data.image_key": "images",
+            "data.video_key": "videos",
+            "data.return_multi_modal_inputs": "True",
+            "reward_model.rollout.limit_images": "null",
+        },
+    ),
+    (
+        "checkpoints are written synchronously in rlrig",
+        {"actor_rollout_ref.actor.checkpoint.async_save": "False", "critic.checkpoint.async_save": "False"},
+    ),
+    (
+        "MoE router replay is not in rlrig",
+        {
+            **_each(
+                ("actor_rollout_ref.actor.router_replay.", "actor_rollout_ref.ref.router_replay."),
+                {"mode": "disabled", "record_file": "null", "replay_file": "null"},
+            ),
+            "actor_rollout_ref.rollout.enable_rollout_routing_replay": "False",
+        },
+    ),
+    ("rlrig's engines stop at EOS", {"actor_rollout_ref.rollout.ignore_eos": "False"}),
+    (
+        "rlrig's engines use their own CUDA-graph sizes (rollout.enforce_eager turns graphs off)",
+        {
+            "actor_rollout_ref.rollout.cudagraph_capture_sizes": "null",
+            "reward_model.rollout.cudagraph_capture_sizes": "null",
+        },
+    ),
+    (
+        "an engine spans rollout.tensor_model_parallel_size GPUs and no more; data, expert and pipeline parallel "
+        "engines are not in rlrig",
+        {
+            "actor_rollout_ref.rollout.data_parallel_size": "1",
+            "actor_rollout_ref.rollout.expert_parallel_size": "1",
+            "actor_rollout_ref.rollout.pipeline_model_parallel_size": "1",
+            "reward_model.rollout.data_parallel_size": "1",
+            "reward_model.rollout.expert_parallel_size": "1",
+        },
+    ),
+    (
+        "rlrig's engines schedule first come, first served (vLLM's default)",
+        {"actor_rollout_ref.rollout.scheduling_policy": "fcfs"},
+    ),
+    (
+        "oversampling and cutting off the slowest requests is not in rlrig; every sample is generated",
+        {"actor_rollout_ref.rollout.over_sample_rate": "0"},
+    ),
+    ("rlrig wakes its engines in one stage", {"actor_rollout_ref.rollout.multi_stage_wake_up": "False"}),
+    (
+        "rlrig hands weights to its engines in the training workers' process (verl's naive backend)",
+        {
+            "actor_rollout_ref.rollout.checkpoint_engine.backend": "naive",
+            "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": "2048",
+            "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs": "{}",
+        },
+    ),
+    ("replaying dumped rollouts is not in rlrig", {"actor_rollout_ref.rollout.skip_rollout": "False"}),
+    (
+        "rlrig's engines take and return token ids; the rollout engine's tokenizer is not loaded (verl's default)",
+        {"actor_rollout_ref.rollout.skip_tokenizer_init": "True"},
+    ),
+    (
+        "the reward engine renders text with its tokenizer (verl's default)",
+        {"reward_model.rollout.skip_tokenizer_init": "False"},
+    ),
+    ("rlrig's engines export no Prometheus metrics", {"actor_rollout_ref.rollout.prometheus.enable": "False"}),
+    (
+        "quantized rollout is not in rlrig",
+        {
+            "actor_rollout_ref.rollout.quantization": "null",
+            "actor_rollout_ref.rollout.quantization_config_file": "null",
+        },
+    ),
+    (
+        "multi-token prediction and speculative decoding are not in rlrig",
+        {
+            "actor_rollout_ref.rollout.mtp": "null",
+            "actor_rollout_ref.model.mtp.enable": "False",
+            **_each(
+                ("actor_rollout_ref.model.mtp.",),
+                {
+                    "enable_train": "False",
+                    "enable_rollout": "False",
+                    "detach_encoder": "False",
+                    "mtp_loss_scaling_factor": "0.1",
+                    "speculative_algorithm": "EAGLE",
+                    "speculative_num_steps": "2",
+                    "speculative_eagle_topk": "2",
+                    "speculative_num_draft_tokens": "4",
+                    "method": "mtp",
+                    "num_speculative_tokens": "1",
+                },
+            ),
+        },
+    ),
+    (
+        "rlrig reads the model's config and tokenizer from actor_rollout_ref.model.path",
+        {
+            "actor_rollout_ref.model.hf_config_path": "null",
+            "actor_rollout_ref.model.tokenizer_path": "null",
+            "data.tokenizer": "null",
+        },
+    ),
+    (
+        "rlrig renders prompts with the tokenizer's own chat template (data.apply_chat_template_kwargs reach it)",
+        {"actor_rollout_ref.model.custom_chat_template": "null"},
+    ),
+    (
+        "activation offload is not in rlrig; model.enable_gradient_checkpointing saves activation memory",
+        {
+            "actor_rollout_ref.model.enable_activation_offload": "False",
+            "critic.model.enable_activation_offload": "False",
+        },
+    ),
+    ("Liger kernels are not in rlrig", {"actor_rollout_ref.model.use_liger": "False"}),
+    (
+        "tiled MLP is not in rlrig",
+        {
+            **_each(
+                ("actor_rollout_ref.model.tiled_mlp.", "critic.model.tiled_mlp."),
+                {"enabled": "False", "num_shards": "4"},
+            )
+        },
+    ),
+    ("rlrig's process groups time out after 600 s (verl's default)", {"actor_rollout_ref.nccl_timeout": "600"}),
+    (
+        "rlrig reads every row of data.train_files and data.val_files",
+        {"data.train_max_samples": "-1", "data.val_max_samples": "-1"},
+    ),
+    (
+        "rlrig picks the reward function by each row's data_source (verl's default)",
+        {"data.reward_fn_key": "data_source"},
+    ),
+    ("verl's multi-turn and tool-calling rollout is not in rlrig", {"data.tool_config_path": "null"}),
+    (
+        "rlrig hands the reward model its own rendering of the decoded text (reward_model.model.input_tokenizer)",
+        {"data.return_raw_input_ids": "False", "data.return_full_prompt": "False"},
+    ),
+    ("rlrig validates in file order", {"data.validation_shuffle": "False"}),
+    (
+        "generated data sets are not in rlrig; it reads verl's parquet schema",
+        {"data.datagen.path": "null", "data.datagen.name": "null"},
+    ),
+    (
+        "reward-manager classes of your own are not in rlrig; reward_model.reward_manager is naive or dapo",
+        {
+            "reward_manager.source": "register",
+            "reward_manager.module.path": "null",
+            "reward_manager.module.name": "custom_reward_manager",
+        },
+    ),
+    (
+        "rlrig keeps its validation samples in val_generations.jsonl (trainer.log_val_generations); dumping every "
+        "rollout is not in rlrig",
+        {"trainer.rollout_data_dir": "null", "trainer.validation_data_dir": "null"},
+    ),
+    ("Ascend's elastic training is not in rlrig", {"trainer.esi_redundant_time": "0"}),
+    ("rlrig keeps the checkpoint it resumed from", {"trainer.del_local_ckpt_after_load": "False"}),
+    (
+        "rlrig keeps every checkpoint",
+        {"trainer.max_actor_ckpt_to_keep": "null", "trainer.max_critic_ckpt_to_keep": "null"},
+    ),
+    ("verl's transfer queue is not in rlrig", {"transfer_queue.enable": "False"}),
+]
+
+# The dataclasses verl builds its sections into (`_target_`): accepted at verl's own.
+_TARGETS = {
+    **_each(tuple(f"{p}optim." for p in _TRAINED), {"_target_": "verl.workers.config.FSDPOptimizerConfig"}),
+    **_each(_FSDP + ("reward_model.model.fsdp_config.",), {"_target_": "verl.workers.config.FSDPEngineConfig"}),
+    "actor_rollout_ref.actor._target_": "verl.workers.config.FSDPActorConfig",
+    "actor_rollout_ref.ref._target_": "verl.workers.config.FSDPActorConfig",
+    "actor_rollout_ref.actor.policy_loss._target_": "verl.workers.config.PolicyLossConfig",
+    "actor_rollout_ref.actor.checkpoint._target_": "verl.trainer.config.CheckpointConfig",
+    "critic.checkpoint._target_": "verl.trainer.config.CheckpointConfig",
+    "actor_rollout_ref.actor.router_replay._target_": "verl.workers.config.RouterReplayConfig",
+    "actor_rollout_ref.ref.router_replay._target_": "verl.workers.config.RouterReplayConfig",
+    "actor_rollout_ref.rollout._target_": "verl.workers.config.RolloutConfig",
+    "reward_model.rollout._target_": "verl.workers.config.RolloutConfig",
+    "actor_rollout_ref.rollout.val_kwargs._target_": "verl.workers.config.SamplingConfig",
+    "actor_rollout_ref.rollout.checkpoint_engine._target_": "verl.workers.config.CheckpointEngineConfig",
+    "actor_rollout_ref.rollout.prometheus._target_": "verl.workers.config.PrometheusConfig",
+    "actor_rollout_ref.model._target_": "verl.workers.config.HFModelConfig",
+    "actor_rollout_ref.model.mtp._target_": "verl.workers.config.MtpConfig",
+    "reward_manager._target_": "verl.trainer.config.config.RewardManagerConfig",
+    "reward_manager.module._target_": "verl.trainer.config.config.ModuleConfig",
+    "critic._target_": "verl.workers.config.FSDPCriticConfig",
+    "critic.model._target_": "verl.workers.config.FSDPCriticModelCfg",
+    "algorithm._target_": "verl.trainer.config.AlgoConfig",
+    "algorithm.kl_ctrl._target_": "verl.trainer.config.KLControlConfig",
+}
+
+for _why, _keys in _AT_DEFAULT_ONLY:
+    for _k, _v in _keys.items():
+        REFUSED.setdefault(_k, _why)
+        ACCEPTED_DEFAULTS.setdefault(_k, (_v,))
+for _k, _v in _TARGETS.items():
+    ACCEPTED_DEFAULTS.setdefault(_k, (_v,))
+
+# verl keys refused at every value: verl fills them from another key, which rlrig takes, or they belong to a recipe
+# built on verl's trainer rather than to the trainer.
+REFUSED.update(
+    {
+        **{
+            f"{p}rollout_n": "verl fills it from actor_rollout_ref.rollout.n; set that"
+            for p in ("actor_rollout_ref.actor.", "actor_rollout_ref.ref.", "critic.")
+        },
+        "actor_rollout_ref.actor.use_remove_padding": "verl fills it from actor_rollout_ref.model.use_remove_padding; "
+        "set that",
+        "actor_rollout_ref.rollout.prompt_length": "verl fills it from data.max_prompt_length; set that",
+        "actor_rollout_ref.rollout.response_length": "verl fills it from data.max_response_length; set that",
+        "critic.ppo_mini_batch_size": "rlrig's critic takes the actor's mini batches (verl's default for this key); "
+        "set actor_rollout_ref.actor.ppo_mini_batch_size",
+        "critic.ppo_epochs": "rlrig's critic takes the actor's epochs (verl's default for this key); set "
+        "actor_rollout_ref.actor.ppo_epochs",
+        "critic.strategy": "rlrig shards the critic as the actor; set actor_rollout_ref.actor.strategy",
+        "critic.model.tokenizer_path": "rlrig's critic reads the actor's tokens (verl's default for this key)",
+        "reward_manager.name": "rlrig's is reward_model.reward_manager (naive|dapo), which verl's default for this "
+        "key follows; set that",
+        "actor_rollout_ref.rollout.logprobs_mode": "rlrig's engines return the log-probs of their own sampling "
+        "distribution as the engine computes it by default; verl's choice among raw and processed log-probs and "
+        "logits is not in rlrig",
+        "actor_rollout_ref.rollout.enable_spec_decoding": "speculative decoding is not in rlrig",
+        "actor_rollout_ref.rollout.nnodes": "rollout on separate nodes (verl's fully async recipe) is not in rlrig; "
+        "rlrig's engines run in the training workers",
+        "actor_rollout_ref.rollout.n_gpus_per_node": "rollout on separate GPUs (verl's fully async recipe) is not in "
+        "rlrig; rlrig's engines run in the training workers",
+        "actor_rollout_ref.rollout.total_rollout_steps": "verl's fully async recipe is not in rlrig; set "
+        "trainer.total_training_steps",
+        **{
+            f"actor_rollout_ref.actor.{k}": f"not a key of verl's actor; rlrig and verl read "
+            f"actor_rollout_ref.actor.policy_loss.{k}"
+            for k in ("clip_cov_lb", "clip_cov_ratio", "clip_cov_ub", "loss_mode")
+        },
+        "actor_rollout_ref.actor.max_token_len": "not a key of verl's actor; set "
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+        "actor_rollout_ref.actor.optim.lr_decay_style": "Megatron's optimizer key; rlrig's is "
+        "actor_rollout_ref.actor.optim.lr_scheduler_type (constant|cosine)",
+        **{
+            f"algorithm.rollout_correction.{k}": "of verl's rollout correction rlrig has the importance weights "
+            "(algorithm.rollout_correction.rollout_is, rollout_is_threshold), not rejection sampling or vetoes"
+            for k in ("rollout_rs_threshold_lower", "rollout_token_veto_threshold")
+        },
+        **{
+            f"data.{k}": "the prime recipe's accuracy filter is not in rlrig"
+            for k in ("accuracy_lower_bound", "accuracy_upper_bound", "filter_accuracy")
+        },
+        "data.gen_batch_size": "DAPO's dynamic sampling (the dapo recipe's generation batch) is not in rlrig; each "
+        "step samples data.train_batch_size prompts",
+        "data.oversample_factor": "oversampling prompts is not in rlrig; each step samples data.train_batch_size",
+        **{
+            f"reward_model.{k}": "the prime recipe's implicit reward model, trained with the policy, is not in rlrig"
+            for k in ("mini_batch_size", "model.beta_train", "model.optim.grad_clip", "model.optim.lr", "model.update")
+        },
+        **{
+            f"trainer.{k}": "a key of one of verl's recipes, not of its PPO trainer"
+            for k in (
+                "debug",
+                "dump_high_diff_dir",
+                "dump_high_diff_tokens",
+                "log_freq",
+                "ref_update_freq",
+                "rl_logging_board_dir",
+                "scheduler",
+            )
+        },
+        "trainer.tensorboard_dir": "rlrig's loggers are trainer.logger; TensorBoard is not among them",
+    }
+)
+
+# Keys accepted because, for rlrig, they change nothing at any value; `--print-config` lists them with the reason.
+NO_EFFECT.update(
+    {
+        "actor_rollout_ref.actor.calculate_entropy": "rlrig computes the actor's entropy in every update "
+        "(actor/entropy), as verl does with calculate_entropy=True",
+        **{
+            k: "verl compiles its entropy function with it; rlrig computes the same entropy uncompiled"
+            for k in (
+                "actor_rollout_ref.actor.use_torch_compile",
+                "actor_rollout_ref.ref.use_torch_compile",
+                *(f"{p}use_torch_compile" for p in _FSDP),
+            )
+        },
+        "actor_rollout_ref.actor.use_fused_kernels": "see actor_rollout_ref.model.use_fused_kernels",
+        "actor_rollout_ref.rollout.disable_log_stats": "vLLM's own statistics log; rlrig's metrics are the same",
+        "reward_model.rollout.disable_log_stats": "vLLM's own statistics log; rlrig's metrics are the same",
+        "actor_rollout_ref.rollout.skip_dump_dir": "read by verl only with rollout.skip_rollout=True, which rlrig "
+        "refuses",
+        **{
+            f"actor_rollout_ref.rollout.prometheus.{k}": "read by verl only with rollout.prometheus.enable=True, "
+            "which rlrig refuses"
+            for k in ("port", "file", "served_model_name")
+        },
+        "data.use_shm": "rlrig reads the data files from their path as they are",
+        **{
+            f"reward_model.model.fsdp_config.{k}": "each of rlrig's reward-model workers holds the whole model "
+            "(reward_model.strategy)"
+            for k in ("wrap_policy.min_num_params", "reshard_after_forward", "fsdp_size", "forward_prefetch")
+        },
+        "trainer.ray_wait_register_center_timeout": "rlrig has no register-center actor to wait for; "
+        "trainer.placement_timeout_s bounds the wait for its workers",
+    }
+)
+
+
 # Where rlrig's default is not verl's, and why.
 DEFAULTS_DIFFER = {
     "reward_model.use_reward_loop": "verl's default is True; rlrig's False scores with transformers, as verl's "
@@ -151,12 +590,65 @@ RLRIG_ONLY = (
 
 
 def inert(key: str) -> bool:
-    return any(key.startswith(p) for p in INERT_PREFIXES) and key not in REFUSED
+    """Accepted and not stored: a setting of a verl feature that is off, or a NO_EFFECT key rlrig does not keep."""
+    return (any(key.startswith(p) for p in INERT_PREFIXES) or key in NO_EFFECT) and key not in REFUSED
+
+
+def _literal(text: str) -> Any:
+    """An override's value as OmegaConf reads it, so that `false`, `False` and `1.0e-06`, `1e-6` compare equal."""
+    low = text.strip().lower()
+    if low in ("null", "none", "~"):
+        return None
+    if low in ("true", "false"):
+        return low == "true"
+    try:
+        return ast.literal_eval(text.strip())
+    except (ValueError, SyntaxError):
+        pass
+    if text.startswith("[") and text.endswith("]"):
+        return [_literal(x.strip().strip("'\"")) for x in text[1:-1].split(",") if x.strip()]
+    return text.strip()
+
+
+def accepted_default(key: str, value: str) -> bool:
+    return any(_literal(value) == _literal(d) for d in ACCEPTED_DEFAULTS.get(key, ()))
 
 
 def refusal(key: str, value: str) -> str | None:
     """Why `key=value` is refused, or None."""
-    if value.strip() in ACCEPTED_DEFAULTS.get(key, ()):
+    if accepted_default(key, value):
         return None
     why = REFUSED.get(key) or next((w for p, w in REFUSED_PREFIXES.items() if key.startswith(p)), None)
+    if why is None and key.endswith("._target_"):
+        why = "the dataclass verl builds this section into; rlrig accepts only verl's own"
     return f"{key}: a verl key rlrig does not implement: {why}" if why else None
+
+
+def suggest(key: str, known: Iterable[str]) -> str | None:
+    """The real key nearest to an unknown one: among the keys with the same last part, the one sharing the most
+    trailing parts (`actor.optim.lr` is actor_rollout_ref.actor.optim.lr), then the closest by edit distance over the
+    whole path; when no key has that last part, the closest of difflib's near matches; None when nothing is close."""
+    known = list(known)
+    parts = key.split(".")
+    same_leaf = [k for k in known if k.rsplit(".", 1)[-1] == parts[-1]]
+    if same_leaf:
+        return min(same_leaf, key=lambda k: (-_shared_tail(parts, k.split(".")), _distance(key, k), k))
+    near = difflib.get_close_matches(key, known, n=5, cutoff=0.6)
+    return min(near, key=lambda k: (_distance(key, k), k)) if near else None
+
+
+def _shared_tail(a: list[str], b: list[str]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
+        n += 1
+    return n
+
+
+def _distance(a: str, b: str) -> int:
+    """Levenshtein's edit distance."""
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+    return row[-1]

@@ -61,6 +61,14 @@ def with_runtime(cfg, total_steps: int, device: str):
     return dataclasses.replace(cfg, trainer=t)
 
 
+def checkpoint_loads(cfg) -> dict:
+    """Each checkpointed role's load_contents, by config prefix."""
+    loads = {"actor_rollout_ref.actor": cfg.actor_rollout_ref.actor.checkpoint.loads}
+    if cfg.critic_in_use:
+        loads["critic"] = cfg.critic.checkpoint.loads
+    return loads
+
+
 def prepare(cfg) -> Run:
     """Ray, the tokenizer, the data and every check that needs no worker: a bad input stops here, before any
     worker is placed."""
@@ -115,7 +123,11 @@ def prepare(cfg) -> Run:
     elif t.resume_mode == "auto":
         resume_from = checkpoint.latest(str(out))
     if resume_from is not None:
-        lora.check_resume(checkpoint.trainer_state(resume_from).get("lora"), adapter, resume_from)
+        ts = checkpoint.trainer_state(resume_from)
+        lora.check_resume(ts.get("lora"), adapter, resume_from)
+        why = checkpoint.load_refusal(resume_from, ts.get("contents", {}), checkpoint_loads(cfg))
+        if why:
+            raise ConfigError(why)
     kl_ctrl = core_algos.kl_controller(cfg.algorithm.kl_ctrl)
     return Run(cfg, model_path, rm_path, adapter, train_rows, val_rows, sampler, kl_ctrl, out, resume_from)
 
@@ -144,6 +156,8 @@ def resume(run: Run) -> None:
             log_path.unlink()  # a fresh run starts a fresh log
         return
     state, rngs, ts = checkpoint.load(run.resume_from)
+    if "extra" not in run.cfg.actor_rollout_ref.actor.checkpoint.loads:
+        rngs = []  # the workers keep the random streams they started with
     w = run.workers
     ray.get(
         [t.load.remote(state, rngs[i] if i < len(rngs) else None) for i, t in enumerate(w.training)]
@@ -164,25 +178,58 @@ def validate(run: Run) -> dict:
 
 
 def save(run: Run) -> None:
-    """A checkpoint at run.step: the training workers' state (with the critic pool's, if it has one), every
-    worker's random streams, and where the data and the KL controller stand."""
+    """A checkpoint at run.step: the training workers' state (with the critic pool's, if it has one) and every
+    worker's random streams, as each role's checkpoint.save_contents asks, and where the data and the KL controller
+    stand (always)."""
     import ray
 
-    w = run.workers
+    cfg, w = run.cfg, run.workers
     state = ray.get([t.state.remote() for t in w.training])[0]  # under FSDP gathering the state is a collective
     if w.critics:
         state.update(ray.get([c.state.remote() for c in w.critics])[0])
-    rngs = ray.get([t.rng_state.remote() for t in w.training])
+    actor_saves, critic_saves = (
+        cfg.actor_rollout_ref.actor.checkpoint.save_contents,
+        cfg.critic.checkpoint.save_contents,
+    )
+    rngs = ray.get([t.rng_state.remote() for t in w.training]) if "extra" in actor_saves else []
+    contents = {"actor": list(actor_saves)}
+    if cfg.critic_in_use:
+        contents["critic"] = list(critic_saves)
     trainer_state = {
         "global_step": run.step,
         "epoch": run.sampler.epoch,
         "pos": run.sampler.pos,
         "kl_coef": run.kl_ctrl.value,
         "model_path": run.model_path,
-        "gguf_file": run.cfg.actor_rollout_ref.model.gguf_file,
+        "gguf_file": cfg.actor_rollout_ref.model.gguf_file,
         "lora": run.adapter,
+        "contents": contents,
     }
-    checkpoint.save(str(run.out), run.step, state, rngs, trainer_state)
+    hf = hf_models(run, state, contents)
+    for role, key in (("actor", "model"), ("critic", "critic")):  # weights gathered for hf_model alone
+        if "model" not in contents.get(role, []):
+            state.pop(key, None)
+    checkpoint.save(str(run.out), run.step, state, rngs, trainer_state, hf)
+
+
+def hf_models(run: Run, state: dict, contents: dict):
+    """What writes <role>/huggingface into a step's directory for each role whose save_contents names hf_model."""
+    from ..model.hf_export import write_hf_model
+
+    a, c = run.cfg.actor_rollout_ref.model, run.cfg.critic.model
+    jobs = []
+    if "hf_model" in contents["actor"]:
+        jobs.append(
+            lambda d: write_hf_model(
+                state["model"], run.model_path, d / "actor" / "huggingface", a.gguf_file, run.adapter
+            )
+        )
+    if "hf_model" in contents.get("critic", []):
+        base, gguf = (c.path, c.gguf_file) if c.path else (run.model_path, a.gguf_file)
+        jobs.append(
+            lambda d: write_hf_model(state["critic"], base, d / "critic" / "huggingface", gguf, value_head=True)
+        )
+    return (lambda d: [job(d) for job in jobs]) if jobs else None
 
 
 def train_step(run: Run) -> dict:

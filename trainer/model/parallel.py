@@ -84,15 +84,22 @@ def grad_norm(module: torch.nn.Module, max_norm: float) -> float:
     return float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
 
 
-def gather_state(module: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[dict, dict]:
-    """Full model and optimizer state on rank 0 ({} elsewhere). A collective: every rank calls it."""
-    model_sd = get_model_state_dict(module, options=_GATHER)
-    optim_sd = get_optimizer_state_dict(module, opt, options=_GATHER)
+def gather_state(
+    module: torch.nn.Module, opt: torch.optim.Optimizer, model: bool = True, optim: bool = True
+) -> tuple[dict | None, dict | None]:
+    """Full model and optimizer state on rank 0 ({} elsewhere; None for one not asked for). A collective: every rank
+    calls it with the same arguments."""
+    model_sd = get_model_state_dict(module, options=_GATHER) if model else None
+    optim_sd = get_optimizer_state_dict(module, opt, options=_GATHER) if optim else None
     return model_sd, optim_sd
 
 
-def load_state(module: torch.nn.Module, opt: torch.optim.Optimizer, model_sd: dict, optim_sd: dict | None) -> None:
-    """Every rank passes the same full state (read from the checkpoint); sharded modules keep their part."""
-    set_model_state_dict(module, model_sd, options=_SCATTER)
+def load_state(
+    module: torch.nn.Module, opt: torch.optim.Optimizer, model_sd: dict | None, optim_sd: dict | None
+) -> None:
+    """Every rank passes the same full state (read from the checkpoint; None: that part is not loaded); sharded
+    modules keep their part."""
+    if model_sd is not None:
+        set_model_state_dict(module, model_sd, options=_SCATTER)
     if optim_sd is not None:
         set_optimizer_state_dict(module, opt, optim_sd, options=_SCATTER)

@@ -38,8 +38,10 @@ class CriticWorker(RankWorker):
 
     # checkpoints: the critic's entries of the training workers' state (checkpoint_state), gathered on rank 0
     def state(self) -> dict | None:
-        st = checkpoint_state.critic_state(self.critic)  # a collective: every critic worker joins
+        st = checkpoint_state.critic_state(
+            self.critic, self.cfg.critic.checkpoint.save_contents
+        )  # a collective: every critic worker joins
         return st if self.rank == 0 else None
 
     def load(self, state: dict) -> None:
-        checkpoint_state.load_critic(self.critic, state)
+        checkpoint_state.load_critic(self.critic, state, self.cfg.critic.checkpoint.loads)

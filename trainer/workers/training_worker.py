@@ -421,13 +421,15 @@ class TrainingWorker(RankWorker):
     # --- checkpoints: full tensors by name; every rank gathers (a collective), rank 0 returns them ---
 
     def state(self) -> dict | None:
-        return checkpoint_state.gather(self.models, self.rank)
+        a, c = self.cfg.actor_rollout_ref.actor, self.cfg.critic
+        return checkpoint_state.gather(self.models, self.rank, a.checkpoint.save_contents, c.checkpoint.save_contents)
 
     def rng_state(self) -> dict:
         return checkpoint_state.rng_state()
 
     def load(self, state: dict, rng: dict | None) -> None:
-        checkpoint_state.load(self.models, state)
+        a, c = self.cfg.actor_rollout_ref.actor, self.cfg.critic
+        checkpoint_state.load(self.models, state, a.checkpoint.loads, c.checkpoint.loads)
         if rng:
             checkpoint_state.set_rng_state(rng)
         actor = self.models.actor

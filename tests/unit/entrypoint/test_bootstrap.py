@@ -70,6 +70,8 @@ def test_explicit_variables_win_over_the_launchers():
 LAYERS = [
     ("health default", "RAY_health_check_period_ms", None, None, None, "1000"),
     ("user beats health default", "RAY_health_check_period_ms", "5000", None, None, "5000"),
+    ("no drain on stop by default", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", None, None, None, "0"),
+    ("user's drain kept", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "30", None, None, "30"),
     ("cluster beats process", "FOO", "process", "cluster", None, "cluster"),
     ("preflight beats cluster", "NCCL_SOCKET_IFNAME", "ib", "eth9", "eth0", "eth0"),
     ("token beats everything", "RAY_AUTH_TOKEN", "old", "from-dotenv", None, TOKEN),

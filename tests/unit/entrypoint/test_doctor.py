@@ -164,8 +164,8 @@ def test_failed_detection_is_a_failed_check(env, launcher, rank, nnodes, words):
     found = inspect(env, hostname=HOST, collect=collector())
     d = doctor.as_dict(found)
     assert (d["launcher"], d["node_rank"], d["nnodes"]) == (launcher, rank, nnodes)
-    assert d["checks"][0]["name"] == "launcher" and d["checks"][0]["status"] == "fail"
-    assert words in d["checks"][0]["message"]
+    first = next(c for c in d["checks"] if c["status"] == "fail")
+    assert first["name"] == "launcher" and words in first["message"]
     assert doctor.exit_code(found) == 1
     assert set(d) == set(doctor.as_dict(inspect({}, collect=collector())))  # the same keys as a healthy node's
 
@@ -189,7 +189,7 @@ def test_doctor_json_through_the_cli(monkeypatch, capsys, no_dns):
     assert cli.main(["doctor", "--json"]) == 1
     d = json.loads(capsys.readouterr().out)
     assert (d["launcher"], d["node_rank"], d["nnodes"], d["head_host"]) == ("slurm", 1, 2, "gpu0.invalid")
-    assert d["checks"][0]["name"] == "head address"
+    assert [c["name"] for c in d["checks"] if c["status"] == "fail"][:1] == ["head address"]
 
 
 def test_doctor_json_real_process_on_a_node_without_the_clusters_dns(tmp_path):

@@ -39,3 +39,18 @@ def test_the_generation_copy_is_allocated_in_the_compute_dtype_only():
     assert gen.inv_freq.dtype == torch.float32 and torch.equal(gen.inv_freq, module.inv_freq)
     own = {p.data_ptr() for p in module.parameters()}
     assert not any(p.data_ptr() in own for p in gen.parameters())
+
+
+def test_model_dtype_is_the_dtype_the_weights_load_in():
+    """fsdp_config.model_dtype (verl's fsdp_workers.py: from_pretrained(torch_dtype=...)): the loaded parameters'
+    dtype for the actor and the reference; unset, fp32 on CPU."""
+    from rlrig.trainer.config.overrides import parse_overrides
+    from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
+    from rlrig.trainer.model.build import load_reference
+
+    path = ensure_tiny_model()
+    cfg = parse_overrides(["trainer.device=cpu", "actor_rollout_ref.ref.fsdp_config.model_dtype=bf16"])
+    ref, _ = load_reference(cfg, path, torch.device("cpu"), "ddp")
+    assert {p.dtype for p in ref.parameters()} == {torch.bfloat16}
+    ref, _ = load_reference(parse_overrides(["trainer.device=cpu"]), path, torch.device("cpu"), "ddp")
+    assert {p.dtype for p in ref.parameters()} == {torch.float32}

@@ -209,7 +209,8 @@ BASE = ["reward_model.enable=True"]
         ),
         (
             ["reward_model.rollout.skip_tokenizer_init=True"],
-            "unknown config key 'reward_model.rollout.skip_tokenizer_init'",
+            "reward_model.rollout.skip_tokenizer_init: a verl key rlrig does not implement: the reward engine renders "
+            "text with its tokenizer",
         ),
         (["reward_model.reward_manager=prime"], "reward_model.reward_manager=prime: rlrig has verl's naive, dapo"),
         (
