@@ -24,6 +24,11 @@ HEALTH_DEFAULTS = {
     "RAY_health_check_timeout_ms": "2000",
     "RAY_health_check_failure_threshold": "5",
 }
+# On SIGTERM, Ray 2.60's `ray start` first asks the head's GCS to drain its node (made for Ray Serve's proxies on a
+# pod's deletion). rlrig stops a node's Ray when the job is over, as the head stops its GCS: a drain request that
+# meets the GCS shutting down prints a traceback (RpcError: Cancelling all calls), one that finds it gone waits
+# until killed. Nothing here needs a drain: each node stops at once. A user who sets the variable keeps theirs.
+SHUTDOWN_DEFAULTS = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
 
 
 def ray_executable() -> str:
@@ -104,7 +109,7 @@ def start_env(
     metrics_host: str = "127.0.0.1",
 ) -> dict[str, str]:
     """`node`: this node's own additions (--debug), over the cluster's."""
-    env = {**HEALTH_DEFAULTS, **base, **cluster, **(node or {}), **pf.env_updates, **auth}
+    env = {**HEALTH_DEFAULTS, **SHUTDOWN_DEFAULTS, **base, **cluster, **(node or {}), **pf.env_updates, **auth}
     env["RAY_TMPDIR"] = temp
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     env.pop("RAY_ADDRESS", None)

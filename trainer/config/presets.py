@@ -19,6 +19,8 @@ EMBEDDED = [
     "actor_rollout_ref.rollout.name=auto",
     # vLLM on CPU compiles with Inductor unless eager: minutes of compiling for a run of a few minutes
     "actor_rollout_ref.rollout.enforce_eager=True",
+    # a model that fits on one device trains faster replicated than sharded
+    "actor_rollout_ref.actor.strategy=ddp",
     "data.train_batch_size=32",
     "data.max_prompt_length=16",
     "data.max_response_length=8",

@@ -145,7 +145,7 @@ class ActorConfig:
     use_prefix_grouper: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
-    strategy: str = "ddp"  # ddp | fsdp
+    strategy: str = "fsdp"  # fsdp (verl's default; fsdp2 the same) | ddp
     fsdp_config: FsdpConfig = field(default_factory=FsdpConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 

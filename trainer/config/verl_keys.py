@@ -563,8 +563,6 @@ DEFAULTS_DIFFER = {
     "reward_model.rollout.name": "verl has no default (it must be given); rlrig's is vllm, its only engine here",
     "reward_model.model.path": "verl's default is ~/models/FsfairX-LLaMA3-RM-v0.1; rlrig's empty default is its "
     "embedded tiny reward model",
-    "actor_rollout_ref.actor.strategy": "verl's default is fsdp; rlrig's is ddp, faster for models that fit on one "
-    "device (fsdp and fsdp2 both select FSDP2)",
 }
 
 # rlrig's own keys, with no verl counterpart.

@@ -119,7 +119,7 @@ def test_external_lib_is_imported_or_refused(tmp_path, monkeypatch):
         ("actor_rollout_ref.rollout.mode=agent", "verl's modes are async (its default) and sync"),
         ("trainer.logger=['console','mlflow']", "mlflow is not in rlrig"),
         ("data.sampler.class_name=Curriculum", "custom samplers are not in rlrig"),
-        ("actor_rollout_ref.ref.strategy=fsdp", "shards the reference as it does the actor"),  # the actor: ddp
+        ("actor_rollout_ref.ref.strategy=ddp", "shards the reference as it does the actor"),  # the actor: fsdp
     ],
 )
 def test_verl_keys_rlrig_does_not_implement_are_refused_in_one_line(override, words):
