@@ -79,7 +79,8 @@ testwheels=$(mktemp -d) && chmod 755 "$testwheels"  # readable by the image's us
   "pytest==$(.venv/bin/python -c 'import pytest; print(pytest.__version__)')" iniconfig pluggy pygments
 set +e
 podman run --rm --shm-size=2g --entrypoint bash -e PYTHONDONTWRITEBYTECODE=1 -e PIP_CONSTRAINT= -w /work \
-  -v "$PWD/tests:/work/tests:ro" -v "$PWD/trainer:/work/src/rlrig/trainer:ro" \
+  -v "$PWD/tests:/work/tests:ro" -v "$PWD/pyproject.toml:/work/pyproject.toml:ro" \
+  -v "$PWD/trainer:/work/src/rlrig/trainer:ro" \
   -v "$PWD/entrypoint:/work/src/rlrig/entrypoint:ro" -v "$testwheels:/tmp/testwheels:ro" "$image" -c '
     pip install -q --no-index --no-deps --target /tmp/pytest /tmp/testwheels/*.whl || exit 1
     export PYTHONPATH=/work/src:/work:/tmp/pytest
