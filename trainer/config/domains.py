@@ -107,6 +107,17 @@ DOMAINS: dict[str, Domain] = {
     "actor_rollout_ref.actor.policy_loss.ppo_kl_coef": NON_NEGATIVE,
     "actor_rollout_ref.actor.ppo_mini_batch_size": COUNT,
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": COUNT_OR_NULL,
+    # verl's deprecated global micro batches (config/derived.py divides them by the GPUs)
+    **dict.fromkeys(
+        (
+            "actor_rollout_ref.actor.ppo_micro_batch_size",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size",
+            "critic.ppo_micro_batch_size",
+            "critic.forward_micro_batch_size",
+        ),
+        COUNT_OR_NULL,
+    ),
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": COUNT,
     "actor_rollout_ref.actor.ppo_epochs": COUNT,
     "actor_rollout_ref.actor.clip_ratio": NON_NEGATIVE,

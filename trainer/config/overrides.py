@@ -11,6 +11,7 @@ from typing import Any, get_type_hints
 
 from ..errors import ConfigError
 from . import verl_keys
+from .derived import derive
 from .schema import Config, all_keys, canonical_strategy
 from .validation import validate
 
@@ -137,5 +138,6 @@ def parse_overrides(overrides: list[str]) -> Config:
             raise
     a = cfg.actor_rollout_ref.actor
     a.strategy = canonical_strategy(a.strategy)
+    derive(cfg)
     validate(cfg)
     return cfg

@@ -129,6 +129,7 @@ class ActorConfig:
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     ppo_mini_batch_size: int = 256
     ppo_micro_batch_size_per_gpu: int | None = None  # None: the whole mini batch at once
+    ppo_micro_batch_size: int | None = None  # verl's deprecated global one: divided by the GPUs into the key above
     use_dynamic_bsz: bool = False  # micro batches by token budget (ppo_max_token_len_per_gpu) instead of by count
     ppo_max_token_len_per_gpu: int = 16384
     ppo_epochs: int = 1
@@ -180,6 +181,7 @@ class RolloutConfig:
     # extra arguments for the engine's constructor, by engine (verl's rollout.engine_kwargs.vllm.*, .sglang.*)
     engine_kwargs: dict = field(default_factory=lambda: {"vllm": {}, "sglang": {}})
     log_prob_micro_batch_size_per_gpu: int | None = None  # the old-log-prob pass; None: the whole batch at once
+    log_prob_micro_batch_size: int | None = None  # verl's deprecated global one (config/derived.py)
     log_prob_use_dynamic_bsz: bool | None = None  # None: actor.use_dynamic_bsz
     log_prob_max_token_len_per_gpu: int | None = None  # None: actor.ppo_max_token_len_per_gpu
     tensor_model_parallel_size: int = 1
@@ -208,6 +210,7 @@ class RefConfig:
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     strategy: str | None = None  # None: the actor's (the reference is sharded as the actor is)
     log_prob_micro_batch_size_per_gpu: int | None = None
+    log_prob_micro_batch_size: int | None = None  # verl's deprecated global one (config/derived.py)
     log_prob_use_dynamic_bsz: bool | None = None  # None: actor.use_dynamic_bsz
     log_prob_max_token_len_per_gpu: int | None = None  # None: actor.ppo_max_token_len_per_gpu
     fsdp_config: FsdpConfig = field(default_factory=FsdpConfig)
@@ -239,6 +242,8 @@ class CriticConfig:
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
     ppo_micro_batch_size_per_gpu: int | None = None  # None: the actor's mini batch at once
     forward_micro_batch_size_per_gpu: int | None = None  # the values pass; None: ppo_micro_batch_size_per_gpu
+    ppo_micro_batch_size: int | None = None  # verl's deprecated global ones (config/derived.py)
+    forward_micro_batch_size: int | None = None
     use_dynamic_bsz: bool | None = None  # None: actor.use_dynamic_bsz
     ppo_max_token_len_per_gpu: int = 32768
     forward_max_token_len_per_gpu: int | None = None  # None: critic.ppo_max_token_len_per_gpu

@@ -220,16 +220,6 @@ _AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
         },
     ),
     (
-        "verl's deprecated global micro batch; set the _per_gpu key beside it",
-        {
-            "actor_rollout_ref.actor.ppo_micro_batch_size": "null",
-            "actor_rollout_ref.ref.log_prob_micro_batch_size": "null",
-            "actor_rollout_ref.rollout.log_prob_micro_batch_size": "null",
-            "critic.ppo_micro_batch_size": "null",
-            "critic.forward_micro_batch_size": "null",
-        },
-    ),
-    (
         "rlrig takes each mini batch in order (verl's default, shuffle=False: no seed is drawn)",
         _each(_TRAINED, {"shuffle": "False", "data_loader_seed": "42"}),
     ),

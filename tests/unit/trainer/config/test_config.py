@@ -328,3 +328,59 @@ def test_train_files_as_a_list_read_every_file(tmp_path):
         write_parquet(arithmetic_rows(3, "train", seed), tmp_path / f"{name}.parquet")
     cfg = parse_overrides([f"data.train_files=[{tmp_path}/a.parquet,{tmp_path}/b.parquet]"])
     assert len(load_dataset(cfg.data.train_files)) == 6
+
+
+@pytest.mark.parametrize(
+    "extra,key,per_gpu",
+    [
+        # verl's deprecated global micro batches, divided by the role's GPUs as verl's workers divide them
+        (
+            ["actor_rollout_ref.actor.ppo_micro_batch_size=32"],
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+            2,
+        ),
+        (
+            ["actor_rollout_ref.rollout.log_prob_micro_batch_size=64"],
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+            4,
+        ),
+        (
+            ["actor_rollout_ref.ref.log_prob_micro_batch_size=128"],
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+            8,
+        ),
+        (["critic.ppo_micro_batch_size=32"], "critic.ppo_micro_batch_size_per_gpu", 2),
+        (["critic.forward_micro_batch_size=16"], "critic.forward_micro_batch_size_per_gpu", 1),
+        # the global key wins over the per-GPU one, as in verl
+        (
+            [
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+                "actor_rollout_ref.actor.ppo_micro_batch_size=16",
+            ],
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+            1,
+        ),
+    ],
+)
+def test_global_micro_batches_become_per_gpu_ones(extra, key, per_gpu):
+    base = [
+        "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=8",
+        "data.train_batch_size=256",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+        "algorithm.adv_estimator=gae",
+    ]
+    obj = parse_overrides([*base, *extra])
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    assert obj == per_gpu
+
+
+def test_a_global_micro_batch_smaller_than_the_gpus_is_refused_in_one_line():
+    with pytest.raises(ConfigError) as e:
+        parse_overrides(["trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.ppo_micro_batch_size=4"])
+    assert str(e.value) == (
+        "actor_rollout_ref.actor.ppo_micro_batch_size=4 is a micro batch over all 8 GPUs (verl divides it by their "
+        "number), which leaves none per GPU; set it to at least 8, or set "
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+    )

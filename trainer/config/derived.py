@@ -1,0 +1,47 @@
+"""Keys verl derives from others before its workers read them: the deprecated global micro batches, which verl
+divides by the role's GPU count into the per-GPU keys (verl fsdp_workers.py:247-273 for the actor, rollout and
+reference, 1233-1242 for the critic); a global key that is set wins over its per-GPU key there, as here."""
+
+from __future__ import annotations
+
+from ..errors import ConfigError
+from .schema import Config
+
+# (section, verl's global key, the per-GPU key it sets, the role's own pool if it may have one)
+GLOBAL_MICRO_BATCHES = (
+    ("actor_rollout_ref.actor", "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu", None),
+    ("actor_rollout_ref.rollout", "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu", None),
+    ("actor_rollout_ref.ref", "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu", "ref"),
+    ("critic", "ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu", "critic"),
+    ("critic", "forward_micro_batch_size", "forward_micro_batch_size_per_gpu", "critic"),
+)
+
+
+def _section(cfg: Config, dotted: str):
+    obj = cfg
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def role_gpus(cfg: Config, pool: str | None) -> int:
+    """The GPUs (CPU worker slots) the role's passes are spread over: its own pool's, else the training workers'."""
+    own = {"ref": cfg.actor_rollout_ref.ref, "critic": cfg.critic}.get(pool)
+    if own is not None and own.enable_resource_pool:
+        return own.nnodes * own.n_gpus_per_node
+    return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+
+
+def derive(cfg: Config) -> None:
+    for section, key, per_gpu, pool in GLOBAL_MICRO_BATCHES:
+        obj = _section(cfg, section)
+        total = getattr(obj, key)
+        if total is None:
+            continue
+        gpus = role_gpus(cfg, pool)
+        if total < gpus:
+            raise ConfigError(
+                f"{section}.{key}={total} is a micro batch over all {gpus} GPUs (verl divides it by their number), "
+                f"which leaves none per GPU; set it to at least {gpus}, or set {section}.{per_gpu}"
+            )
+        setattr(obj, per_gpu, total // gpus)
