@@ -201,15 +201,8 @@ _AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
     ),
     ("sequence parallelism (Ulysses) is not in rlrig", _each(_FSDP, {"ulysses_sequence_parallel_size": "1"})),
     (
-        "verl's memory savers for the entropy pass are not in rlrig; it computes entropy from the full logits",
-        {
-            **_each(_FSDP, {"entropy_from_logits_with_chunking": "False", "entropy_checkpointing": "False"}),
-            **_each(
-                ("actor_rollout_ref.actor.", "actor_rollout_ref.ref."),
-                {"entropy_from_logits_with_chunking": "False", "entropy_checkpointing": "False"},
-            ),
-            "actor_rollout_ref.actor.sum_pi_squared_checkpointing": "False",
-        },
+        "verl's optimal-token-baseline statistics (sum of pi squared) are not in rlrig",
+        {"actor_rollout_ref.actor.sum_pi_squared_checkpointing": "False"},
     ),
     (
         "set by verl itself (True for the reference, which only runs forward passes)",
@@ -512,6 +505,13 @@ REFUSED.update(
 # Keys accepted because, for rlrig, they change nothing at any value; `--print-config` lists them with the reason.
 NO_EFFECT.update(
     {
+        **{
+            f"{p}{k}": "rlrig computes log-probs and entropy a chunk of tokens at a time with a backward of its own, "
+            "keeping no fp32 copy of the logits and no softmax (trainer/model/chunked_logprobs.py): the memory verl's "
+            "entropy checkpointing and chunking save, with the same values"
+            for p in (*_FSDP, "actor_rollout_ref.actor.", "actor_rollout_ref.ref.")
+            for k in ("entropy_from_logits_with_chunking", "entropy_checkpointing")
+        },
         "actor_rollout_ref.actor.calculate_entropy": "rlrig computes the actor's entropy in every update "
         "(actor/entropy), as verl does with calculate_entropy=True",
         **{

@@ -17,17 +17,6 @@ TABLE = pathlib.Path(__file__).with_name("verl_keys_table") / "verl_trainer_keys
 ROWS = [line.split("\t") for line in TABLE.read_text().splitlines() if line and not line.startswith("#")]
 DEFAULTS = {key: default for key, default, _ in ROWS}
 
-# Being implemented in the schema by another change: either answer is right until it lands.
-BEING_IMPLEMENTED = {
-    "actor_rollout_ref.model.torch_dtype",
-    "critic.model.torch_dtype",
-    "actor_rollout_ref.ref.model.torch_dtype",
-    "actor_rollout_ref.actor.checkpoint.save_contents",
-    "actor_rollout_ref.actor.checkpoint.load_contents",
-    "critic.checkpoint.save_contents",
-    "critic.checkpoint.load_contents",
-    "actor_rollout_ref.actor.calculate_sum_pi_squared",
-}
 # Implemented keys whose verl default the parser refuses today (the schema's type: reported, in other files' hands)
 # verl's null (an unseeded shuffle) is not implemented: rlrig's sampler replays its order from the seed on resume
 DEFAULT_REFUSED_BY_SCHEMA = {"data.seed"}
@@ -94,9 +83,7 @@ def outcome(key: str, value: str) -> str:
 
 
 def classification() -> dict[str, str]:
-    return {
-        key: outcome(key, verl_value(key, default)) for key, default in DEFAULTS.items() if key not in BEING_IMPLEMENTED
-    }
+    return {key: outcome(key, verl_value(key, default)) for key, default in DEFAULTS.items()}
 
 
 def test_the_table_is_verl_whole_config():
@@ -117,12 +104,6 @@ def test_every_verl_key_at_its_default_is_implemented_accepted_or_refused_never_
     assert {k for k, v in got.items() if v.startswith("implemented, but")} <= DEFAULT_REFUSED_BY_SCHEMA
     counts = {v: sum(1 for x in got.values() if x == v) for v in set(got.values())}
     assert counts["implemented"] > 200 and counts["refused"] > 100, counts
-
-
-def test_keys_being_implemented_answer_either_way():
-    for key in BEING_IMPLEMENTED & DEFAULTS.keys():
-        value = verl_value(key, DEFAULTS[key]) if "${." not in DEFAULTS[key] else "null"
-        assert outcome(key, value) in ("implemented", "unknown", "refused", "accepted-at-default")
 
 
 def _another(default: str) -> str:
