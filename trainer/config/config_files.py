@@ -24,7 +24,7 @@ import yaml
 
 from ..errors import ConfigError
 from .interpolation import as_raw
-from .overrides import parse_literal
+from .literals import parse_literal
 from .presets import with_preset
 from .schema import Config, all_keys
 

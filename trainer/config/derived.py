@@ -5,6 +5,7 @@ reference, 1233-1242 for the critic); a global key that is set wins over its per
 from __future__ import annotations
 
 from ..errors import ConfigError
+from .domains import value_at
 from .schema import Config
 
 # (section, verl's global key, the per-GPU key it sets, the role's own pool if it may have one)
@@ -17,13 +18,6 @@ GLOBAL_MICRO_BATCHES = (
 )
 
 
-def _section(cfg: Config, dotted: str):
-    obj = cfg
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def role_gpus(cfg: Config, pool: str | None) -> int:
     """The GPUs (CPU worker slots) the role's passes are spread over: its own pool's, else the training workers'."""
     own = {"ref": cfg.actor_rollout_ref.ref, "critic": cfg.critic}.get(pool)
@@ -34,7 +28,7 @@ def role_gpus(cfg: Config, pool: str | None) -> int:
 
 def derive(cfg: Config) -> None:
     for section, key, per_gpu, pool in GLOBAL_MICRO_BATCHES:
-        obj = _section(cfg, section)
+        obj = value_at(cfg, section)
         total = getattr(obj, key)
         if total is None:
             continue

@@ -10,8 +10,6 @@ certainty), algorithm.pf_ppo.weight_pow (|score| ** pow: any power weighs). Keys
 
 from __future__ import annotations
 
-import ast
-import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,10 +50,7 @@ def interval(low: float, high: float, open_low: bool = False) -> Domain:
 
 
 def _names_a_file(value: Any) -> bool:
-    # "" is the embedded data set; the parser keeps a list literal as its text, so "[]" is an empty list
-    if isinstance(value, str) and value.startswith("["):
-        with contextlib.suppress(ValueError, SyntaxError):
-            value = ast.literal_eval(value)
+    # "" is the embedded data set; a list must name at least one file
     return not isinstance(value, list) or len(value) > 0
 
 

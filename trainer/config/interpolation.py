@@ -13,8 +13,9 @@ import re
 from typing import Any
 
 from ..errors import ConfigError
-from .overrides import ALIASES, parse_literal
+from .literals import parse_literal
 from .schema import Config
+from .verl_keys import ALIASES
 
 INTERPOLATION = re.compile(r"\$\{([^${}]*)\}")
 

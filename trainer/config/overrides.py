@@ -6,40 +6,15 @@ FAQ's old `ray_init.*` spellings are accepted as aliases.
 
 from __future__ import annotations
 
-import ast
 from typing import Any, get_type_hints
 
 from ..errors import ConfigError
 from . import verl_keys
 from .derived import derive
+from .interpolation import Resolver
+from .literals import parse_literal
 from .schema import Config, all_keys, canonical_strategy
 from .validation import validate
-
-ALIASES = {
-    "ray_init.num_cpus": "ray_kwargs.ray_init.num_cpus",
-    "ray_init.timeline_file": "ray_kwargs.timeline_json_file",
-    "trainer.nnode": "trainer.nnodes",  # the FAQ's spelling
-    # verl's legacy FSDP workers (its default, use_legacy_worker_impl=auto) clip with actor.grad_clip and
-    # critic.grad_clip, its newer engine with optim.clip_grad; both default to 1.0, and rlrig has one norm for each
-    "actor_rollout_ref.actor.grad_clip": "actor_rollout_ref.actor.optim.clip_grad",
-    "critic.grad_clip": "critic.optim.clip_grad",
-}
-
-
-def parse_literal(raw: str) -> Any:
-    """Hydra-style literals: null/None, true/false, numbers, lists; anything else is a string."""
-    low = raw.strip().lower()
-    if low in ("null", "none", "~"):
-        return None
-    if low in ("true", "false"):
-        return low == "true"
-    try:
-        return ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
-        pass
-    if raw.startswith("[") and raw.endswith("]"):  # [console,wandb] without quotes
-        return [parse_literal(x.strip()) for x in raw[1:-1].split(",") if x.strip()]
-    return raw
 
 
 def _coerce(value: Any, hint: Any, key: str) -> Any:
@@ -94,7 +69,7 @@ def _dict_item(cfg: Config, key: str) -> tuple[dict, str] | None:
 
 
 def set_key(cfg: Config, key: str, raw: str) -> None:
-    key = ALIASES.get(key, key)
+    key = verl_keys.ALIASES.get(key, key)
     why = verl_keys.refusal(key, raw)
     if why:
         raise ConfigError(why)
@@ -119,8 +94,6 @@ def set_key(cfg: Config, key: str, raw: str) -> None:
 def parse_overrides(overrides: list[str]) -> Config:
     """Overrides applied in order onto verl's defaults (a preset's, if any, come first: see config/presets.py; a
     config file's next: config/config_files.py), `${...}` in values resolved against the final values."""
-    from .interpolation import Resolver  # here, not at the top: it imports ALIASES and parse_literal from this module
-
     cfg = Config()
     resolve = Resolver(overrides)
     for item in overrides:

@@ -7,10 +7,21 @@ refused at start-up, never accepted and ignored.
 
 from __future__ import annotations
 
-import ast
 import difflib
 from collections.abc import Iterable
-from typing import Any
+
+from .literals import parse_literal
+
+# verl's other spellings of keys rlrig has, each taken as the key it names
+ALIASES = {
+    "ray_init.num_cpus": "ray_kwargs.ray_init.num_cpus",
+    "ray_init.timeline_file": "ray_kwargs.timeline_json_file",
+    "trainer.nnode": "trainer.nnodes",  # the FAQ's spelling
+    # verl's legacy FSDP workers (its default, use_legacy_worker_impl=auto) clip with actor.grad_clip and
+    # critic.grad_clip, its newer engine with optim.clip_grad; both default to 1.0, and rlrig has one norm for each
+    "actor_rollout_ref.actor.grad_clip": "actor_rollout_ref.actor.optim.clip_grad",
+    "critic.grad_clip": "critic.optim.clip_grad",
+}
 
 # Whole families of verl keys, by prefix, and single keys: what they are and what rlrig offers instead.
 REFUSED_PREFIXES = {
@@ -582,24 +593,8 @@ def inert(key: str) -> bool:
     return (any(key.startswith(p) for p in INERT_PREFIXES) or key in NO_EFFECT) and key not in REFUSED
 
 
-def _literal(text: str) -> Any:
-    """An override's value as OmegaConf reads it, so that `false`, `False` and `1.0e-06`, `1e-6` compare equal."""
-    low = text.strip().lower()
-    if low in ("null", "none", "~"):
-        return None
-    if low in ("true", "false"):
-        return low == "true"
-    try:
-        return ast.literal_eval(text.strip())
-    except (ValueError, SyntaxError):
-        pass
-    if text.startswith("[") and text.endswith("]"):
-        return [_literal(x.strip().strip("'\"")) for x in text[1:-1].split(",") if x.strip()]
-    return text.strip()
-
-
 def accepted_default(key: str, value: str) -> bool:
-    return any(_literal(value) == _literal(d) for d in ACCEPTED_DEFAULTS.get(key, ()))
+    return any(parse_literal(value.strip()) == parse_literal(d) for d in ACCEPTED_DEFAULTS.get(key, ()))
 
 
 def refusal(key: str, value: str) -> str | None:

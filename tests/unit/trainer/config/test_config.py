@@ -6,7 +6,8 @@ from types import SimpleNamespace
 import pytest
 
 from rlrig.trainer.config import presets
-from rlrig.trainer.config.overrides import parse_literal, parse_overrides
+from rlrig.trainer.config.literals import parse_literal
+from rlrig.trainer.config.overrides import parse_overrides
 from rlrig.trainer.config.presets import EMBEDDED, with_preset
 from rlrig.trainer.errors import ConfigError
 

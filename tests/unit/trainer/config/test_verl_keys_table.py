@@ -9,8 +9,10 @@ import pytest
 
 from rlrig.trainer.config import verl_keys
 from rlrig.trainer.config.interpolation import as_raw
-from rlrig.trainer.config.overrides import ALIASES, parse_overrides, set_key
+from rlrig.trainer.config.literals import parse_literal
+from rlrig.trainer.config.overrides import parse_overrides, set_key
 from rlrig.trainer.config.schema import Config, all_keys
+from rlrig.trainer.config.verl_keys import ALIASES
 from rlrig.trainer.errors import ConfigError
 
 TABLE = pathlib.Path(__file__).with_name("verl_keys_table") / "verl_trainer_keys.tsv"
@@ -107,7 +109,7 @@ def test_every_verl_key_at_its_default_is_implemented_accepted_or_refused_never_
 
 
 def _another(default: str) -> str:
-    v = verl_keys._literal(default)
+    v = parse_literal(default.strip())
     if isinstance(v, bool):
         return str(not v)
     if v is None or isinstance(v, (list, dict)):
