@@ -6,6 +6,8 @@ no rule here is an error (a new metric is one line below), never a guess from it
 
 from __future__ import annotations
 
+from .algos.rollout_correction import RS_OPTIONS
+
 MEAN, MAX, MIN, SUM, TOKEN_MEAN = "mean", "max", "min", "sum", "token_mean"
 # the reserved key each worker adds: its response-token count, the weight of TOKEN_MEAN metrics
 TOKENS = "_response_tokens"
@@ -47,6 +49,12 @@ RULES: dict[str, str] = {
     "global_seqlen/balanced_min": MAX,
     "global_seqlen/balanced_max": MAX,
     "global_seqlen/mean": MAX,
+    # algos/variance_proxy.py: every worker computes the same numbers from all workers' samples
+    "variance_proxy/proxy1_signal_strength": MAX,
+    "variance_proxy/proxy2_total_power": MAX,
+    "variance_proxy/proxy3_pure_noise": MAX,
+    "variance_proxy/expected_a_squared": MAX,
+    "variance_proxy/expected_w": MAX,
     # rollout correction (algos/rollout_correction.py): each worker's mean and fractions, combined by its response
     # tokens (exact for rollout_is=token; for sequence, whose fractions count sequences, a token-weighted mean of them)
     "rollout_corr/rollout_is_mean": TOKEN_MEAN,
@@ -55,7 +63,27 @@ RULES: dict[str, str] = {
     "rollout_corr/rollout_is_ratio_fraction_high": TOKEN_MEAN,
     "rollout_corr/rollout_is_ratio_fraction_low": TOKEN_MEAN,
     "rollout_corr/rollout_is_batch_norm_factor": MEAN,
+    "rollout_corr/rollout_rs_masked_fraction": TOKEN_MEAN,
+    "rollout_corr/rollout_rs_seq_masked_fraction": MEAN,
 }
+
+
+def _rejection_sampling_rules() -> dict[str, str]:
+    """Rejection sampling's metrics (algos/rollout_correction.py), each option's: what is over tokens combines by
+    response tokens, what is over sequences as a mean (the shards hold equally many), extremes by max or min."""
+    stats = {"mean": TOKEN_MEAN, "max": MAX, "min": MIN, "std": MEAN, "masked_fraction": TOKEN_MEAN}
+    stats.update({f"seq_{s}": MEAN for s in ("mean", "std", "fraction_high", "fraction_low", "masked_fraction")})
+    stats.update({"seq_max": MAX, "seq_min": MIN, "seq_max_deviation": MAX})
+    rules = {}
+    for option in RS_OPTIONS:
+        beyond = MEAN if option.startswith("seq_") else TOKEN_MEAN  # fraction_high/low count sequences or tokens
+        rules.update({f"rollout_corr/rollout_rs_{option}_fraction_{s}": beyond for s in ("high", "low")})
+        rules.update({f"rollout_corr/rollout_rs_{option}_{stat}": how for stat, how in stats.items()})
+    return rules
+
+
+RULES.update(_rejection_sampling_rules())
+
 # families: the phases run in parallel on every worker, so the step waits for the slowest
 PREFIXES: dict[str, str] = {"timing_s/": MAX}
 

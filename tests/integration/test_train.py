@@ -102,14 +102,16 @@ def test_two_nodes_train_stop_and_resume(cluster_hosts, tmp_path):
 
 
 def test_fsdp_and_packing_train_like_ddp_and_resume_either_way(tmp_path):
-    """Same seeds, same data: FSDP's sharded step, padding-free (packed) forwards and shared prompts
-    (use_prefix_grouper, under DDP and under FSDP with gradient checkpointing) must equal DDP's padded
-    step, and checkpoints (full tensors by name) must move between the strategies."""
+    """Same seeds, same data: FSDP's sharded step (and hybrid-sharded, fsdp_size=1), padding-free (packed)
+    forwards and shared prompts (use_prefix_grouper, under DDP and under FSDP with gradient checkpointing) must
+    equal DDP's padded step, and checkpoints (full tensors by name) must move between the strategies."""
     two = [*TINY, "trainer.n_gpus_per_node=2", "trainer.test_freq=0"]
     keys = ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/kl_loss")
     variants = {
         "ddp": ["actor_rollout_ref.actor.strategy=ddp"],
         "fsdp": ["actor_rollout_ref.actor.strategy=fsdp"],
+        # HSDP: shard groups of one worker, replicated over the two
+        "hsdp": ["actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.actor.fsdp_config.fsdp_size=1"],
         "packed": ["actor_rollout_ref.actor.strategy=ddp", "actor_rollout_ref.model.use_remove_padding=True"],
         "grouped": ["actor_rollout_ref.actor.strategy=ddp", "actor_rollout_ref.actor.use_prefix_grouper=True"],
         "grouped_fsdp": [
@@ -127,7 +129,7 @@ def test_fsdp_and_packing_train_like_ddp_and_resume_either_way(tmp_path):
     for m in ddp:  # trainer.balance_batch (on by default): the workers traded groups to even out their tokens
         assert m["global_seqlen/balanced_max"] <= m["global_seqlen/max"]
         assert m["global_seqlen/mean"] * 2 == m["perf/total_num_tokens"]
-    for other in ("fsdp", "packed", "grouped", "grouped_fsdp"):
+    for other in ("fsdp", "hsdp", "packed", "grouped", "grouped_fsdp"):
         for a, b in zip(ddp, metrics(runs[other])):
             assert [a[k] for k in keys] == pytest.approx([b[k] for k in keys], rel=1e-4, abs=1e-6), other
     for saved, other in (("ddp", "fsdp"), ("fsdp", "ddp")):
@@ -301,3 +303,42 @@ def test_a_stop_signal_checkpoints_the_step_in_flight_and_a_relaunch_continues(t
     )
     assert r.returncode == 0 and f"at step {stopped}" in r.stderr, r.stderr[-3000:]
     assert [m["training/global_step"] for m in metrics(run)] == list(range(1, stopped + 3))
+
+
+def test_sequence_parallel_trains_as_data_parallel(tmp_path):
+    """Ulysses (ulysses_sequence_parallel_size=2 for the actor, its reference and the critic): the two workers share
+    their samples and each runs half of every packed sequence; with the same micro batches (one sample each) every
+    loss, gradient norm and batch metric equals the run where each worker trains its own samples whole."""
+    common = [
+        *TINY,
+        "algorithm.adv_estimator=gae",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "trainer.n_gpus_per_node=2",
+        "trainer.test_freq=0",
+        "trainer.total_training_steps=2",
+        "actor_rollout_ref.model.use_remove_padding=True",
+        "critic.model.use_remove_padding=True",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        "critic.ppo_micro_batch_size_per_gpu=1",
+    ]
+    sp = ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "critic.ulysses_sequence_parallel_size=2"]
+    keys = (
+        "actor/pg_loss",
+        "actor/grad_norm",
+        "actor/kl_loss",
+        "actor/entropy",
+        "critic/vf_loss",
+        "critic/grad_norm",
+        "critic/score/mean",
+        "critic/advantages/mean",
+        "perf/total_num_tokens",
+        "response_length/mean",
+    )
+    rows = {}
+    for name, extra in (("dp", []), ("sp", sp)):
+        r = rlrig("train", *common, *extra, f"trainer.default_local_dir={tmp_path / name}")
+        assert r.returncode == 0, r.stderr[-3000:]
+        rows[name] = metrics(tmp_path / name)
+    assert len(rows["sp"]) == 2 and rows["sp"][0]["timing_s/sp_share"] > 0
+    for a, b in zip(rows["dp"], rows["sp"]):
+        assert [a[k] for k in keys] == pytest.approx([b[k] for k in keys], rel=1e-4, abs=1e-6)

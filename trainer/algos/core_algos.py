@@ -62,7 +62,8 @@ def kl_penalty(logp, ref_logp, kind: str):
 def agg_loss(loss, mask, mode: str):
     # token-mean: sum(l*m)/sum(m); seq-mean-token-sum: mean over rows with a token of sum_t l*m;
     # seq-mean-token-mean: mean over rows with a token of (sum_t l*m / sum_t m) (verl leaves all-masked rows out);
-    # seq-mean-token-sum-norm: sum(l*m) / T (T = response length, a constant normaliser as in Dr.GRPO)
+    # seq-mean-token-sum-norm: sum(l*m) / T over the micro batch's rows (T = response length, a constant normaliser as
+    # in Dr.GRPO; verl's legacy actor sums the rows and scales by the micro batch's share, as rlrig's update does)
     if mode == "token-mean":
         return masked_mean(loss, mask)
     rows = (mask.sum(-1) > 0).to(loss.dtype)
@@ -71,7 +72,7 @@ def agg_loss(loss, mask, mode: str):
     if mode == "seq-mean-token-mean":
         return masked_mean((loss * mask).sum(-1) / mask.sum(-1).clamp_min(1), rows)
     if mode == "seq-mean-token-sum-norm":
-        return (loss * mask).sum() / loss.shape[-1] / loss.shape[0]
+        return (loss * mask).sum() / loss.shape[-1]
     raise ValueError(f"unknown loss_agg_mode {mode!r}")
 
 

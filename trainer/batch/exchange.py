@@ -13,22 +13,29 @@ from ..rollout.engines.base import left_pad_to
 from .step_batch import StepBatch
 
 
-def exchange(batch: StepBatch, rows: torch.Tensor, pad_id: int) -> StepBatch:
-    """This worker's share of every worker's samples: `rows` of them in worker order (each worker holds as many).
+def exchange(batch: StepBatch, rows: torch.Tensor, pad_id: int, group=None) -> StepBatch:
+    """This worker's share of every worker's samples (of `group`'s workers; None: all): `rows` of them in worker order
+    (each worker holds as many).
     Prompts are widened to the widest worker's (each worker padded its own to its longest), then cut to the widest
     of the rows taken; responses are as wide on every worker (the engines pad them to max_response_length).
     A collective: every worker calls it at the same point, with the same fields set."""
     width = torch.tensor([batch.prompt_len], device=batch.input_ids.device)
-    dist.all_reduce(width, op=dist.ReduceOp.MAX)
+    dist.all_reduce(width, op=dist.ReduceOp.MAX, group=group)
     width, p = int(width.item()), batch.prompt_len
     widen = lambda t, fill: torch.cat([left_pad_to(t[:, :p], width, fill), t[:, p:]], 1)
     fields = batch.per_sample()
     fields["input_ids"], fields["attention_mask"] = widen(batch.input_ids, pad_id), widen(batch.attention_mask, 0)
-    taken = {k: None if v is None else gather_rows(v)[rows] for k, v in fields.items()}
+    taken = {k: None if v is None else gather_rows(v, group)[rows] for k, v in fields.items()}
     used = taken["attention_mask"][:, :width].any(0).nonzero()
     first = int(used[0]) if len(used) else width - 1
     taken["input_ids"], taken["attention_mask"] = taken["input_ids"][:, first:], taken["attention_mask"][:, first:]
     return StepBatch(prompt_len=width - first, **taken)
+
+
+def sequence_parallel_share(batch: StepBatch, sp, pad_id: int) -> StepBatch:
+    """Every sample of the worker's sequence-parallel group (model/ulysses.py), the same on each of its ranks."""
+    rows = torch.arange(len(batch) * sp.size, device=batch.input_ids.device)
+    return exchange(batch, rows, pad_id, sp.group)
 
 
 def pf_ppo_resample(batch: StepBatch, method: str, weight_pow: float, seed: int, pad_id: int) -> StepBatch:

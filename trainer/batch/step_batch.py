@@ -28,6 +28,7 @@ class StepBatch:
     token_scores: torch.Tensor | None = None  # [B, R]: the score on each response's last token, 0 elsewhere
     baselines: torch.Tensor | None = None  # [B]: the greedy response's score of each sample's prompt (ReMax)
     old_logp: torch.Tensor | None = None  # [B, R]: the actor's log-probs before the update
+    sum_pi_squared: torch.Tensor | None = None  # [B, R]: sum_v pi(v)^2 of the actor before the update (OTB)
     ref_logp: torch.Tensor | None = None  # [B, R]: the reference model's log-probs
     values: torch.Tensor | None = None  # [B, R]: the critic's values, masked
     rewards: torch.Tensor | None = None  # [B, R]: token rewards (token_scores, minus the KL penalty when in reward)

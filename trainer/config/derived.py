@@ -1,10 +1,12 @@
 """Keys verl derives from others before its workers read them: the deprecated global micro batches, which verl
 divides by the role's GPU count into the per-GPU keys (verl fsdp_workers.py:247-273 for the actor, rollout and
-reference, 1233-1242 for the critic); a global key that is set wins over its per-GPU key there, as here."""
+reference, 1233-1242 for the critic); a global key that is set wins over its per-GPU key there, as here.
+And `actor_rollout_ref.model.torch_dtype`, the load dtype of the two models built from actor_rollout_ref.model."""
 
 from __future__ import annotations
 
 from ..errors import ConfigError
+from ..model.precision import DTYPES
 from .domains import value_at
 from .schema import Config
 
@@ -26,7 +28,27 @@ def role_gpus(cfg: Config, pool: str | None) -> int:
     return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
 
 
+def model_load_dtype(cfg: Config) -> None:
+    """model.torch_dtype fills the actor's and reference's fsdp_config.model_dtype; one set otherwise is refused
+    rather than either silently winning."""
+    a = cfg.actor_rollout_ref
+    dtype = a.model.torch_dtype
+    if dtype is None:
+        return
+    if dtype not in DTYPES:
+        raise ConfigError(f"actor_rollout_ref.model.torch_dtype={dtype!r}: choose one of {', '.join(DTYPES)}")
+    for role in ("actor", "ref"):
+        fc = getattr(a, role).fsdp_config
+        if fc.model_dtype is not None and DTYPES.get(fc.model_dtype) != DTYPES[dtype]:
+            raise ConfigError(
+                f"actor_rollout_ref.model.torch_dtype={dtype} and actor_rollout_ref.{role}.fsdp_config.model_dtype="
+                f"{fc.model_dtype} both set the {role}'s weight dtype; keep one"
+            )
+        fc.model_dtype = dtype
+
+
 def derive(cfg: Config) -> None:
+    model_load_dtype(cfg)
     for section, key, per_gpu, pool in GLOBAL_MICRO_BATCHES:
         obj = value_at(cfg, section)
         total = getattr(obj, key)

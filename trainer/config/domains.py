@@ -55,6 +55,7 @@ def _names_a_file(value: Any) -> bool:
 
 
 COUNT = at_least(1)
+FSDP_CONFIGS = ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.model.fsdp_config")
 COUNT_OR_NULL = at_least(1, nullable=True)
 NON_NEGATIVE = at_least(0)
 POSITIVE = above(0)
@@ -115,6 +116,11 @@ DOMAINS: dict[str, Domain] = {
     ),
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": COUNT,
     "actor_rollout_ref.actor.ppo_epochs": COUNT,
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": COUNT,
+    # verl's create_device_mesh: below 0 shards over every worker; 0 would divide by zero there
+    **{f"{p}.fsdp_size": Domain(lambda v: v == -1 or v >= 1, "-1 or at least 1") for p in FSDP_CONFIGS},
+    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": COUNT_OR_NULL,
+    "critic.ulysses_sequence_parallel_size": COUNT,
     "actor_rollout_ref.actor.clip_ratio": NON_NEGATIVE,
     "actor_rollout_ref.actor.clip_ratio_low": at_least(0, nullable=True),
     "actor_rollout_ref.actor.clip_ratio_high": at_least(0, nullable=True),
@@ -171,6 +177,17 @@ DOMAINS: dict[str, Domain] = {
     "trainer.log_val_generations": NON_NEGATIVE,
     "trainer.placement_timeout_s": POSITIVE,
     "ray_kwargs.ray_init.num_cpus": at_least(0, nullable=True),  # ray.init takes 0: a node that runs no tasks
+    # verl's profiler/config.py TorchMemoryToolConfig: assert trace_alloc_max_entries > 0 and stack_depth > 0
+    **{
+        f"{prefix}.torch_memory.{key}": COUNT if prefix.startswith("global_profiler") else COUNT_OR_NULL
+        for prefix in (
+            "global_profiler.global_tool_config",
+            "actor_rollout_ref.actor.profiler.tool_config",
+            "actor_rollout_ref.ref.profiler.tool_config",
+            "critic.profiler.tool_config",
+        )
+        for key in ("trace_alloc_max_entries", "stack_depth")
+    },
 }
 
 

@@ -65,6 +65,9 @@ class FsdpConfig:
     model_dtype: str | None = (
         None  # the weights' dtype; None: fp32 for the actor and critic, bf16 for the reference on GPU
     )
+    # FSDP's shard group: -1 (or at least the workers) shards over all of them; k shards over groups of k consecutive
+    # workers, each group a replica (HSDP, verl's create_device_mesh): all-gathers stay inside a node for k <= 8
+    fsdp_size: int = -1
     mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
 
 
@@ -90,6 +93,9 @@ class ActorModelConfig(ModelConfig):
     target_modules: Any = "all-linear"  # peft's: "all-linear", a module-name regex, or a list of names
     exclude_modules: Any = None  # the same forms; None excludes nothing
     lora_adapter_path: str | None = None  # a peft adapter directory; its own config replaces the three above
+    # the dtype the actor's and reference's weights load in, where their fsdp_config.model_dtype is unset (a key of
+    # verl's example scripts rather than of its config: config/derived.py)
+    torch_dtype: str | None = None
 
     @property
     def uses_lora(self) -> bool:
@@ -108,6 +114,47 @@ class PolicyLossConfig:
 
 
 CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")  # verl's choices (trainer/config/config.py)
+
+
+# verl's profilers (verl/utils/profiler/config.py, trainer/config/profiler/profiler.yaml): what each role records in
+# the steps of global_profiler.steps; workers/profiling.py does it. A role's null follows global_profiler, as
+# verl's ${oc.select:global_profiler...} defaults do.
+@dataclass
+class NsysToolConfig:
+    discrete: bool | None = None  # a capture per phase; None: global_profiler.global_tool_config.nsys.discrete
+
+
+@dataclass
+class TorchProfilerToolConfig:
+    contents: list = field(default_factory=list)  # cpu, cuda, memory, shapes, stack; [] records cpu and cuda
+    discrete: bool = False  # a trace per phase rather than one per window of steps
+
+
+@dataclass
+class TorchMemoryToolConfig:
+    trace_alloc_max_entries: int | None = None  # None: global_profiler.global_tool_config.torch_memory's
+    stack_depth: int | None = None
+
+
+@dataclass
+class ProfilerToolConfig:
+    nsys: NsysToolConfig = field(default_factory=NsysToolConfig)
+    torch: TorchProfilerToolConfig = field(default_factory=TorchProfilerToolConfig)
+    torch_memory: TorchMemoryToolConfig = field(default_factory=TorchMemoryToolConfig)
+
+
+@dataclass
+class ProfilerConfig:
+    tool: str | None = None  # None: global_profiler.tool (rlrig runs one tool per run)
+    enable: bool = False
+    all_ranks: bool = False
+    ranks: list = field(default_factory=list)  # the ranks of the role's workers that record; []: rank 0
+    save_path: str | None = None  # None: global_profiler.save_path
+
+
+@dataclass
+class RoleProfilerConfig(ProfilerConfig):
+    tool_config: ProfilerToolConfig = field(default_factory=ProfilerToolConfig)
 
 
 @dataclass
@@ -144,11 +191,18 @@ class ActorConfig:
     use_kl_loss: bool = False
     # the actor's and reference's forwards compute each distinct prompt once for its samples (model/prefix_grouper.py)
     use_prefix_grouper: bool = False
+    # the old-log-prob pass also computes sum_v pi(v)^2 at each response token (algorithm.adv_estimator=
+    # optimal_token_baseline needs it; with any estimator it adds the variance_proxy/* metrics), as verl's
+    calculate_sum_pi_squared: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     strategy: str = "fsdp"  # fsdp (verl's default; fsdp2 the same) | ddp
     fsdp_config: FsdpConfig = field(default_factory=FsdpConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    # ranks that split each packed sequence's columns, attention trading them for heads (model/ulysses.py); the
+    # rollout, reference and colocated critic passes run on the same groups' samples
+    ulysses_sequence_parallel_size: int = 1
+    profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
 
 
 @dataclass
@@ -214,6 +268,8 @@ class RefConfig:
     log_prob_use_dynamic_bsz: bool | None = None  # None: actor.use_dynamic_bsz
     log_prob_max_token_len_per_gpu: int | None = None  # None: actor.ppo_max_token_len_per_gpu
     fsdp_config: FsdpConfig = field(default_factory=FsdpConfig)
+    ulysses_sequence_parallel_size: int | None = None  # None: the actor's (verl's default); 1: not split
+    profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
 
 
 @dataclass
@@ -249,6 +305,8 @@ class CriticConfig:
     forward_max_token_len_per_gpu: int | None = None  # None: critic.ppo_max_token_len_per_gpu
     cliprange_value: float = 0.5
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    ulysses_sequence_parallel_size: int = 1  # 1 or the actor's (the colocated critic shares its groups)
+    profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
 
 
 @dataclass
@@ -271,7 +329,12 @@ class RolloutCorrectionConfig:
     rollout_is: str | None = None  # None (off) | token | sequence
     rollout_is_threshold: float = 2.0  # the weights' upper bound
     rollout_is_batch_normalize: bool = False  # divide by the batch's mean weight
-    # verl's rejection sampling and bypass mode: refused in verl_keys (their defaults accepted)
+    # rejection sampling: None (off) | token_k1 ... seq_max_k3 (rollout_correction.RS_OPTIONS), several comma-separated
+    rollout_rs: str | None = None
+    # its bounds: one for all options or one each, comma-separated; k1 "lower_upper" or an upper ratio, k2/k3 an upper
+    rollout_rs_threshold: str | float | None = None
+    bypass_mode: bool = False  # the engine's log-probs as the old ones, no old-log-prob pass (algos/bypass_loss.py)
+    loss_type: str = "ppo_clip"  # bypass mode's policy loss: ppo_clip | reinforce
 
 
 @dataclass
@@ -352,6 +415,7 @@ class RewardModelConfig:
     use_reward_loop: bool = False
     rollout: RewardModelRolloutConfig = field(default_factory=RewardModelRolloutConfig)
     num_workers: int = 1  # no effect in rlrig (verl_keys.NO_EFFECT)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)  # its tool_config is the actor's (verl's default)
 
 
 @dataclass
@@ -398,6 +462,46 @@ class RayKwargsConfig:
     timeline_json_file: str | None = None
 
 
+# verl's defaults (ppo_trainer.yaml global_profiler.global_tool_config.nsys.worker_nsight_options): Nsight Systems
+# captures between torch.cuda.profiler.start and stop; capture-range-end null is repeat-shutdown:<6 x the steps>
+NSIGHT_WORKER_OPTIONS = {
+    "trace": "cuda,nvtx,cublas,ucx",
+    "cuda-memory-usage": "true",
+    "cuda-graph-trace": "graph",
+    "capture-range": "cudaProfilerApi",
+    "capture-range-end": None,
+    "kill": "none",
+}
+
+
+@dataclass
+class NsysGlobalConfig:
+    discrete: bool = False
+    # Ray's runtime_env "nsight" of every worker (nsys profile --KEY=VALUE) when tool=nsys and steps are set
+    worker_nsight_options: dict = field(default_factory=lambda: dict(NSIGHT_WORKER_OPTIONS))
+
+
+@dataclass
+class TorchMemoryGlobalConfig:
+    trace_alloc_max_entries: int = 100_000  # allocations torch.cuda.memory keeps in its history
+    stack_depth: int = 32  # passed where torch's _record_memory_history takes it (not torch 2.x's)
+
+
+@dataclass
+class GlobalToolConfig:
+    nsys: NsysGlobalConfig = field(default_factory=NsysGlobalConfig)
+    torch_memory: TorchMemoryGlobalConfig = field(default_factory=TorchMemoryGlobalConfig)
+
+
+@dataclass
+class GlobalProfilerConfig:
+    tool: str | None = None  # nsys | torch | torch_memory; None: no profiler
+    steps: list | None = None  # the steps recorded (from 1); None: none
+    profile_continuous_steps: bool = False  # consecutive steps in one recording rather than one each
+    save_path: str = "outputs/profile"
+    global_tool_config: GlobalToolConfig = field(default_factory=GlobalToolConfig)
+
+
 @dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
@@ -408,6 +512,7 @@ class Config:
     custom_reward_function: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
+    global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -3,13 +3,16 @@ naming the key, its value and the fix; nothing here changes the config."""
 
 from __future__ import annotations
 
+from ..algos import rollout_correction
+from ..algos.bypass_loss import LOSS_TYPES
 from ..algos.estimators import ESTIMATORS
 from ..algos.policy_losses import POLICY_LOSSES
 from ..errors import ConfigError
-from ..model.micro_batches import per_worker_mini_batch, token_budgets
+from ..model.micro_batches import per_worker_mini_batch, sequence_parallel, token_budgets
 from ..reward.managers import overlong
 from ..rollout.engines import ENGINES
 from ..rollout.engines import NAMES as ENGINE_NAMES
+from ..workers.profiling import ROLE_KEYS, TOOLS, TORCH_CONTENTS, role_profile
 from .domains import DOMAINS, value_at
 from .schema import CHECKPOINT_CONTENTS, Config, FsdpConfig, RewardModelRolloutConfig, canonical_strategy
 
@@ -43,6 +46,7 @@ def validate(cfg: Config) -> None:
         _strategy,
         _trainer,
         _checkpoints,
+        _sequence_parallel,  # before _batch_sizes, which divides the workers by the groups
         _batch_sizes,
         _rollout,
         _actor,
@@ -51,6 +55,7 @@ def validate(cfg: Config) -> None:
         validate_lora,
         validate_rollout_correction,
         _pools,
+        validate_profiler,
     ):
         section(cfg)
 
@@ -117,7 +122,25 @@ def _strategy(cfg: Config) -> None:
                 f"{prefix}.param_offload=True offloads FSDP shards; set actor_rollout_ref.actor.strategy=fsdp "
                 "(or leave param_offload=False)"
             )
-    ref = cfg.actor_rollout_ref.ref
+    t, c, ref = cfg.trainer, cfg.critic, cfg.actor_rollout_ref.ref
+    pools = {  # the workers each model is sharded over
+        "actor_rollout_ref.actor.fsdp_config": t.nnodes * t.n_gpus_per_node,
+        "actor_rollout_ref.ref.fsdp_config": None if ref.enable_resource_pool else t.nnodes * t.n_gpus_per_node,
+        "critic.model.fsdp_config": c.nnodes * c.n_gpus_per_node
+        if c.enable_resource_pool
+        else t.nnodes * t.n_gpus_per_node,
+    }
+    for prefix, fc in fsdp_configs(cfg).items():
+        size, workers = fc.fsdp_size, pools[prefix]
+        if size == -1:
+            continue
+        if a.strategy != "fsdp" or workers is None:
+            where = "the reference's own pool holds whole copies" if workers is None else "DDP keeps whole replicas"
+            raise ConfigError(f"{prefix}.fsdp_size={size} sets FSDP's shard group, but {where}; leave it -1")
+        if size < workers and workers % size:
+            raise ConfigError(
+                f"{prefix}.fsdp_size={size} does not divide the {workers} workers it shards over; use a divisor or -1"
+            )
     if ref.strategy is not None and canonical_strategy(ref.strategy) != a.strategy:
         raise ConfigError(
             f"actor_rollout_ref.ref.strategy={ref.strategy}: rlrig shards the reference as it does the actor "
@@ -197,6 +220,41 @@ def _checkpoints(cfg: Config) -> None:
                 )
 
 
+def _sequence_parallel(cfg: Config) -> None:
+    """Ulysses groups (model/ulysses.py): whole groups of workers, padding-free inputs (verl asserts the same), and
+    one grouping of the samples for every pass that runs on the training workers."""
+    sp, workers = sequence_parallel(cfg), cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    a, key = cfg.actor_rollout_ref, "ulysses_sequence_parallel_size"
+    if workers % sp["actor"]:
+        raise ConfigError(
+            f"actor_rollout_ref.actor.{key}={sp['actor']} does not divide the {workers} workers "
+            "(trainer.nnodes x trainer.n_gpus_per_node)"
+        )
+    for prefix, model, size in (
+        ("actor_rollout_ref.actor", "actor_rollout_ref.model", sp["actor"]),
+        ("critic", "critic.model", sp["critic"]),
+    ):
+        if size > 1 and not value_at(cfg, model).use_remove_padding:
+            raise ConfigError(f"{prefix}.{key}={size} splits padding-free inputs; set {model}.use_remove_padding=True")
+    for prefix, role, name in (("actor_rollout_ref.ref", a.ref, "ref"), ("critic", cfg.critic, "critic")):
+        size = sp[name]
+        if size not in (1, sp["actor"]):
+            raise ConfigError(
+                f"{prefix}.{key}={size}: the {name} runs on the actor's samples, grouped by "
+                f"actor_rollout_ref.actor.{key}={sp['actor']}; set it to 1 or {sp['actor']}"
+            )
+        if size > 1 and role.enable_resource_pool:
+            raise ConfigError(
+                f"{prefix}.{key}={size} with {prefix}.enable_resource_pool=True: sequence parallelism in a pool of its "
+                f"own is not in rlrig; set {prefix}.{key}=1 or keep it with the actor"
+            )
+    if sp["actor"] > 1 and cfg.algorithm.use_pf_ppo:
+        raise ConfigError(
+            f"algorithm.use_pf_ppo=True with actor_rollout_ref.actor.{key}={sp['actor']}: PF-PPO's resampling over "
+            "sequence-parallel groups is not in rlrig; set one of them off"
+        )
+
+
 def _batch_sizes(cfg: Config) -> None:
     """Batch, mini-batch and micro-batch sizes and token budgets: whole numbers that divide as the update needs."""
     d, a, t = cfg.data, cfg.actor_rollout_ref.actor, cfg.trainer
@@ -213,10 +271,18 @@ def _batch_sizes(cfg: Config) -> None:
             f"data.train_batch_size={d.train_batch_size} is not a multiple of "
             f"actor_rollout_ref.actor.ppo_mini_batch_size={a.ppo_mini_batch_size}"
         )
-    if a.ppo_mini_batch_size % workers:
+    groups = workers // sequence_parallel(cfg)["actor"]
+    if a.ppo_mini_batch_size % groups:
+        over = f"{workers} workers" if groups == workers else f"{groups} sequence-parallel groups of workers"
         raise ConfigError(
             f"actor_rollout_ref.actor.ppo_mini_batch_size={a.ppo_mini_batch_size} prompts cannot be split over "
-            f"{workers} workers (trainer.nnodes x trainer.n_gpus_per_node); make it a multiple of {workers}"
+            f"{over} (trainer.nnodes x trainer.n_gpus_per_node); make it a multiple of {groups}"
+        )
+    if d.train_batch_size % workers:  # each worker samples its own share of the prompts
+        raise ConfigError(
+            f"data.train_batch_size={d.train_batch_size} prompts cannot be shared by {workers} workers "
+            "(trainer.nnodes x trainer.n_gpus_per_node); make it a multiple of "
+            f"{workers}"
         )
     if t.device == "cuda":
         why = micro_batch_refusal(cfg)
@@ -267,6 +333,11 @@ def _actor(cfg: Config) -> None:
             "actor_rollout_ref.actor.use_prefix_grouper=True shares prompts in the padded layout; set "
             "actor_rollout_ref.model.use_remove_padding=False (verl's grouper does not run with it either)"
         )
+    if a.use_prefix_grouper and a.calculate_sum_pi_squared:
+        raise ConfigError(
+            "actor_rollout_ref.actor.calculate_sum_pi_squared=True is not computed with use_prefix_grouper=True (verl "
+            "asserts the same); set actor_rollout_ref.actor.use_prefix_grouper=False"
+        )
 
 
 def _algorithm(cfg: Config) -> None:
@@ -280,8 +351,18 @@ def _algorithm(cfg: Config) -> None:
         )
     if est.needs_groups and r.n < 2:
         raise ConfigError(
-            f"algorithm.adv_estimator={est.name} compares samples of one prompt; "
+            f"algorithm.adv_estimator={est.name} needs at least 2 samples of each prompt; "
             "set actor_rollout_ref.rollout.n to 2 or more"
+        )
+    if est.needs_sum_pi_squared and not cfg.actor_rollout_ref.actor.calculate_sum_pi_squared:
+        raise ConfigError(
+            f"algorithm.adv_estimator={est.name} needs sum_pi_squared from the actor's old-log-prob pass (verl "
+            "asserts it); set actor_rollout_ref.actor.calculate_sum_pi_squared=True"
+        )
+    if est.needs_sum_pi_squared and cfg.algorithm.rollout_correction.bypass_mode:
+        raise ConfigError(
+            f"algorithm.adv_estimator={est.name} needs sum_pi_squared from the actor's old-log-prob pass, which "
+            "algorithm.rollout_correction.bypass_mode=True skips (verl fails at its first step); set bypass_mode=False"
         )
 
 
@@ -330,20 +411,41 @@ def validate_rollout_correction(cfg: Config) -> None:
     rc, p = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
     if rc.rollout_is not in (None, "token", "sequence"):
         raise ConfigError(f"{p}.rollout_is={rc.rollout_is}: choose token, sequence or null (off)")
+    if rc.loss_type not in LOSS_TYPES:
+        raise ConfigError(f"{p}.loss_type={rc.loss_type}: choose one of {', '.join(LOSS_TYPES)}")
+    if rc.rollout_rs is not None:  # verl reads the threshold only with rejection sampling on
+        try:
+            options = rollout_correction.rs_options(rc.rollout_rs)
+        except ValueError as e:
+            raise ConfigError(
+                f"{p}.rollout_rs={rc.rollout_rs}: {e}; several are comma-separated, null turns it off"
+            ) from None
+        try:
+            rollout_correction.rs_thresholds(options, rc.rollout_rs_threshold)
+        except ValueError as e:
+            raise ConfigError(
+                f"{p}.rollout_rs_threshold={rc.rollout_rs_threshold} (rollout_rs={rc.rollout_rs}): {e}; give a "
+                "number, or lower_upper for a k1 option"
+            ) from None
     why = rollout_is_refusal(rc, cfg.actor_rollout_ref.rollout.name)
     if why:
         raise ConfigError(why)
 
 
 def rollout_is_refusal(rc, engine: str) -> str | None:
-    """Rollout correction weighs by the engine's own log-probs, which the hf engine does not compute. Asked of
-    the configured name here, and by the driver of the engine that rollout.name=auto chose."""
-    if rc.rollout_is and engine == "hf":
-        return (
-            f"algorithm.rollout_correction.rollout_is={rc.rollout_is} weighs by the engine's own log-probs, which "
-            "the hf engine does not compute; install vLLM or SGLang and set actor_rollout_ref.rollout.name to it"
-        )
-    return None
+    """Rollout correction (importance weights, rejection sampling, bypass mode) works on the engine's own
+    log-probs, which the hf engine does not compute. Asked of the configured name here, and by the driver of the
+    engine that rollout.name=auto chose."""
+    if engine != "hf":
+        return None
+    keys = (("rollout_is", rc.rollout_is), ("rollout_rs", rc.rollout_rs), ("bypass_mode", rc.bypass_mode))
+    asked = [f"{key}={value}" for key, value in keys if value]
+    if not asked:
+        return None
+    return (
+        f"algorithm.rollout_correction.{asked[0]} works on the engine's own log-probs, which the hf engine does "
+        "not compute; install vLLM or SGLang and set actor_rollout_ref.rollout.name to it"
+    )
 
 
 def validate_lora(cfg: Config) -> None:
@@ -402,3 +504,55 @@ def validate_reward_loop(r: RewardModelRolloutConfig, own_pool: bool, per_node: 
             f"reward_model.rollout.engine_kwargs.{sorted(unknown)[0]}: the reward loop's engine is vLLM; "
             "put its arguments under reward_model.rollout.engine_kwargs.vllm"
         )
+
+
+def validate_profiler(cfg: Config) -> None:
+    """verl's profilers: one tool per run, the steps and ranks to record, torch's contents, one discrete mode for
+    the roles that share the training workers' processes (and their one profiler)."""
+    g = cfg.global_profiler
+    if g.tool == "npu":
+        raise ConfigError(
+            "global_profiler.tool=npu: Ascend NPU profiling is not in rlrig; choose nsys, torch or torch_memory"
+        )
+    if g.tool is not None and g.tool not in TOOLS:
+        raise ConfigError(f"global_profiler.tool={g.tool!r}: choose one of {', '.join(TOOLS)} (or null)")
+    whole = lambda xs, low: all(isinstance(x, int) and not isinstance(x, bool) and x >= low for x in xs)
+    if g.steps is not None and not whole(g.steps, 1):
+        raise ConfigError(f"global_profiler.steps={g.steps}: give a list of step numbers, counting from 1 (or null)")
+    for role, prefix in ROLE_KEYS.items():
+        p, key = value_at(cfg, f"{prefix}.profiler"), f"{prefix}.profiler"
+        if p.tool is not None and p.tool != g.tool:
+            raise ConfigError(
+                f"{key}.tool={p.tool}: rlrig runs one profiler tool per run, global_profiler.tool (now {g.tool}); "
+                f"set that and leave {key}.tool unset or equal"
+            )
+        if not whole(p.ranks, 0):
+            raise ConfigError(f"{key}.ranks={p.ranks}: give a list of the role's worker ranks, counting from 0")
+        # the reward model's tool_config is the actor's
+        bad = [c for c in p.tool_config.torch.contents if c not in TORCH_CONTENTS] if role != "reward_model" else []
+        if bad:
+            raise ConfigError(f"{key}.tool_config.torch.contents: {bad[0]!r} is not one of {', '.join(TORCH_CONTENTS)}")
+    own = cfg.own_pools()
+    shared = {role: role_profile(cfg, role) for role, prefix in ROLE_KEYS.items() if prefix not in own}
+    modes = {role: p.discrete for role, p in shared.items() if p.enable}
+    if g.tool in ("torch", "nsys") and len(set(modes.values())) > 1:
+        a, b = (next(r for r, d in modes.items() if d is v) for v in (True, False))
+        raise ConfigError(
+            f"{ROLE_KEYS[a]}.profiler records discrete and {ROLE_KEYS[b]}.profiler does not, but both run in the "
+            f"training workers, which have one profiler; give their tool_config.{g.tool}.discrete one value"
+        )
+    why = profiler_device_refusal(cfg)
+    if why:
+        raise ConfigError(why)
+
+
+def profiler_device_refusal(cfg: Config) -> str | None:
+    """A profiler tool that records CUDA (nsys, torch_memory) on a CPU run: trainer.device=cpu, or auto once the
+    driver resolved it."""
+    tool = cfg.global_profiler.tool
+    if cfg.trainer.device != "cpu" or tool not in TOOLS or TOOLS[tool].runs_on_cpu:
+        return None
+    return (
+        f"global_profiler.tool={tool} records CUDA work and this run is on CPU (trainer.device="
+        f"{cfg.trainer.device}); global_profiler.tool=torch records CPU runs"
+    )

@@ -27,13 +27,21 @@ ALIASES = {
 REFUSED_PREFIXES = {
     "reward_model.sandbox_fusion.": "verl's sandbox-fusion code execution is not in rlrig; score code with "
     "custom_reward_function.path/name",
-    "reward_model.profiler.": "verl's profilers are not in rlrig; use ray_kwargs.timeline_json_file",
     "actor_rollout_ref.rollout.agent.": "verl's agent loop is not in rlrig; its rollout is single-turn",
-    "global_profiler.": "verl's profilers are not in rlrig; use ray_kwargs.timeline_json_file for a Ray timeline",
-    "actor_rollout_ref.actor.profiler.": "verl's profilers are not in rlrig; use ray_kwargs.timeline_json_file",
-    "actor_rollout_ref.rollout.profiler.": "verl's profilers are not in rlrig; use ray_kwargs.timeline_json_file",
-    "actor_rollout_ref.ref.profiler.": "verl's profilers are not in rlrig; use ray_kwargs.timeline_json_file",
-    "critic.profiler.": "verl's profilers are not in rlrig; use ray_kwargs.timeline_json_file",
+    # verl's profilers are (global_profiler.*, each role's profiler.*) but for these parts; their defaults are accepted
+    "actor_rollout_ref.rollout.profiler.": "rlrig's rollout engines run inside the training workers, whose recording "
+    "(actor_rollout_ref.actor.profiler) holds the gen phase, as verl's colocated worker's does; a profiler of the "
+    "rollout engines alone (verl's rollout replicas) is not in rlrig",
+    "global_profiler.global_tool_config.nsys.controller_nsight_options.": "rlrig's driver is the process you launch, "
+    "not a Ray actor whose runtime_env Nsight Systems could wrap; run it under `nsys profile` yourself "
+    "(global_tool_config.nsys.worker_nsight_options wrap the workers)",
+    **{
+        f"{p}.profiler.tool_config.npu.": "Ascend NPU profiling is not in rlrig; global_profiler.tool is nsys, torch "
+        "or torch_memory"
+        for p in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
+    },
+    "reward_model.profiler.tool_config.": "the reward model's profiler takes the actor's tool_config (verl's "
+    "default); set actor_rollout_ref.actor.profiler.tool_config",
     "actor_rollout_ref.rollout.trace.": "verl's rollout tracing is not in rlrig",
     "async_training.": "verl's fully asynchronous training (rollout and training on separate pools, stale samples) "
     "is not in rlrig; its steps are synchronous",
@@ -50,35 +58,21 @@ REFUSED_PREFIXES = {
     "trainer.spo.": "the spo recipe's offline values are not in rlrig",
 }
 REFUSED = {
-    # in verl's example scripts only (cispo); verl's own config has no such key and Hydra refuses it there
-    "actor_rollout_ref.model.torch_dtype": "not a key of verl's config; the dtype the weights load in is "
-    "actor_rollout_ref.actor.fsdp_config.model_dtype (ref.fsdp_config.model_dtype, "
-    "critic.model.fsdp_config.model_dtype)",
-    "actor_rollout_ref.actor.calculate_sum_pi_squared": "verl's optimal-token-baseline statistics "
-    "(sum of pi squared, variance_proxy/* metrics) are not in rlrig",
+    "reward_model.profiler.tool_config": "the reward model's profiler takes the actor's tool_config (verl's default); "
+    "set actor_rollout_ref.actor.profiler.tool_config",
     "actor_rollout_ref.hybrid_engine": "rlrig's rollout engines run inside the training workers (verl's hybrid "
     "engine, hybrid_engine=True); rollout on separate workers is not in rlrig",
     "actor_rollout_ref.rollout.multi_turn.enable": "verl's multi-turn and tool-calling rollout is not in rlrig; its "
     "rollout is single-turn",
-    **{
-        f"algorithm.rollout_correction.{k}": "of verl's rollout correction rlrig has the importance weights of the "
-        "decoupled mode (algorithm.rollout_correction.rollout_is=token|sequence, rollout_is_threshold, "
-        "rollout_is_batch_normalize), not rejection sampling or bypass mode"
-        for k in ("rollout_rs", "rollout_rs_threshold", "bypass_mode", "loss_type")
-    },
     "critic.model.lora_rank": "LoRA on the critic is not in rlrig; the critic trains all its weights (the actor's "
     "LoRA is actor_rollout_ref.model.lora_rank)",
     "critic.model.lora_alpha": "LoRA on the critic is not in rlrig (see critic.model.lora_rank)",
     "critic.model.target_modules": "LoRA on the critic is not in rlrig (see critic.model.lora_rank)",
     "critic.model.lora_adapter_path": "LoRA on the critic is not in rlrig (see critic.model.lora_rank)",
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "sequence parallelism (Ulysses) is not in rlrig; each "
-    "sequence stays on one GPU (use_dynamic_bsz bounds the tokens)",
-    "critic.ulysses_sequence_parallel_size": "sequence parallelism (Ulysses) is not in rlrig; each sequence stays on "
-    "one GPU",
-    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": "sequence parallelism (Ulysses) is not in rlrig",
     "reward_model.micro_batch_size": "verl's deprecated global micro batch; set reward_model.micro_batch_size_per_gpu",
     "reward_model.launch_reward_fn_async": "rlrig scores in the step, not asynchronously during the log-prob pass",
-    "reward_model.ulysses_sequence_parallel_size": "sequence parallelism (Ulysses) is not in rlrig",
+    "reward_model.ulysses_sequence_parallel_size": "sequence parallelism for the reward model is not in rlrig (the "
+    "actor's, reference's and critic's are)",
     "reward_model.reward_loop_source": "a reward-loop class of your own is not in rlrig; its reward loop scores "
     "with vLLM in pooling mode",
     "reward_model.reward_loop_module_path": "a reward-loop class of your own is not in rlrig; its reward loop scores "
@@ -90,19 +84,11 @@ REFUSED = {
 }
 # A value rlrig accepts for a key it otherwise refuses: verl's default, which asks for nothing.
 ACCEPTED_DEFAULTS = {
-    # verl's rollout correction defaults: no rejection sampling, no bypass mode
-    "algorithm.rollout_correction.rollout_rs": ("null", "None"),
-    "algorithm.rollout_correction.rollout_rs_threshold": ("null", "None"),
-    "algorithm.rollout_correction.bypass_mode": ("False", "false"),
-    "algorithm.rollout_correction.loss_type": ("ppo_clip",),
     # verl's critic defaults: LoRA off
     "critic.model.lora_rank": ("0",),
     "critic.model.lora_alpha": ("16",),
     "critic.model.target_modules": ("all-linear",),
     "critic.model.lora_adapter_path": ("null", "None"),
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": ("1",),
-    "critic.ulysses_sequence_parallel_size": ("1",),
-    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": ("1",),
     "reward_model.micro_batch_size": ("null", "None"),
     "reward_model.launch_reward_fn_async": ("False", "false"),
     "reward_model.ulysses_sequence_parallel_size": ("1",),
@@ -113,7 +99,6 @@ ACCEPTED_DEFAULTS = {
     "actor_rollout_ref.rollout.multi_turn.enable": ("False", "false"),
     # verl's default: the rollout engine inside the actor's workers, which is how rlrig always runs it
     "actor_rollout_ref.hybrid_engine": ("True", "true"),
-    "actor_rollout_ref.actor.calculate_sum_pi_squared": ("False", "false"),
 }
 
 # Keys of a verl feature that is off: verl reads them only when the feature is on, which rlrig refuses (above),
@@ -181,8 +166,8 @@ _AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
         _each(tuple(f"{p}optim." for p in _TRAINED), {"total_training_steps": "-1"}),
     ),
     (
-        "rlrig's FSDP2 shards every transformer block and the root over all training workers, resharding after each "
-        "forward, with no prefetch, CPU offload policy or HSDP group; fsdp_config.param_offload and optimizer_offload "
+        "rlrig's FSDP2 shards every transformer block and the root (over fsdp_config.fsdp_size workers), resharding "
+        "after each forward, with no prefetch or CPU offload policy; fsdp_config.param_offload and optimizer_offload "
         "are what it takes",
         {
             **_each(
@@ -191,7 +176,6 @@ _AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
                     "wrap_policy.min_num_params": "0",
                     "offload_policy": "False",
                     "reshard_after_forward": "True",
-                    "fsdp_size": "-1",
                     "forward_prefetch": "False",
                     "use_orig_params": "False",
                 },
@@ -210,10 +194,9 @@ _AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
         "verl's new-engine seed and determinism switch; rlrig seeds from trainer.seed",
         _each(_FSDP, {"seed": "42", "full_determinism": "False"}),
     ),
-    ("sequence parallelism (Ulysses) is not in rlrig", _each(_FSDP, {"ulysses_sequence_parallel_size": "1"})),
     (
-        "verl's optimal-token-baseline statistics (sum of pi squared) are not in rlrig",
-        {"actor_rollout_ref.actor.sum_pi_squared_checkpointing": "False"},
+        "verl's new-engine copy of the section's ulysses_sequence_parallel_size, which is rlrig's",
+        _each(_FSDP, {"ulysses_sequence_parallel_size": "1"}),
     ),
     (
         "set by verl itself (True for the reference, which only runs forward passes)",
@@ -435,6 +418,56 @@ _TARGETS = {
     "algorithm.kl_ctrl._target_": "verl.trainer.config.KLControlConfig",
 }
 
+# verl's profiler defaults for the parts rlrig does not have (REFUSED_PREFIXES): the rollout's own profiler as
+# verl's interpolations leave it, the driver's Nsight options, NPU settings
+_PROFILED = ("actor_rollout_ref.actor.", "actor_rollout_ref.ref.", "critic.")
+ACCEPTED_DEFAULTS.update(
+    {
+        **{
+            f"actor_rollout_ref.rollout.profiler.{k}": v
+            for k, v in {
+                "tool": ("null",),
+                "enable": ("False",),
+                "all_ranks": ("False",),
+                "ranks": ("[]",),
+                "save_path": ("null", "outputs/profile"),
+                "tool_config": ("null",),
+            }.items()
+        },
+        "reward_model.profiler.tool_config": ("null",),
+        **{
+            f"global_profiler.global_tool_config.nsys.controller_nsight_options.{k}": (v,)
+            for k, v in {
+                "trace": "cuda,nvtx,cublas,ucx",
+                "cuda-memory-usage": "true",
+                "cuda-graph-trace": "graph",
+            }.items()
+        },
+        **_each(
+            tuple(f"{p}profiler.tool_config.npu." for p in _PROFILED),
+            {"contents": ("[]",), "level": ("level0",), "analysis": ("True",), "discrete": ("False",)},
+        ),
+    }
+)
+_TARGETS.update(
+    {
+        **_each(
+            (*_PROFILED, "actor_rollout_ref.rollout.", "reward_model.", "global_"),
+            {"profiler._target_": "verl.utils.profiler.ProfilerConfig"},
+        ),
+        **_each(
+            tuple(f"{p}profiler.tool_config." for p in _PROFILED),
+            {
+                "nsys._target_": "verl.utils.profiler.config.NsightToolConfig",
+                "npu._target_": "verl.utils.profiler.config.NPUToolConfig",
+                "torch._target_": "verl.utils.profiler.config.TorchProfilerToolConfig",
+                "torch_memory._target_": "verl.utils.profiler.config.TorchMemoryToolConfig",
+            },
+        ),
+        "global_profiler.global_tool_config.nsys._target_": "verl.utils.profiler.config.NsightToolConfig",
+    }
+)
+
 for _why, _keys in _AT_DEFAULT_ONLY:
     for _k, _v in _keys.items():
         REFUSED.setdefault(_k, _why)
@@ -481,11 +514,11 @@ REFUSED.update(
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
         "actor_rollout_ref.actor.optim.lr_decay_style": "Megatron's optimizer key; rlrig's is "
         "actor_rollout_ref.actor.optim.lr_scheduler_type (constant|cosine)",
-        **{
-            f"algorithm.rollout_correction.{k}": "of verl's rollout correction rlrig has the importance weights "
-            "(algorithm.rollout_correction.rollout_is, rollout_is_threshold), not rejection sampling or vetoes"
-            for k in ("rollout_rs_threshold_lower", "rollout_token_veto_threshold")
-        },
+        "algorithm.rollout_correction.rollout_rs_threshold_lower": "not a key of verl's rollout correction (verl "
+        "b178a3c); both bounds go in algorithm.rollout_correction.rollout_rs_threshold (lower_upper for a k1 option)",
+        "algorithm.rollout_correction.rollout_token_veto_threshold": "verl's token veto is not in its rollout "
+        "correction (verl b178a3c); bound each token with algorithm.rollout_correction.rollout_rs=token_k1 (or "
+        "token_k2, token_k3) and rollout_rs_threshold",
         **{
             f"data.{k}": "the prime recipe's accuracy filter is not in rlrig"
             for k in ("accuracy_lower_bound", "accuracy_upper_bound", "filter_accuracy")
@@ -534,6 +567,10 @@ NO_EFFECT.update(
             )
         },
         "actor_rollout_ref.actor.use_fused_kernels": "see actor_rollout_ref.model.use_fused_kernels",
+        "actor_rollout_ref.actor.sum_pi_squared_checkpointing": "verl recomputes sum_pi_squared in the backward "
+        "pass instead of keeping its activations, which saves memory only where a gradient flows through it (verl's "
+        "update pass, which computes it unused); rlrig computes it only in the no-grad old-log-prob pass, a chunk of "
+        "tokens at a time",
         "actor_rollout_ref.rollout.disable_log_stats": "vLLM's own statistics log; rlrig's metrics are the same",
         "reward_model.rollout.disable_log_stats": "vLLM's own statistics log; rlrig's metrics are the same",
         "actor_rollout_ref.rollout.skip_dump_dir": "read by verl only with rollout.skip_rollout=True, which rlrig "
@@ -551,6 +588,11 @@ NO_EFFECT.update(
         },
         "trainer.ray_wait_register_center_timeout": "rlrig has no register-center actor to wait for; "
         "trainer.placement_timeout_s bounds the wait for its workers",
+        **{
+            f"global_profiler.global_tool_config.torch_memory.{k}": "verl reads it nowhere (its torch_memory profiler "
+            "records context='all', stacks='all' with trace_alloc_max_entries and stack_depth), nor does rlrig"
+            for k in ("context", "stacks", "kw_args")
+        },
     }
 )
 

@@ -23,6 +23,11 @@ class Workers:
         return self.pools.get("critic", [])
 
     @property
+    def every(self) -> list:
+        """Every worker: the training workers, then each pool's."""
+        return self.training + [w for ws in self.pools.values() for w in ws]
+
+    @property
     def stateful(self) -> list:
         """Every worker that holds a process group or a reward scorer, for shutdown."""
         return self.training + self.critics
@@ -63,15 +68,17 @@ def start_workers(cfg, model_path: str, rm_path: str | None) -> Workers:
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+    from ..workers import profiling
     from ..workers.base import node_address
     from ..workers.critic_worker import CriticWorker
     from ..workers.ref_worker import RefWorker
     from ..workers.reward_worker import RewardModelWorker
-    from ..workers.training_worker import Peers, TrainingWorker, engine_refusal
+    from ..workers.training_worker import Peers, TrainingWorker, start_refusal
 
     t, use_gpu, cfg_dict = cfg.trainer, cfg.trainer.device == "cuda", cfg.to_dict()
     pools = plan_pools(cfg)
     made = placement.create(pools, t.placement_timeout_s)
+    nsight = profiling.nsight_runtime_env(cfg) if use_gpu else {}  # the workers' only: not the probes' tasks
 
     def opts(k: int, i: int) -> dict:
         """Ray options of worker i of pools[k]: its bundle's resources, in its group."""
@@ -85,7 +92,7 @@ def start_workers(cfg, model_path: str, rm_path: str | None) -> Workers:
             ),
         )
 
-    probe = ray.remote(engine_refusal)
+    probe = ray.remote(start_refusal)
     nodes = range(0, t.nnodes * t.n_gpus_per_node, pools[0].per_node)
     refusals = ray.get([probe.options(**opts(0, i)).remote(cfg_dict, model_path, t.device) for i in nodes])
     if any(refusals):
@@ -96,12 +103,16 @@ def start_workers(cfg, model_path: str, rm_path: str | None) -> Workers:
         if prefix == "critic":  # trained data parallel: a process group of its own
             master = ray.get(ray.remote(node_address).options(**opts(k, 0)).remote())
             actor = ray.remote(CriticWorker)
-            side[prefix] = [actor.options(**opts(k, i)).remote(cfg_dict, i, n, master, model_path) for i in range(n)]
+            side[prefix] = [
+                actor.options(**opts(k, i), **nsight).remote(cfg_dict, i, n, master, model_path) for i in range(n)
+            ]
             continue
         cls, path = {"actor_rollout_ref.ref": (RefWorker, model_path), "reward_model": (RewardModelWorker, rm_path)}[
             prefix
         ]
-        side[prefix] = [ray.remote(cls).options(**opts(k, i)).remote(cfg_dict, path, use_gpu) for i in range(n)]
+        side[prefix] = [
+            ray.remote(cls).options(**opts(k, i), **nsight).remote(cfg_dict, path, use_gpu, i) for i in range(n)
+        ]
     world = t.nnodes * t.n_gpus_per_node
     master = ray.get(ray.remote(node_address).options(**opts(0, 0)).remote())
     pick = lambda prefix, r: side[prefix][r % len(side[prefix])] if prefix in side else None
@@ -109,7 +120,9 @@ def start_workers(cfg, model_path: str, rm_path: str | None) -> Workers:
     training = []
     for r in range(world):
         peers = Peers(pick("reward_model", r), pick("actor_rollout_ref.ref", r), pick("critic", r))
-        training.append(actor.options(**opts(0, r)).remote(cfg_dict, r, world, master, model_path, rm_path, peers))
+        training.append(
+            actor.options(**opts(0, r), **nsight).remote(cfg_dict, r, world, master, model_path, rm_path, peers)
+        )
     return Workers(training, side)
 
 

@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import metrics as M
-from ..config.validation import micro_batch_refusal, rollout_is_refusal
+from ..config.validation import micro_batch_refusal, profiler_device_refusal, rollout_is_refusal
 from ..data.sampler import Sampler
 from ..errors import ConfigError
 from ..model import lora
+from ..workers.profiling import StepWindows, snapshots_after_update
 from . import checkpoint, preemption
 from .launch import Workers, describe_placement, start_workers, uses_gpu
 from .reporting import MetricsLog, progress, rss_gb, say
@@ -106,7 +107,8 @@ def prepare(cfg) -> Run:
         )
     total = t.total_training_steps or sampler.steps_per_epoch() * t.total_epochs
     cfg = with_runtime(cfg, total, "cuda" if uses_gpu(cfg) else "cpu")
-    why = micro_batch_refusal(cfg) if cfg.trainer.device == "cuda" else None  # trainer.device=auto chose GPUs
+    # trainer.device=auto chose GPUs or CPUs
+    why = micro_batch_refusal(cfg) if cfg.trainer.device == "cuda" else profiler_device_refusal(cfg)
     if why:
         raise ConfigError(why)
     out = Path(t.default_local_dir)
@@ -232,12 +234,21 @@ def hf_models(run: Run, state: dict, contents: dict):
     return (lambda d: [job(d) for job in jobs]) if jobs else None
 
 
+def on_every_worker(run: Run, method: str, *args) -> None:
+    import ray
+
+    ray.get([getattr(w, method).remote(*args) for w in run.workers.every])
+
+
 def train_step(run: Run) -> dict:
-    """One step on every worker, validation and a checkpoint when due, and the step's metrics."""
+    """One step on every worker, validation and a checkpoint when due, and the step's metrics; in the steps of
+    global_profiler.steps recorded, validation and checkpoint included, as verl records them."""
     import ray
 
     cfg, t, workers = run.cfg, run.cfg.trainer, run.workers.training
-    total = t.total_training_steps
+    total, windows = t.total_training_steps, StepWindows.of(cfg)
+    if windows.starts(run.step):
+        on_every_worker(run, "start_profile", run.step)
     t0 = time.perf_counter()
     batch = [run.train_rows[i] for i in run.sampler.next()]
     shares = equal_shares(batch, len(workers))
@@ -263,6 +274,10 @@ def train_step(run: Run) -> dict:
             "perf/cpu_memory_used_gb": rss_gb(),
         }
     )
+    if windows.stops(run.step):
+        on_every_worker(run, "stop_profile")
+    if snapshots_after_update(cfg):
+        ray.get([w.after_update.remote(run.step) for w in workers])
     return m
 
 
@@ -280,6 +295,8 @@ def loop(run: Run) -> preemption.StopRequest:
         progress(run.step, total, m, started, first)
     if stop.signum is not None and saved_at != run.step:
         save(run)
+    if StepWindows.of(run.cfg).left_open(run.step):
+        on_every_worker(run, "stop_profile")
     return stop
 
 

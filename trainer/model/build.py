@@ -101,7 +101,7 @@ def trainable(module, device, precision: Precision, optim, checkpointing: bool, 
     cast_buffers(module, precision)
     if checkpointing:
         set_checkpointing(module, True)
-    train = parallel.wrap(module, device, precision)
+    train = parallel.wrap(module, device, precision, fsdp_config.fsdp_size)
     # frozen weights (LoRA's base) get no optimizer state
     opt = torch.optim.AdamW(
         [p for p in module.parameters() if p.requires_grad], lr=optim.lr, weight_decay=optim.weight_decay
@@ -155,7 +155,9 @@ def build(
     if cfg.ref_in_use and not remote_ref and not with_lora:
         ref, ref_prec = load_reference(cfg, path, device, strategy)
         if strategy == "fsdp":
-            parallel.fsdp_shard(ref)  # sharded where it computes; offloaded after
+            parallel.fsdp_shard(
+                ref, fsdp_size=a.ref.fsdp_config.fsdp_size
+            )  # sharded where it computes; offloaded after
         if ref_offload:
             ref.to("cpu")
     critic = build_critic(cfg, path, device) if needs_critic else None

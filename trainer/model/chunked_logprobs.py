@@ -87,3 +87,20 @@ def token_logprobs_and_entropy(
     if not entropy_grad:
         ent = ent.detach()
     return logp.view(shape), ent.view(shape)
+
+
+@torch.no_grad()
+def token_sum_pi_squared(logits: torch.Tensor) -> torch.Tensor:
+    """logits [..., V] -> sum_v p_v^2 [...] in fp32, a chunk of tokens at a time (the optimal token baseline's
+    statistic, computed only in the no-grad old-log-prob pass), as verl's calculate_sum_pi_squared_from_logits:
+
+        sum_v p_v^2 = sum_v exp(2 z_v - 2 lse(z)) = exp(lse(2z) - 2 lse(z))
+    """
+    flat = logits.reshape(-1, logits.shape[-1])
+    out = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
+    step = chunk_tokens(flat.shape[1])
+    for s in range(0, flat.shape[0], step):
+        z = flat[s : s + step].to(torch.float32, copy=True)
+        lse = torch.logsumexp(z, -1)
+        out[s : s + step] = torch.exp(torch.logsumexp(z.mul_(2), -1) - 2 * lse)
+    return out.view(logits.shape[:-1])

@@ -13,8 +13,8 @@ from contextlib import contextmanager
 
 import torch
 
-from . import packing, prefix_grouper
-from .chunked_logprobs import token_logprobs_and_entropy
+from . import packing, prefix_grouper, ulysses
+from .chunked_logprobs import token_logprobs_and_entropy, token_sum_pi_squared
 
 
 @contextmanager
@@ -60,6 +60,25 @@ def response_outputs(model, input_ids, attention_mask, prompt_len, remove_paddin
     return out[:, -resp:], input_ids[:, prompt_len:], None
 
 
+def group_outputs(model, pk: packing.Packed, sp: ulysses.SeqParallel, causal_lm: bool):
+    """Sequence parallel (model/ulysses.py): this rank's outputs at the response positions in its columns, and which
+    of the N response tokens those are ([N] bool, in order)."""
+    mine, local_at = ulysses.local_positions(pk.at - 1, pk.input_ids.shape[1], sp)
+    ids, pos = ulysses.columns(pk.input_ids, sp), ulysses.columns(pk.position_ids, sp)
+    with ulysses.attention_over_group(model, sp, pk.position_ids):
+        if causal_lm:
+            with head_at(model, local_at):
+                return model(input_ids=ids, position_ids=pos, use_cache=False).logits[0], mine
+        return model(input_ids=ids, position_ids=pos, use_cache=False).logits.flatten(0, 1)[local_at], mine
+
+
+def from_group(x: torch.Tensor | None, mine: torch.Tensor, filled: torch.Tensor, sp: ulysses.SeqParallel):
+    """[B, R] from this rank's share of the N response tokens: the group's sum (every rank gets the whole)."""
+    if x is None:
+        return None
+    return packing.unpack(ulysses.group_sum(x.new_zeros(mine.shape).masked_scatter(mine, x), sp), filled)
+
+
 def token_logprobs(
     model,
     input_ids,
@@ -69,25 +88,68 @@ def token_logprobs(
     entropy_grad=True,
     remove_padding=False,
     share_prompts=False,
+    sp: ulysses.SeqParallel | None = None,
 ):
     """Log-probs [B, R] of the response tokens under the model (and the entropy, [B, R]). With
     entropy_coeff 0 the entropy is only a metric: `entropy_grad=False` keeps it out of the backward pass.
-    share_prompts: each distinct prompt computed once (model/prefix_grouper.py)."""
+    share_prompts: each distinct prompt computed once (model/prefix_grouper.py). sp: the sequence-parallel group
+    (needs remove_padding); every rank of it passes the same rows and gets the same result."""
+    args = (with_entropy, entropy_grad, remove_padding, share_prompts, sp)
+    return token_outputs(model, input_ids, attention_mask, prompt_len, *args)[:2]
+
+
+def old_logprobs_and_sum_pi_squared(
+    model, input_ids, attention_mask, prompt_len, remove_padding=False, sp: ulysses.SeqParallel | None = None
+):
+    """No-grad log-probs [B, R] and sum_v pi(v)^2 [B, R] at each response token, from the same logits (the optimal
+    token baseline's inputs); padded, packed or sequence parallel, not with shared prompts."""
+    out = token_outputs(model, input_ids, attention_mask, prompt_len, False, False, remove_padding, False, sp, True)
+    return out[0], out[2]
+
+
+def token_outputs(
+    model,
+    input_ids,
+    attention_mask,
+    prompt_len,
+    with_entropy=False,
+    entropy_grad=True,
+    remove_padding=False,
+    share_prompts=False,
+    sp: ulysses.SeqParallel | None = None,
+    with_sum_pi_squared=False,
+):
+    """token_logprobs' (log-probs, entropy) and sum_v pi(v)^2 [B, R] (or None: with_sum_pi_squared=False)."""
+    spp = token_sum_pi_squared if with_sum_pi_squared else lambda _: None
+    if sp is not None:
+        pk = packing.pack(input_ids, attention_mask, prompt_len, multiple=sp.size)
+        logits, mine = group_outputs(model, pk, sp, causal_lm=True)
+        targets = pk.input_ids.flatten()[pk.at][mine]
+        logp, ent = token_logprobs_and_entropy(logits, targets, with_entropy, entropy_grad)
+        return tuple(from_group(x, mine, pk.filled, sp) for x in (logp, ent, spp(logits)))
     if share_prompts:
+        if with_sum_pi_squared:
+            raise ValueError("sum_pi_squared is not computed with shared prompts (actor.use_prefix_grouper)")
         pieces = [
             token_logprobs_and_entropy(z, y, with_entropy, entropy_grad)
             for z, y in prefix_grouper.response_logits(model, input_ids, attention_mask, prompt_len)
         ]
-        return torch.cat([p[0] for p in pieces], 1), (torch.cat([p[1] for p in pieces], 1) if with_entropy else None)
+        logp = torch.cat([p[0] for p in pieces], 1)
+        return logp, (torch.cat([p[1] for p in pieces], 1) if with_entropy else None), None
     logits, targets, filled = response_outputs(model, input_ids, attention_mask, prompt_len, remove_padding)
     logp, ent = token_logprobs_and_entropy(logits, targets, with_entropy, entropy_grad)
+    outs = (logp, ent, spp(logits))
     if filled is not None:
-        logp, ent = packing.unpack(logp, filled), (packing.unpack(ent, filled) if ent is not None else None)
-    return logp, ent
+        outs = tuple(packing.unpack(x, filled) if x is not None else None for x in outs)
+    return outs
 
 
-def values(critic, input_ids, attention_mask, prompt_len, remove_padding=False):
+def values(critic, input_ids, attention_mask, prompt_len, remove_padding=False, sp: ulysses.SeqParallel | None = None):
     """Critic values [B, R]: the value of the state before each response token."""
+    if sp is not None:
+        pk = packing.pack(input_ids, attention_mask, prompt_len, multiple=sp.size)
+        v, mine = group_outputs(critic, pk, sp, causal_lm=False)
+        return from_group(v.squeeze(-1).float(), mine, pk.filled, sp)
     v, _, filled = response_outputs(critic, input_ids, attention_mask, prompt_len, remove_padding, causal_lm=False)
     v = v.squeeze(-1).float()
     return packing.unpack(v, filled) if filled is not None else v

@@ -77,10 +77,19 @@ class MiniBatches:
     rows: int
 
 
-def per_worker_mini_batch(cfg, world: int) -> int:
-    """Sequences in each worker's share of a mini batch: ppo_mini_batch_size prompts x n samples over the workers."""
+def sequence_parallel(cfg) -> dict[str, int]:
+    """Each role's ulysses_sequence_parallel_size (the reference's unset: the actor's, as verl)."""
     a = cfg.actor_rollout_ref
-    return a.actor.ppo_mini_batch_size * a.rollout.n // world
+    ref = a.ref.ulysses_sequence_parallel_size
+    sp = a.actor.ulysses_sequence_parallel_size
+    return {"actor": sp, "ref": sp if ref is None else ref, "critic": cfg.critic.ulysses_sequence_parallel_size}
+
+
+def per_worker_mini_batch(cfg, world: int) -> int:
+    """Sequences in each worker's share of a mini batch: ppo_mini_batch_size prompts x n samples over the
+    data-parallel groups (the ranks of one sequence-parallel group share their samples, as in verl)."""
+    a = cfg.actor_rollout_ref
+    return a.actor.ppo_mini_batch_size * a.rollout.n // (world // sequence_parallel(cfg)["actor"])
 
 
 def size(part: Part) -> int:
@@ -90,26 +99,34 @@ def size(part: Part) -> int:
 def token_budgets(cfg) -> dict[str, int | None]:
     """The token budget of each pass's micro batches under use_dynamic_bsz (None: by count), with verl's
     defaults: the rollout, reference and critic follow the actor's switch and budget unless set, the reward model the
-    critic's."""
+    critic's. A sequence-parallel group's budget is the sum of its ranks' (verl: max_token_len x sp)."""
     a, r, ref, c = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.ref, cfg.critic
-    rm = cfg.reward_model
+    rm, sp = cfg.reward_model, sequence_parallel(cfg)
     on = lambda flag: a.use_dynamic_bsz if flag is None else flag
-    critic_forward = c.forward_max_token_len_per_gpu or c.ppo_max_token_len_per_gpu
+    critic_forward = (c.forward_max_token_len_per_gpu or c.ppo_max_token_len_per_gpu) * sp["critic"]
     return {
-        "reward_model.forward_max_token_len_per_gpu": (rm.forward_max_token_len_per_gpu or critic_forward)
+        "reward_model.forward_max_token_len_per_gpu": (
+            rm.forward_max_token_len_per_gpu or critic_forward // sp["critic"]
+        )
         if on(rm.use_dynamic_bsz if rm.use_dynamic_bsz is not None else c.use_dynamic_bsz)
         else None,
-        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None,
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": a.ppo_max_token_len_per_gpu * sp["actor"]
+        if a.use_dynamic_bsz
+        else None,
         "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": (
             r.log_prob_max_token_len_per_gpu or a.ppo_max_token_len_per_gpu
         )
+        * sp["actor"]
         if on(r.log_prob_use_dynamic_bsz)
         else None,
         "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": (
             ref.log_prob_max_token_len_per_gpu or a.ppo_max_token_len_per_gpu
         )
+        * sp["ref"]
         if on(ref.log_prob_use_dynamic_bsz)
         else None,
-        "critic.ppo_max_token_len_per_gpu": c.ppo_max_token_len_per_gpu if on(c.use_dynamic_bsz) else None,
+        "critic.ppo_max_token_len_per_gpu": c.ppo_max_token_len_per_gpu * sp["critic"]
+        if on(c.use_dynamic_bsz)
+        else None,
         "critic.forward_max_token_len_per_gpu": critic_forward if on(c.use_dynamic_bsz) else None,
     }

@@ -35,8 +35,11 @@ def first_fit(lengths: list[int], width: int) -> tuple[list[int], list[int], lis
     return row, start, used
 
 
-def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, pad_id: int = 0) -> Packed:
-    dev, width = input_ids.device, input_ids.shape[1]
+def pack(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, pad_id: int = 0, multiple: int = 1
+) -> Packed:
+    """Rows as wide as the padded batch, rounded up to a `multiple` (sequence parallelism splits the columns)."""
+    dev, width = input_ids.device, -(-input_ids.shape[1] // multiple) * multiple
     keep = attention_mask.bool()
     row, start, used = first_fit(attention_mask.sum(1).tolist(), width)
     rank = attention_mask.long().cumsum(1) - 1  # each real token's place within its sequence

@@ -24,12 +24,12 @@ _GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)  # rank 0 get
 _SCATTER = StateDictOptions(full_state_dict=True)  # every rank passes the full state; each keeps its shard
 
 
-def gather_rows(t: torch.Tensor) -> torch.Tensor:
-    """Every rank's rows in rank order (each rank holds as many)."""
+def gather_rows(t: torch.Tensor, group=None) -> torch.Tensor:
+    """Every rank's rows in rank order (each rank holds as many); of `group`'s ranks (None: all)."""
     flag = t.dtype == torch.bool  # not every backend gathers bool
     t = t.to(torch.uint8) if flag else t
-    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, t.contiguous())
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, t.contiguous(), group=group)
     out = torch.cat(parts)
     return out.bool() if flag else out
 
@@ -40,13 +40,28 @@ def broadcast_from_rank0(module: torch.nn.Module) -> None:
         dist.broadcast(t.data, 0)
 
 
-def fsdp_shard(module: torch.nn.Module, mp_policy=None) -> torch.nn.Module:
+def hsdp_mesh(fsdp_size: int, device_type: str):
+    """verl's create_device_mesh: a (replicas, fsdp_size) mesh when fsdp_size is smaller than the world, else None
+    (one shard group of every rank)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = dist.get_world_size()
+    if fsdp_size < 0 or fsdp_size >= world:
+        return None
+    return init_device_mesh(device_type, (world // fsdp_size, fsdp_size), mesh_dim_names=("replicate", "shard"))
+
+
+def fsdp_shard(module: torch.nn.Module, mp_policy=None, fsdp_size: int = -1) -> torch.nn.Module:
     """FSDP2: one unit per transformer block (the classes HF marks as not to be split), then the root;
-    `mp_policy` (a MixedPrecisionPolicy) casts each unit's gathered parameters for its forward."""
+    `mp_policy` (a MixedPrecisionPolicy) casts each unit's gathered parameters for its forward; `fsdp_size` below the
+    world: hybrid sharding (sharded within groups of that many ranks, replicated across them)."""
     from torch.distributed.fsdp import fully_shard
 
     broadcast_from_rank0(module)
     kw = {"mp_policy": mp_policy} if mp_policy is not None else {}
+    mesh = hsdp_mesh(fsdp_size, next(module.parameters()).device.type)
+    if mesh is not None:
+        kw["mesh"] = mesh
     blocks = set(getattr(module, "_no_split_modules", None) or ())
     for sub in module.modules():
         if sub is not module and type(sub).__name__ in blocks:
@@ -55,10 +70,10 @@ def fsdp_shard(module: torch.nn.Module, mp_policy=None) -> torch.nn.Module:
     return module
 
 
-def wrap(module: torch.nn.Module, device: torch.device, precision) -> torch.nn.Module:
+def wrap(module: torch.nn.Module, device: torch.device, precision, fsdp_size: int = -1) -> torch.nn.Module:
     """The module to call for training forwards: a DDP wrapper, or `module` itself sharded in place."""
     if precision.strategy == "fsdp":
-        return fsdp_shard(module, precision.fsdp_policy())
+        return fsdp_shard(module, precision.fsdp_policy(), fsdp_size)
     if precision.strategy == "ddp":
         ddp = torch.nn.parallel.DistributedDataParallel(
             module, device_ids=[device.index] if device.type == "cuda" else None

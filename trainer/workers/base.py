@@ -20,11 +20,12 @@ import torch.distributed as dist
 from ..batch.step_batch import StepBatch
 from ..config.schema import Config, from_dict
 from ..devices import gpu_index
-from ..model import lr_schedule, precision
+from ..model import lr_schedule, precision, ulysses
 from ..model import micro_batches as batching
 from ..model.build import Trainable
 from ..model.forward import in_micro_batches
 from ..model.forward import values as critic_values
+from . import profiling
 from .ppo_update import mean_stats, update_critic
 
 
@@ -101,10 +102,22 @@ def start_rank(
 
 
 class PoolWorker:
+    profiler = profiling.OFF  # a worker that holds a profiled role sets its own (profiling.worker_profiler)
+
     def node_ip(self) -> str:
         import ray
 
         return ray.util.get_node_ip_address()
+
+    # the driver's calls around the steps of global_profiler.steps (profiling.StepWindows)
+    def start_profile(self, step: int) -> None:
+        self.profiler.start(step)
+
+    def stop_profile(self) -> None:
+        self.profiler.stop()
+
+    def after_update(self, step: int) -> None:
+        self.profiler.after_update(step)
 
 
 class RankWorker(PoolWorker):
@@ -119,6 +132,8 @@ class RankWorker(PoolWorker):
         self.device = start_rank(self.cfg, rank, world, master, model_paths)
         self.budgets = batching.token_budgets(self.cfg)
         self.mini = batching.per_worker_mini_batch(self.cfg, world)
+        # each role's sequence-parallel group (model/ulysses.py), None where its sequences are not split
+        self.sp: dict[str, ulysses.SeqParallel | None] = {"actor": None, "ref": None, "critic": None}
 
     def _agree_max(self, k: int) -> int:
         t = torch.tensor([k], device=self.device)
@@ -147,7 +162,9 @@ class RankWorker(PoolWorker):
         def part(sl):
             with critic.precision.autocast():
                 ids, mask = batch.input_ids[sl], batch.attention_mask[sl]
-                return critic_values(critic.module, ids, mask, batch.prompt_len, c.model.use_remove_padding)
+                return critic_values(
+                    critic.module, ids, mask, batch.prompt_len, c.model.use_remove_padding, self.sp["critic"]
+                )
 
         micro = c.forward_micro_batch_size_per_gpu or c.ppo_micro_batch_size_per_gpu
         return in_micro_batches(self._micro_batches(batch, micro, "critic.forward_max_token_len_per_gpu"), part)
@@ -158,7 +175,7 @@ class RankWorker(PoolWorker):
         lr = lr_schedule.lr_at(c.optim, global_step - 1, self.cfg.trainer.total_training_steps)
         lr_schedule.apply(critic.opt, lr)
         plan = self._mini_batches(batch, c.ppo_micro_batch_size_per_gpu, "critic.ppo_max_token_len_per_gpu")
-        return {"critic/lr": lr, **mean_stats(update_critic(critic, batch, self.cfg, plan))}
+        return {"critic/lr": lr, **mean_stats(update_critic(critic, batch, self.cfg, plan, self.sp["critic"]))}
 
     def shutdown(self) -> None:
         # DDP's reducer holds a reference to the process group: freed after the group was destroyed, the Gloo group's

@@ -10,7 +10,7 @@ import torch
 from ..batch.step_batch import StepBatch
 from ..model import offload
 from ..model.build import build_critic
-from . import checkpoint_state
+from . import checkpoint_state, profiling
 from .base import RankWorker
 
 
@@ -19,6 +19,7 @@ class CriticWorker(RankWorker):
 
     def __init__(self, cfg_dict: dict, rank: int, world: int, master: tuple[str, int], model_path: str):
         super().__init__(cfg_dict, rank, world, master, [model_path])
+        self.profiler = profiling.worker_profiler(self.cfg, rank, {"critic": "critic"}, "critic", self.device)
         self.critic = build_critic(self.cfg, model_path, self.device)
         if self.critic.param_offload:
             self.critic.module.to("cpu")
@@ -26,15 +27,17 @@ class CriticWorker(RankWorker):
     @torch.no_grad()
     def values(self, batch: StepBatch) -> torch.Tensor:
         batch = batch.to(self.device)
-        with offload.module_on(self.critic.module, self.device, self.critic.param_offload):
-            return self._values(self.critic, batch).cpu()
+        with self.profiler.phase("values"):
+            with offload.module_on(self.critic.module, self.device, self.critic.param_offload):
+                return self._values(self.critic, batch).cpu()
 
     def update(self, batch: StepBatch, global_step: int) -> dict:
         """The critic's update in the mini and micro batches the training worker's own update would use; the
         stats as the worker reports them."""
         batch = batch.to(self.device)
-        with offload.module_on(self.critic.module, self.device, self.critic.param_offload):
-            return self._update_critic(self.critic, batch, global_step)
+        with self.profiler.phase("update_critic"):
+            with offload.module_on(self.critic.module, self.device, self.critic.param_offload):
+                return self._update_critic(self.critic, batch, global_step)
 
     # checkpoints: the critic's entries of the training workers' state (checkpoint_state), gathered on rank 0
     def state(self) -> dict | None:

@@ -10,12 +10,14 @@ import torch
 
 from ..algos import core_algos as algos
 from ..algos import policy_losses
+from ..algos.bypass_loss import bypass_loss
 from ..batch.step_batch import StepBatch
 from ..model import offload, parallel
 from ..model.build import Trainable
 from ..model.forward import token_logprobs
 from ..model.forward import values as critic_values
 from ..model.micro_batches import MiniBatches, size
+from ..model.ulysses import SeqParallel
 
 
 @contextmanager
@@ -29,15 +31,26 @@ def training(t: Trainable):
         t.opt.zero_grad(set_to_none=True)  # gradients are not held through the next rollout
 
 
-def update_actor(t: Trainable, batch: StepBatch, cfg, plan: MiniBatches):
+def update_actor(
+    t: Trainable,
+    batch: StepBatch,
+    cfg,
+    plan: MiniBatches,
+    allreduce: algos.AllReduce = algos.local,
+    sp: SeqParallel | None = None,
+):
     """Returns the stats (lists per metric) and the log-probs before the first optimizer step: the batch's
-    old_logp, or on-policy (old_logp None) those of the update's own first forwards."""
-    a = cfg.actor_rollout_ref.actor
-    loss_fn = policy_losses.get(a.policy_loss.loss_mode).fn
+    old_logp, or on-policy (old_logp None) those of the update's own first forwards. `allreduce` sums over the
+    workers (bypass mode's batch-normalized weights)."""
+    a, rc = cfg.actor_rollout_ref.actor, cfg.algorithm.rollout_correction
+    loss_fn = bypass_loss(rc, allreduce) if rc.bypass_mode else policy_losses.get(a.policy_loss.loss_mode).fn
     packed = cfg.actor_rollout_ref.model.use_remove_padding
     old_logp, mask, adv, is_w = batch.old_logp, batch.mask, batch.advantages, batch.is_weights
     stats: dict[str, list[float]] = {}
-    first = torch.zeros_like(mask) if old_logp is None else None
+    # one epoch of one mini batch: verl's dp_actor takes the update's own log-probs as the old ones (dp_actor.py:591),
+    # in bypass mode too, where they stand in for the engine's (so there the bypass loss's ratio is 1)
+    own_old = old_logp is None or (rc.bypass_mode and a.ppo_epochs == 1 and len(plan.parts) == 1)
+    first = torch.zeros_like(mask) if own_old else None
     with training(t):
         for _ in range(a.ppo_epochs):
             for micros in plan.parts:
@@ -54,10 +67,11 @@ def update_actor(t: Trainable, batch: StepBatch, cfg, plan: MiniBatches):
                             entropy_grad=a.entropy_coeff != 0,
                             remove_padding=packed,
                             share_prompts=a.use_prefix_grouper,
+                            sp=sp,
                         )
-                    if old_logp is None:  # on-policy: one epoch, one mini batch, so these are the old log-probs
+                    if own_old:  # on-policy: one epoch, one mini batch, so these are the old log-probs
                         first[sl] = logp.detach()
-                    old = old_logp[sl] if old_logp is not None else logp.detach()
+                    old = logp.detach() if own_old else old_logp[sl]
                     pg, extra = loss_fn(old, logp, adv[sl], m, a, a.loss_agg_mode, None if is_w is None else is_w[sl])
                     entropy = algos.agg_loss(ent, m, a.loss_agg_mode)
                     loss = pg - a.entropy_coeff * entropy
@@ -68,14 +82,14 @@ def update_actor(t: Trainable, batch: StepBatch, cfg, plan: MiniBatches):
                         stats.setdefault("actor/kl_loss", []).append(kl.item())
                     (loss * size(sl) / plan.rows).backward()
                     for k, v in (("actor/pg_loss", pg), ("actor/entropy", entropy), *extra.items()):
-                        stats.setdefault(k, []).append(v.item())
+                        stats.setdefault(k, []).append(v.item() if torch.is_tensor(v) else v)  # bypass: floats too
                 stats.setdefault("actor/grad_norm", []).append(parallel.grad_norm(t.module, a.optim.clip_grad))
                 with offload.optimizer_on(t.opt, t.device, t.optimizer_offload):
                     t.opt.step()
-    return stats, (old_logp if old_logp is not None else first)
+    return stats, (first if own_old else old_logp)
 
 
-def update_critic(t: Trainable, batch: StepBatch, cfg, plan: MiniBatches):
+def update_critic(t: Trainable, batch: StepBatch, cfg, plan: MiniBatches, sp: SeqParallel | None = None):
     c = cfg.critic
     mask, packed = batch.mask, c.model.use_remove_padding
     stats: dict[str, list[float]] = {}
@@ -86,7 +100,7 @@ def update_critic(t: Trainable, batch: StepBatch, cfg, plan: MiniBatches):
                 for sl in micros:
                     with t.precision.autocast():
                         v = critic_values(
-                            t.train, batch.input_ids[sl], batch.attention_mask[sl], batch.prompt_len, packed
+                            t.train, batch.input_ids[sl], batch.attention_mask[sl], batch.prompt_len, packed, sp
                         )
                     vf, vclip = algos.value_loss(v, batch.values[sl], batch.returns[sl], mask[sl], c.cliprange_value)
                     (vf * size(sl) / plan.rows).backward()

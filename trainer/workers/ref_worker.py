@@ -12,14 +12,17 @@ from ..model import micro_batches as batching
 from ..model import offload
 from ..model.build import load_reference
 from ..model.forward import in_micro_batches, token_logprobs
+from . import profiling
 from .base import PoolWorker, ensure_local_embedded_model, single_device
 
 
 class RefWorker(PoolWorker):
-    def __init__(self, cfg_dict: dict, model_path: str, use_gpu: bool):
+    def __init__(self, cfg_dict: dict, model_path: str, use_gpu: bool, rank: int = 0):
+        """rank: this worker's place in the reference's pool (which its profiler's ranks choose among)."""
         cfg = from_dict(cfg_dict)
         a = cfg.actor_rollout_ref
         self.device = single_device(use_gpu)
+        self.profiler = profiling.worker_profiler(cfg, rank, {"ref": "ref"}, "ref", self.device)
         ensure_local_embedded_model(model_path)
         self.model, _ = load_reference(cfg, model_path, self.device, "ddp")  # whole here: nothing to shard
         self.offload = a.ref.fsdp_config.param_offload
@@ -41,5 +44,5 @@ class RefWorker(PoolWorker):
             kw = dict(remove_padding=self.packed, share_prompts=self.shared)
             return token_logprobs(self.model, ids[p], mask[p], batch.prompt_len, **kw)[0]
 
-        with offload.module_on(self.model, self.device, self.offload):
+        with self.profiler.phase("ref"), offload.module_on(self.model, self.device, self.offload):
             return in_micro_batches(parts, part).cpu()

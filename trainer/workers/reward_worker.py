@@ -5,16 +5,24 @@ from __future__ import annotations
 
 from ..config.schema import from_dict
 from ..reward.reward_model import make_scorer, scorer_settings
+from . import profiling
 from .base import PoolWorker, single_device
 
 
 class RewardModelWorker(PoolWorker):
-    def __init__(self, cfg_dict: dict, path: str, use_gpu: bool):
+    def __init__(self, cfg_dict: dict, path: str, use_gpu: bool, rank: int = 0):
+        """rank: this worker's place in the reward model's pool (which its profiler's ranks choose among)."""
         cfg = from_dict(cfg_dict)
-        self.scorer = make_scorer(cfg.reward_model, path, single_device(use_gpu), *scorer_settings(cfg))
+        device = single_device(use_gpu)
+        # verl's reward loop has no profiler; its legacy reward-model workers do
+        roles = {} if cfg.reward_model.use_reward_loop else {"reward_model": "reward_model"}
+        self.profiler = profiling.worker_profiler(cfg, rank, roles, "reward_model", device)
+        self.scorer = make_scorer(cfg.reward_model, path, device, *scorer_settings(cfg))
 
     def score_chats(self, chats: list[list[dict]]) -> list[float]:
-        return self.scorer.score_chats(chats)
+        with self.profiler.phase("reward"):
+            return self.scorer.score_chats(chats)
 
     def score_ids(self, seqs: list[list[int]]) -> list[float]:
-        return self.scorer.score_ids(seqs)
+        with self.profiler.phase("reward"):
+            return self.scorer.score_ids(seqs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -9,20 +10,22 @@ from contextlib import contextmanager
 
 class Phases:
     """`with phases("gen"): ...` adds the block's seconds to timing_s/gen. `sync` waits for queued device
-    work first (CUDA runs asynchronously: without it a phase's kernels would be billed to the next one)."""
+    work first (CUDA runs asynchronously: without it a phase's kernels would be billed to the next one). `mark`
+    brackets each phase from outside its timing (the profiler's range or recording: workers/profiling.py)."""
 
-    def __init__(self, sync: Callable[[], None] = lambda: None):
-        self.sync, self.seconds = sync, {}
+    def __init__(self, sync: Callable[[], None] = lambda: None, mark=lambda name: contextlib.nullcontext()):
+        self.sync, self.mark, self.seconds = sync, mark, {}
 
     @contextmanager
     def __call__(self, name: str):
-        self.sync()
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
+        with self.mark(name):
             self.sync()
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+            t0 = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.sync()
+                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
     def metrics(self) -> dict[str, float]:
         return {f"timing_s/{k}": v for k, v in self.seconds.items()}

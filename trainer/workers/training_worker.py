@@ -19,16 +19,18 @@ import torch.distributed as dist
 from .. import metrics as M
 from ..algos import core_algos as algos
 from ..algos import estimators, rollout_correction
+from ..algos.variance_proxy import variance_proxy_metrics
 from ..batch.balance import balance
-from ..batch.exchange import pf_ppo_resample
+from ..batch.exchange import pf_ppo_resample, sequence_parallel_share
 from ..batch.step_batch import StepBatch
-from ..model import build, lora, lr_schedule, offload, parallel
-from ..model.forward import in_micro_batches, token_logprobs
+from ..model import build, lora, lr_schedule, offload, parallel, ulysses
+from ..model.forward import in_micro_batches, old_logprobs_and_sum_pi_squared, token_logprobs
+from ..model.micro_batches import sequence_parallel
 from ..reward.managers import overlong
 from ..reward.rules import reward_fn
 from ..reward.scoring import RewardSource, score, score_batch
 from ..rollout.engines import GREEDY, EngineContext, Sampling, engine_class, make_engine
-from . import checkpoint_state
+from . import checkpoint_state, profiling
 from .base import RankWorker, forked_rngs
 from .ppo_update import mean_stats, update_actor
 from .timing import Phases
@@ -53,16 +55,38 @@ def moe_refusal(model_path: str, load_kwargs: dict, engine_cls) -> str | None:
     return None
 
 
-def engine_refusal(cfg_dict: dict, model_path: str, device: str) -> str | None:
-    """Why a training worker could not start its rollout engine on this node, in one line, or None. The driver
-    runs it as a task on every node before it builds any worker, so no worker is ever left without an engine."""
+def sequence_parallel_refusal(cfg, model_path: str) -> str | None:
+    """Why the actor's or critic's model cannot split its attention heads over its sequence-parallel group."""
+    from transformers import AutoConfig
+
+    a, c, sizes = cfg.actor_rollout_ref, cfg.critic, sequence_parallel(cfg)
+    for key, size, path, model in (
+        ("actor_rollout_ref.actor", sizes["actor"], model_path, a.model),
+        ("critic", sizes["critic"], c.model.path or model_path, c.model if c.model.path else a.model),
+    ):
+        why = (
+            ulysses.head_refusal(AutoConfig.from_pretrained(path, **build.load_kwargs(model)), size)
+            if size > 1
+            else None
+        )
+        if why:
+            return f"{key}.ulysses_sequence_parallel_size={size}: {why}"
+    return None
+
+
+def start_refusal(cfg_dict: dict, model_path: str, device: str) -> str | None:
+    """Why a training worker could not start on this node (its rollout engine; its model's heads under sequence
+    parallelism), in one line, or None. The driver runs it as a task on every node before it builds any worker, so
+    no worker is ever left without an engine."""
     from ..config.schema import from_dict
 
     cfg = from_dict(cfg_dict)
     a = cfg.actor_rollout_ref
     cls = engine_class(a.rollout.name)
     why = moe_refusal(model_path, build.load_kwargs(a.model), cls) or cls.unavailable(device)
-    return f"actor_rollout_ref.rollout.name={a.rollout.name}: {why}" if why else None
+    if why:
+        return f"actor_rollout_ref.rollout.name={a.rollout.name}: {why}"
+    return sequence_parallel_refusal(cfg, model_path)
 
 
 def probs_diff(engine_logp, actor_logp, mask) -> dict:
@@ -77,9 +101,23 @@ def probs_diff(engine_logp, actor_logp, mask) -> dict:
     }
 
 
+def sampled_mask(batch: StepBatch) -> torch.Tensor:
+    """[B, R] float mask of the tokens the engine sampled, as verl reads response lengths (the attention mask):
+    rejection sampling leaves it whole."""
+    return batch.attention_mask[:, batch.prompt_len :].float()
+
+
 def allreduce_sum(t: torch.Tensor) -> torch.Tensor:
     dist.all_reduce(t)
     return t
+
+
+def leader_metrics(metrics: dict, sp: ulysses.SeqParallel | None) -> dict:
+    """The ranks of a sequence-parallel group report the same samples: all but the first leave out the metrics the
+    driver sums (metrics.py), which would count them once per rank."""
+    if sp is None or sp.rank == 0:
+        return metrics
+    return {k: v for k, v in metrics.items() if k == M.TOKENS or M.rule(k) != M.SUM}
 
 
 @dataclass
@@ -116,6 +154,8 @@ class TrainingWorker(RankWorker):
         self.peers = peers = peers or Peers()
         super().__init__(cfg_dict, rank, world, master, [model_path, rm_path if peers.reward_model is None else None])
         cfg, a = self.cfg, self.cfg.actor_rollout_ref
+        group = ulysses.make_groups(rank, world, a.actor.ulysses_sequence_parallel_size)
+        self.sp = {role: group if size > 1 else None for role, size in sequence_parallel(cfg).items()}
         self.estimator = estimators.get(cfg.algorithm.adv_estimator)
         self.tok = build.load_tokenizer(cfg, model_path)
         self.tok.padding_side = "left"
@@ -123,6 +163,8 @@ class TrainingWorker(RankWorker):
             self.tok.pad_token = self.tok.eos_token
         engine_cls = engine_class(a.rollout.name)
         needs_critic = self.estimator.needs_critic and peers.critic is None
+        # before the models: torch_memory records their allocations too
+        self.profiler = profiling.worker_profiler(cfg, rank, self._profiled_roles(needs_critic), "e2e", self.device)
         self.models = build.build(
             cfg,
             model_path,
@@ -157,6 +199,19 @@ class TrainingWorker(RankWorker):
         for t in (self.models.actor, self.models.critic):
             if t is not None and t.param_offload:
                 t.module.to("cpu")  # param_offload: back on the device only for the phases that use it
+
+    def _profiled_roles(self, critic_here: bool) -> dict[str, str]:
+        """The roles whose phases run here -> the role whose profiler records them, in verl's start order: the
+        reference inside a LoRA actor is the actor's (verl's ref_in_actor); verl's reward loop has no profiler."""
+        cfg, rm = self.cfg, self.cfg.reward_model
+        roles = {"actor": "actor"}
+        if cfg.ref_in_use and self.peers.ref is None:
+            roles["ref"] = "actor" if cfg.actor_rollout_ref.model.uses_lora else "ref"
+        if critic_here:
+            roles["critic"] = "critic"
+        if rm.enable and self.peers.reward_model is None and not rm.use_reward_loop:
+            roles["reward_model"] = "reward_model"
+        return roles
 
     def _local_reward_model(self, rm_path: str | None):
         """The reward model when it is held here (reward_model.enable without a pool of its own), else None."""
@@ -214,18 +269,21 @@ class TrainingWorker(RankWorker):
         """One PPO step on this worker's shard of prompts; `global_step` counts from 1."""
         cfg, m = self.cfg, self.models
         plan = StepPlan(global_step, kl_coef, global_step >= cfg.trainer.critic_warmup)
-        phases = Phases(self._sync_device)
+        phases = Phases(self._sync_device, self.profiler.phase)
         batch = self._rollout(phases, rows, plan)
         balanced = {}
         if cfg.trainer.balance_batch:
             with phases("balance"):
                 batch, balanced = balance(batch, cfg.actor_rollout_ref.rollout.n, self.tok.pad_token_id)
+        if self.sp["actor"] is not None:
+            with phases("sp_share"):  # the group's ranks then train on the same samples, each on its columns
+                batch = sequence_parallel_share(batch, self.sp["actor"], self.tok.pad_token_id)
         actor_on = offload.module_on(m.actor.module, self.device, m.actor.param_offload)
         critic_on = offload.module_on(m.critic.module, self.device, m.critic.param_offload) if m.critic else None
         # param_offload: the actor is on the device from its log-prob pass to the weight sync, the critic from
         # its values to its update; both in host memory through generation and scoring
         with actor_on, critic_on or contextlib.nullcontext():
-            return {**self._train(phases, batch, plan), **balanced}
+            return leader_metrics({**self._train(phases, batch, plan), **balanced}, self.sp["actor"])
 
     def _rollout(self, phases: Phases, rows: list[dict], plan: StepPlan) -> StepBatch:
         """Generation and scoring: n samples of each prompt with their scores (and ReMax's greedy baselines)."""
@@ -264,30 +322,45 @@ class TrainingWorker(RankWorker):
             with phases("update_weights"):
                 self._sync_engine()  # the next rollout samples from the new policy
         actor_logp = actor_logp if actor_logp is not None else batch.old_logp
-        if batch.engine_logp is not None and actor_logp is not None:
-            out.update(probs_diff(batch.engine_logp, actor_logp, batch.mask))
+        compared = not cfg.algorithm.rollout_correction.bypass_mode  # in verl's old-log-prob pass, which bypass skips
+        if batch.engine_logp is not None and actor_logp is not None and compared:
+            out.update(probs_diff(batch.engine_logp, actor_logp, sampled_mask(batch)))
+        if batch.sum_pi_squared is not None:  # verl's variance_proxy/*, after the update, for any estimator
+            args = (batch.mask, batch.is_weights, stats.get("actor/grad_norm"), self._batch_sum)
+            out.update(variance_proxy_metrics(batch.advantages, batch.old_logp, batch.sum_pi_squared, *args))
         return {**out, **stats, **self._metrics(batch), **phases.metrics()}
+
+    def _batch_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """The sum over the whole batch of every worker's share (batch statistics): the ranks of a sequence-parallel
+        group hold the same samples, so the sum over all workers counts them once per rank."""
+        t = allreduce_sum(t)
+        sp = self.sp["actor"]
+        return t / sp.size if sp is not None else t
 
     def _on_policy(self, batch: StepBatch, plan: StepPlan) -> bool:
         """One epoch and one mini batch, so one optimizer step after all the forwards: the update's own first
-        forward yields the old log-probs, and the extra pass is skipped, as verl and TRL do."""
+        forward yields the old log-probs, and the extra pass is skipped, as verl and TRL do. Not with
+        calculate_sum_pi_squared: the pass also yields sum_pi_squared, which the advantages may need."""
         cfg, a = self.cfg, self.cfg.actor_rollout_ref.actor
         return (
             a.ppo_epochs == 1
+            and not a.calculate_sum_pi_squared
             and self.mini >= len(batch)
             and not cfg.algorithm.use_kl_in_reward
             and plan.update_actor
             and not cfg.algorithm.rollout_correction.rollout_is
+            and not cfg.algorithm.rollout_correction.rollout_rs
         )
 
     def _forward_passes(self, phases: Phases, batch: StepBatch, plan: StepPlan) -> StepBatch:
         """The no-grad passes over the samples: the actor's old log-probs, the reference's, the critic's values."""
         a, m, peers = self.cfg.actor_rollout_ref, self.models, self.peers
-        with phases("old_log_prob"):
-            if not self._on_policy(batch, plan):
-                key = "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"
-                micro = a.rollout.log_prob_micro_batch_size_per_gpu
-                batch = batch.replace(old_logp=self._logprobs(m.actor.module, batch, micro, m.actor.precision, key))
+        if self.cfg.algorithm.rollout_correction.bypass_mode:  # verl's apply_bypass_mode: the engine's, no pass
+            batch = batch.replace(old_logp=batch.engine_logp)
+        else:
+            with phases("old_log_prob"):
+                if not self._on_policy(batch, plan):
+                    batch = self._old_logprobs(batch)
         ref_key, ref_micro = (
             "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
             a.ref.log_prob_micro_batch_size_per_gpu,
@@ -300,10 +373,11 @@ class TrainingWorker(RankWorker):
                 batch = batch.replace(ref_logp=ref_logp)
         elif m.ref is not None:
             with phases("ref"), offload.module_on(m.ref, self.device, m.ref_offload):
-                batch = batch.replace(ref_logp=self._logprobs(m.ref, batch, ref_micro, m.ref_precision, ref_key))
+                ref_logp = self._logprobs(m.ref, batch, ref_micro, m.ref_precision, ref_key, self.sp["ref"])
+                batch = batch.replace(ref_logp=ref_logp)
         elif m.ref_in_actor:
             with phases("ref"), m.actor.module.disable_adapter():
-                ref_logp = self._logprobs(m.actor.module, batch, ref_micro, m.actor.precision, ref_key)
+                ref_logp = self._logprobs(m.actor.module, batch, ref_micro, m.actor.precision, ref_key, self.sp["ref"])
                 batch = batch.replace(ref_logp=ref_logp)
         if peers.critic is not None:
             import ray
@@ -316,7 +390,30 @@ class TrainingWorker(RankWorker):
                 batch = batch.replace(values=self._values(m.critic, batch) * batch.mask)
         return batch
 
-    def _logprobs(self, module, batch: StepBatch, micro: int | None, prec, budget_key: str) -> torch.Tensor:
+    def _old_logprobs(self, batch: StepBatch) -> StepBatch:
+        """The actor's no-grad log-probs before the update (and, with calculate_sum_pi_squared, sum_v pi(v)^2 from
+        the same logits, as verl's old-log-prob pass)."""
+        a, actor = self.cfg.actor_rollout_ref, self.models.actor
+        key = "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"
+        micro = a.rollout.log_prob_micro_batch_size_per_gpu
+        if not a.actor.calculate_sum_pi_squared:
+            old_logp = self._logprobs(actor.module, batch, micro, actor.precision, key, self.sp["actor"])
+            return batch.replace(old_logp=old_logp)
+
+        def part(rows):
+            ids, mask, remove_padding = batch.input_ids[rows], batch.attention_mask[rows], a.model.use_remove_padding
+            with actor.precision.autocast():
+                logp, spp = old_logprobs_and_sum_pi_squared(
+                    actor.module, ids, mask, batch.prompt_len, remove_padding, self.sp["actor"]
+                )
+            return torch.stack((logp, spp), 1)
+
+        both = in_micro_batches(self._micro_batches(batch, micro, key), part)
+        return batch.replace(old_logp=both[:, 0], sum_pi_squared=both[:, 1])
+
+    def _logprobs(
+        self, module, batch: StepBatch, micro: int | None, prec, budget_key: str, sp: ulysses.SeqParallel | None = None
+    ) -> torch.Tensor:
         """No-grad log-probs in micro batches; `module` is the bare model (under DDP, the wrapper's
         forward would broadcast buffers: a collective for a pass that needs none)."""
         a = self.cfg.actor_rollout_ref
@@ -330,18 +427,22 @@ class TrainingWorker(RankWorker):
                     batch.prompt_len,
                     remove_padding=a.model.use_remove_padding,
                     share_prompts=a.actor.use_prefix_grouper,
+                    sp=sp,
                 )[0]
 
         return in_micro_batches(self._micro_batches(batch, micro, budget_key), part)
 
     def _advantages(self, batch: StepBatch, plan: StepPlan) -> tuple[StepBatch, dict]:
-        """Token rewards (minus the KL penalty when it is in the reward), advantages and returns, and rollout
-        correction's importance weights."""
+        """Token rewards (minus the KL penalty when it is in the reward), rollout correction, advantages and
+        returns."""
         al, out = self.cfg.algorithm, {}
         rewards = batch.token_scores
         if al.use_kl_in_reward:
             args = (batch.old_logp, batch.ref_logp, batch.mask, plan.kl_coef, al.kl_penalty)
             rewards, out["actor/reward_kl_penalty"] = algos.apply_kl_in_reward(batch.token_scores, *args)
+        if not al.rollout_correction.bypass_mode:  # bypass mode corrects in the loss, per micro batch
+            batch, corr = self._rollout_correction(batch)
+            out.update(corr)
         adv_in = estimators.AdvantageInput(
             rewards,
             batch.mask,
@@ -350,23 +451,29 @@ class TrainingWorker(RankWorker):
             al.gamma,
             al.lam,
             al.norm_adv_by_std_in_grpo,
-            allreduce_sum,
+            self._batch_sum,
             batch.baselines,
+            batch.old_logp,
+            batch.sum_pi_squared,
+            batch.is_weights,
         )
         advantages, returns = self.estimator.fn(adv_in)
-        batch = batch.replace(rewards=rewards, advantages=advantages, returns=returns)
-        rc = al.rollout_correction
-        if rc.rollout_is:  # between the policy that trains (old log-probs) and the engine that sampled
-            is_w, corr = rollout_correction.is_weights(
-                batch.old_logp,
-                batch.engine_logp,
-                batch.mask,
-                rc.rollout_is,
-                rc.rollout_is_threshold,
-                rc.rollout_is_batch_normalize,
-                allreduce_sum,
-            )
+        return batch.replace(rewards=rewards, advantages=advantages, returns=returns), out
+
+    def _rollout_correction(self, batch: StepBatch) -> tuple[StepBatch, dict]:
+        """verl's decoupled rollout correction, once per batch between the old log-probs and the engine's: the
+        importance weights (rollout_is), and rejection sampling (rollout_rs), whose rejected tokens leave the response
+        mask and with it the advantages and the critic's and actor's losses (not the response lengths)."""
+        rc, out = self.cfg.algorithm.rollout_correction, {}
+        if rc.rollout_is:
+            args = (rc.rollout_is, rc.rollout_is_threshold, rc.rollout_is_batch_normalize, self._batch_sum)
+            is_w, corr = rollout_correction.is_weights(batch.old_logp, batch.engine_logp, batch.mask, *args)
             batch = batch.replace(is_weights=is_w)
+            out.update(corr)
+        if rc.rollout_rs:
+            rs = (rc.rollout_rs, rc.rollout_rs_threshold)
+            kept, corr = rollout_correction.rejection_mask(batch.old_logp, batch.engine_logp, batch.response_mask, *rs)
+            batch = batch.replace(response_mask=kept)
             out.update(corr)
         return batch, out
 
@@ -388,7 +495,7 @@ class TrainingWorker(RankWorker):
                 lr_schedule.apply(m.actor.opt, out["actor/lr"])
                 key = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
                 mini_batches = self._mini_batches(batch, a.actor.ppo_micro_batch_size_per_gpu, key)
-                stats, actor_logp = update_actor(m.actor, batch, cfg, mini_batches)
+                stats, actor_logp = update_actor(m.actor, batch, cfg, mini_batches, self._batch_sum, self.sp["actor"])
                 out.update(mean_stats(stats))
         if remote_critic is not None:
             import ray
@@ -398,7 +505,7 @@ class TrainingWorker(RankWorker):
         return out, actor_logp
 
     def _metrics(self, batch: StepBatch) -> dict:
-        mask, lengths = batch.mask, batch.mask.sum(-1)
+        mask, lengths = batch.mask, sampled_mask(batch).sum(-1)
         out = {
             "critic/score/mean": batch.scores.mean().item(),
             "critic/score/max": batch.scores.max().item(),

@@ -16,8 +16,9 @@ MODEL = "actor_rollout_ref.model.path=/m"
     "name,critic,groups,greedy",
     [
         ("gae", True, False, False),
-        ("grpo", False, True, False),
-        ("rloo", False, True, False),
+        ("grpo", False, False, False),  # a group of one: baseline 0, as verl
+        ("rloo", False, False, False),
+        ("grpo_passk", False, True, False),  # verl raises below 2 samples
         ("reinforce_plus_plus", False, False, False),
         ("remax", False, False, True),
     ],

@@ -7,6 +7,7 @@ from . import (  # noqa: E402,F401  (each registers itself)
     grpo,
     grpo_passk,
     opo,
+    optimal_token_baseline,
     reinforce_pp,
     reinforce_pp_baseline,
     remax,

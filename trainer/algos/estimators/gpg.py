@@ -24,6 +24,6 @@ def gpg_advantages(scores, mask, index, allreduce: AllReduce = local, f_norm: fl
     return adv.unsqueeze(-1) * mask, adv.unsqueeze(-1) * mask
 
 
-@register("gpg", needs_groups=True)
+@register("gpg")
 def compute(x: AdvantageInput):
     return gpg_advantages(x.token_rewards.sum(-1), x.mask, x.index, x.allreduce)

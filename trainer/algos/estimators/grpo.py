@@ -39,6 +39,6 @@ def grpo_advantages(scores, mask, index, norm_by_std: bool = True):
     return adv.unsqueeze(-1) * mask, adv.unsqueeze(-1) * mask
 
 
-@register("grpo", needs_groups=True)
+@register("grpo")
 def compute(x: AdvantageInput):
     return grpo_advantages(x.token_rewards.sum(-1), x.mask, x.index, x.norm_adv_by_std_in_grpo)

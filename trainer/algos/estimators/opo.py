@@ -18,6 +18,6 @@ def opo_advantages(scores, mask, index):
     return adv.unsqueeze(-1) * mask, adv.unsqueeze(-1) * mask
 
 
-@register("opo", needs_groups=True)
+@register("opo")
 def compute(x: AdvantageInput):
     return opo_advantages(x.token_rewards.sum(-1), x.mask, x.index)

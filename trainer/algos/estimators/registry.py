@@ -25,6 +25,9 @@ class AdvantageInput:
     norm_adv_by_std_in_grpo: bool
     allreduce: AllReduce  # sums over every worker's shard: batch statistics over the whole batch
     baselines: torch.Tensor | None = None  # [B]: the greedy response's reward of each sample's prompt, where declared
+    old_logp: torch.Tensor | None = None  # [B, R]: the actor's log-probs before the update
+    sum_pi_squared: torch.Tensor | None = None  # [B, R]: sum_v pi(v)^2 at each response token, where declared
+    is_weights: torch.Tensor | None = None  # [B, R]: rollout correction's importance weights (rollout_is)
 
 
 @dataclass(frozen=True)
@@ -32,20 +35,31 @@ class Estimator:
     name: str
     fn: Callable[[AdvantageInput], tuple[torch.Tensor, torch.Tensor]]  # -> (advantages, returns), both [B, R]
     needs_critic: bool = False  # a value model is built and trained
-    needs_groups: bool = False  # compares the n samples of one prompt: rollout.n >= 2
+    # fails with fewer than 2 samples of a prompt (verl raises): rollout.n >= 2. The other group estimators take
+    # a group of one as verl does (baseline 0), so verl's n=1 commands run unchanged
+    needs_groups: bool = False
     needs_greedy_baseline: bool = (
         False  # each prompt's greedy response is generated and scored (AdvantageInput.baselines)
     )
+    # the old-log-prob pass also yields sum_pi_squared (actor.calculate_sum_pi_squared=True, as verl asserts)
+    needs_sum_pi_squared: bool = False
 
 
 ESTIMATORS: dict[str, Estimator] = {}
 
 
-def register(name: str, *, needs_critic: bool = False, needs_groups: bool = False, needs_greedy_baseline: bool = False):
+def register(
+    name: str,
+    *,
+    needs_critic: bool = False,
+    needs_groups: bool = False,
+    needs_greedy_baseline: bool = False,
+    needs_sum_pi_squared: bool = False,
+):
     def deco(fn):
         if name in ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is registered twice")
-        ESTIMATORS[name] = Estimator(name, fn, needs_critic, needs_groups, needs_greedy_baseline)
+        ESTIMATORS[name] = Estimator(name, fn, needs_critic, needs_groups, needs_greedy_baseline, needs_sum_pi_squared)
         return fn
 
     return deco

@@ -15,6 +15,6 @@ def reinforce_pp_baseline_advantages(scores, mask, index, allreduce: AllReduce =
     return adv, adv
 
 
-@register("reinforce_plus_plus_baseline", needs_groups=True)
+@register("reinforce_plus_plus_baseline")
 def compute(x: AdvantageInput):
     return reinforce_pp_baseline_advantages(x.token_rewards.sum(-1), x.mask, x.index, x.allreduce)

@@ -20,6 +20,6 @@ def rloo_advantages(scores, mask, index):
     return adv.unsqueeze(-1) * mask, adv.unsqueeze(-1) * mask
 
 
-@register("rloo", needs_groups=True)
+@register("rloo")
 def compute(x: AdvantageInput):
     return rloo_advantages(x.token_rewards.sum(-1), x.mask, x.index)

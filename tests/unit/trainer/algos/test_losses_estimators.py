@@ -96,6 +96,13 @@ def est(name, scores, mask, index, norm=True):
         ("grpo_passk", [1.0, 0.5, 0.0], [[1.0]] * 3, [0, 0, 0], False, [0.5, 0.0, 0.0]),
         # alpha = 4 samples / 1 non-zero = 4; centred [0.75, -0.25, -0.25, -0.25] x 4
         ("gpg", [1.0, 0.0, 0.0, 0.0], [[1.0]] * 4, [0, 0, 0, 0], True, [3.0, -1.0, -1.0, -1.0]),
+        # rollout.n=1, as verl: a group of one has baseline 0 (GRPO: mean 0, std 1 -> s / (1 + 1e-6))
+        ("grpo", [0.5, 1.0], [[1.0]] * 2, [0, 1], True, [0.5 / (1 + 1e-6), 1.0 / (1 + 1e-6)]),
+        ("grpo", [0.5, 1.0], [[1.0]] * 2, [0, 1], False, [0.5, 1.0]),
+        ("rloo", [0.5, 1.0], [[1.0]] * 2, [0, 1], True, [0.5, 1.0]),
+        ("opo", [0.5, 1.0], [[1.0]] * 2, [0, 1], True, [0.5, 1.0]),
+        # gpg: alpha = 2 samples / 2 non-zero = 1, groups of one keep their scores
+        ("gpg", [0.5, 1.0], [[1.0]] * 2, [0, 1], True, [0.5, 1.0]),
     ],
 )
 def test_estimators(name, scores, mask, index, norm, first_token):
@@ -125,9 +132,10 @@ def test_remax_by_hand(rewards, mask, baselines, advantages, returns):
 def test_every_registered_name_is_accepted_by_config():
     from rlrig.trainer.config.overrides import parse_overrides
 
-    for name in estimators.ESTIMATORS:
+    for name, est in estimators.ESTIMATORS.items():
+        spp = f"actor_rollout_ref.actor.calculate_sum_pi_squared={est.needs_sum_pi_squared}"
         parse_overrides(
-            ["actor_rollout_ref.model.path=/m", f"algorithm.adv_estimator={name}", "actor_rollout_ref.rollout.n=2"]
+            ["actor_rollout_ref.model.path=/m", f"algorithm.adv_estimator={name}", "actor_rollout_ref.rollout.n=2", spp]
         )
     for name in policy_losses.POLICY_LOSSES:
         parse_overrides(["actor_rollout_ref.model.path=/m", f"actor_rollout_ref.actor.policy_loss.loss_mode={name}"])

@@ -146,7 +146,7 @@ BAD = [
         ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.n_gpus_per_node=3"],
         "cannot be split",
     ),
-    (["actor_rollout_ref.rollout.n=1", "algorithm.adv_estimator=grpo"], "rollout.n to 2"),
+    (["actor_rollout_ref.rollout.n=1", "algorithm.adv_estimator=grpo_passk"], "rollout.n to 2"),
     (["trainer.resume_mode=resume_path"], "resume_from_path"),
     (["novalue"], "not KEY=VALUE"),
     (["data.filter_overlong_prompts=maybe"], "expected True or False"),
@@ -162,7 +162,8 @@ BAD = [
     (["algorithm.kl_ctrl.horizon=0"], "horizon=0 must be at least 1"),
     (
         ["algorithm.adv_estimator=nope"],
-        "choose one of gae, grpo, gpg, grpo_passk, opo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, rloo",
+        "choose one of gae, grpo, gpg, grpo_passk, opo, optimal_token_baseline, tir_optimal_token_baseline, "
+        "reinforce_plus_plus, reinforce_plus_plus_baseline, remax, rloo",
     ),
     (["actor_rollout_ref.actor.policy_loss.loss_mode=ppo"], "choose one of vanilla, cispo, clip_cov"),
     (

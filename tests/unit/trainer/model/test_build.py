@@ -54,3 +54,27 @@ def test_model_dtype_is_the_dtype_the_weights_load_in():
     assert {p.dtype for p in ref.parameters()} == {torch.bfloat16}
     ref, _ = load_reference(parse_overrides(["trainer.device=cpu"]), path, torch.device("cpu"), "ddp")
     assert {p.dtype for p in ref.parameters()} == {torch.float32}
+
+
+def test_model_torch_dtype_loads_the_actor_and_reference_in_it():
+    """actor_rollout_ref.model.torch_dtype (verl's cispo example): both models built from actor_rollout_ref.model
+    load in that dtype; set beside a different fsdp_config.model_dtype it is refused."""
+    import pytest
+
+    from rlrig.trainer.config.overrides import parse_overrides
+    from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
+    from rlrig.trainer.errors import ConfigError
+    from rlrig.trainer.model.build import load_reference
+    from rlrig.trainer.model.precision import resolve
+
+    path = ensure_tiny_model()
+    cfg = parse_overrides(["trainer.device=cpu", "actor_rollout_ref.model.torch_dtype=bfloat16"])
+    ref, _ = load_reference(cfg, path, torch.device("cpu"), "ddp")
+    assert {p.dtype for p in ref.parameters()} == {torch.bfloat16}
+    assert resolve(cfg.actor_rollout_ref.actor.fsdp_config, "cpu", "ddp", "actor").model_dtype == torch.bfloat16
+    with pytest.raises(ConfigError, match="keep one"):
+        parse_overrides(
+            ["actor_rollout_ref.model.torch_dtype=bf16", "actor_rollout_ref.ref.fsdp_config.model_dtype=fp32"]
+        )
+    with pytest.raises(ConfigError, match="torch_dtype='fp16': choose one of"):
+        parse_overrides(["actor_rollout_ref.model.torch_dtype=fp16"])

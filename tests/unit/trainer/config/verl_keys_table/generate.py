@@ -4,8 +4,8 @@ names verl's examples and recipes still pass as overrides.
 verl commit b178a3cd56f58b2d502255daba591e92833930a7 (verl-recipe 21892b9276936efab5375c3f6b8415e472ef7118, the
 submodule at that commit). At a new pin: update the two commits here and run
 
-    python tests/unit/trainer/config/verl_keys_table/generate.py /work/.mirror/volcengine+verl/repo \
-        [/work/.mirror/verl-project+verl-recipe/repo]
+    python tests/unit/trainer/config/verl_keys_table/generate.py /path/to/verl \
+        [/path/to/verl-recipe]
 
 (bare git directories or checkouts), then test_verl_keys_table.py says which new keys need a decision in
 trainer/config/verl_keys.py.

@@ -1,0 +1,56 @@
+"""verl's torch profiler through `rlrig train` on two CPU workers: the chosen rank writes one chrome trace for the
+window of steps, and no other rank or step writes one (about 30 s)."""
+
+import gzip
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def test_the_chosen_rank_writes_one_trace_for_its_window_of_steps(tmp_path):
+    prof = tmp_path / "profile"
+    args = [
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.n=2",
+        "data.train_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "data.max_response_length=8",
+        "trainer.device=cpu",
+        "trainer.n_gpus_per_node=2",
+        "trainer.total_training_steps=3",
+        "trainer.val_before_train=False",
+        f"trainer.default_local_dir={tmp_path / 'run'}",
+        "global_profiler.tool=torch",
+        "global_profiler.steps=[2,3]",
+        "global_profiler.profile_continuous_steps=True",
+        f"global_profiler.save_path={prof}",
+        "actor_rollout_ref.actor.profiler.enable=True",
+        "actor_rollout_ref.actor.profiler.ranks=[1]",
+    ]
+    env = {**os.environ, "RLRIG_RAY_PORT": str(free_port())}  # beside any other run's head on this machine
+    r = subprocess.run(
+        [sys.executable, "-m", "rlrig.entrypoint.cli", "train", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(str(p.relative_to(prof)) for p in prof.rglob("*") if p.is_file()) == ["e2e/step2_prof_rank-1.json.gz"]
+    with gzip.open(prof / "e2e/step2_prof_rank-1.json.gz") as f:
+        events = json.load(f)["traceEvents"]
+    phases = [e["name"] for e in events if e.get("cat") == "user_annotation" and e["name"] == "update_actor"]
+    assert len(phases) == 2  # steps 2 and 3 in the one trace
+    assert sum(e.get("cat") == "cpu_op" for e in events) > 100

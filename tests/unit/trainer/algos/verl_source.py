@@ -1,0 +1,24 @@
+"""verl's own source at the pinned commit, for the scripts that record its functions' outputs as fixtures
+(verl_*_golden.py): read from a git directory of verl, never at test time."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+
+VERL_COMMIT = "b178a3cd56f58b2d502255daba591e92833930a7"
+
+
+def git_show(repo: str, path: str) -> str:
+    return subprocess.run(
+        ["git", "-C", repo, "show", f"{VERL_COMMIT}:{path}"], check=True, capture_output=True, text=True
+    ).stdout
+
+
+def cut(source: str, names: set[str]) -> str:
+    """The top-level functions named, without their decorators."""
+    tree = ast.parse(source)
+    found = {n.name: ast.get_source_segment(source, n) for n in tree.body if isinstance(n, ast.FunctionDef)}
+    missing = names - set(found)
+    assert not missing, missing
+    return "\n\n\n".join(found[n] for n in sorted(names))

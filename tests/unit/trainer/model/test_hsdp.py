@@ -1,0 +1,73 @@
+"""fsdp_config.fsdp_size (verl's create_device_mesh): below the world, FSDP2 shards within groups of that many ranks
+and replicates across them; -1 or the world shards over every rank. Two ranks in a real Gloo group."""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _rank(rank, world, port, out_dir, fsdp_size):
+    from rlrig.trainer.model.parallel import fsdp_shard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    module = fsdp_shard(torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Linear(6, 2)), fsdp_size=fsdp_size)
+    w = module[0].weight
+    torch.save(
+        {"mesh": tuple(w.device_mesh.shape), "local_rows": w.to_local().shape[0], "placements": str(w.placements)},
+        os.path.join(out_dir, f"{rank}.pt"),
+    )
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    "fsdp_size, mesh, local_rows, placement",
+    [
+        (1, (2, 1), 6, "Replicate"),  # groups of one: each rank holds the whole weight, replicated
+        (-1, (2,), 3, "Shard"),  # every rank: half the rows each
+        (2, (2,), 3, "Shard"),  # the world itself
+    ],
+)
+def test_fsdp_size_sets_the_shard_group(tmp_path, fsdp_size, mesh, local_rows, placement):
+    from rlrig.trainer.workers.base import free_port
+
+    mp.spawn(_rank, args=(2, free_port(), str(tmp_path), fsdp_size), nprocs=2)
+    for r in range(2):
+        got = torch.load(tmp_path / f"{r}.pt")
+        assert got["mesh"] == mesh and got["local_rows"] == local_rows and placement in got["placements"]
+
+
+@pytest.mark.parametrize(
+    "extra, refusal",
+    [
+        (["actor_rollout_ref.actor.fsdp_config.fsdp_size=2"], None),
+        (["actor_rollout_ref.actor.fsdp_config.fsdp_size=8"], None),  # at least the workers: all of them
+        (["actor_rollout_ref.actor.fsdp_config.fsdp_size=3"], "does not divide the 4 workers"),
+        (["actor_rollout_ref.actor.fsdp_config.fsdp_size=0"], "must be -1 or at least 1"),
+        (["actor_rollout_ref.actor.strategy=ddp", "critic.model.fsdp_config.fsdp_size=2"], "DDP keeps whole replicas"),
+        (
+            [
+                "actor_rollout_ref.actor.use_kl_loss=True",
+                "actor_rollout_ref.ref.enable_resource_pool=True",
+                "actor_rollout_ref.ref.nnodes=1",
+                "actor_rollout_ref.ref.n_gpus_per_node=1",
+                "actor_rollout_ref.ref.fsdp_config.fsdp_size=2",
+            ],
+            "the reference's own pool holds whole copies",
+        ),
+    ],
+)
+def test_fsdp_size_config(extra, refusal):
+    from rlrig.trainer.config.overrides import parse_overrides
+    from rlrig.trainer.errors import ConfigError
+
+    base = ["trainer.n_gpus_per_node=4"]
+    if refusal is None:
+        parse_overrides([*base, *extra])
+        return
+    with pytest.raises(ConfigError, match=refusal):
+        parse_overrides([*base, *extra])

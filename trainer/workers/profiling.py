@@ -1,0 +1,331 @@
+"""verl's profilers (global_profiler.*, each role's profiler.*): the steps of global_profiler.steps recorded by the
+workers whose rank a role they hold chooses, with the tool global_profiler.tool names.
+
+The driver opens and closes windows of steps (StepWindows, as verl's ray_trainer.py fit:1350-1370, 1657-1669) on
+every worker; a worker's WorkerProfiler starts and stops its tool there and brackets each phase of the step
+(verl's DistProfiler.annotate). A process records when one of the roles it holds chooses its rank (verl's
+colocated roles share one process and its one profiler, verl/utils/profiler/torch_profile.py:105-128). One class
+per tool, registered by name. Where the files go (save_path: the role's, else global_profiler.save_path; N: the
+step the recording began at):
+
+  torch                 {save_path}/{e2e|critic|ref|reward_model}/stepN_prof_rank-{rank}.json.gz, a window
+  torch, discrete       {save_path}/{verl's name of the call}/stepN_prof_rank-{rank}.json.gz, a phase (PHASES)
+  torch_memory          {save_path}/stepN/torch_memory_rank{rank}_pid{pid}.pickle, a window; and after every step's
+                        update, on each training worker, {save_path}/stepN/post_update_stepN_rank{rank}_pid{pid}.pickle
+  nsys                  Nsight Systems reports in Ray's session logs (logs/nsight), one per worker process
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+# rlrig's phases that verl records as worker calls of their own (DistProfiler.annotate's role, verl
+# fsdp_workers.py:892, 938, 988, 1040, 1539, 1559, 1927): the role whose profiler records the phase, and the
+# folder of its trace in discrete mode. ReMax's greedy generation is a second generate call of the step.
+PHASES = {
+    "gen": ("actor", "rollout_generate"),
+    "gen_max": ("actor", "rollout_generate_max"),
+    "old_log_prob": ("actor", "actor_compute_log_prob"),
+    "update_actor": ("actor", "actor_update"),
+    "ref": ("ref", "ref_compute_log_prob"),
+    "values": ("critic", "compute_values"),
+    "update_critic": ("critic", "critic_update"),
+    "reward": ("reward_model", "compute_rm_score"),
+}
+# each role's profiler section, in the order verl starts them (ray_trainer.py:1054-1063)
+ROLE_KEYS = {
+    "actor": "actor_rollout_ref.actor",
+    "ref": "actor_rollout_ref.ref",
+    "critic": "critic",
+    "reward_model": "reward_model",
+}
+TORCH_CONTENTS = ("cuda", "cpu", "memory", "shapes", "stack", "profile-by-stage", "merge-profiles")  # verl config.py:48
+
+
+@dataclass(frozen=True)
+class RoleProfile:
+    """A role's profiler settings with verl's ${oc.select:global_profiler...} defaults resolved."""
+
+    enable: bool
+    all_ranks: bool
+    ranks: tuple[int, ...]
+    save_path: str
+    discrete: bool  # of the run's tool
+    contents: tuple[str, ...]  # torch's
+    max_entries: int  # torch_memory's
+    stack_depth: int
+
+    def chooses(self, rank: int) -> bool:
+        """verl's DistProfiler (profile.py:100-108): when enabled, every rank, the listed ones, or rank 0."""
+        return self.enable and (self.all_ranks or (rank in self.ranks if self.ranks else rank == 0))
+
+
+def role_profile(cfg, role: str) -> RoleProfile:
+    g, section = cfg.global_profiler, cfg
+    for part in f"{ROLE_KEYS[role]}.profiler".split("."):
+        section = getattr(section, part)
+    # the reward model's tool_config is the actor's (verl's default, and the only one rlrig takes)
+    tc = (cfg.actor_rollout_ref.actor.profiler if role == "reward_model" else section).tool_config
+    nsys_discrete = g.global_tool_config.nsys.discrete if tc.nsys.discrete is None else tc.nsys.discrete
+    mem = g.global_tool_config.torch_memory
+    return RoleProfile(
+        enable=section.enable,
+        all_ranks=section.all_ranks,
+        ranks=tuple(section.ranks),
+        save_path=section.save_path or g.save_path,
+        discrete={"torch": tc.torch.discrete, "nsys": nsys_discrete}.get(g.tool, False),
+        contents=tuple(tc.torch.contents),
+        max_entries=tc.torch_memory.trace_alloc_max_entries or mem.trace_alloc_max_entries,
+        stack_depth=tc.torch_memory.stack_depth or mem.stack_depth,
+    )
+
+
+# --- the tools ---
+
+
+class Tool:
+    """What a tool does in one worker process: begin and end a recording (a window of steps, or one phase in
+    discrete mode) and mark a named range inside one. `first`: the settings of the first role the process holds."""
+
+    name = ""
+    runs_on_cpu = True
+    records_phases = True  # discrete mode records each phase alone; False: windows only
+
+    def __init__(self, rank: int, device: torch.device, first: RoleProfile):
+        self.rank, self.device = rank, device
+
+    def begin(self, profile: RoleProfile, folder: str, stem: str) -> None:
+        raise NotImplementedError
+
+    def end(self) -> None:
+        raise NotImplementedError
+
+    def mark(self, name: str) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+
+TOOLS: dict[str, type[Tool]] = {}
+
+
+def register_tool(name: str):
+    def add(cls: type[Tool]) -> type[Tool]:
+        cls.name = name
+        TOOLS[name] = cls
+        return cls
+
+    return add
+
+
+@register_tool("torch")
+class TorchTool(Tool):
+    """torch.profiler, its chrome trace written when the recording ends (verl torch_profile.py:25-60)."""
+
+    prof = None
+
+    def begin(self, profile: RoleProfile, folder: str, stem: str) -> None:
+        path = Path(profile.save_path) / folder / f"{stem}_prof_rank-{self.rank}.json.gz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        contents, acts = set(profile.contents), []
+        if not contents or "cpu" in contents:
+            acts.append(torch.profiler.ProfilerActivity.CPU)
+        if (not contents or "cuda" in contents) and self.device.type == "cuda":
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+        self.prof = torch.profiler.profile(
+            activities=acts,
+            with_stack="stack" in contents,
+            record_shapes="shapes" in contents,
+            profile_memory="memory" in contents,
+            on_trace_ready=lambda prof: prof.export_chrome_trace(str(path)),
+        )
+        self.prof.start()
+
+    def end(self) -> None:
+        self.prof.step()
+        self.prof.stop()
+        self.prof = None
+
+    def mark(self, name: str) -> contextlib.AbstractContextManager:
+        return torch.profiler.record_function(name)
+
+
+@register_tool("nsys")
+class NsysTool(Tool):
+    """Nsight Systems, which Ray's runtime_env wraps around the worker (nsight_runtime_env): it captures between
+    torch.cuda.profiler.start and stop, phases as NVTX ranges (verl nvtx_profile.py:114-182)."""
+
+    runs_on_cpu = False
+
+    def begin(self, profile: RoleProfile, folder: str, stem: str) -> None:
+        torch.cuda.profiler.start()
+
+    def end(self) -> None:
+        torch.cuda.profiler.stop()
+
+    def mark(self, name: str) -> contextlib.AbstractContextManager:
+        return torch.cuda.nvtx.range(name)
+
+
+@register_tool("torch_memory")
+class TorchMemoryTool(Tool):
+    """CUDA memory history, recorded from the worker's start and dumped as a snapshot (memory_viz's pickle) when a
+    recording ends (verl profile.py:200-272, memory_utils.py:146-290). It has no discrete mode."""
+
+    runs_on_cpu = False
+    records_phases = False
+    dest: Path | None = None
+
+    def __init__(self, rank: int, device: torch.device, first: RoleProfile):
+        super().__init__(rank, device, first)
+        record = torch.cuda.memory._record_memory_history
+        kwargs = dict(context="all", stacks="all", max_entries=first.max_entries)
+        if "stack_depth" in inspect.signature(record).parameters:
+            kwargs["stack_depth"] = first.stack_depth
+        record(**kwargs)
+
+    def begin(self, profile: RoleProfile, folder: str, stem: str) -> None:
+        self.dest = self.snapshot_path(profile.save_path, stem, "torch_memory")
+
+    def end(self) -> None:
+        self.dump(self.dest)
+
+    def snapshot_path(self, save_path: str, stem: str, tag: str) -> Path:
+        return Path(save_path) / stem / f"{tag}_rank{self.rank}_pid{os.getpid()}.pickle"
+
+    def dump(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.memory._dump_snapshot(str(path))
+
+
+# --- a worker's profiler ---
+
+
+class WorkerProfiler:
+    """The profiler of one worker process. `roles` maps each role whose phases run here to the role whose profiler
+    settings record them (the reference inside a LoRA actor is the actor's), in verl's start order; `folder` names
+    the process's window traces."""
+
+    def __init__(self, tool: Tool | None, rank: int, roles: dict[str, RoleProfile], folder: str):
+        self.tool, self.rank, self.roles, self.folder = tool, rank, roles, folder
+        chosen = [p for p in roles.values() if p.chooses(rank)]
+        self.window = chosen[0] if chosen and tool is not None else None  # the profile the first chooser gives
+        self.discrete = self.window is not None and self.window.discrete and tool.records_phases
+        self.step: int | None = None  # the step being recorded; None: not recording
+        self.calls: Counter = Counter()  # a discrete trace's calls per folder within the step
+
+    def start(self, step: int) -> None:
+        """Before each recorded step: the first of a window begins the recording, named after it."""
+        if self.window is None:
+            return
+        if self.step is None and not self.discrete:
+            self.tool.begin(self.window, self.folder, f"step{step}")
+        self.step, self.calls = step, Counter()
+
+    def stop(self) -> None:
+        if self.step is None:
+            return
+        if not self.discrete:
+            self.tool.end()
+        self.step = None
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """A phase of the step: a named range of the window's recording, or in discrete mode a recording of its
+        own when its role chooses this rank (a phase run again in the step: `stepN_callK`)."""
+        if self.step is None:
+            yield
+            return
+        if not self.discrete:
+            with self.tool.mark(name):
+                yield
+            return
+        role, folder = PHASES.get(name, (None, None))
+        profile = self.roles.get(role)
+        if profile is None or not profile.chooses(self.rank):
+            yield
+            return
+        self.calls[folder] += 1
+        k = self.calls[folder]
+        self.tool.begin(profile, folder, f"step{self.step}" + (f"_call{k}" if k > 1 else ""))
+        try:
+            with self.tool.mark(name):
+                yield
+        finally:
+            self.tool.end()
+
+    def after_update(self, step: int) -> None:
+        """torch_memory: each training worker's snapshot after the step's update, whatever the steps and ranks
+        (verl ray_trainer.py:1702-1708, which labels it with the next step's number)."""
+        actor = self.roles.get("actor")
+        if isinstance(self.tool, TorchMemoryTool) and actor is not None:
+            self.tool.dump(self.tool.snapshot_path(actor.save_path, f"step{step}", f"post_update_step{step}"))
+
+
+OFF = WorkerProfiler(None, 0, {}, "")
+
+
+def worker_profiler(cfg, rank: int, roles: dict[str, str], folder: str, device: torch.device) -> WorkerProfiler:
+    """`roles`: each role whose phases run in this process -> the role whose settings record them."""
+    name = cfg.global_profiler.tool
+    if name is None or not roles:
+        return OFF
+    profiles = {held: role_profile(cfg, by) for held, by in roles.items()}
+    return WorkerProfiler(TOOLS[name](rank, device, next(iter(profiles.values()))), rank, profiles, folder)
+
+
+# --- the driver's side ---
+
+
+@dataclass(frozen=True)
+class StepWindows:
+    """Which steps the workers record, in windows (verl ray_trainer.py:1350-1370, 1657-1669): each step of
+    global_profiler.steps alone, or with profile_continuous_steps each run of consecutive steps as one. The driver
+    calls start_profile before each recorded step (the first of a window begins the recording; a resumed run's
+    first step begins one, as verl's) and stop_profile after the last of a window."""
+
+    steps: frozenset[int]
+    continuous: bool
+
+    @classmethod
+    def of(cls, cfg) -> StepWindows:
+        g = cfg.global_profiler
+        return cls(frozenset(g.steps or ()) if g.tool else frozenset(), g.profile_continuous_steps)
+
+    def starts(self, step: int) -> bool:
+        return step in self.steps
+
+    def stops(self, step: int) -> bool:
+        return step in self.steps and not (self.continuous and step + 1 in self.steps)
+
+    def left_open(self, last: int) -> bool:
+        """Whether the run's last step leaves a window open (training ended inside it): the driver stops it then,
+        where verl would write nothing."""
+        return self.starts(last) and not self.stops(last)
+
+
+def snapshots_after_update(cfg) -> bool:
+    return cfg.global_profiler.tool == "torch_memory"
+
+
+def nsight_runtime_env(cfg) -> dict:
+    """The workers' Ray options for tool=nsys with steps to record (verl single_controller/ray/base.py:442-446,
+    629-638): runtime_env "nsight", Ray's nsys wrapper, with the worker options as `nsys profile` flags; a
+    capture-range-end of null is repeat-shutdown:<6 x the steps>, as verl sets it. {} otherwise."""
+    g = cfg.global_profiler
+    if g.tool != "nsys" or not g.steps:
+        return {}
+    options = {}
+    for key, value in g.global_tool_config.nsys.worker_nsight_options.items():
+        if key == "capture-range-end" and value is None:
+            value = f"repeat-shutdown:{6 * len(g.steps)}"
+        if value is not None:  # a flag given no value is left out rather than passed as "None"
+            options[key] = str(value).lower() if isinstance(value, bool) else str(value)
+    return {"runtime_env": {"nsight": options}}
