@@ -121,6 +121,8 @@ DOMAINS: dict[str, Domain] = {
     **{f"{p}.fsdp_size": Domain(lambda v: v == -1 or v >= 1, "-1 or at least 1") for p in FSDP_CONFIGS},
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": COUNT_OR_NULL,
     "critic.ulysses_sequence_parallel_size": COUNT,
+    "critic.ppo_mini_batch_size": COUNT_OR_NULL,
+    "critic.ppo_epochs": COUNT_OR_NULL,
     "actor_rollout_ref.actor.clip_ratio": NON_NEGATIVE,
     "actor_rollout_ref.actor.clip_ratio_low": at_least(0, nullable=True),
     "actor_rollout_ref.actor.clip_ratio_high": at_least(0, nullable=True),

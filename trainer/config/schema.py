@@ -63,7 +63,7 @@ class FsdpConfig:
     param_offload: bool = False
     optimizer_offload: bool = False
     model_dtype: str | None = (
-        None  # the weights' dtype; None: fp32 for the actor and critic, bf16 for the reference on GPU
+        None  # the weights' dtype; None: fp32 (verl's generated default for the actor, reference and critic)
     )
     # FSDP's shard group: -1 (or at least the workers) shards over all of them; k shards over groups of k consecutive
     # workers, each group a replica (HSDP, verl's create_device_mesh): all-gathers stay inside a node for k <= 8
@@ -296,7 +296,9 @@ class CriticConfig:
     n_gpus_per_node: int = 0
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
-    ppo_micro_batch_size_per_gpu: int | None = None  # None: the actor's mini batch at once
+    ppo_mini_batch_size: int | None = None  # prompts an optimizer step; None: the actor's (verl's default)
+    ppo_epochs: int | None = None  # None: the actor's (verl's default)
+    ppo_micro_batch_size_per_gpu: int | None = None  # None: the critic's mini batch at once
     forward_micro_batch_size_per_gpu: int | None = None  # the values pass; None: ppo_micro_batch_size_per_gpu
     ppo_micro_batch_size: int | None = None  # verl's deprecated global ones (config/derived.py)
     forward_micro_batch_size: int | None = None

@@ -266,18 +266,19 @@ def _batch_sizes(cfg: Config) -> None:
                 f"{key}={budget} is shorter than one sequence (data.max_prompt_length + "
                 f"data.max_response_length = {longest}); raise it"
             )
-    if d.train_batch_size % a.ppo_mini_batch_size:
-        raise ConfigError(
-            f"data.train_batch_size={d.train_batch_size} is not a multiple of "
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={a.ppo_mini_batch_size}"
-        )
     groups = workers // sequence_parallel(cfg)["actor"]
-    if a.ppo_mini_batch_size % groups:
-        over = f"{workers} workers" if groups == workers else f"{groups} sequence-parallel groups of workers"
-        raise ConfigError(
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={a.ppo_mini_batch_size} prompts cannot be split over "
-            f"{over} (trainer.nnodes x trainer.n_gpus_per_node); make it a multiple of {groups}"
-        )
+    minis = {"actor_rollout_ref.actor.ppo_mini_batch_size": a.ppo_mini_batch_size}
+    if cfg.critic_in_use and cfg.critic.ppo_mini_batch_size is not None:
+        minis["critic.ppo_mini_batch_size"] = cfg.critic.ppo_mini_batch_size
+    for key, mini in minis.items():
+        if d.train_batch_size % mini:
+            raise ConfigError(f"data.train_batch_size={d.train_batch_size} is not a multiple of {key}={mini}")
+        if mini % groups:
+            over = f"{workers} workers" if groups == workers else f"{groups} sequence-parallel groups of workers"
+            raise ConfigError(
+                f"{key}={mini} prompts cannot be split over {over} (trainer.nnodes x trainer.n_gpus_per_node); make "
+                f"it a multiple of {groups}"
+            )
     if d.train_batch_size % workers:  # each worker samples its own share of the prompts
         raise ConfigError(
             f"data.train_batch_size={d.train_batch_size} prompts cannot be shared by {workers} workers "
@@ -288,11 +289,11 @@ def _batch_sizes(cfg: Config) -> None:
         why = micro_batch_refusal(cfg)
         if why:
             raise ConfigError(why)
-    per_worker_mini = per_worker_mini_batch(cfg, workers)
-    for key, micro in (
-        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", a.ppo_micro_batch_size_per_gpu),
-        ("critic.ppo_micro_batch_size_per_gpu", cfg.critic.ppo_micro_batch_size_per_gpu),
+    for key, micro, role in (
+        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", a.ppo_micro_batch_size_per_gpu, "actor"),
+        ("critic.ppo_micro_batch_size_per_gpu", cfg.critic.ppo_micro_batch_size_per_gpu, "critic"),
     ):
+        per_worker_mini = per_worker_mini_batch(cfg, workers, role)
         micro = micro or per_worker_mini
         if per_worker_mini % min(micro, per_worker_mini):
             raise ConfigError(

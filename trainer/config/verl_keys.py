@@ -487,10 +487,6 @@ REFUSED.update(
         "set that",
         "actor_rollout_ref.rollout.prompt_length": "verl fills it from data.max_prompt_length; set that",
         "actor_rollout_ref.rollout.response_length": "verl fills it from data.max_response_length; set that",
-        "critic.ppo_mini_batch_size": "rlrig's critic takes the actor's mini batches (verl's default for this key); "
-        "set actor_rollout_ref.actor.ppo_mini_batch_size",
-        "critic.ppo_epochs": "rlrig's critic takes the actor's epochs (verl's default for this key); set "
-        "actor_rollout_ref.actor.ppo_epochs",
         "critic.strategy": "rlrig shards the critic as the actor; set actor_rollout_ref.actor.strategy",
         "critic.model.tokenizer_path": "rlrig's critic reads the actor's tokens (verl's default for this key)",
         "reward_manager.name": "rlrig's is reward_model.reward_manager (naive|dapo), which verl's default for this "

@@ -154,10 +154,8 @@ def build(
     ref_offload = a.ref.fsdp_config.param_offload
     if cfg.ref_in_use and not remote_ref and not with_lora:
         ref, ref_prec = load_reference(cfg, path, device, strategy)
-        if strategy == "fsdp":
-            parallel.fsdp_shard(
-                ref, fsdp_size=a.ref.fsdp_config.fsdp_size
-            )  # sharded where it computes; offloaded after
+        if strategy == "fsdp":  # sharded where it computes, cast by its policy as the actor; offloaded after
+            parallel.fsdp_shard(ref, ref_prec.fsdp_policy(), a.ref.fsdp_config.fsdp_size)
         if ref_offload:
             ref.to("cpu")
     critic = build_critic(cfg, path, device) if needs_critic else None
@@ -165,7 +163,8 @@ def build(
 
 
 def load_reference(cfg, path: str, device: torch.device, strategy: str) -> tuple[torch.nn.Module, Precision]:
-    """The frozen reference on `device` in eval mode, held in its precision (bf16 on GPU unless asked otherwise)."""
+    """The frozen reference on `device` in eval mode, held in its precision (fp32 weights unless asked otherwise, as
+    verl; it computes in the compute dtype, bf16 on GPU)."""
     from transformers import AutoModelForCausalLM
 
     a = cfg.actor_rollout_ref

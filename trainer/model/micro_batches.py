@@ -85,11 +85,13 @@ def sequence_parallel(cfg) -> dict[str, int]:
     return {"actor": sp, "ref": sp if ref is None else ref, "critic": cfg.critic.ulysses_sequence_parallel_size}
 
 
-def per_worker_mini_batch(cfg, world: int) -> int:
+def per_worker_mini_batch(cfg, world: int, role: str = "actor") -> int:
     """Sequences in each worker's share of a mini batch: ppo_mini_batch_size prompts x n samples over the
-    data-parallel groups (the ranks of one sequence-parallel group share their samples, as in verl)."""
-    a = cfg.actor_rollout_ref
-    return a.actor.ppo_mini_batch_size * a.rollout.n // (world // sequence_parallel(cfg)["actor"])
+    data-parallel groups (the ranks of one sequence-parallel group share their samples, as in verl). The critic's
+    own ppo_mini_batch_size where set, else the actor's (verl's default for it)."""
+    a, own = cfg.actor_rollout_ref, cfg.critic.ppo_mini_batch_size if role == "critic" else None
+    prompts = a.actor.ppo_mini_batch_size if own is None else own
+    return prompts * a.rollout.n // (world // sequence_parallel(cfg)["actor"])
 
 
 def size(part: Part) -> int:

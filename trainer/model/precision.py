@@ -1,5 +1,5 @@
 """Mixed precision as verl sets it up: fp32 master weights, optimizer state and gradient reduction,
-bf16 matrix products on GPU, the reference model held in bf16; CPU stays fp32 unless asked.
+bf16 matrix products on GPU, for the reference too (verl's generated config); CPU stays fp32 unless asked.
 
 FSDP2 casts the sharded fp32 parameters to the compute dtype for each forward (MixedPrecisionPolicy);
 DDP has no such policy, so its forwards run under torch.autocast, which gives the same split: fp32
@@ -44,15 +44,14 @@ class Precision:
 
 
 def resolve(fsdp_config, device_type: str, strategy: str, role: str) -> Precision:
-    """verl's defaults for an unset key: weights fp32 for the actor and critic and bf16 for the frozen
-    reference on GPU; compute bf16 on GPU; everything fp32 on CPU."""
+    """verl's defaults for an unset key (its generated config: model_dtype fp32 for the actor, reference and critic,
+    mixed_precision.param_dtype bf16): weights fp32, compute bf16 on GPU; everything fp32 on CPU."""
     gpu = device_type == "cuda"
-    default_model = "bf16" if role == "ref" and gpu else "fp32"
-    model = DTYPES[fsdp_config.model_dtype or default_model]
+    model = DTYPES[fsdp_config.model_dtype or "fp32"]
     mp = fsdp_config.mixed_precision
-    param = DTYPES[mp.param_dtype] if mp.param_dtype else (torch.bfloat16 if gpu else torch.float32)
-    if role == "ref":
-        param = model  # nothing trains: it computes in the dtype it is held in
+    # a reference held in bf16 on the CPU, where nothing else asks for a compute dtype, computes in it
+    cpu_compute = model if role == "ref" else torch.float32
+    param = DTYPES[mp.param_dtype] if mp.param_dtype else (torch.bfloat16 if gpu else cpu_compute)
     return Precision(model, DTYPES[mp.buffer_dtype], param, DTYPES[mp.reduce_dtype], device_type, strategy)
 
 

@@ -132,6 +132,7 @@ class RankWorker(PoolWorker):
         self.device = start_rank(self.cfg, rank, world, master, model_paths)
         self.budgets = batching.token_budgets(self.cfg)
         self.mini = batching.per_worker_mini_batch(self.cfg, world)
+        self.critic_mini = batching.per_worker_mini_batch(self.cfg, world, "critic")
         # each role's sequence-parallel group (model/ulysses.py), None where its sequences are not split
         self.sp: dict[str, ulysses.SeqParallel | None] = {"actor": None, "ref": None, "critic": None}
 
@@ -148,9 +149,12 @@ class RankWorker(PoolWorker):
             batch.attention_mask, rows.start, rows.stop, micro, self.budgets[budget_key], self._agree_max
         )
 
-    def _mini_batches(self, batch: StepBatch, micro: int | None, budget_key: str) -> batching.MiniBatches:
-        """The update's mini batches (one optimizer step each) as their micro batches."""
-        mini, n = self.mini, len(batch)
+    def _mini_batches(
+        self, batch: StepBatch, micro: int | None, budget_key: str, mini: int | None = None
+    ) -> batching.MiniBatches:
+        """The update's mini batches (one optimizer step each, `mini` rows; default: the actor's) as their micro
+        batches."""
+        mini, n = mini or self.mini, len(batch)
         micro = min(micro or mini, mini)
         parts = [self._micro_batches(batch, micro, budget_key, range(s, min(s + mini, n))) for s in range(0, n, mini)]
         return batching.MiniBatches(parts, mini)
@@ -174,7 +178,9 @@ class RankWorker(PoolWorker):
         c = self.cfg.critic
         lr = lr_schedule.lr_at(c.optim, global_step - 1, self.cfg.trainer.total_training_steps)
         lr_schedule.apply(critic.opt, lr)
-        plan = self._mini_batches(batch, c.ppo_micro_batch_size_per_gpu, "critic.ppo_max_token_len_per_gpu")
+        plan = self._mini_batches(
+            batch, c.ppo_micro_batch_size_per_gpu, "critic.ppo_max_token_len_per_gpu", self.critic_mini
+        )
         return {"critic/lr": lr, **mean_stats(update_critic(critic, batch, self.cfg, plan, self.sp["critic"]))}
 
     def shutdown(self) -> None:

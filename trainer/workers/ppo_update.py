@@ -94,7 +94,8 @@ def update_critic(t: Trainable, batch: StepBatch, cfg, plan: MiniBatches, sp: Se
     mask, packed = batch.mask, c.model.use_remove_padding
     stats: dict[str, list[float]] = {}
     with training(t):
-        for _ in range(cfg.actor_rollout_ref.actor.ppo_epochs):
+        epochs = c.ppo_epochs if c.ppo_epochs is not None else cfg.actor_rollout_ref.actor.ppo_epochs
+        for _ in range(epochs):
             for micros in plan.parts:
                 t.opt.zero_grad()
                 for sl in micros:

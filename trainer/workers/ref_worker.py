@@ -24,7 +24,7 @@ class RefWorker(PoolWorker):
         self.device = single_device(use_gpu)
         self.profiler = profiling.worker_profiler(cfg, rank, {"ref": "ref"}, "ref", self.device)
         ensure_local_embedded_model(model_path)
-        self.model, _ = load_reference(cfg, model_path, self.device, "ddp")  # whole here: nothing to shard
+        self.model, self.precision = load_reference(cfg, model_path, self.device, "ddp")  # whole: nothing to shard
         self.offload = a.ref.fsdp_config.param_offload
         if self.offload:
             self.model.to("cpu")
@@ -42,7 +42,8 @@ class RefWorker(PoolWorker):
 
         def part(p):
             kw = dict(remove_padding=self.packed, share_prompts=self.shared)
-            return token_logprobs(self.model, ids[p], mask[p], batch.prompt_len, **kw)[0]
+            with self.precision.autocast():
+                return token_logprobs(self.model, ids[p], mask[p], batch.prompt_len, **kw)[0]
 
         with self.profiler.phase("ref"), offload.module_on(self.model, self.device, self.offload):
             return in_micro_batches(parts, part).cpu()

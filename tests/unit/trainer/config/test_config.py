@@ -147,6 +147,8 @@ BAD = [
         "cannot be split",
     ),
     (["actor_rollout_ref.rollout.n=1", "algorithm.adv_estimator=grpo_passk"], "rollout.n to 2"),
+    (["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=3"], "not a multiple of critic.ppo_mini_batch_size=3"),
+    (["algorithm.adv_estimator=gae", "critic.ppo_epochs=0"], "critic.ppo_epochs=0 must be at least 1"),
     (["trainer.resume_mode=resume_path"], "resume_from_path"),
     (["novalue"], "not KEY=VALUE"),
     (["data.filter_overlong_prompts=maybe"], "expected True or False"),

@@ -145,7 +145,7 @@ def test_no_effect_keys_are_listed_by_print_config_with_their_reason():
         ("actor_rollout_ref.rollout.nnodes=2", "rollout on separate nodes"),
         ("actor_rollout_ref.rollout.agent.num_workers=4", "agent loop"),
         ("actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2", "Megatron"),
-        ("critic.ppo_epochs=2", "set actor_rollout_ref.actor.ppo_epochs"),
+        ("critic.strategy=megatron", "rlrig shards the critic as the actor"),
         ("trainer.max_actor_ckpt_to_keep=3", "rlrig keeps every checkpoint"),
         ("actor_rollout_ref.actor.optim.betas=[0.9,0.95]", "torch's betas"),
         ("actor_rollout_ref.actor._target_=my.Config", "accepts only verl's own"),

@@ -117,7 +117,9 @@ def test_lr_keys_as_verl_reads_them():
     "device,role,model_dtype,param_dtype,expect_model,expect_param",
     [
         ("cuda", "actor", None, None, torch.float32, torch.bfloat16),  # verl: fp32 master weights, bf16 compute
-        ("cuda", "ref", None, None, torch.bfloat16, torch.bfloat16),  # the reference held in bf16
+        ("cuda", "ref", None, None, torch.float32, torch.bfloat16),  # the reference too (verl's generated config)
+        ("cuda", "ref", "bf16", None, torch.bfloat16, torch.bfloat16),
+        ("cpu", "ref", "bf16", None, torch.bfloat16, torch.bfloat16),  # held in bf16 on CPU: computes in it
         ("cpu", "actor", None, None, torch.float32, torch.float32),  # CPU stays fp32 unless asked
         ("cpu", "ref", None, None, torch.float32, torch.float32),
         ("cpu", "actor", None, "bf16", torch.float32, torch.bfloat16),  # asked
@@ -382,3 +384,23 @@ def test_draws_inside_forked_rngs_leave_every_global_stream_as_it_was():
     with forked_rngs(torch.device("cpu")):
         draws()  # the update's dropout, say
     assert draws() == expected
+
+
+@pytest.mark.parametrize(
+    "extra, critic_steps",
+    [
+        ([], 2),  # the actor's: 32 prompts in mini batches of 16, one epoch
+        (["critic.ppo_mini_batch_size=8"], 4),
+        (["critic.ppo_epochs=2"], 4),
+        (["critic.ppo_mini_batch_size=8", "critic.ppo_epochs=3"], 12),
+    ],
+)
+def test_the_critic_takes_its_own_mini_batches_and_epochs(extra, critic_steps):
+    def hook(w):
+        steps, opt = [0], w.models.critic.opt
+        step = opt.step
+        opt.step = lambda *a, **k: (steps.__setitem__(0, steps[0] + 1), step(*a, **k))[1]
+        return steps
+
+    out, _, steps = _one_step(["algorithm.adv_estimator=gae", *extra], hook)
+    assert steps[0] == critic_steps and "critic/vf_loss" in out
