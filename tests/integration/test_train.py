@@ -320,6 +320,8 @@ def test_sequence_parallel_trains_as_data_parallel(tmp_path):
         "critic.model.use_remove_padding=True",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
         "critic.ppo_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True",  # recomputed layers attend over the group too
+        "actor_rollout_ref.rollout.temperature=0.8",
     ]
     sp = ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "critic.ulysses_sequence_parallel_size=2"]
     keys = (

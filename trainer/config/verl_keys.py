@@ -84,6 +84,7 @@ REFUSED = {
 }
 # A value rlrig accepts for a key it otherwise refuses: verl's default, which asks for nothing.
 ACCEPTED_DEFAULTS = {
+    "actor_rollout_ref.rollout.logprobs_mode": ("processed_logprobs",),
     # verl's critic defaults: LoRA off
     "critic.model.lora_rank": ("0",),
     "critic.model.lora_alpha": ("16",),
@@ -491,9 +492,8 @@ REFUSED.update(
         "critic.model.tokenizer_path": "rlrig's critic reads the actor's tokens (verl's default for this key)",
         "reward_manager.name": "rlrig's is reward_model.reward_manager (naive|dapo), which verl's default for this "
         "key follows; set that",
-        "actor_rollout_ref.rollout.logprobs_mode": "rlrig's engines return the log-probs of their own sampling "
-        "distribution as the engine computes it by default; verl's choice among raw and processed log-probs and "
-        "logits is not in rlrig",
+        "actor_rollout_ref.rollout.logprobs_mode": "rlrig's vLLM engine returns processed log-probs (verl's default, "
+        "the distribution each token was drawn from); raw log-probs or logits are not in rlrig",
         "actor_rollout_ref.rollout.enable_spec_decoding": "speculative decoding is not in rlrig",
         "actor_rollout_ref.rollout.nnodes": "rollout on separate nodes (verl's fully async recipe) is not in rlrig; "
         "rlrig's engines run in the training workers",

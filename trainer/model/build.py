@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import lora, parallel
+from . import lora, parallel, ulysses
 from .precision import Precision, cast_buffers, resolve
 
 
@@ -86,13 +86,15 @@ def set_checkpointing(module, on: bool) -> None:
     """Gradient checkpointing on or off. Non-reentrant: the variant that works under FSDP2 and with inputs that need
     no grad. transformers 5.2x names it activation checkpointing (the old name warns there); 5.19, which vLLM 0.32
     pins, has only the old one. It acts only in training mode, which the update sets."""
+    # the recompute of a sequence-parallel layer attends over its group again (model/ulysses.py)
+    kwargs = {"use_reentrant": False, "context_fn": ulysses.checkpoint_contexts}
     if hasattr(module, "activation_checkpointing_enable"):
         if on:
-            module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            module.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:
             module.activation_checkpointing_disable()
     elif on:
-        module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        module.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     else:
         module.gradient_checkpointing_disable()
 

@@ -9,6 +9,9 @@ of keeping it.
     H        = lse(z) - sum_v p_v z_v,   p = softmax(z)
     d log p(y) / dz = onehot(y) - p
     d H / dz        = -p * (z - lse(z) + H)      (= -p (log p + H))
+
+with z = logits / T, the sampling temperature, as verl divides the logits before every log-prob (so the ratio
+compares the distribution the engine sampled from): d/dlogits = d/dz / T.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ def chunk_tokens(vocab: int) -> int:
 
 class _TokenLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool, temperature: float):
         n, vocab = logits.shape
         logp = torch.empty(n, dtype=torch.float32, device=logits.device)
         lse = torch.empty_like(logp)
@@ -32,13 +35,14 @@ class _TokenLogprobs(torch.autograd.Function):
         step = chunk_tokens(vocab)
         for s in range(0, n, step):
             z = logits[s : s + step].to(torch.float32, copy=True)  # a copy also of fp32 logits: changed in place
+            z.div_(temperature)
             lse[s : s + step] = torch.logsumexp(z, -1)
             logp[s : s + step] = z.gather(-1, targets[s : s + step, None]).squeeze(-1) - lse[s : s + step]
             if with_entropy:
                 z.sub_(lse[s : s + step, None])  # log p, in place: one chunk-sized tensor at a time
                 ent[s : s + step] = -(z.exp() * z).sum(-1)
         ctx.save_for_backward(logits, targets, lse, ent if with_entropy else lse)
-        ctx.with_entropy = with_entropy
+        ctx.with_entropy, ctx.temperature = with_entropy, temperature
         ctx.set_materialize_grads(False)
         return (logp, ent) if with_entropy else (logp, lse.new_zeros(0))
 
@@ -46,12 +50,14 @@ class _TokenLogprobs(torch.autograd.Function):
     def backward(ctx, grad_logp, grad_ent):
         logits, targets, lse, ent = ctx.saved_tensors
         if grad_logp is None and grad_ent is None:
-            return None, None, None
+            return None, None, None, None
         n, vocab = logits.shape
         grad = torch.empty_like(logits)
         step = chunk_tokens(vocab)
         for s in range(0, n, step):
-            log_p = logits[s : s + step].to(torch.float32, copy=True).sub_(lse[s : s + step, None])
+            log_p = (
+                logits[s : s + step].to(torch.float32, copy=True).div_(ctx.temperature).sub_(lse[s : s + step, None])
+            )
             p = log_p.exp()
             if grad_ent is not None and ctx.with_entropy:  # dH/dz = -p (log p + H)
                 g = log_p.add_(ent[s : s + step, None]).mul_(p).mul_(-grad_ent[s : s + step, None])
@@ -61,8 +67,8 @@ class _TokenLogprobs(torch.autograd.Function):
                 gl = grad_logp[s : s + step, None]
                 g.addcmul_(p, gl, value=-1)
                 g.scatter_add_(-1, targets[s : s + step, None], gl)
-            grad[s : s + step] = g.to(grad.dtype)
-        return grad, None, None
+            grad[s : s + step] = g.div_(ctx.temperature).to(grad.dtype)
+        return grad, None, None, None
 
 
 def plain_logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,13 +81,18 @@ def plain_logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor) -> t
 
 
 def token_logprobs_and_entropy(
-    logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool = False, entropy_grad: bool = True
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """logits [..., V] (any float dtype), targets [...] -> log p(target) [...] and the entropy [...] (or None),
-    both fp32. entropy_grad=False: the entropy is a metric only, with no gradient."""
+    both fp32, of softmax(logits / temperature). entropy_grad=False: the entropy is a metric only, with no
+    gradient."""
     shape = targets.shape
     flat_logits, flat_targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
-    logp, ent = _TokenLogprobs.apply(flat_logits, flat_targets, with_entropy)
+    logp, ent = _TokenLogprobs.apply(flat_logits, flat_targets, with_entropy, temperature)
     if not with_entropy:
         return logp.view(shape), None
     if not entropy_grad:
@@ -90,7 +101,7 @@ def token_logprobs_and_entropy(
 
 
 @torch.no_grad()
-def token_sum_pi_squared(logits: torch.Tensor) -> torch.Tensor:
+def token_sum_pi_squared(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """logits [..., V] -> sum_v p_v^2 [...] in fp32, a chunk of tokens at a time (the optimal token baseline's
     statistic, computed only in the no-grad old-log-prob pass), as verl's calculate_sum_pi_squared_from_logits:
 
@@ -100,7 +111,7 @@ def token_sum_pi_squared(logits: torch.Tensor) -> torch.Tensor:
     out = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
     step = chunk_tokens(flat.shape[1])
     for s in range(0, flat.shape[0], step):
-        z = flat[s : s + step].to(torch.float32, copy=True)
+        z = flat[s : s + step].to(torch.float32, copy=True).div_(temperature)
         lse = torch.logsumexp(z, -1)
         out[s : s + step] = torch.exp(torch.logsumexp(z.mul_(2), -1) - 2 * lse)
     return out.view(logits.shape[:-1])

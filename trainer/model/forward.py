@@ -89,22 +89,50 @@ def token_logprobs(
     remove_padding=False,
     share_prompts=False,
     sp: ulysses.SeqParallel | None = None,
+    temperature: float = 1.0,
 ):
     """Log-probs [B, R] of the response tokens under the model (and the entropy, [B, R]). With
     entropy_coeff 0 the entropy is only a metric: `entropy_grad=False` keeps it out of the backward pass.
     share_prompts: each distinct prompt computed once (model/prefix_grouper.py). sp: the sequence-parallel group
-    (needs remove_padding); every rank of it passes the same rows and gets the same result."""
-    args = (with_entropy, entropy_grad, remove_padding, share_prompts, sp)
-    return token_outputs(model, input_ids, attention_mask, prompt_len, *args)[:2]
+    (needs remove_padding); every rank of it passes the same rows and gets the same result. temperature: the
+    rollout's sampling temperature, which divides the logits (verl's actor and reference)."""
+    return token_outputs(
+        model,
+        input_ids,
+        attention_mask,
+        prompt_len,
+        with_entropy=with_entropy,
+        entropy_grad=entropy_grad,
+        remove_padding=remove_padding,
+        share_prompts=share_prompts,
+        sp=sp,
+        temperature=temperature,
+    )[:2]
 
 
 def old_logprobs_and_sum_pi_squared(
-    model, input_ids, attention_mask, prompt_len, remove_padding=False, sp: ulysses.SeqParallel | None = None
+    model,
+    input_ids,
+    attention_mask,
+    prompt_len,
+    remove_padding=False,
+    sp: ulysses.SeqParallel | None = None,
+    temperature: float = 1.0,
 ):
     """No-grad log-probs [B, R] and sum_v pi(v)^2 [B, R] at each response token, from the same logits (the optimal
     token baseline's inputs); padded, packed or sequence parallel, not with shared prompts."""
-    out = token_outputs(model, input_ids, attention_mask, prompt_len, False, False, remove_padding, False, sp, True)
-    return out[0], out[2]
+    logp, _, spp = token_outputs(
+        model,
+        input_ids,
+        attention_mask,
+        prompt_len,
+        entropy_grad=False,
+        remove_padding=remove_padding,
+        sp=sp,
+        with_sum_pi_squared=True,
+        temperature=temperature,
+    )
+    return logp, spp
 
 
 def token_outputs(
@@ -112,33 +140,37 @@ def token_outputs(
     input_ids,
     attention_mask,
     prompt_len,
+    *,
     with_entropy=False,
     entropy_grad=True,
     remove_padding=False,
     share_prompts=False,
     sp: ulysses.SeqParallel | None = None,
     with_sum_pi_squared=False,
+    temperature: float = 1.0,
 ):
     """token_logprobs' (log-probs, entropy) and sum_v pi(v)^2 [B, R] (or None: with_sum_pi_squared=False)."""
-    spp = token_sum_pi_squared if with_sum_pi_squared else lambda _: None
+    t = temperature if temperature > 0 else 1.0  # greedy sampling (0) has no distribution to divide towards
+
+    def from_logits(logits, targets):
+        logp, ent = token_logprobs_and_entropy(logits, targets, with_entropy, entropy_grad, t)
+        return logp, ent, token_sum_pi_squared(logits, t) if with_sum_pi_squared else None
+
     if sp is not None:
         pk = packing.pack(input_ids, attention_mask, prompt_len, multiple=sp.size)
         logits, mine = group_outputs(model, pk, sp, causal_lm=True)
-        targets = pk.input_ids.flatten()[pk.at][mine]
-        logp, ent = token_logprobs_and_entropy(logits, targets, with_entropy, entropy_grad)
-        return tuple(from_group(x, mine, pk.filled, sp) for x in (logp, ent, spp(logits)))
+        outs = from_logits(logits, pk.input_ids.flatten()[pk.at][mine])
+        return tuple(from_group(x, mine, pk.filled, sp) for x in outs)
     if share_prompts:
         if with_sum_pi_squared:
             raise ValueError("sum_pi_squared is not computed with shared prompts (actor.use_prefix_grouper)")
         pieces = [
-            token_logprobs_and_entropy(z, y, with_entropy, entropy_grad)
-            for z, y in prefix_grouper.response_logits(model, input_ids, attention_mask, prompt_len)
+            from_logits(z, y) for z, y in prefix_grouper.response_logits(model, input_ids, attention_mask, prompt_len)
         ]
         logp = torch.cat([p[0] for p in pieces], 1)
         return logp, (torch.cat([p[1] for p in pieces], 1) if with_entropy else None), None
     logits, targets, filled = response_outputs(model, input_ids, attention_mask, prompt_len, remove_padding)
-    logp, ent = token_logprobs_and_entropy(logits, targets, with_entropy, entropy_grad)
-    outs = (logp, ent, spp(logits))
+    outs = from_logits(logits, targets)
     if filled is not None:
         outs = tuple(packing.unpack(x, filled) if x is not None else None for x in outs)
     return outs

@@ -105,11 +105,9 @@ def token_budgets(cfg) -> dict[str, int | None]:
     a, r, ref, c = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.ref, cfg.critic
     rm, sp = cfg.reward_model, sequence_parallel(cfg)
     on = lambda flag: a.use_dynamic_bsz if flag is None else flag
-    critic_forward = (c.forward_max_token_len_per_gpu or c.ppo_max_token_len_per_gpu) * sp["critic"]
+    critic_forward = c.forward_max_token_len_per_gpu or c.ppo_max_token_len_per_gpu  # one worker's
     return {
-        "reward_model.forward_max_token_len_per_gpu": (
-            rm.forward_max_token_len_per_gpu or critic_forward // sp["critic"]
-        )
+        "reward_model.forward_max_token_len_per_gpu": (rm.forward_max_token_len_per_gpu or critic_forward)
         if on(rm.use_dynamic_bsz if rm.use_dynamic_bsz is not None else c.use_dynamic_bsz)
         else None,
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": a.ppo_max_token_len_per_gpu * sp["actor"]
@@ -130,5 +128,5 @@ def token_budgets(cfg) -> dict[str, int | None]:
         "critic.ppo_max_token_len_per_gpu": c.ppo_max_token_len_per_gpu * sp["critic"]
         if on(c.use_dynamic_bsz)
         else None,
-        "critic.forward_max_token_len_per_gpu": critic_forward if on(c.use_dynamic_bsz) else None,
+        "critic.forward_max_token_len_per_gpu": critic_forward * sp["critic"] if on(c.use_dynamic_bsz) else None,
     }

@@ -40,6 +40,14 @@ def broadcast_from_rank0(module: torch.nn.Module) -> None:
         dist.broadcast(t.data, 0)
 
 
+_MESHES: dict[tuple, object] = {}  # one mesh (and its process groups) for the actor, reference and critic alike
+
+
+def forget_meshes() -> None:
+    """Before the process group goes: the meshes' groups go with it."""
+    _MESHES.clear()
+
+
 def hsdp_mesh(fsdp_size: int, device_type: str):
     """verl's create_device_mesh: a (replicas, fsdp_size) mesh when fsdp_size is smaller than the world, else None
     (one shard group of every rank)."""
@@ -48,7 +56,12 @@ def hsdp_mesh(fsdp_size: int, device_type: str):
     world = dist.get_world_size()
     if fsdp_size < 0 or fsdp_size >= world:
         return None
-    return init_device_mesh(device_type, (world // fsdp_size, fsdp_size), mesh_dim_names=("replicate", "shard"))
+    key = (world, fsdp_size, device_type)
+    if key not in _MESHES:
+        _MESHES[key] = init_device_mesh(
+            device_type, (world // fsdp_size, fsdp_size), mesh_dim_names=("replicate", "shard")
+        )
+    return _MESHES[key]
 
 
 def fsdp_shard(module: torch.nn.Module, mp_policy=None, fsdp_size: int = -1) -> torch.nn.Module:

@@ -145,15 +145,16 @@ def _attention(inner, impl: str, sp: SeqParallel, full_positions: torch.Tensor, 
         if kv % sp.size:  # fewer kv heads than ranks (head_refusal allows only sp % kv == 0): repeat each
             rep = sp.size // math.gcd(kv, sp.size)
             key, value = key.repeat_interleave(rep, 1), value.repeat_interleave(rep, 1)
+        masks["attended"] = True
         q, k, v = (seq_to_heads(t, sp) for t in (query, key, value))
         kwargs["position_ids"] = full_positions
         if "flash" in impl:
             mask = None  # flash-attention reads the packed sequences from the position ids
         else:
             window = kwargs.get("sliding_window")
-            if window not in masks:
-                masks[window] = packed_causal_mask(full_positions, window)
-            mask, kwargs["is_causal"] = masks[window], False
+            if ("mask", window) not in masks:
+                masks["mask", window] = packed_causal_mask(full_positions, window)
+            mask, kwargs["is_causal"] = masks["mask", window], False
         view = _Heads(module, q.shape[1] // k.shape[1])
         out, weights = inner(view, q, k, v, mask, **kwargs)
         return heads_to_seq(out, sp), weights
@@ -161,27 +162,54 @@ def _attention(inner, impl: str, sp: SeqParallel, full_positions: torch.Tensor, 
     return attend
 
 
+SUPPORTED = ("sdpa", "flash_attention_2", "flash_attention_3")
+_active: list[tuple] = []  # (impl, sp, full positions, masks) of the sequence-parallel forward running now
+
+
 @contextlib.contextmanager
-def attention_over_group(model, sp: SeqParallel, full_positions: torch.Tensor):
-    """Inside: the model's attention implementation attends over the whole packed sequence of the group
-    (`full_positions`, [rows, S]) while the model holds its slice of the columns."""
+def _installed(impl: str, sp: SeqParallel, full_positions: torch.Tensor, masks: dict):
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    impl = getattr(model, "module", model).config._attn_implementation
-    if impl not in ALL_ATTENTION_FUNCTIONS or impl == "eager":
-        raise RuntimeError(
-            f"sequence parallelism needs the sdpa or flash-attention implementation; this model uses {impl!r}"
-        )
-    inner, local = ALL_ATTENTION_FUNCTIONS[impl], ALL_ATTENTION_FUNCTIONS._local_mapping
+    local = ALL_ATTENTION_FUNCTIONS._local_mapping
     before = local.get(impl)
-    ALL_ATTENTION_FUNCTIONS[impl] = _attention(inner, impl, sp, full_positions, {})  # the local mapping only
+    inner = ALL_ATTENTION_FUNCTIONS[impl]
+    ALL_ATTENTION_FUNCTIONS[impl] = _attention(inner, impl, sp, full_positions, masks)  # the local mapping only
+    _active.append((impl, sp, full_positions, masks))
     try:
         yield
     finally:
+        _active.pop()
         if before is None:
             del ALL_ATTENTION_FUNCTIONS[impl]
         else:
             ALL_ATTENTION_FUNCTIONS[impl] = before
+
+
+@contextlib.contextmanager
+def attention_over_group(model, sp: SeqParallel, full_positions: torch.Tensor):
+    """Inside: the model's attention implementation attends over the whole packed sequence of the group
+    (`full_positions`, [rows, S]) while the model holds its slice of the columns."""
+    impl = getattr(model, "module", model).config._attn_implementation
+    if impl not in SUPPORTED:
+        raise RuntimeError(
+            f"sequence parallelism needs the sdpa or flash-attention implementation; this model uses {impl!r}"
+        )
+    state: dict = {}
+    with _installed(impl, sp, full_positions, state):
+        yield
+    if not state.get("attended"):  # its attention does not go through transformers' registry: it saw one slice
+        raise RuntimeError(
+            f"{type(getattr(model, 'module', model)).__name__}'s attention bypasses transformers' attention functions, "
+            "so it cannot attend over a sequence-parallel group; set ulysses_sequence_parallel_size=1"
+        )
+
+
+def checkpoint_contexts():
+    """torch.utils.checkpoint's context_fn: a layer checkpointed inside a sequence-parallel forward is recomputed
+    during the backward pass, after that forward has returned; the recompute must attend over the group again."""
+    if not _active:
+        return contextlib.nullcontext(), contextlib.nullcontext()
+    return contextlib.nullcontext(), _installed(*_active[-1])
 
 
 def columns(t: torch.Tensor, sp: SeqParallel) -> torch.Tensor:

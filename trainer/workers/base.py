@@ -20,7 +20,7 @@ import torch.distributed as dist
 from ..batch.step_batch import StepBatch
 from ..config.schema import Config, from_dict
 from ..devices import gpu_index
-from ..model import lr_schedule, precision, ulysses
+from ..model import lr_schedule, parallel, precision, ulysses
 from ..model import micro_batches as batching
 from ..model.build import Trainable
 from ..model.forward import in_micro_batches
@@ -189,5 +189,6 @@ class RankWorker(PoolWorker):
         for name in self.holds_models:
             setattr(self, name, None)
         gc.collect()
+        parallel.forget_meshes()
         if dist.is_initialized():
             dist.destroy_process_group()

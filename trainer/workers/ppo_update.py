@@ -68,6 +68,7 @@ def update_actor(
                             remove_padding=packed,
                             share_prompts=a.use_prefix_grouper,
                             sp=sp,
+                            temperature=cfg.actor_rollout_ref.rollout.temperature,
                         )
                     if own_old:  # on-policy: one epoch, one mini batch, so these are the old log-probs
                         first[sl] = logp.detach()

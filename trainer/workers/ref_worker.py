@@ -30,6 +30,7 @@ class RefWorker(PoolWorker):
             self.model.to("cpu")
         self.micro, self.packed = a.ref.log_prob_micro_batch_size_per_gpu, a.model.use_remove_padding
         self.shared = a.actor.use_prefix_grouper
+        self.temperature = a.rollout.temperature  # verl's reference divides the logits by it too
         self.budget = batching.token_budgets(cfg)["actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"]
 
     @torch.no_grad()
@@ -41,7 +42,7 @@ class RefWorker(PoolWorker):
         parts = batching.plan(lengths, 0, len(ids), self.micro, self.budget, lambda k: k)
 
         def part(p):
-            kw = dict(remove_padding=self.packed, share_prompts=self.shared)
+            kw = dict(remove_padding=self.packed, share_prompts=self.shared, temperature=self.temperature)
             with self.precision.autocast():
                 return token_logprobs(self.model, ids[p], mask[p], batch.prompt_len, **kw)[0]
 

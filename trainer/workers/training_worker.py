@@ -64,11 +64,15 @@ def sequence_parallel_refusal(cfg, model_path: str) -> str | None:
         ("actor_rollout_ref.actor", sizes["actor"], model_path, a.model),
         ("critic", sizes["critic"], c.model.path or model_path, c.model if c.model.path else a.model),
     ):
-        why = (
-            ulysses.head_refusal(AutoConfig.from_pretrained(path, **build.load_kwargs(model)), size)
-            if size > 1
-            else None
-        )
+        if size <= 1:
+            continue
+        impl = model.override_config.get("attn_implementation") or model.override_config.get("_attn_implementation")
+        if impl and impl not in ulysses.SUPPORTED:
+            return (
+                f"{key}.ulysses_sequence_parallel_size={size}: attn_implementation={impl} (override_config) cannot "
+                f"attend over a sequence-parallel group; use one of {', '.join(ulysses.SUPPORTED)}"
+            )
+        why = ulysses.head_refusal(AutoConfig.from_pretrained(path, **build.load_kwargs(model)), size)
         if why:
             return f"{key}.ulysses_sequence_parallel_size={size}: {why}"
     return None
@@ -404,7 +408,7 @@ class TrainingWorker(RankWorker):
             ids, mask, remove_padding = batch.input_ids[rows], batch.attention_mask[rows], a.model.use_remove_padding
             with actor.precision.autocast():
                 logp, spp = old_logprobs_and_sum_pi_squared(
-                    actor.module, ids, mask, batch.prompt_len, remove_padding, self.sp["actor"]
+                    actor.module, ids, mask, batch.prompt_len, remove_padding, self.sp["actor"], a.rollout.temperature
                 )
             return torch.stack((logp, spp), 1)
 
@@ -428,6 +432,7 @@ class TrainingWorker(RankWorker):
                     remove_padding=a.model.use_remove_padding,
                     share_prompts=a.actor.use_prefix_grouper,
                     sp=sp,
+                    temperature=a.rollout.temperature,
                 )[0]
 
         return in_micro_batches(self._micro_batches(batch, micro, budget_key), part)

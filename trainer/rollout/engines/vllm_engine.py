@@ -102,6 +102,9 @@ def engine_kwargs(cfg, model_path: str, max_model_len: int, device: str, seed: i
         tensor_parallel_size=cfg.tensor_model_parallel_size,
         max_model_len=cfg.max_model_len or max_model_len,
         max_logprobs=1,
+        # the sampled token's log-prob under the distribution it was drawn from (temperature, top-k, top-p applied),
+        # as verl asks (rollout.logprobs_mode: processed_logprobs) and as the actor's log-probs are computed
+        logprobs_mode="processed_logprobs",
         enable_prefix_caching=cfg.enable_prefix_caching,
         enable_chunked_prefill=cfg.enable_chunked_prefill,
         max_num_batched_tokens=cfg.max_num_batched_tokens,

@@ -9,7 +9,8 @@ reference = C.plain_logprobs_and_entropy
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("chunk_elements", [7 * 50, 2**25])  # 7 tokens a chunk (uneven tail), or all at once
 @pytest.mark.parametrize("entropy_grad", [True, False])
-def test_values_and_gradients_match_the_plain_formulas(monkeypatch, dtype, chunk_elements, entropy_grad):
+@pytest.mark.parametrize("temperature", [1.0, 0.7])  # verl divides the logits by the rollout's temperature
+def test_values_and_gradients_match_the_plain_formulas(monkeypatch, dtype, chunk_elements, entropy_grad, temperature):
     monkeypatch.setattr(C, "CHUNK_ELEMENTS", chunk_elements)
     g = torch.Generator().manual_seed(0)
     base = (torch.randn(3, 9, 50, generator=g) * 3).to(dtype)
@@ -24,10 +25,10 @@ def test_values_and_gradients_match_the_plain_formulas(monkeypatch, dtype, chunk
         return logp.detach(), ent.detach(), logits.grad.float()
 
     def plain(logits):
-        logp, ent = reference(logits, targets)
+        logp, ent = reference(logits.float() / temperature, targets)
         return logp, ent if entropy_grad else ent.detach()
 
-    got = run(lambda x: C.token_logprobs_and_entropy(x, targets, True, entropy_grad))
+    got = run(lambda x: C.token_logprobs_and_entropy(x, targets, True, entropy_grad, temperature))
     want = run(plain)
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
     for a, b in zip(got, want):
@@ -54,3 +55,10 @@ def test_no_fp32_copy_of_the_logits_is_kept_for_the_backward_pass():
         C.token_logprobs_and_entropy(logits, targets, True)
     big = [t for t in saved if t.numel() >= logits.numel()]
     assert len(big) == 1 and big[0].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6, 1.5])
+def test_sum_pi_squared_of_the_tempered_distribution(temperature):
+    logits = torch.randn(5, 30) * 2
+    want = torch.softmax(logits / temperature, -1).pow(2).sum(-1)
+    torch.testing.assert_close(C.token_sum_pi_squared(logits, temperature), want)

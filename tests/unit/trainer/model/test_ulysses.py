@@ -15,7 +15,7 @@ from rlrig.trainer.model import ulysses
 SHAPES = [(4, 2), (4, 1)]
 
 
-def _model(heads: int, kv: int, value_head: bool = False, window: int | None = None):
+def _model(heads: int, kv: int, value_head: bool = False, window: int | None = None, checkpointing: bool = False):
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
 
     torch.manual_seed(0)
@@ -32,8 +32,16 @@ def _model(heads: int, kv: int, value_head: bool = False, window: int | None = N
         use_sliding_window=window is not None,
         sliding_window=window,
         max_window_layers=0,
+        classifier_dropout=0.0,
+        attention_dropout=0.0,
     )
-    return (Qwen2ForTokenClassification if value_head else Qwen2ForCausalLM)(cfg).eval()  # no dropout draws
+    model = (Qwen2ForTokenClassification if value_head else Qwen2ForCausalLM)(cfg).eval()  # no dropout draws
+    if checkpointing:  # it acts in training mode only: the recompute runs inside backward, after the forward
+        from rlrig.trainer.model.build import set_checkpointing
+
+        set_checkpointing(model, True)
+        model.train()
+    return model
 
 
 def _batch():
@@ -66,11 +74,11 @@ def _outputs(model, sp, heads, kv, value_head):
     return {k: t.detach() for k, t in outs.items()}, {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-def _rank(rank, world, port, out_dir, heads, kv, value_head, window):
+def _rank(rank, world, port, out_dir, heads, kv, value_head, window, checkpointing):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     sp = ulysses.make_groups(rank, world, world)
-    outs, grads = _outputs(_model(heads, kv, value_head, window), sp, heads, kv, value_head)
+    outs, grads = _outputs(_model(heads, kv, value_head, window, checkpointing), sp, heads, kv, value_head)
     for g in grads.values():  # what DDP does over the world: each rank holds sp x its share; the mean is the whole
         dist.all_reduce(g)
         g /= world
@@ -79,14 +87,22 @@ def _rank(rank, world, port, out_dir, heads, kv, value_head, window):
 
 
 @pytest.mark.parametrize(
-    "heads, kv, value_head, window",
-    [(4, 2, False, None), (4, 1, False, None), (4, 2, True, None), (4, 2, False, 3)],
+    "heads, kv, value_head, window, checkpointing",
+    [
+        (4, 2, False, None, False),
+        (4, 1, False, None, False),
+        (4, 2, True, None, False),
+        (4, 2, False, 3, False),
+        (4, 2, False, None, True),  # gradient checkpointing: the recompute attends over the group again
+        (4, 2, True, None, True),
+    ],
 )
-def test_two_ranks_equal_one_in_outputs_and_gradients(tmp_path, heads, kv, value_head, window):
+def test_two_ranks_equal_one_in_outputs_and_gradients(tmp_path, heads, kv, value_head, window, checkpointing):
     from rlrig.trainer.workers.base import free_port
 
-    mp.spawn(_rank, args=(2, free_port(), str(tmp_path), heads, kv, value_head, window), nprocs=2)
-    want_outs, want_grads = _outputs(_model(heads, kv, value_head, window), None, heads, kv, value_head)
+    args = (heads, kv, value_head, window, checkpointing)
+    mp.spawn(_rank, args=(2, free_port(), str(tmp_path), *args), nprocs=2)
+    want_outs, want_grads = _outputs(_model(*args), None, heads, kv, value_head)
     for r in range(2):
         got = torch.load(tmp_path / f"{r}.pt")
         for k, t in want_outs.items():
@@ -138,6 +154,14 @@ def test_a_model_whose_heads_do_not_split_is_refused_before_any_worker_starts():
     )
     two = parse_overrides([*base, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"])
     assert start_refusal(two.to_dict(), path, "cpu") is None
+    eager = parse_overrides(
+        [
+            *base,
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+            "+actor_rollout_ref.model.override_config.attn_implementation=eager",
+        ]
+    )
+    assert "attn_implementation=eager (override_config) cannot attend" in start_refusal(eager.to_dict(), path, "cpu")
 
 
 SP2 = "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"
