@@ -449,7 +449,6 @@ class TrainerConfig:
     seed: int = 1
     val_only: bool = False  # validate (as before training) and stop
     log_val_generations: int = 0  # how many validation samples to print and keep in val_generations.jsonl
-    use_legacy_worker_impl: str = "auto"  # no effect in rlrig
     placement_timeout_s: float = 120.0  # rlrig: how long the workers' placement groups may take to be placed
 
 

@@ -23,6 +23,10 @@ ALIASES = {
     "critic.grad_clip": "critic.optim.clip_grad",
 }
 
+_RM_TOOL_CONFIG = (
+    "the reward model's profiler takes the actor's tool_config (verl's default); set "
+    "actor_rollout_ref.actor.profiler.tool_config"
+)
 # Whole families of verl keys, by prefix, and single keys: what they are and what rlrig offers instead.
 REFUSED_PREFIXES = {
     "reward_model.sandbox_fusion.": "verl's sandbox-fusion code execution is not in rlrig; score code with "
@@ -40,8 +44,7 @@ REFUSED_PREFIXES = {
         "or torch_memory"
         for p in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
     },
-    "reward_model.profiler.tool_config.": "the reward model's profiler takes the actor's tool_config (verl's "
-    "default); set actor_rollout_ref.actor.profiler.tool_config",
+    "reward_model.profiler.tool_config.": _RM_TOOL_CONFIG,
     "actor_rollout_ref.rollout.trace.": "verl's rollout tracing is not in rlrig",
     "async_training.": "verl's fully asynchronous training (rollout and training on separate pools, stale samples) "
     "is not in rlrig; its steps are synchronous",
@@ -58,8 +61,9 @@ REFUSED_PREFIXES = {
     "trainer.spo.": "the spo recipe's offline values are not in rlrig",
 }
 REFUSED = {
-    "reward_model.profiler.tool_config": "the reward model's profiler takes the actor's tool_config (verl's default); "
-    "set actor_rollout_ref.actor.profiler.tool_config",
+    "trainer.use_legacy_worker_impl": "rlrig's workers update as verl's legacy FSDP workers (auto, enable); verl's new "
+    "engine (disable), which normalises losses over the global batch's tokens, is not in rlrig",
+    "reward_model.profiler.tool_config": _RM_TOOL_CONFIG,
     "actor_rollout_ref.hybrid_engine": "rlrig's rollout engines run inside the training workers (verl's hybrid "
     "engine, hybrid_engine=True); rollout on separate workers is not in rlrig",
     "actor_rollout_ref.rollout.multi_turn.enable": "verl's multi-turn and tool-calling rollout is not in rlrig; its "
@@ -84,6 +88,8 @@ REFUSED = {
 }
 # A value rlrig accepts for a key it otherwise refuses: verl's default, which asks for nothing.
 ACCEPTED_DEFAULTS = {
+    # verl's legacy FSDP workers (auto, its default, and enable) are what rlrig's follow
+    "trainer.use_legacy_worker_impl": ("auto", "enable"),
     "actor_rollout_ref.rollout.logprobs_mode": ("processed_logprobs",),
     # verl's critic defaults: LoRA off
     "critic.model.lora_rank": ("0",),
@@ -125,7 +131,6 @@ NO_EFFECT = {
     "actor_rollout_ref.model.use_shm": "rlrig loads the model from its path as it is",
     "actor_rollout_ref.model.use_fused_kernels": "rlrig computes logits only at the response positions and log-probs "
     "by logsumexp, with no separate kernel",
-    "trainer.use_legacy_worker_impl": "rlrig has one worker implementation",
     "actor_rollout_ref.model.fused_kernel_options": "see use_fused_kernels",
     "reward_model.strategy": "each of rlrig's reward-model workers holds the whole model (forward passes only, no "
     "gradients or optimizer state to shard)",

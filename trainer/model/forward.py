@@ -79,60 +79,9 @@ def from_group(x: torch.Tensor | None, mine: torch.Tensor, filled: torch.Tensor,
     return packing.unpack(ulysses.group_sum(x.new_zeros(mine.shape).masked_scatter(mine, x), sp), filled)
 
 
-def token_logprobs(
-    model,
-    input_ids,
-    attention_mask,
-    prompt_len,
-    with_entropy=False,
-    entropy_grad=True,
-    remove_padding=False,
-    share_prompts=False,
-    sp: ulysses.SeqParallel | None = None,
-    temperature: float = 1.0,
-):
-    """Log-probs [B, R] of the response tokens under the model (and the entropy, [B, R]). With
-    entropy_coeff 0 the entropy is only a metric: `entropy_grad=False` keeps it out of the backward pass.
-    share_prompts: each distinct prompt computed once (model/prefix_grouper.py). sp: the sequence-parallel group
-    (needs remove_padding); every rank of it passes the same rows and gets the same result. temperature: the
-    rollout's sampling temperature, which divides the logits (verl's actor and reference)."""
-    return token_outputs(
-        model,
-        input_ids,
-        attention_mask,
-        prompt_len,
-        with_entropy=with_entropy,
-        entropy_grad=entropy_grad,
-        remove_padding=remove_padding,
-        share_prompts=share_prompts,
-        sp=sp,
-        temperature=temperature,
-    )[:2]
-
-
-def old_logprobs_and_sum_pi_squared(
-    model,
-    input_ids,
-    attention_mask,
-    prompt_len,
-    remove_padding=False,
-    sp: ulysses.SeqParallel | None = None,
-    temperature: float = 1.0,
-):
-    """No-grad log-probs [B, R] and sum_v pi(v)^2 [B, R] at each response token, from the same logits (the optimal
-    token baseline's inputs); padded, packed or sequence parallel, not with shared prompts."""
-    logp, _, spp = token_outputs(
-        model,
-        input_ids,
-        attention_mask,
-        prompt_len,
-        entropy_grad=False,
-        remove_padding=remove_padding,
-        sp=sp,
-        with_sum_pi_squared=True,
-        temperature=temperature,
-    )
-    return logp, spp
+def token_logprobs(model, input_ids, attention_mask, prompt_len, **options):
+    """(log-probs [B, R], entropy [B, R] or None) of the response tokens: token_outputs' first two."""
+    return token_outputs(model, input_ids, attention_mask, prompt_len, **options)[:2]
 
 
 def token_outputs(
@@ -149,7 +98,12 @@ def token_outputs(
     with_sum_pi_squared=False,
     temperature: float = 1.0,
 ):
-    """token_logprobs' (log-probs, entropy) and sum_v pi(v)^2 [B, R] (or None: with_sum_pi_squared=False)."""
+    """Log-probs [B, R] of the response tokens under the model, the entropy [B, R] (None unless with_entropy) and
+    sum_v pi(v)^2 [B, R] (None unless with_sum_pi_squared, the optimal token baseline's). With entropy_coeff 0 the
+    entropy is only a metric: `entropy_grad=False` keeps it out of the backward pass. share_prompts: each distinct
+    prompt computed once (model/prefix_grouper.py). sp: the sequence-parallel group (needs remove_padding); every
+    rank of it passes the same rows and gets the same result. temperature: the rollout's sampling temperature, which
+    divides the logits (verl's actor and reference)."""
     t = temperature if temperature > 0 else 1.0  # greedy sampling (0) has no distribution to divide towards
 
     def from_logits(logits, targets):

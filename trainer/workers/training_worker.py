@@ -24,7 +24,7 @@ from ..batch.balance import balance
 from ..batch.exchange import pf_ppo_resample, sequence_parallel_share
 from ..batch.step_batch import StepBatch
 from ..model import build, lora, lr_schedule, offload, parallel, ulysses
-from ..model.forward import in_micro_batches, old_logprobs_and_sum_pi_squared, token_logprobs
+from ..model.forward import in_micro_batches, token_outputs
 from ..model.micro_batches import sequence_parallel
 from ..reward.managers import overlong
 from ..reward.rules import reward_fn
@@ -399,32 +399,30 @@ class TrainingWorker(RankWorker):
         the same logits, as verl's old-log-prob pass)."""
         a, actor = self.cfg.actor_rollout_ref, self.models.actor
         key = "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"
-        micro = a.rollout.log_prob_micro_batch_size_per_gpu
-        if not a.actor.calculate_sum_pi_squared:
-            old_logp = self._logprobs(actor.module, batch, micro, actor.precision, key, self.sp["actor"])
-            return batch.replace(old_logp=old_logp)
-
-        def part(rows):
-            ids, mask, remove_padding = batch.input_ids[rows], batch.attention_mask[rows], a.model.use_remove_padding
-            with actor.precision.autocast():
-                logp, spp = old_logprobs_and_sum_pi_squared(
-                    actor.module, ids, mask, batch.prompt_len, remove_padding, self.sp["actor"], a.rollout.temperature
-                )
-            return torch.stack((logp, spp), 1)
-
-        both = in_micro_batches(self._micro_batches(batch, micro, key), part)
-        return batch.replace(old_logp=both[:, 0], sum_pi_squared=both[:, 1])
+        micro, spp = a.rollout.log_prob_micro_batch_size_per_gpu, a.actor.calculate_sum_pi_squared
+        out = self._logprobs(actor.module, batch, micro, actor.precision, key, self.sp["actor"], spp)
+        if not spp:
+            return batch.replace(old_logp=out)
+        return batch.replace(old_logp=out[:, 0], sum_pi_squared=out[:, 1])
 
     def _logprobs(
-        self, module, batch: StepBatch, micro: int | None, prec, budget_key: str, sp: ulysses.SeqParallel | None = None
+        self,
+        module,
+        batch: StepBatch,
+        micro: int | None,
+        prec,
+        budget_key: str,
+        sp: ulysses.SeqParallel | None = None,
+        with_sum_pi_squared: bool = False,
     ) -> torch.Tensor:
-        """No-grad log-probs in micro batches; `module` is the bare model (under DDP, the wrapper's
-        forward would broadcast buffers: a collective for a pass that needs none)."""
+        """No-grad log-probs [B, R] in micro batches (with_sum_pi_squared: [B, 2, R], sum_v pi(v)^2 from the same
+        logits second); `module` is the bare model (under DDP, the wrapper's forward would broadcast buffers: a
+        collective for a pass that needs none)."""
         a = self.cfg.actor_rollout_ref
 
         def part(sl):
             with prec.autocast():
-                return token_logprobs(
+                logp, _, spp = token_outputs(
                     module,
                     batch.input_ids[sl],
                     batch.attention_mask[sl],
@@ -432,8 +430,10 @@ class TrainingWorker(RankWorker):
                     remove_padding=a.model.use_remove_padding,
                     share_prompts=a.actor.use_prefix_grouper,
                     sp=sp,
+                    with_sum_pi_squared=with_sum_pi_squared,
                     temperature=a.rollout.temperature,
-                )[0]
+                )
+            return torch.stack((logp, spp), 1) if with_sum_pi_squared else logp
 
         return in_micro_batches(self._micro_batches(batch, micro, budget_key), part)
 

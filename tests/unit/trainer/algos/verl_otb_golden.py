@@ -22,7 +22,6 @@ from random logits over 6 tokens; some rows without tokens, some masks with hole
 
 from __future__ import annotations
 
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -31,7 +30,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # run as a script: its neighbour
-from verl_source import VERL_COMMIT, cut, git_show  # noqa: E402
+from verl_source import cut, git_show, write_fixture  # noqa: E402
 
 OUT = Path(__file__).with_name("verl_otb_golden.json")
 ROWS, COLS, VOCAB = 8, 10, 6
@@ -133,12 +132,7 @@ def main(repo: str) -> None:
         cases["sum_pi_squared"].append(
             {"logits": logits.tolist(), "sum_pi_squared": verl["sum_pi_squared"](logits).tolist()}
         )
-    lines = [f'{{"verl_commit": "{VERL_COMMIT}", "cases": {{']
-    for i, (kind, listed_cases) in enumerate(cases.items()):
-        rows = ",\n".join(json.dumps(c) for c in listed_cases)
-        lines.append(f'"{kind}": [\n{rows}\n]' + (",\n" if i < len(cases) - 1 else "\n"))
-    OUT.write_text("".join(lines) + "}}\n")  # one case a line
-    print(f"wrote {OUT}")
+    write_fixture(OUT, cases)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ Cases, all in float64 on [6, 8] batches with random response lengths (a row with
 
 from __future__ import annotations
 
-import json
 import sys
 import types
 from pathlib import Path
@@ -33,7 +32,7 @@ from typing import Any, Optional
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # run as a script: its neighbour
-from verl_source import VERL_COMMIT, cut, git_show  # noqa: E402
+from verl_source import cut, git_show, write_fixture  # noqa: E402
 
 OUT = Path(__file__).with_name("verl_rollout_corr_golden.json")
 ROWS, COLS = 6, 8
@@ -179,12 +178,7 @@ def main(repo: str) -> None:
             {**rc, "loss_agg_mode": agg, "actor": ACTOR, **listed(x)}
             | {"loss": loss.item(), "grad": logp.grad.tolist(), "metrics": metrics}
         )
-    lines = [f'{{"verl_commit": "{VERL_COMMIT}", "cases": {{']
-    for i, (kind, listed_cases) in enumerate(cases.items()):
-        rows = ",\n".join(json.dumps(c) for c in listed_cases)
-        lines.append(f'"{kind}": [\n{rows}\n]' + (",\n" if i < len(cases) - 1 else "\n"))
-    OUT.write_text("".join(lines) + "}}\n")  # one case a line
-    print(f"wrote {OUT}")
+    write_fixture(OUT, cases)
 
 
 if __name__ == "__main__":

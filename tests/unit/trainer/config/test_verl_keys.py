@@ -120,6 +120,7 @@ def test_external_lib_is_imported_or_refused(tmp_path, monkeypatch):
         ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "does not divide the 1 workers"),
         ("actor_rollout_ref.rollout.mode=agent", "verl's modes are async (its default) and sync"),
         ("trainer.logger=['console','mlflow']", "mlflow is not in rlrig"),
+        ("trainer.use_legacy_worker_impl=disable", "verl's new engine (disable)"),
         ("data.sampler.class_name=Curriculum", "custom samplers are not in rlrig"),
         ("actor_rollout_ref.ref.strategy=ddp", "shards the reference as it does the actor"),  # the actor: fsdp
     ],
@@ -141,6 +142,7 @@ def test_verl_keys_rlrig_does_not_implement_are_refused_in_one_line(override, wo
         "actor_rollout_ref.rollout.mode=sync",
         "actor_rollout_ref.rollout.multi_turn.format=hermes",
         "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",
+        "trainer.use_legacy_worker_impl=enable",
         "actor_rollout_ref.actor.strategy=fsdp2",
         "actor_rollout_ref.ref.strategy=fsdp2",
     ],

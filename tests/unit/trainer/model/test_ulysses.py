@@ -57,7 +57,7 @@ def _batch():
 
 
 def _outputs(model, sp, heads, kv, value_head):
-    from rlrig.trainer.model.forward import old_logprobs_and_sum_pi_squared, token_logprobs, values
+    from rlrig.trainer.model.forward import token_logprobs, token_outputs, values
 
     ids, mask, prompt_len = _batch()
     if value_head:
@@ -68,7 +68,7 @@ def _outputs(model, sp, heads, kv, value_head):
         logp, ent = token_logprobs(model, ids, mask, prompt_len, with_entropy=True, remove_padding=True, sp=sp)
         loss = (logp * torch.linspace(0.5, 1.5, logp.numel()).view_as(logp)).sum() - 0.1 * ent.sum()
         with torch.no_grad():  # the optimal token baseline's no-grad pass
-            _, spp = old_logprobs_and_sum_pi_squared(model, ids, mask, prompt_len, remove_padding=True, sp=sp)
+            spp = token_outputs(model, ids, mask, prompt_len, remove_padding=True, sp=sp, with_sum_pi_squared=True)[2]
         outs = {"logp": logp, "ent": ent, "sum_pi_squared": spp}
     loss.backward()
     return {k: t.detach() for k, t in outs.items()}, {n: p.grad.clone() for n, p in model.named_parameters()}

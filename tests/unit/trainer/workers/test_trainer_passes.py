@@ -409,16 +409,18 @@ def test_the_critic_takes_its_own_mini_batches_and_epochs(extra, critic_steps):
 def test_every_log_prob_pass_divides_by_the_rollout_temperature(monkeypatch):
     # verl: old log-probs, the reference's and the update's all come from logits / rollout.temperature
     from rlrig.trainer.model import forward
-    from rlrig.trainer.workers import ppo_update, training_worker
+    from rlrig.trainer.workers import training_worker
 
     seen = []
 
+    outputs = forward.token_outputs
+
     def spy(*args, **kw):
         seen.append(kw.get("temperature"))
-        return forward.token_logprobs(*args, **kw)
+        return outputs(*args, **kw)
 
-    monkeypatch.setattr(ppo_update, "token_logprobs", spy)
-    monkeypatch.setattr(training_worker, "token_logprobs", spy)
+    monkeypatch.setattr(forward, "token_outputs", spy)  # the update's, through token_logprobs
+    monkeypatch.setattr(training_worker, "token_outputs", spy)
     extra = ["actor_rollout_ref.rollout.temperature=0.5", "actor_rollout_ref.actor.use_kl_loss=True"]
     _one_step([*extra, "actor_rollout_ref.actor.ppo_epochs=2"])
     # old log-probs (2 epochs: not on-policy), the reference's, and each update micro batch
