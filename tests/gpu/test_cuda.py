@@ -159,10 +159,11 @@ def test_fabric_gpu_health_reads_real_nvml_and_counts_memory_another_process_hol
     assert any("held by other processes (a leftover job?)" in f for f in fails), (fails, r.stderr)
 
 
-def _linear_dtypes(w, phase_fn) -> set:
+def _linear_dtypes(w, phase_fn, module=None) -> set:
     seen = set()
-    # the first layer's down projection, also under peft's wrapping (LoRA)
-    lin = next(mod for name, mod in w.models.actor.module.named_modules() if name.endswith("layers.0.mlp.down_proj"))
+    # the first layer's down projection (the actor's unless `module` is given), also under peft's wrapping (LoRA)
+    module = w.models.actor.module if module is None else module
+    lin = next(mod for name, mod in module.named_modules() if name.endswith("layers.0.mlp.down_proj"))
     h = lin.register_forward_hook(lambda mod, inp, out: seen.add(out.dtype))
     try:
         phase_fn()
@@ -173,7 +174,8 @@ def _linear_dtypes(w, phase_fn) -> set:
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_bf16_mixed_precision_on_cuda(strategy):
-    """verl's default on GPU: fp32 master weights and Adam state, bf16 matrix products, reference in bf16."""
+    """verl's default on GPU: fp32 master weights and Adam state, bf16 matrix products; the reference holds fp32
+    weights and computes in bf16, as verl's generated config (ref.fsdp_config.model_dtype fp32)."""
     from rlrig.trainer.config.presets import EMBEDDED
     from rlrig.trainer.driver.single_process import single_worker
 
@@ -188,12 +190,15 @@ def test_bf16_mixed_precision_on_cuda(strategy):
     ) as (w, batches):
         m = w.models
         assert all(p.dtype == torch.float32 for p in m.actor.module.parameters())
-        assert all(p.dtype == torch.bfloat16 for p in m.ref.parameters())
+        assert all(p.dtype == torch.float32 for p in m.ref.parameters())
+        assert m.ref_precision.param_dtype == torch.bfloat16
         if strategy == "fsdp":  # the full copy the hf engine generates with: in the compute dtype
             assert all(p.dtype == torch.bfloat16 for p in m.gen_module.parameters())
         out = {}
-        dtypes = _linear_dtypes(w, lambda: out.update(w.step(next(batches), 0.001, 1)))
-        assert dtypes == {torch.bfloat16}, dtypes
+        ref_dtypes: set = set()
+        step = lambda: out.update(w.step(next(batches), 0.001, 1))  # noqa: E731
+        dtypes = _linear_dtypes(w, lambda: ref_dtypes.update(_linear_dtypes(w, step, m.ref)))
+        assert dtypes == {torch.bfloat16} and ref_dtypes == {torch.bfloat16}, (dtypes, ref_dtypes)
         assert all(v.dtype == torch.float32 for st in m.actor.opt.state.values() for k, v in st.items() if k != "step")
         assert out["actor/grad_norm"] > 0 and out["perf/max_memory_allocated_gb"] > 0
 

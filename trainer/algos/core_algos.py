@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -59,11 +60,37 @@ def kl_penalty(logp, ref_logp, kind: str):
     raise ValueError(f"unknown kl penalty {kind!r}")
 
 
-def agg_loss(loss, mask, mode: str):
+@dataclass(frozen=True)
+class GlobalBatch:
+    """The mini batch a micro batch belongs to, over every data-parallel rank: what verl's engine workers
+    (trainer.use_legacy_worker_impl=disable) normalise each micro batch's loss by (verl's global_batch_info)."""
+
+    dp_size: int  # data-parallel ranks (the ranks of one sequence-parallel group count once)
+    tokens: float  # response tokens of the mini batch on all of them
+    seqs: int  # its sequences on all of them (verl: ppo_mini_batch_size x rollout.n)
+
+
+@dataclass(frozen=True)
+class Agg:
+    """A loss aggregation mode, and under verl's engine workers the global mini batch it normalises by."""
+
+    mode: str
+    batch: GlobalBatch | None = None
+
+
+def with_mode(agg: str | Agg, mode: str) -> str | Agg:
+    """A loss with an aggregation of its own (GSPO, SAPO) keeps the global batch, as verl's pass it on."""
+    return Agg(mode, agg.batch) if isinstance(agg, Agg) else mode
+
+
+def agg_loss(loss, mask, agg: str | Agg):
     # token-mean: sum(l*m)/sum(m); seq-mean-token-sum: mean over rows with a token of sum_t l*m;
     # seq-mean-token-mean: mean over rows with a token of (sum_t l*m / sum_t m) (verl leaves all-masked rows out);
     # seq-mean-token-sum-norm: sum(l*m) / T over the micro batch's rows (T = response length, a constant normaliser as
     # in Dr.GRPO; verl's legacy actor sums the rows and scales by the micro batch's share, as rlrig's update does)
+    mode, g = (agg, None) if isinstance(agg, str) else (agg.mode, agg.batch)
+    if g is not None:
+        return global_agg_loss(loss, mask, mode, g)
     if mode == "token-mean":
         return masked_mean(loss, mask)
     rows = (mask.sum(-1) > 0).to(loss.dtype)
@@ -71,6 +98,23 @@ def agg_loss(loss, mask, mode: str):
         return masked_mean((loss * mask).sum(-1), rows)
     if mode == "seq-mean-token-mean":
         return masked_mean((loss * mask).sum(-1) / mask.sum(-1).clamp_min(1), rows)
+    if mode == "seq-mean-token-sum-norm":
+        return (loss * mask).sum() / loss.shape[-1]
+    raise ValueError(f"unknown loss_agg_mode {mode!r}")
+
+
+def global_agg_loss(loss, mask, mode: str, g: GlobalBatch):
+    # verl's engine workers: one micro batch's share of the whole mini batch's loss, backpropagated as it is; D (the
+    # data-parallel size) undoes the gradient all-reduce's average over the ranks, N and S count the mini batch on all
+    # of them. token-mean: sum(l*m) / N * D; seq-mean-token-sum: sum_rows(sum_t l*m) / S * D;
+    # seq-mean-token-mean: sum_rows(sum_t l*m / sum_t m) / S * D; seq-mean-token-sum-norm: sum(l*m) / T (no D, no S:
+    # verl's core_algos.agg_loss with loss_scale_factor unset)
+    if mode == "token-mean":
+        return (loss * mask).sum() / max(g.tokens, 1e-8) * g.dp_size
+    if mode == "seq-mean-token-sum":
+        return (loss * mask).sum() / g.seqs * g.dp_size
+    if mode == "seq-mean-token-mean":  # verl's + 1e-8, which leaves a row without tokens at 0
+        return ((loss * mask).sum(-1) / (mask.sum(-1) + 1e-8)).sum() / g.seqs * g.dp_size
     if mode == "seq-mean-token-sum-norm":
         return (loss * mask).sum() / loss.shape[-1]
     raise ValueError(f"unknown loss_agg_mode {mode!r}")

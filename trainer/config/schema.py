@@ -450,6 +450,9 @@ class TrainerConfig:
     val_only: bool = False  # validate (as before training) and stop
     log_val_generations: int = 0  # how many validation samples to print and keep in val_generations.jsonl
     placement_timeout_s: float = 120.0  # rlrig: how long the workers' placement groups may take to be placed
+    # verl's two worker implementations differ in how micro batches weigh in the update (workers/ppo_update.py):
+    # auto and enable as its legacy FSDP workers, disable as its engine workers
+    use_legacy_worker_impl: str = "auto"  # auto | enable | disable
 
 
 @dataclass

@@ -77,6 +77,8 @@ def _choices(cfg: Config) -> None:
         "algorithm.pf_ppo.reweight_method": (cfg.algorithm.pf_ppo.reweight_method, ("pow", "max_min", "max_random")),
         "data.truncation": (d.truncation, ("error", "left", "right")),
         "trainer.resume_mode": (t.resume_mode, ("auto", "disable", "resume_path")),
+        # verl's main_ppo.py: raise ValueError(f"Invalid use_legacy_worker_impl: ...") for any other value
+        "trainer.use_legacy_worker_impl": (t.use_legacy_worker_impl, ("auto", "enable", "disable")),
         "trainer.device": (t.device, ("auto", "cuda", "cpu")),
         "actor_rollout_ref.rollout.name": (r.name, ENGINE_NAMES),
         "actor_rollout_ref.actor.strategy": (a.strategy, ("ddp", "fsdp", "fsdp2")),

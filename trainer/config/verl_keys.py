@@ -18,7 +18,7 @@ ALIASES = {
     "ray_init.timeline_file": "ray_kwargs.timeline_json_file",
     "trainer.nnode": "trainer.nnodes",  # the FAQ's spelling
     # verl's legacy FSDP workers (its default, use_legacy_worker_impl=auto) clip with actor.grad_clip and
-    # critic.grad_clip, its newer engine with optim.clip_grad; both default to 1.0, and rlrig has one norm for each
+    # critic.grad_clip, its engine workers with optim.clip_grad; both default to 1.0, and rlrig has one norm for each
     "actor_rollout_ref.actor.grad_clip": "actor_rollout_ref.actor.optim.clip_grad",
     "critic.grad_clip": "critic.optim.clip_grad",
 }
@@ -61,8 +61,6 @@ REFUSED_PREFIXES = {
     "trainer.spo.": "the spo recipe's offline values are not in rlrig",
 }
 REFUSED = {
-    "trainer.use_legacy_worker_impl": "rlrig's workers update as verl's legacy FSDP workers (auto, enable); verl's new "
-    "engine (disable), which normalises losses over the global batch's tokens, is not in rlrig",
     "reward_model.profiler.tool_config": _RM_TOOL_CONFIG,
     "actor_rollout_ref.hybrid_engine": "rlrig's rollout engines run inside the training workers (verl's hybrid "
     "engine, hybrid_engine=True); rollout on separate workers is not in rlrig",
@@ -88,8 +86,6 @@ REFUSED = {
 }
 # A value rlrig accepts for a key it otherwise refuses: verl's default, which asks for nothing.
 ACCEPTED_DEFAULTS = {
-    # verl's legacy FSDP workers (auto, its default, and enable) are what rlrig's follow
-    "trainer.use_legacy_worker_impl": ("auto", "enable"),
     "actor_rollout_ref.rollout.logprobs_mode": ("processed_logprobs",),
     # verl's critic defaults: LoRA off
     "critic.model.lora_rank": ("0",),

@@ -1,5 +1,11 @@
 """The PPO update: actor and critic, each over ppo_epochs x mini batches (one optimizer step each) x
-micro batches (gradients accumulated), in training mode so gradient checkpointing acts."""
+micro batches (gradients accumulated), in training mode so gradient checkpointing acts.
+
+Two ways of weighing the micro batches, as verl's two worker implementations (trainer.use_legacy_worker_impl):
+its legacy FSDP workers (auto, enable) take each micro batch's own mean loss times its share of the mini batch's
+rows; its engine workers (disable) divide each micro batch's summed loss by the whole mini batch's token or
+sequence count over every data-parallel rank (core_algos.GlobalBatch), so a token weighs the same whichever micro
+batch or rank it falls in."""
 
 from __future__ import annotations
 
@@ -31,6 +37,26 @@ def training(t: Trainable):
         t.opt.zero_grad(set_to_none=True)  # gradients are not held through the next rollout
 
 
+# verl's engine reports the losses it normalises over the global batch as sums over the micro batches (its
+# AggregationType.SUM): the mini batch's loss; its other metrics stay means
+GLOBAL_SUMS = ("actor/pg_loss", "actor/entropy", "actor/kl_loss")
+
+
+def engine_workers(cfg) -> bool:
+    """verl's engine workers' loss normalisation (trainer.use_legacy_worker_impl=disable)."""
+    return cfg.trainer.use_legacy_worker_impl == "disable"
+
+
+def global_batches(
+    mask: torch.Tensor, plan: MiniBatches, dp_size: int, batch_sum: algos.AllReduce
+) -> list[algos.GlobalBatch]:
+    """Each mini batch over every data-parallel rank (verl's engine: the loss mask's tokens all-reduced over the
+    data-parallel group, the sequences ppo_mini_batch_size x n), in one all-reduce for all of them."""
+    local = torch.stack([sum((mask[sl].sum() for sl in micros), mask.new_zeros(())) for micros in plan.parts])
+    tokens = batch_sum(local.double()).tolist()
+    return [algos.GlobalBatch(dp_size, n, plan.rows * dp_size) for n in tokens]
+
+
 def update_actor(
     t: Trainable,
     batch: StepBatch,
@@ -38,10 +64,12 @@ def update_actor(
     plan: MiniBatches,
     allreduce: algos.AllReduce = algos.local,
     sp: SeqParallel | None = None,
+    glob: list[algos.GlobalBatch] | None = None,
 ):
     """Returns the stats (lists per metric) and the log-probs before the first optimizer step: the batch's
     old_logp, or on-policy (old_logp None) those of the update's own first forwards. `allreduce` sums over the
-    workers (bypass mode's batch-normalized weights)."""
+    workers (bypass mode's batch-normalized weights). `glob`: each mini batch's global counts, under verl's engine
+    workers' normalisation."""
     a, rc = cfg.actor_rollout_ref.actor, cfg.algorithm.rollout_correction
     loss_fn = bypass_loss(rc, allreduce) if rc.bypass_mode else policy_losses.get(a.policy_loss.loss_mode).fn
     packed = cfg.actor_rollout_ref.model.use_remove_padding
@@ -53,8 +81,10 @@ def update_actor(
     first = torch.zeros_like(mask) if own_old else None
     with training(t):
         for _ in range(a.ppo_epochs):
-            for micros in plan.parts:
+            for i, micros in enumerate(plan.parts):
                 t.opt.zero_grad()
+                agg = algos.Agg(a.loss_agg_mode, glob[i]) if glob else a.loss_agg_mode
+                mini: dict[str, list[float]] = {}
                 for sl in micros:
                     m = mask[sl]
                     with t.precision.autocast():
@@ -73,17 +103,19 @@ def update_actor(
                     if own_old:  # on-policy: one epoch, one mini batch, so these are the old log-probs
                         first[sl] = logp.detach()
                     old = logp.detach() if own_old else old_logp[sl]
-                    pg, extra = loss_fn(old, logp, adv[sl], m, a, a.loss_agg_mode, None if is_w is None else is_w[sl])
-                    entropy = algos.agg_loss(ent, m, a.loss_agg_mode)
+                    pg, extra = loss_fn(old, logp, adv[sl], m, a, agg, None if is_w is None else is_w[sl])
+                    entropy = algos.agg_loss(ent, m, agg)
                     loss = pg - a.entropy_coeff * entropy
                     if a.use_kl_loss:
                         kl = algos.kl_penalty(logp, batch.ref_logp[sl], a.kl_loss_type)
-                        kl = algos.agg_loss(kl, m, a.loss_agg_mode)
+                        kl = algos.agg_loss(kl, m, agg)
                         loss = loss + a.kl_loss_coef * kl
-                        stats.setdefault("actor/kl_loss", []).append(kl.item())
-                    (loss * size(sl) / plan.rows).backward()
+                        mini.setdefault("actor/kl_loss", []).append(kl.item())
+                    (loss if glob else loss * size(sl) / plan.rows).backward()
                     for k, v in (("actor/pg_loss", pg), ("actor/entropy", entropy), *extra.items()):
-                        stats.setdefault(k, []).append(v.item() if torch.is_tensor(v) else v)  # bypass: floats too
+                        mini.setdefault(k, []).append(v.item() if torch.is_tensor(v) else v)  # bypass: floats too
+                for k, vals in mini.items():
+                    stats.setdefault(k, []).extend([sum(vals)] if glob and k in GLOBAL_SUMS else vals)
                 stats.setdefault("actor/grad_norm", []).append(parallel.grad_norm(t.module, a.optim.clip_grad))
                 with offload.optimizer_on(t.opt, t.device, t.optimizer_offload):
                     t.opt.step()
@@ -91,7 +123,11 @@ def update_actor(
 
 
 def update_critic(t: Trainable, batch: StepBatch, cfg, plan: MiniBatches, sp: SeqParallel | None = None):
+    """Under verl's engine workers the value loss of each micro batch is its own token mean, backpropagated
+    unscaled: verl's losses.value_loss passes no global batch to agg_loss, and its engine scales no micro batch, so
+    the critic's gradient is the sum of its micro batches' (verl b178a3c); kept as verl computes it."""
     c = cfg.critic
+    share = (lambda sl: 1.0) if engine_workers(cfg) else (lambda sl: size(sl) / plan.rows)
     mask, packed = batch.mask, c.model.use_remove_padding
     stats: dict[str, list[float]] = {}
     with training(t):
@@ -105,7 +141,7 @@ def update_critic(t: Trainable, batch: StepBatch, cfg, plan: MiniBatches, sp: Se
                             t.train, batch.input_ids[sl], batch.attention_mask[sl], batch.prompt_len, packed, sp
                         )
                     vf, vclip = algos.value_loss(v, batch.values[sl], batch.returns[sl], mask[sl], c.cliprange_value)
-                    (vf * size(sl) / plan.rows).backward()
+                    (vf * share(sl)).backward()
                     stats.setdefault("critic/vf_loss", []).append(vf.item())
                     stats.setdefault("critic/vf_clipfrac", []).append(vclip.item())
                 stats.setdefault("critic/grad_norm", []).append(parallel.grad_norm(t.module, c.optim.clip_grad))

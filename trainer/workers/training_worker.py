@@ -32,7 +32,7 @@ from ..reward.scoring import RewardSource, score, score_batch
 from ..rollout.engines import GREEDY, EngineContext, Sampling, engine_class, make_engine
 from . import checkpoint_state, profiling
 from .base import RankWorker, forked_rngs
-from .ppo_update import mean_stats, update_actor
+from .ppo_update import engine_workers, global_batches, mean_stats, update_actor
 from .timing import Phases
 
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
@@ -500,7 +500,12 @@ class TrainingWorker(RankWorker):
                 lr_schedule.apply(m.actor.opt, out["actor/lr"])
                 key = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
                 mini_batches = self._mini_batches(batch, a.actor.ppo_micro_batch_size_per_gpu, key)
-                stats, actor_logp = update_actor(m.actor, batch, cfg, mini_batches, self._batch_sum, self.sp["actor"])
+                sp = self.sp["actor"]
+                glob = None
+                if engine_workers(cfg):
+                    dp_size = dist.get_world_size() // (sp.size if sp is not None else 1)
+                    glob = global_batches(batch.mask, mini_batches, dp_size, self._batch_sum)
+                stats, actor_logp = update_actor(m.actor, batch, cfg, mini_batches, self._batch_sum, sp, glob)
                 out.update(mean_stats(stats))
         if remote_critic is not None:
             import ray
