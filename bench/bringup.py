@@ -6,7 +6,8 @@ also gets its own PID namespace, as real hosts have: symmetric-run's "is Ray alr
 scan and its closing `ray stop` would otherwise see and kill the other "nodes".
 
 Methods:
-  rlrig      `rlrig run -- CMD` on every node (dstack variables), token auth on.
+  rlrig      `rlrig run --no-fabric-check -- CMD` on every node (dstack variables), token auth on: formation alone.
+  rlrig+fabric  `rlrig run -- CMD` as users run it: the fabric check between the nodes before the command.
   symmetric  `ray symmetric-run --address HEAD:6379 --min-nodes N -- CMD` on every node.
   sleeps     the seed scripts: head; sleep 10; each worker then sleep 5; then CMD.
   floor      bare `ray start`: head, and the instant it is up, all workers at once; CMD the instant
@@ -15,6 +16,7 @@ All use the same token (`RAY_AUTH_MODE=token`) and one CPU per node.
 
     python bench/bringup.py                 # N = 2 4 8, 3 runs each (about 25 minutes on 2 cores)
     python bench/bringup.py --n 2 --runs 1  # quick look
+    python bench/bringup.py --n 4 8 --methods floor rlrig rlrig+fabric symmetric   # the fabric check's cost
 """
 
 from __future__ import annotations
@@ -74,6 +76,9 @@ def wait(pred, timeout: float, what: str, nodes: list[NodeProc]) -> float:
     raise RuntimeError(f"{what} did not happen (node {dead[0]} exited or {timeout}s passed); its output:\n{tail}")
 
 
+METHODS = ["floor", "rlrig", "symmetric", "sleeps"]
+
+
 class Run:
     """One bring-up of one method on fresh namespaces; returns seconds from start to CMD started."""
 
@@ -85,6 +90,7 @@ class Run:
         self.marker = self.tmp / "cmd_started"
         self.cmd = ["sh", "-c", f"date +%s.%N > {self.marker}"]
         self.nodes: list[NodeProc] = []
+        self.note = ""  # rlrig+fabric: the head's line with the check's own time
 
     def env(self, i: int) -> dict[str, str]:
         env = {
@@ -127,10 +133,11 @@ class Run:
             try:
                 t0 = time.monotonic()
                 wall0 = time.time()
-                getattr(self, self.method)()
-                if self.method in ("rlrig", "symmetric"):
+                getattr(self, self.method.replace("+", "_"))()
+                if self.method in ("rlrig", "rlrig+fabric", "symmetric"):
                     wait(self.marker.exists, 300, "the command", self.nodes)
                     time.sleep(0.05)  # let `date` finish writing
+                    self.note = next((x for x in self.nodes[0].lines if "fabric check passed" in x), "")
                     return float(self.marker.read_text()) - wall0
                 return time.monotonic() - t0
             finally:
@@ -138,12 +145,13 @@ class Run:
                     proc.kill()
                 shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def rlrig(self):
+    def rlrig(self, fabric: bool = False):
+        check = [] if fabric else ["--no-fabric-check"]  # formation alone, as the others measure
         for i in range(self.n):
-            # formation alone, as the others: the fabric check rlrig adds on several nodes is timed in recovery.py
-            self.start(
-                i, [str(BIN / "rlrig"), "run", "--no-fabric-check", "--", *self.cmd], node_env(self.ns, i, self.n)
-            )
+            self.start(i, [str(BIN / "rlrig"), "run", *check, "--", *self.cmd], node_env(self.ns, i, self.n))
+
+    def rlrig_fabric(self):
+        self.rlrig(fabric=True)
 
     def symmetric(self):
         # its default 30 s wait for nodes is too short for 8 Ray nodes on 2 cores; a user would raise it too
@@ -186,11 +194,14 @@ class Run:
         wait(lambda: all(w.saw(STARTED) for w in workers), 120, "workers", self.nodes)
 
 
+RATIOS = [("rlrig", "floor"), ("rlrig", "symmetric"), ("rlrig+fabric", "floor"), ("rlrig+fabric", "symmetric")]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--methods", nargs="+", default=["floor", "rlrig", "symmetric", "sleeps"])
+    ap.add_argument("--methods", nargs="+", default=METHODS, choices=[*METHODS, "rlrig+fabric"])
     args = ap.parse_args(argv)
     why = netns.available()
     if why:
@@ -206,29 +217,31 @@ def main(argv=None) -> int:
         for method in args.methods:
             times = []
             for r in range(args.runs):
+                run = Run(n, method)
                 try:
-                    times.append(Run(n, method).measure())
+                    times.append(run.measure())
                 except SleepsTooShort as e:
                     times.append(float("inf"))  # counts as a failed bring-up, not as a time
                     print(f"  N={n} {method:<9} run {r + 1}: failed ({e})", file=sys.stderr, flush=True)
                     continue
-                print(f"  N={n} {method:<9} run {r + 1}: {times[-1]:6.2f} s", file=sys.stderr, flush=True)
+                note = f"  ({run.note.removeprefix('rlrig: ')})" if run.note else ""
+                print(f"  N={n} {method:<9} run {r + 1}: {times[-1]:6.2f} s{note}", file=sys.stderr, flush=True)
             table[n, method] = statistics.median(times)
     print(f"\nmedian seconds from start to 'all N alive and command started' ({args.runs} runs each)")
-    print(f"{'N':>3} " + " ".join(f"{m:>10}" for m in args.methods) + "  rlrig/floor  rlrig/symmetric")
+    ratios = [(a, b) for a, b in RATIOS if {a, b} <= set(args.methods)]
+    labels = [f"{a}/{b}" for a, b in ratios]
+    print(f"{'N':>3} " + " ".join(f"{m:>12}" for m in args.methods) + "".join(f"  {x}" for x in labels))
     for n in args.n:
-        row = " ".join(f"{table[n, m]:10.2f}" for m in args.methods)
-        ratios = ""
-        if "rlrig" in args.methods:
-            f = table[n, "rlrig"] / table[n, "floor"] if "floor" in args.methods else float("nan")
-            s = table[n, "rlrig"] / table[n, "symmetric"] if "symmetric" in args.methods else float("nan")
-            ratios = f"  {f:11.2f}  {s:15.2f}"
-        print(f"{n:>3} {row}{ratios}")
-    big = max(args.n)
-    if {"rlrig", "floor", "symmetric"} <= set(args.methods):
+        row = " ".join(f"{table[n, m]:12.2f}" for m in args.methods)
+        cells = "".join(f"  {table[n, a] / table[n, b]:>{len(x)}.2f}" for (a, b), x in zip(ratios, labels))
+        print(f"{n:>3} {row}{cells}")
+    # the last line: each ratio at every N, the figures the README and docs/benchmarks.md quote
+    if ratios:
         print(
-            f"N={big}: rlrig/floor = {table[big, 'rlrig'] / table[big, 'floor']:.2f}x, "
-            f"rlrig/symmetric-run = {table[big, 'rlrig'] / table[big, 'symmetric']:.2f}x"
+            "; ".join(
+                f"{x} " + ", ".join(f"N={n} {table[n, a] / table[n, b]:.2f}x" for n in args.n)
+                for (a, b), x in zip(ratios, labels)
+            )
         )
     return 0
 

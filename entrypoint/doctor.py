@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Mapping
 
-from . import raystart, resources
+from . import fabric, raystart, resources
 from .bootstrap import Inspection
 
 
-def as_dict(found: Inspection) -> dict:
+def fabric_check(env: Mapping[str, str]) -> dict | None:
+    """Inside a command rlrig runs on several nodes (RLRIG_FABRIC_REPORT): the fabric check's verdict and seconds;
+    None elsewhere."""
+    try:
+        with open(env.get("RLRIG_FABRIC_REPORT") or os.devnull) as f:
+            return fabric.brief(json.load(f))
+    except (OSError, ValueError):
+        return None
+
+
+def as_dict(found: Inspection, env: Mapping[str, str] = os.environ) -> dict:
     """The same keys whatever failed; what could not be found out is null."""
     s, pf = found.spec, found.preflight
     return {
@@ -32,6 +44,7 @@ def as_dict(found: Inspection) -> dict:
         "checks": [c.to_dict() for c in pf.checks],
         # only count in `ray start`'s environment (Ray workers read them when they start): shown per node
         "before_ray_start": found.before_ray,
+        "fabric_check": fabric_check(env),
     }
 
 
@@ -55,6 +68,11 @@ def as_text(found: Inspection) -> str:
         lines.append(f"job        {d['job_id']}")
     if d["existing_ray"]:
         lines.append(f"ray        {d['existing_ray']} (already running: rlrig starts none)")
+    if d["fabric_check"]:
+        fc = d["fabric_check"]
+        took = f" in {fc['seconds']:.1f}s" if fc["seconds"] is not None else ""
+        phases = ", ".join(f"{k} {v:.1f}s" for k, v in (fc["phases_s"] or {}).items())
+        lines.append(f"fabric     {fc['verdict']}{took}" + (f" ({phases})" if phases else ""))
     lines += [f"[{c['status']:4}] {c['name']}: {c['message']}" for c in d["checks"]]
     if d["before_ray_start"]:
         lines.append("before Ray starts (Ray workers on this node inherit these; set them before `rlrig up/run`):")

@@ -5,11 +5,12 @@ or hanging a collective hours in.
 lifecycle.run_head starts it as soon as its own Ray node is up, as `python -m rlrig.entrypoint.fabric --report PATH
 --min-ratio R --nnodes N`: a Ray driver in the command's own environment, so it sees the cluster as the command would.
 One probe actor per node (pinned to it, taking no CPU), started as its node joins, and once all N joined they form a
-torch.distributed group (NCCL where every node has a GPU, else Gloo), then:
+torch.distributed group where every node has a GPU (NCCL, training's own path), else they listen on plain TCP (the
+path Gloo takes, measured without importing torch: fabric_links.py), then:
   1. pairwise, one pair at a time: each rank k > 0 with rank 0: a small-message round trip (latency), then PAIR_BYTES
      each way, timed by the receiver (a node's bandwidth is its slower direction);
-  2. an all-reduce of ALLREDUCE_BYTES over every node, timed: a whole-group figure, which names no node, so it runs
-     only once the pairs passed;
+  2. an all-reduce of ALLREDUCE_BYTES over every node, timed (over TCP: the ring all-reduce's transfers): a
+     whole-group figure, which names no node, so it runs only once the pairs passed;
   3. NVML or amdsmi on each node (gpu_health.py, read as its probe starts): uncorrected ECC errors, pending page
      retirements and a GPU mostly held by another process fail the node; clocks held down, memory partly held and a
      PCIe link below its maximum warn.
@@ -30,7 +31,7 @@ import sys
 import time
 from datetime import timedelta
 
-from . import gpu_health
+from . import fabric_links, gpu_health
 from .addresses import format_hostport
 from .console import say
 from .coordination import HOST_LABEL, RANK_LABEL, describe
@@ -46,7 +47,7 @@ ALLREDUCE_BYTES = 2 << 20
 ALLREDUCE_ITERS = 3
 TRANSFER_TIMEOUT = 10.0  # each send or receive; a timeout fails the node (and bounds a dead link's cost)
 WARMUP_TIMEOUT = 20.0  # the first operation of a pair or of the group: NCCL sets up its connections there
-JOIN_TIMEOUT = 30.0  # actors started (they import torch) and the process group formed
+JOIN_TIMEOUT = 30.0  # actors started (GPU nodes' import torch) and the process group formed
 BUDGET = 50.0  # the whole check, inside the head's 60 s limit: pairs not reached by then fail as unmeasured
 
 # --- the verdict: pure, so that tests can feed it figures -----------------------------------------------------
@@ -139,36 +140,48 @@ def _transfer_error(e: BaseException, step: str, timeout: float) -> str:
 class Probe:
     """Runs as a Ray actor on one node: its end of every transfer, and its GPUs' health."""
 
-    def __init__(self):
+    def __init__(self, torch_now: bool = True):
         # before this process touches a GPU: its own CUDA context is not memory another process holds
         self.gpus, self.gpu_probe = gpu_health.read_gpus()
-        # the slow part of a probe's start (seconds of CPU), begun as soon as its node joins: see `run`
-        import torch.distributed  # noqa: F401
-
+        if torch_now:  # a GPU node, which measures over NCCL if every node has a GPU: seconds of CPU, begun at once
+            import torch.distributed  # noqa: F401
         self.ready_at = time.time()
+        self.server = None  # TCP: this probe's listener (fabric_links)
 
     def ready(self) -> float:
-        """When this probe had torch imported (wall clock): the report shows it against the cluster's forming."""
+        """When this probe was ready to measure (wall clock): the report shows it against the cluster's forming."""
         return self.ready_at
 
     def address(self) -> tuple[str, int]:
-        """Rank 0's: where the group's TCP rendezvous listens (this node's IP and a port free here)."""
+        """Rank 0's under NCCL: where the group's TCP rendezvous listens (this node's IP and a port free here)."""
         import ray
 
         with socket.socket() as s:
             s.bind(("", 0))
             return ray.util.get_node_ip_address(), s.getsockname()[1]
 
-    def join(self, master: tuple[str, int], rank: int, world: int, backend: str) -> bool:
+    def listen(self) -> tuple[str, int]:
+        """TCP: this probe's listener, where rank 0 takes each pair and every rank its ring neighbour."""
+        import ray
+
+        ip = ray.util.get_node_ip_address()
+        self.server = fabric_links.listener(ip)
+        return ip, self.server.getsockname()[1]
+
+    def join(self, master, rank: int, world: int, backend: str, peers: list | None = None) -> bool:
+        """Into the check: NCCL, a torch.distributed group with its rendezvous at `master`; TCP, the listeners of
+        every rank (`peers`), connected to pair by pair."""
+        self.rank, self.world, self.backend, self.peers = rank, world, backend, peers
+        if backend == "tcp":
+            return True
         import torch
         import torch.distributed as dist
 
         torch.set_num_threads(1)
-        self.cuda = backend == "nccl"
-        self.device = torch.device("cuda", 0) if self.cuda else torch.device("cpu")  # Ray shows the actor its GPU
-        if self.cuda:
+        # NCCL on the GPU Ray shows the actor; Gloo on the CPU only where tests drive the torch path without a GPU
+        self.device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
+        if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        # the group's timeout bounds every Gloo operation too, beside the explicit wait(timeout) below
         dist.init_process_group(
             backend,
             init_method=f"tcp://{format_hostport(*master)}",
@@ -176,94 +189,83 @@ class Probe:
             world_size=world,
             timeout=timedelta(seconds=JOIN_TIMEOUT),
         )
-        self.small = torch.zeros(1, device=self.device)
         return True
 
-    def _wait(self, work, timeout: float = TRANSFER_TIMEOUT) -> None:
-        work.wait(timedelta(seconds=timeout))
-        if self.cuda:
-            import torch
+    def _link(self, peer: int, nbytes: int, lead: bool, timeout: float):
+        if self.backend != "tcp":
+            return fabric_links.TorchLink(peer, nbytes, self.device)
+        sock = fabric_links.accept(self.server, timeout) if lead else fabric_links.connect(self.peers[peer], timeout)
+        return fabric_links.TcpLink(sock, nbytes)
 
-            torch.cuda.synchronize()
-
-    def _send(self, tensor, peer: int, timeout: float = TRANSFER_TIMEOUT) -> None:
-        import torch.distributed as dist
-
-        self._wait(dist.isend(tensor, peer), timeout)
-
-    def _recv(self, tensor, peer: int, timeout: float = TRANSFER_TIMEOUT) -> None:
-        import torch.distributed as dist
-
-        self._wait(dist.irecv(tensor, peer), timeout)
-
-    def _timed_receive(self, payload, peer: int) -> float:
-        """Best MB/s of up to PAIR_REPEATS transfers from `peer`. The receiver asks for each one (small message: 1
+    def _timed_receive(self, link) -> float:
+        """Best MB/s of up to PAIR_REPEATS transfers from the peer. The receiver asks for each one (small message: 1
         send another, 0 done), so the clock starts before any byte left: nothing waits in socket buffers unmeasured."""
         best = 0.0
         for _ in range(PAIR_REPEATS):
-            self.small.fill_(1)
-            self._send(self.small, peer)
+            link.send_small(1, TRANSFER_TIMEOUT)
             t0 = time.perf_counter()
-            self._recv(payload, peer)
+            link.recv_payload(TRANSFER_TIMEOUT)
             took = time.perf_counter() - t0
-            best = max(best, payload.numel() * payload.element_size() / 1e6 / took)
+            best = max(best, link.nbytes / 1e6 / took)
             if took > REPEAT_WITHIN:
                 break
-        self.small.fill_(0)
-        self._send(self.small, peer)
+        link.send_small(0, TRANSFER_TIMEOUT)
         return best
 
-    def _serve(self, payload, peer: int) -> None:
+    def _serve(self, link) -> None:
         """The sending side of _timed_receive."""
-        while True:
-            self._recv(self.small, peer)
-            if not self.small.item():
-                return
-            self._send(payload, peer)
+        while link.recv_small(TRANSFER_TIMEOUT):
+            link.send_payload(TRANSFER_TIMEOUT)
 
     def pair(self, peer: int, nbytes: int, lead: bool) -> dict:
         """This node's side of a pair with `peer`; `lead` on rank 0, which sends first. Returns the MB/s this side
         received (and rtt_ms on rank 0), or the error, said from the other node's side: each pair is about it."""
-        import torch
-
-        payload = torch.ones(nbytes // 4, dtype=torch.float32, device=self.device)
-        step, timeout = "the round trip with rank 0", WARMUP_TIMEOUT
+        step, timeout, link = "the round trip with rank 0", WARMUP_TIMEOUT, None
         try:
+            link = self._link(peer, nbytes, lead, timeout)
             rtts = []
             for i in range(PINGS + 1):  # the first one warms up (NCCL connects a pair on its first transfer)
                 t0 = time.perf_counter()
                 if lead:
-                    self._send(self.small, peer, timeout)
-                    self._recv(self.small, peer, timeout)
+                    link.send_small(1, timeout)
+                    link.recv_small(timeout)
                 else:
-                    self._recv(self.small, peer, timeout)
-                    self._send(self.small, peer, timeout)
+                    link.recv_small(timeout)
+                    link.send_small(1, timeout)
                 if i:
                     rtts.append(time.perf_counter() - t0)
                 timeout = TRANSFER_TIMEOUT
             step = "the transfer from rank 0"
             if lead:
-                self._serve(payload, peer)
+                self._serve(link)
                 step = "the transfer to rank 0"
-                return {"rtt_ms": median(rtts) * 1e3, "mb_s": self._timed_receive(payload, peer)}
-            mb_s = self._timed_receive(payload, peer)
+                return {"rtt_ms": median(rtts) * 1e3, "mb_s": self._timed_receive(link)}
+            mb_s = self._timed_receive(link)
             step = "the transfer to rank 0"
-            self._serve(payload, peer)
+            self._serve(link)
             return {"mb_s": mb_s}
         except Exception as e:  # a broken or slow link is what is measured here, not a bug
             return {"error": _transfer_error(e, step, timeout)}
+        finally:
+            if link is not None:
+                link.close()
 
     def allreduce(self, nbytes: int, iters: int) -> dict:
-        import torch
-        import torch.distributed as dist
-
-        t = torch.ones(nbytes // 4, dtype=torch.float32, device=self.device)
         try:
-            self._wait(dist.all_reduce(t, async_op=True), WARMUP_TIMEOUT)  # warm-up: NCCL builds its rings here
+            if self.backend == "tcp":
+                nxt = self.peers[(self.rank + 1) % self.world]
+                args = (nbytes, iters, WARMUP_TIMEOUT, TRANSFER_TIMEOUT)
+                return {"seconds": fabric_links.ring_allreduce(self.server, nxt, self.world, *args)}
+            import torch
+            import torch.distributed as dist
+
+            t = torch.ones(nbytes // 4, dtype=torch.float32, device=self.device)
+            link = fabric_links.TorchLink(0, 4, self.device)  # its wait: CUDA synchronised
+            link._wait(dist.all_reduce(t, async_op=True), WARMUP_TIMEOUT)  # warm-up: NCCL builds its rings here
             times = []
             for _ in range(iters):
                 t0 = time.perf_counter()
-                self._wait(dist.all_reduce(t, async_op=True))
+                link._wait(dist.all_reduce(t, async_op=True), TRANSFER_TIMEOUT)
                 times.append(time.perf_counter() - t0)
             return {"seconds": median(times)}
         except Exception as e:
@@ -327,22 +329,30 @@ def new_probe(node: dict):
             num_gpus=1 if node["gpu"] >= 1 else 0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node["node_id"], soft=False),
         )
-        .remote()
+        .remote(node["gpu"] >= 1)
     )
 
 
+def backend_of(nodes: list[dict]) -> str:
+    """NCCL where every node has a GPU (the path training's collectives take), else plain TCP (Gloo's path)."""
+    return "nccl" if all(n["gpu"] >= 1 for n in nodes) else "tcp"
+
+
 def start_probes(nodes: list[dict], probes: list, backend: str) -> None:
-    """All probes into one process group; a node whose probe did not join gets its error."""
+    """All probes into the check (NCCL: one process group; TCP: every probe listening, each knowing the others'
+    addresses); a node whose probe did not join gets its error."""
     deadline = time.monotonic() + JOIN_TIMEOUT
-    master = _results([probes[0].address.remote()], JOIN_TIMEOUT)[0]
-    if not isinstance(master, (tuple, list)):
-        nodes[0]["error"] = "its probe did not start" + (
-            f" ({master['error']})" if master else f" within {JOIN_TIMEOUT:g}s"
-        )
+    firsts = [p.listen.remote() for p in probes] if backend == "tcp" else [probes[0].address.remote()]
+    addresses = _results(firsts, JOIN_TIMEOUT)
+    for n, a in zip(nodes, addresses):
+        if not isinstance(a, (tuple, list)):
+            n["error"] = "its probe did not start" + (f" ({a['error']})" if a else f" within {JOIN_TIMEOUT:g}s")
+    if any(n.get("error") for n in nodes):
         return
+    master, peers = tuple(addresses[0]), [tuple(a) for a in addresses] if backend == "tcp" else None
     # the group's own timeout is JOIN_TIMEOUT from the moment each rank calls in: a little more here to hear it say so
     joined = _results(
-        [p.join.remote(tuple(master), i, len(nodes), backend) for i, p in enumerate(probes)],
+        [p.join.remote(master, i, len(nodes), backend, peers) for i, p in enumerate(probes)],
         deadline - time.monotonic() + TRANSFER_TIMEOUT,
     )
     for n, r in zip(nodes, joined):
@@ -430,7 +440,7 @@ def release(probes: list, wait: float = 10.0) -> None:
 
 def check(nodes: list[dict], probes: list, min_ratio: float, t0: float, formed_at: float) -> dict:
     """Join the probes (one per node, in `nodes`' order), measure, judge: the report (without its end: see run)."""
-    backend = "nccl" if all(n["gpu"] >= 1 for n in nodes) else "gloo"
+    backend = backend_of(nodes)
     phases = {}  # seconds each part took from t0 (the last node joined): where the check's time goes, in the report
 
     def lap(phase: str) -> None:
@@ -513,6 +523,11 @@ def summary(report: dict) -> str:
         if med is not None
         else f"{report['verdict']} in {report['seconds']:.1f}s over {len(report['nodes'])} nodes ({report['backend']})"
     )
+
+
+def brief(report: dict) -> dict:
+    """What `rlrig doctor` shows of a report: the verdict and where the check's seconds went."""
+    return {k: report.get(k) for k in ("verdict", "seconds", "phases_s", "backend", "median_mb_s")}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@ the network between them (entrypoint/fabric.py) and stops with exit 2 naming a n
 
 import json
 import re
+import sys
 import time
 
 import pytest
@@ -12,13 +13,15 @@ from tests.helpers.cluster import dstack_env
 pytestmark = pytest.mark.integration
 
 
-def run_three(cluster_hosts, run: str, slow: str = "", options: tuple[str, ...] = ()):
-    """Three nodes running `rlrig run [options] -- true`, node 2 receiving at `slow` (tc's rate) when given;
+def run_three(
+    cluster_hosts, run: str, slow: str = "", options: tuple[str, ...] = (), command: tuple[str, ...] = ("true",)
+):
+    """Three nodes running `rlrig run [options] -- COMMAND`, node 2 receiving at `slow` (tc's rate) when given;
     returns (namespaces, exit codes, the head's output)."""
     ns = cluster_hosts(3)
     if slow:
         ns.limit(2, slow)
-    nodes = [cluster_hosts.start(ns, i, dstack_env(ns, i, run), ["run", *options, "--", "true"]) for i in range(3)]
+    nodes = [cluster_hosts.start(ns, i, dstack_env(ns, i, run), ["run", *options, "--", *command]) for i in range(3)]
     codes = [n.wait(180) for n in nodes]
     return ns, codes, nodes[0].output
 
@@ -32,16 +35,22 @@ def report_of(head: str) -> dict:
 
 def test_a_good_fabric_passes_and_writes_its_report(cluster_hosts):
     t0 = time.monotonic()
-    ns, codes, head = run_three(cluster_hosts, "itfok")
+    doctor = (sys.executable, "-m", "rlrig.entrypoint.cli", "doctor", "--json")  # the command: what it sees
+    ns, codes, head = run_three(cluster_hosts, "itfok", command=doctor)
     assert codes == [0, 0, 0], head
     for i in range(3):  # one line per node: rank, host, IP, then MB/s and ms for the pairs with the head
         line = next((x for x in head.splitlines() if f"fabric: rank {i} (" in x), "")
         assert ns.ip(i) in line, head
         if i:
             assert re.search(r"\d+\.\d MB/s .*round trip \d+\.\d\d ms", line), line
-    assert "fabric check passed" in head and "running: true" in head, head
+    assert "fabric check passed" in head and "running: " in head, head
     report = report_of(head)
-    assert report["verdict"] == "passed" and report["backend"] == "gloo", report
+    # the check's time in the head's line and in doctor's JSON inside the command
+    assert re.search(r"fabric check passed \(\d+\.\d+s after the nodes formed\)", head), head
+    seen = json.loads(next(x for x in head.splitlines() if x.startswith('{"launcher"')))["fabric_check"]
+    assert seen["verdict"] == "passed" and seen["seconds"] == report["seconds"], seen
+    assert set(seen["phases_s"]) >= {"start", "pairs", "allreduce"}, seen
+    assert report["verdict"] == "passed" and report["backend"] == "tcp", report
     assert [n["rank"] for n in report["nodes"]] == [0, 1, 2]
     assert all(n["mb_s"] > 0 and n["rtt_ms"] > 0 for n in report["nodes"][1:]), report
     assert report["median_mb_s"] > 0 and report["allreduce"]["busbw_mb_s"] > 0, report

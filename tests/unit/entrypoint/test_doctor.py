@@ -236,3 +236,28 @@ def test_launcher_choices_come_from_the_launcher_table(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["run", "--launcher", "slrum", "--", "true"])
     assert e.value.code == 2 and "invalid choice: 'slrum'" in capsys.readouterr().err
+
+
+def test_the_fabric_checks_verdict_and_seconds_inside_a_command(tmp_path, monkeypatch):
+    """A command rlrig runs on several nodes gets RLRIG_FABRIC_REPORT: doctor there shows the check's verdict and
+    where its seconds went; elsewhere (no report, or none readable) the key is null."""
+    report = tmp_path / "fabric.json"
+    report.write_text(
+        json.dumps(
+            {"verdict": "passed", "seconds": 2.345, "phases_s": {"start": 1.2, "pairs": 0.9}, "backend": "gloo"}
+            | {"median_mb_s": 900.0, "nodes": [{"rank": 0}, {"rank": 1}]}
+        )
+    )
+    found = inspect({}, hostname=HOST, collect=collector())
+    d = doctor.as_dict(found, {"RLRIG_FABRIC_REPORT": str(report)})
+    assert d["fabric_check"] == {
+        "verdict": "passed",
+        "seconds": 2.345,
+        "phases_s": {"start": 1.2, "pairs": 0.9},
+        "backend": "gloo",
+        "median_mb_s": 900.0,
+    }
+    for env in ({}, {"RLRIG_FABRIC_REPORT": str(tmp_path / "missing.json")}):
+        assert doctor.as_dict(found, env)["fabric_check"] is None
+    monkeypatch.setenv("RLRIG_FABRIC_REPORT", str(report))
+    assert "fabric     passed in 2.3s (start 1.2s, pairs 0.9s)" in doctor.as_text(found).splitlines()
