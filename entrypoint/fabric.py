@@ -261,11 +261,11 @@ class Probe:
 
             t = torch.ones(nbytes // 4, dtype=torch.float32, device=self.device)
             link = fabric_links.TorchLink(0, 4, self.device)  # its wait: CUDA synchronised
-            link._wait(dist.all_reduce(t, async_op=True), WARMUP_TIMEOUT)  # warm-up: NCCL builds its rings here
+            link.wait(dist.all_reduce(t, async_op=True), WARMUP_TIMEOUT)  # warm-up: NCCL builds its rings here
             times = []
             for _ in range(iters):
                 t0 = time.perf_counter()
-                link._wait(dist.all_reduce(t, async_op=True), TRANSFER_TIMEOUT)
+                link.wait(dist.all_reduce(t, async_op=True), TRANSFER_TIMEOUT)
                 times.append(time.perf_counter() - t0)
             return {"seconds": median(times)}
         except Exception as e:

@@ -28,7 +28,8 @@ class TorchLink:
         self.small = torch.zeros(1, device=device)
         self.payload = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
 
-    def _wait(self, work, timeout: float) -> None:
+    def wait(self, work, timeout: float) -> None:
+        """A torch.distributed work item done within `timeout` (on CUDA, its kernels too)."""
         from datetime import timedelta
 
         work.wait(timedelta(seconds=timeout))
@@ -41,23 +42,23 @@ class TorchLink:
         import torch.distributed as dist
 
         self.small.fill_(value)
-        self._wait(dist.isend(self.small, self.peer), timeout)
+        self.wait(dist.isend(self.small, self.peer), timeout)
 
     def recv_small(self, timeout: float) -> int:
         import torch.distributed as dist
 
-        self._wait(dist.irecv(self.small, self.peer), timeout)
+        self.wait(dist.irecv(self.small, self.peer), timeout)
         return int(self.small.item())
 
     def send_payload(self, timeout: float) -> None:
         import torch.distributed as dist
 
-        self._wait(dist.isend(self.payload, self.peer), timeout)
+        self.wait(dist.isend(self.payload, self.peer), timeout)
 
     def recv_payload(self, timeout: float) -> None:
         import torch.distributed as dist
 
-        self._wait(dist.irecv(self.payload, self.peer), timeout)
+        self.wait(dist.irecv(self.payload, self.peer), timeout)
 
     @property
     def nbytes(self) -> int:
