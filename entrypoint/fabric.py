@@ -255,17 +255,17 @@ class Probe:
             if self.backend == "tcp":
                 nxt = self.peers[(self.rank + 1) % self.world]
                 args = (nbytes, iters, WARMUP_TIMEOUT, TRANSFER_TIMEOUT)
-                return {"seconds": fabric_links.ring_allreduce(self.server, nxt, self.world, *args)}
+                return {"seconds": median(fabric_links.ring_allreduce(self.server, nxt, self.world, *args))}
             import torch
             import torch.distributed as dist
 
             t = torch.ones(nbytes // 4, dtype=torch.float32, device=self.device)
-            link = fabric_links.TorchLink(0, 4, self.device)  # its wait: CUDA synchronised
-            link.wait(dist.all_reduce(t, async_op=True), WARMUP_TIMEOUT)  # warm-up: NCCL builds its rings here
+            # warm-up: NCCL builds its rings here
+            fabric_links.torch_wait(dist.all_reduce(t, async_op=True), self.device, WARMUP_TIMEOUT)
             times = []
             for _ in range(iters):
                 t0 = time.perf_counter()
-                link.wait(dist.all_reduce(t, async_op=True), TRANSFER_TIMEOUT)
+                fabric_links.torch_wait(dist.all_reduce(t, async_op=True), self.device, TRANSFER_TIMEOUT)
                 times.append(time.perf_counter() - t0)
             return {"seconds": median(times)}
         except Exception as e:

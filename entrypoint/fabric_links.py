@@ -18,6 +18,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 
+def torch_wait(work, device, timeout: float) -> None:
+    """A torch.distributed work item done within `timeout` (on CUDA, its kernels too)."""
+    from datetime import timedelta
+
+    work.wait(timedelta(seconds=timeout))
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
 class TorchLink:
     """One peer in the probe's torch.distributed group: tensors on `device` (CUDA: synchronised after each wait)."""
 
@@ -29,14 +40,7 @@ class TorchLink:
         self.payload = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
 
     def wait(self, work, timeout: float) -> None:
-        """A torch.distributed work item done within `timeout` (on CUDA, its kernels too)."""
-        from datetime import timedelta
-
-        work.wait(timedelta(seconds=timeout))
-        if self.device.type == "cuda":
-            import torch
-
-            torch.cuda.synchronize()
+        torch_wait(work, self.device, timeout)
 
     def send_small(self, value: int, timeout: float) -> None:
         import torch.distributed as dist
@@ -131,9 +135,9 @@ class TcpLink:
 
 def ring_allreduce(
     server: socket.socket, nxt: tuple[str, int], n: int, nbytes: int, iters: int, warmup: float, timeout: float
-) -> float:
+) -> list[float]:
     """The ring all-reduce's transfers among n ranks, each calling this with its own listener and the next rank's
-    address: the median seconds of `iters` after one warm-up (which connects the ring)."""
+    address: the seconds of each of `iters` after one warm-up (which connects the ring)."""
     with ThreadPoolExecutor(2) as pool:
         incoming = pool.submit(accept, server, warmup)
         out = connect(nxt, warmup)
@@ -152,8 +156,7 @@ def ring_allreduce(
                 return time.perf_counter() - t0
 
             once()
-            times = sorted(once() for _ in range(iters))
-            return times[len(times) // 2]
+            return [once() for _ in range(iters)]
         finally:
             out.close()
             inc.close()
