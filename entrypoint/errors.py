@@ -7,6 +7,9 @@ class RigError(Exception):
     exit_code = 2
 
 
+HANG_EXIT = 5  # the trainer's watchdog found a phase past its limit (trainer/driver/watchdog.py)
+
+
 class NodeLost(RigError):
     """A node of a formed cluster went away while the job ran."""
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 
 from . import coordination, fabric, metricsbind, prestart, raystart, resources, standing
 from .console import say
-from .errors import NodeLost, RigError
+from .errors import HANG_EXIT, NodeLost, RigError
 from .gcs import GcsStore
 from .jobs import JobApi
 from .plan import Plan
@@ -221,6 +221,10 @@ def run_head(plan: Plan) -> int:
                 nodes, formed = rejoin(plan, store, alive, lost, restarts)
                 continue
             say(f"command exited with code {code}")
+            if code == HANG_EXIT and restarts < plan.max_restarts:
+                restarts += 1  # every node is still here: the command alone runs again, from its last checkpoint
+                say(f"restart {restarts}/{plan.max_restarts}: the command stopped on a hang; running it again")
+                continue
             return code
     except Stop as s:
         code = s.code

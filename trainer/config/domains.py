@@ -178,6 +178,9 @@ DOMAINS: dict[str, Domain] = {
     "trainer.critic_warmup": NON_NEGATIVE,  # steps
     "trainer.log_val_generations": NON_NEGATIVE,
     "trainer.placement_timeout_s": POSITIVE,
+    "trainer.watchdog_factor": at_least(1),
+    "trainer.watchdog_min_s": POSITIVE,
+    "actor_rollout_ref.nccl_timeout": POSITIVE,
     "ray_kwargs.ray_init.num_cpus": at_least(0, nullable=True),  # ray.init takes 0: a node that runs no tasks
     # verl's profiler/config.py TorchMemoryToolConfig: assert trace_alloc_max_entries > 0 and stack_depth > 0
     **{

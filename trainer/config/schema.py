@@ -279,6 +279,7 @@ class ActorRolloutRefConfig:
     actor: ActorConfig = field(default_factory=ActorConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     ref: RefConfig = field(default_factory=RefConfig)
+    nccl_timeout: float = 600.0  # seconds a collective of the process groups may wait before it raises (verl's)
 
 
 @dataclass
@@ -450,6 +451,10 @@ class TrainerConfig:
     val_only: bool = False  # validate (as before training) and stop
     log_val_generations: int = 0  # how many validation samples to print and keep in val_generations.jsonl
     placement_timeout_s: float = 120.0  # rlrig: how long the workers' placement groups may take to be placed
+    # rlrig: a phase of a step running past max(watchdog_factor x its median so far, watchdog_min_s) is a hang
+    # (driver/watchdog.py); its first run gets FIRST_RUN x watchdog_min_s
+    watchdog_factor: float = 10.0
+    watchdog_min_s: float = 120.0
     # verl's two worker implementations differ in how micro batches weigh in the update (workers/ppo_update.py):
     # auto and enable as its legacy FSDP workers, disable as its engine workers
     use_legacy_worker_impl: str = "auto"  # auto | enable | disable

@@ -7,6 +7,7 @@ from ..algos import rollout_correction
 from ..algos.bypass_loss import LOSS_TYPES
 from ..algos.estimators import ESTIMATORS
 from ..algos.policy_losses import POLICY_LOSSES
+from ..driver.watchdog_limits import MARGIN_S as WATCHDOG_MARGIN_S
 from ..errors import ConfigError
 from ..model.micro_batches import per_worker_mini_batch, sequence_parallel, token_budgets
 from ..reward.managers import overlong
@@ -205,6 +206,13 @@ def _trainer(cfg: Config) -> None:
         )
     if t.resume_mode == "resume_path" and not t.resume_from_path:
         raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint dir>")
+    nccl = cfg.actor_rollout_ref.nccl_timeout
+    if t.watchdog_min_s > nccl - WATCHDOG_MARGIN_S:
+        raise ConfigError(
+            f"trainer.watchdog_min_s={t.watchdog_min_s:g} leaves the watchdog no time before a waiting collective "
+            f"times out (actor_rollout_ref.nccl_timeout={nccl:g}): keep it at most nccl_timeout - "
+            f"{WATCHDOG_MARGIN_S:g}, or raise nccl_timeout"
+        )
 
 
 def _checkpoints(cfg: Config) -> None:

@@ -353,7 +353,6 @@ _AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
             )
         },
     ),
-    ("rlrig's process groups time out after 600 s (verl's default)", {"actor_rollout_ref.nccl_timeout": "600"}),
     (
         "rlrig reads every row of data.train_files and data.val_files",
         {"data.train_max_samples": "-1", "data.val_max_samples": "-1"},
@@ -614,6 +613,8 @@ RLRIG_ONLY = (
     "trainer.seed",
     "trainer.wandb_proxy",
     "trainer.placement_timeout_s",
+    "trainer.watchdog_factor",
+    "trainer.watchdog_min_s",
     "actor_rollout_ref.placement.resource",
     "critic.placement.resource",
     "reward_model.placement.resource",

@@ -15,10 +15,11 @@ from ..data.sampler import Sampler
 from ..errors import ConfigError
 from ..model import lora
 from ..workers.profiling import StepWindows, snapshots_after_update
-from . import checkpoint, preemption
+from . import checkpoint, faults, preemption, stacks
 from .launch import Workers, describe_placement, start_workers, uses_gpu
 from .reporting import MetricsLog, progress, rss_gb, say
 from .validation import validate_rows
+from .watchdog import Watchdog
 
 
 @dataclass
@@ -35,7 +36,9 @@ class Run:
     kl_ctrl: object
     out: Path
     resume_from: Path | None
+    fault: faults.FaultHang | None = None  # RLRIG_FAULT_HANG's injected hang (tests)
     workers: Workers | None = None
+    watchdog: Watchdog | None = None
     log: MetricsLog | None = None
     step: int = 0
 
@@ -131,7 +134,8 @@ def prepare(cfg) -> Run:
         if why:
             raise ConfigError(why)
     kl_ctrl = core_algos.kl_controller(cfg.algorithm.kl_ctrl)
-    return Run(cfg, model_path, rm_path, adapter, train_rows, val_rows, sampler, kl_ctrl, out, resume_from)
+    fault = faults.from_env(t.nnodes * t.n_gpus_per_node)
+    return Run(cfg, model_path, rm_path, adapter, train_rows, val_rows, sampler, kl_ctrl, out, resume_from, fault)
 
 
 def start(run: Run) -> None:
@@ -146,6 +150,20 @@ def start(run: Run) -> None:
     if any(refusals):
         raise ConfigError(next(r for r in refusals if r))
     say(f"rollout engine: {', '.join(engines)}")
+    run.watchdog = watchdog(run)
+
+
+def watchdog(run: Run) -> Watchdog:
+    """The watchdog over the training workers' phases; a hang dumps every worker's stack, the pools' too."""
+    import ray
+
+    w = run.workers
+    labelled = [(f"rank {i}", h) for i, h in enumerate(w.training)]
+    labelled += [(f"{prefix.rsplit('.', 1)[-1]} {i}", h) for prefix, hs in w.pools.items() for i, h in enumerate(hs)]
+    found = ray.get([h.whereabouts.remote() for _, h in labelled])
+    procs = [stacks.Proc(label, **where) for (label, _), where in zip(labelled, found)]
+    reporting = [label for label, _ in labelled[: len(w.training)]]
+    return Watchdog(run.cfg, run.out, procs, reporting, lambda: [ray.kill(h) for _, h in labelled])
 
 
 def resume(run: Run) -> None:
@@ -252,6 +270,9 @@ def train_step(run: Run) -> dict:
     t0 = time.perf_counter()
     batch = [run.train_rows[i] for i in run.sampler.next()]
     shares = equal_shares(batch, len(workers))
+    if faults.due(run.fault, run.step, run.out):
+        say(f"{faults.ENV}: rank {run.fault.rank} hangs in {run.fault.phase} at step {run.step}")
+        workers[run.fault.rank].arm_fault.remote(run.fault.phase)
     m = M.reduce(ray.get([w.step.remote(p, run.kl_ctrl.value, run.step) for w, p in zip(workers, shares)]))
     update_kl_controller(run.kl_ctrl, m, cfg)
     if t.test_freq > 0 and (run.step % t.test_freq == 0 or run.step == total):
@@ -289,6 +310,7 @@ def loop(run: Run) -> preemption.StopRequest:
     while run.step < total and stop.signum is None:
         run.step += 1
         m = train_step(run)
+        run.watchdog.record(m)
         if "timing_s/save_checkpoint" in m:
             saved_at = run.step
         run.log.log(run.step, m)
@@ -314,16 +336,19 @@ def train(cfg) -> int:
     resume(run)
     t, metrics_file = run.cfg.trainer, run.out / "metrics.jsonl"
     run.log = MetricsLog(run.cfg, metrics_file)
-    if (t.val_before_train and run.step == 0 or t.val_only) and run.val_rows:
-        m = validate(run)
-        say(f"validation at step {run.step}: {m}")
-        run.log.log(run.step, {"training/global_step": run.step, **m})
-    if t.val_only:
-        shut_down(run)
+    run.watchdog.start()
+    try:
+        if (t.val_before_train and run.step == 0 or t.val_only) and run.val_rows:
+            m = validate(run)
+            say(f"validation at step {run.step}: {m}")
+            run.log.log(run.step, {"training/global_step": run.step, **m})
+        stop = None if t.val_only else loop(run)
+    finally:
+        run.watchdog.stop()
+    shut_down(run)
+    if stop is None:
         say(f"trainer.val_only: validated, not trained; metrics in {metrics_file}")
         return 0
-    stop = loop(run)
-    shut_down(run)
     if stop.signum is not None:
         say(f"stopped by signal after step {run.step}, checkpoint written; a relaunch resumes at step {run.step + 1}")
         return stop.exit_code

@@ -26,6 +26,7 @@ from ..model.build import Trainable
 from ..model.forward import in_micro_batches
 from ..model.forward import values as critic_values
 from . import profiling
+from .phase_report import install_stack_dump
 from .ppo_update import mean_stats, update_critic
 
 
@@ -91,14 +92,30 @@ def start_rank(
     for path in model_paths:
         if path:
             ensure_local_embedded_model(path)  # before the process group: see there
+    timeout = collective_timeout(cfg.actor_rollout_ref.nccl_timeout)
     dist.init_process_group(
         "nccl" if device.type == "cuda" else "gloo",
         init_method=f"tcp://{master[0]}:{master[1]}",
         rank=rank,
         world_size=world,
-        timeout=timedelta(minutes=10),
+        timeout=timeout,
     )
     return device
+
+
+def collective_timeout(seconds: float) -> timedelta:
+    """verl's nccl_timeout for this process's every group: the default one, and those made later (sequence
+    parallel, the engines' tensor-parallel groups, HSDP's device mesh), which torch would otherwise give its
+    built-in defaults (10 min NCCL, 30 min Gloo) since new_group and init_device_mesh read these module defaults.
+    A collective a peer never joins then raises on the waiting ranks after `seconds` (on GPUs through NCCL's async
+    error handling, on unless TORCH_NCCL_ASYNC_ERROR_HANDLING=0), after the head's watchdog has named the peer."""
+    from torch.distributed import distributed_c10d as c10d
+
+    t = timedelta(seconds=seconds)
+    c10d.default_pg_timeout = t
+    if isinstance(c10d.default_pg_nccl_timeout, timedelta):  # None where torch was built without NCCL
+        c10d.default_pg_nccl_timeout = t
+    return t
 
 
 class PoolWorker:
@@ -108,6 +125,14 @@ class PoolWorker:
         import ray
 
         return ray.util.get_node_ip_address()
+
+    def whereabouts(self) -> dict:
+        """Where this worker's process is, for the watchdog's stack dumps (driver/stacks.py), which it readies."""
+        import ray
+
+        install_stack_dump()
+        ctx = ray.get_runtime_context()
+        return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
 
     # the driver's calls around the steps of global_profiler.steps (profiling.StepWindows)
     def start_profile(self, step: int) -> None:

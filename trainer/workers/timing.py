@@ -7,17 +7,44 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
+# every phase a worker's step runs (the training worker's, in their order), and the two the head times around
+# the workers' calls; the watchdog (driver/watchdog.py) watches each by these names
+PHASES = (
+    "gen",
+    "reward",
+    "gen_max",
+    "balance",
+    "sp_share",
+    "old_log_prob",
+    "ref",
+    "values",
+    "adv",
+    "pf_ppo",
+    "update_critic",
+    "update_actor",
+    "update_weights",
+    "testing",
+    "save_checkpoint",
+)
+
 
 class Phases:
     """`with phases("gen"): ...` adds the block's seconds to timing_s/gen. `sync` waits for queued device
     work first (CUDA runs asynchronously: without it a phase's kernels would be billed to the next one). `mark`
-    brackets each phase from outside its timing (the profiler's range or recording: workers/profiling.py)."""
+    brackets each phase from outside its timing (the profiler's range or recording: workers/profiling.py).
+    `enter` is told each phase's name as it starts (the head's watchdog: workers/phase_report.py)."""
 
-    def __init__(self, sync: Callable[[], None] = lambda: None, mark=lambda name: contextlib.nullcontext()):
-        self.sync, self.mark, self.seconds = sync, mark, {}
+    def __init__(
+        self,
+        sync: Callable[[], None] = lambda: None,
+        mark=lambda name: contextlib.nullcontext(),
+        enter: Callable[[str], None] = lambda name: None,
+    ):
+        self.sync, self.mark, self.enter, self.seconds = sync, mark, enter, {}
 
     @contextmanager
     def __call__(self, name: str):
+        self.enter(name)
         with self.mark(name):
             self.sync()
             t0 = time.perf_counter()

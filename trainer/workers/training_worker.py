@@ -32,6 +32,7 @@ from ..reward.scoring import RewardSource, score, score_batch
 from ..rollout.engines import GREEDY, EngineContext, Sampling, engine_class, make_engine
 from . import checkpoint_state, profiling
 from .base import RankWorker, forked_rngs
+from .phase_report import PhaseReport
 from .ppo_update import engine_workers, global_batches, mean_stats, update_actor
 from .timing import Phases
 
@@ -157,6 +158,7 @@ class TrainingWorker(RankWorker):
         """rm_path: the reward model (reward_model.enable), held here unless peers.reward_model scores for it."""
         self.peers = peers = peers or Peers()
         super().__init__(cfg_dict, rank, world, master, [model_path, rm_path if peers.reward_model is None else None])
+        self.report, self.global_step = PhaseReport(f"rank {rank}"), 0
         cfg, a = self.cfg, self.cfg.actor_rollout_ref
         group = ulysses.make_groups(rank, world, a.actor.ulysses_sequence_parallel_size)
         self.sp = {role: group if size > 1 else None for role, size in sequence_parallel(cfg).items()}
@@ -259,21 +261,42 @@ class TrainingWorker(RankWorker):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    @contextlib.contextmanager
+    def _reported(self, phase: str):
+        """A call of the head's that is one phase as a whole (validation, a checkpoint's gathering)."""
+        self.report.enter(phase, self.global_step)
+        try:
+            yield
+        finally:
+            self.report.leave()
+
+    def arm_fault(self, phase: str) -> None:
+        """RLRIG_FAULT_HANG (driver/faults.py): hang in `phase` of the next step."""
+        self.report.fault = phase
+
     def evaluate(self, rows) -> tuple[list[float], list[str], list[dict]]:
         """Validation with rollout.val_kwargs: each prompt's n scores, texts and reward-function fields, prompt by
         prompt."""
         vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
-        ro = self.engine.generate([r["input_ids"] for r in rows], vk.n, Sampling.of(vk))
-        scores, texts, extras = score(self.tok, self.reward, rows, ro, vk.n)
+        with self._reported("testing"):
+            ro = self.engine.generate([r["input_ids"] for r in rows], vk.n, Sampling.of(vk))
+            scores, texts, extras = score(self.tok, self.reward, rows, ro, vk.n)
         return scores.tolist(), texts, extras
 
     # --- one step ---
 
     def step(self, rows, kl_coef: float, global_step: int) -> dict:
         """One PPO step on this worker's shard of prompts; `global_step` counts from 1."""
+        self.global_step = global_step
+        try:
+            return self._step(rows, kl_coef, global_step)
+        finally:
+            self.report.leave()
+
+    def _step(self, rows, kl_coef: float, global_step: int) -> dict:
         cfg, m = self.cfg, self.models
         plan = StepPlan(global_step, kl_coef, global_step >= cfg.trainer.critic_warmup)
-        phases = Phases(self._sync_device, self.profiler.phase)
+        phases = Phases(self._sync_device, self.profiler.phase, lambda name: self.report.enter(name, global_step))
         batch = self._rollout(phases, rows, plan)
         balanced = {}
         if cfg.trainer.balance_batch:
@@ -539,7 +562,10 @@ class TrainingWorker(RankWorker):
 
     def state(self) -> dict | None:
         a, c = self.cfg.actor_rollout_ref.actor, self.cfg.critic
-        return checkpoint_state.gather(self.models, self.rank, a.checkpoint.save_contents, c.checkpoint.save_contents)
+        with self._reported("save_checkpoint"):
+            return checkpoint_state.gather(
+                self.models, self.rank, a.checkpoint.save_contents, c.checkpoint.save_contents
+            )
 
     def rng_state(self) -> dict:
         return checkpoint_state.rng_state()

@@ -176,6 +176,11 @@ BAD = [
     (["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp16"], "choose one of fp32, bf16"),
     (["actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=fp8"], "choose one of fp32, bf16"),
     (["trainer.default_hdfs_dir=hdfs://x/ckpt"], "does not copy checkpoints to HDFS"),
+    (
+        ["trainer.watchdog_min_s=580"],  # the watchdog must speak before a waiting collective times out
+        "trainer.watchdog_min_s=580 leaves the watchdog no time before a waiting collective times out "
+        "(actor_rollout_ref.nccl_timeout=600): keep it at most nccl_timeout - 30, or raise nccl_timeout",
+    ),
     (["actor_rollout_ref.actor.optim.warmup_style=linear"], "warmup_style='linear': choose one of constant, cosine"),
     (
         [

@@ -51,6 +51,9 @@ REFUSED_TOO = [
     ("algorithm.lam=1e999", "algorithm.lam=inf must be in [0, 1]"),
     ("data.val_files=[]", "data.val_files=[] must be a file or a non-empty list of files"),
     ("trainer.placement_timeout_s=0", "trainer.placement_timeout_s=0 must be positive"),
+    ("trainer.watchdog_min_s=0", "trainer.watchdog_min_s=0 must be positive"),
+    ("trainer.watchdog_factor=0.5", "trainer.watchdog_factor=0.5 must be at least 1"),
+    ("actor_rollout_ref.nccl_timeout=0", "actor_rollout_ref.nccl_timeout=0 must be positive"),
 ]
 
 # the edges of each domain, and the values that mean "off"

@@ -1,0 +1,124 @@
+"""No silent hangs, on two namespace nodes: one of the two ranks hangs (in generation, outside a collective of the
+update its peer waits in, in a reward function that never returns) -> the head's watchdog ends the run within
+the phase's limit + 30 s, naming the stuck rank, its node and phase, with its stack in the head's log and every
+worker's in the run directory; with --max-restarts 1 the run resumes from its last checkpoint and logs every step
+once; no worker process is left."""
+
+import json
+import re
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from rlrig.trainer.driver.stacks import in_collective
+from tests.helpers.cluster import dstack_env
+from tests.helpers.crashlog import excerpt
+
+pytestmark = pytest.mark.integration
+STEPS, FLOOR = 4, 5  # the hang at step 3: steps 1-2 give each phase a median (well under a second), so its limit is
+# the floor
+TRAIN = [
+    "train",
+    "data.train_batch_size=8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+    "trainer.val_before_train=False",
+    "trainer.test_freq=0",
+    "trainer.save_freq=2",
+    f"trainer.total_training_steps={STEPS}",
+    "trainer.nnodes=2",
+    "trainer.n_gpus_per_node=1",
+    f"trainer.watchdog_min_s={FLOOR}",
+    "actor_rollout_ref.nccl_timeout=60",
+]
+
+# a reward function that never returns, once per run, in whichever rank reaches its 3rd step's scoring first
+HANGING_REWARD = """
+import os, time
+calls = 0
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    global calls
+    calls += 1
+    if calls > 64:  # 4 prompts x 8 samples per rank per step: past step 2
+        try:
+            os.close(os.open({marker!r}, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            pass
+        else:
+            while True:
+                time.sleep(1)
+    return float(solution_str.strip() == str(ground_truth).strip())
+"""
+
+
+def steps_logged(run: Path) -> list[int]:
+    path = run / "metrics.jsonl"
+    return [json.loads(line)["training/global_step"] for line in path.read_text().splitlines()]
+
+
+def workers_left() -> list[str]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if cmd.startswith("ray::TrainingWorker"):
+            found.append(f"{p.pid} {cmd}")
+    return found
+
+
+@pytest.mark.parametrize(
+    "fault, phase, restarts",
+    [
+        ("1:gen:3", "gen", 1),
+        ("0:collective:3", "update_actor", 0),
+        ("reward function", "reward", 0),
+    ],
+)
+def test_a_hung_rank_is_named_with_its_stack_and_the_run_ends(cluster_hosts, tmp_path, fault, phase, restarts):
+    ns = cluster_hosts(2)
+    run = tmp_path / "run"
+    args = ["train", "--max-restarts", str(restarts), *TRAIN[1:], f"trainer.default_local_dir={run}"]
+    env = {"HOME": str(Path.home())}
+    if fault == "reward function":
+        reward = tmp_path / "hanging_reward.py"
+        reward.write_text(HANGING_REWARD.format(marker=str(tmp_path / "reward-hung")))
+        args.append(f"custom_reward_function.path={reward}")
+        injected = f"step 2/{STEPS}"  # it says nothing as it hangs: the clock starts as step 2 ends
+    else:
+        env["RLRIG_FAULT_HANG"] = fault
+        injected = f"RLRIG_FAULT_HANG: rank {fault[0]} hangs"
+    start = lambda i: cluster_hosts.start(ns, i, {**dstack_env(ns, i, "wd"), **env}, args)
+    head, worker = start(0), start(1)
+    began = head.wait_for(injected, 400)
+    ended = head.wait_for("command exited with code 5", FLOOR + 30 + 20)  # 20 s: the stacks' reading and the kill
+    assert ended - began <= FLOOR + 30, excerpt(head.output, 4000)
+    out = head.output
+    line = next(x for x in out.splitlines() if "rlrig.train: hang:" in x)
+    m = re.search(r"hang: rank (\d) on node (\S+) did not finish (\w+) at step 3", line)
+    assert m, line
+    rank, node, named_phase = int(m[1]), m[2], m[3]
+    assert named_phase == phase, line
+    assert node == ns.ip(rank), line
+    if fault != "reward function":
+        assert rank == int(fault[0]), line  # the hung rank, not its peer waiting for it in a collective
+    # its stack in the head's log: where it hangs
+    stack = out.split(f"stack of rank {rank} on {node}")[1].split("rlrig.train: hang:")[0]
+    assert ("compute_score" if fault == "reward function" else "hang_forever") in stack, stack
+    # every worker's stack in the run directory; the peer's shows it waiting in a collective
+    files = {p.name: p.read_text() for p in (run / "hang-step3").glob("*.txt")}
+    assert sorted(files) == ["rank-0.txt", "rank-1.txt"], files.keys()
+    if fault.endswith("collective:3"):
+        assert in_collective(files[f"rank-{1 - rank}.txt"]), files
+    if restarts:
+        assert head.wait(400) == 0, excerpt(head.output, 4000)
+        assert "restart 1/1: the command stopped on a hang" in head.output
+        assert "resumed from" in head.output and "at step 2" in head.output
+        assert steps_logged(run) == list(range(1, STEPS + 1))
+    else:
+        assert head.wait(60) == 5, excerpt(head.output, 4000)
+    assert worker.wait(60) == (0 if restarts else 5), worker.output[-3000:]
+    deadline = time.monotonic() + 30
+    while workers_left() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not workers_left()
