@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 from .errors import RigError
 from .launchers import BY_NAME
@@ -186,12 +187,16 @@ def cmd_status(args) -> int:
     url, token = _client(args)
     try:
         api = JobApi(url, token)
-        nodes, jobs = status.node_rows(api.nodes()), status.job_rows(api.jobs())
+        raw = api.nodes()
+        nodes, jobs = status.node_rows(raw), status.job_rows(api.jobs())
+        boards = status.training_boards(
+            [api.log_files(n, status.PHASES_GLOB) for n in status.driver_nodes(raw)], time.time()
+        )
     except Unreachable:
         from .submit import HOW_TO_REACH
 
         raise RigError(f"no cluster answers at {url}; {HOW_TO_REACH}") from None
-    print(status.as_json(nodes, jobs, url) if args.json else status.render(nodes, jobs, url))
+    print(status.as_json(nodes, jobs, url, boards) if args.json else status.render(nodes, jobs, url, boards))
     return 0
 
 
@@ -312,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("cmd", nargs=argparse.REMAINDER)
     s.set_defaults(func=cmd_submit)
 
-    st = sub.add_parser("status", parents=[client], help="a standing cluster's nodes and jobs")
+    st = sub.add_parser("status", parents=[client], help="a cluster's nodes and jobs, and each running trainer's ranks")
     st.add_argument("--json", action="store_true", help="as one JSON object")
     st.set_defaults(func=cmd_status)
 

@@ -104,6 +104,29 @@ class JobApi:
             # the websocket closes without a status when the head goes away mid-job
             raise Unreachable(f"{self.url}: {e}") from e
 
+    def log_files(self, node_id: str, glob: str) -> dict[str, str]:
+        """The last line of each file in node `node_id`'s Ray log folder matching `glob`, by name (the dashboard's
+        log API, so it works wherever the job API does)."""
+        import requests
+
+        out = {}
+        with _answering(self.url):
+            r = requests.get(
+                f"{self.url}/api/v0/logs", params={"node_id": node_id, "glob": glob}, headers=self.headers, timeout=10
+            )
+            r.raise_for_status()
+            names = [n for group in r.json()["data"]["result"].values() for n in group]
+            for name in names:
+                f = requests.get(
+                    f"{self.url}/api/v0/logs/file",
+                    params={"node_id": node_id, "filename": name, "lines": 1},
+                    headers=self.headers,
+                    timeout=10,
+                )
+                if f.ok and f.text.strip():  # gone between the listing and the read: its job just ended
+                    out[name] = f.text.strip().splitlines()[-1]
+        return out
+
     def nodes(self) -> list[dict]:
         """Every node Ray knows, dead ones included: ip, state, labels, resources_total, start_time_ms."""
         from ray.util.state.api import StateApiClient

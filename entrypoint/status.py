@@ -1,5 +1,5 @@
-"""`rlrig status`: a standing cluster's nodes and jobs, read through its job API (so it works wherever
-`rlrig submit` does: on the head, through a tunnel, or through dstack's forwarded port)."""
+"""`rlrig status`: a cluster's nodes, jobs and running trainers' ranks, read through its job API (so it works
+wherever `rlrig submit` does: on the head, through a tunnel, or through dstack's forwarded port)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,30 @@ from .coordination import HOST_LABEL, RANK_LABEL
 from .jobs import Job
 
 ENTRYPOINT_WIDTH = 70
+# the trainer's watchdog rewrites each training worker's phase every second into its node's Ray log folder
+# (trainer/driver/watchdog.py BOARD_PREFIX), which the dashboard's log API serves
+BOARD_PREFIX = "rlrig-phases-"
+PHASES_GLOB = f"{BOARD_PREFIX}*.json"
+STALE_S = 10.0  # a board not rewritten for this long belongs to a trainer that is gone or stuck itself
+
+
+def driver_nodes(nodes: list[dict]) -> list[str]:
+    """The node ids whose log folders may hold a board: the head's (rank 0), where rlrig runs the trainer and
+    the job API its jobs' drivers; every alive node where no rank is labelled."""
+    alive = [n for n in nodes if n.get("state") == "ALIVE"]
+    heads = [n for n in alive if (n.get("labels") or {}).get(RANK_LABEL) == "0"]
+    return [n["node_id"] for n in heads or alive]
+
+
+def training_boards(files: list[dict[str, str]], now: float) -> list[dict]:
+    """Each running trainer's ranks ({"job", "age_s", "ranks"}), from the boards' last lines by file name."""
+    boards = []
+    for found in files:
+        for name, line in sorted(found.items()):
+            board = json.loads(line)
+            job = name.rsplit("/", 1)[-1].removeprefix(BOARD_PREFIX).removesuffix(".json")
+            boards.append({"job": job, "age_s": round(now - board["written"], 1), "ranks": board["ranks"]})
+    return boards
 
 
 def node_rows(nodes: list[dict]) -> list[dict]:
@@ -47,7 +71,27 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
 
 
-def render(nodes: list[dict], jobs: list[dict], url: str) -> str:
+def render_boards(boards: list[dict]) -> list[str]:
+    lines = []
+    for b in boards:
+        stale = b["age_s"] > STALE_S
+        lines.append(
+            f"training (Ray job {b['job']}): "
+            + (f"not updated for {b['age_s']:.0f}s: its trainer is gone or stuck" if stale else "each rank's phase")
+        )
+        lines += _table(
+            ["rank", "node", "phase", "step", "seconds in it"],
+            [
+                [r["label"], r["ip"], r["phase"], str(r["step"]), f"{r['seconds']:.1f}"]
+                if r["phase"]
+                else [r["label"], r["ip"], "(between steps)", "-", "-"]
+                for r in b["ranks"]
+            ],
+        )
+    return lines
+
+
+def render(nodes: list[dict], jobs: list[dict], url: str, boards: list[dict] | None = None) -> str:
     alive = sum(n["alive"] for n in nodes)
     lines = [f"cluster {url}: {alive} node(s) alive"]
     lines += _table(
@@ -74,8 +118,8 @@ def render(nodes: list[dict], jobs: list[dict], url: str) -> str:
             ["id", "status", "start", "entrypoint"],
             [[j["id"], j["status"], _when(j["start"]), short(j["entrypoint"])] for j in jobs],
         )
-    return "\n".join(lines)
+    return "\n".join(lines + render_boards(boards or []))
 
 
-def as_json(nodes: list[dict], jobs: list[dict], url: str) -> str:
-    return json.dumps({"address": url, "nodes": nodes, "jobs": jobs})
+def as_json(nodes: list[dict], jobs: list[dict], url: str, boards: list[dict] | None = None) -> str:
+    return json.dumps({"address": url, "nodes": nodes, "jobs": jobs, "training": boards or []})

@@ -9,6 +9,7 @@ rank, its node and the phase, the workers are killed and the driver exits with H
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import textwrap
@@ -24,6 +25,9 @@ from .watchdog_limits import explain, phase_limit
 
 HANG_EXIT = 5  # the same as entrypoint/errors.HANG_EXIT, which the entrypoint restarts on
 POLL_S = 1.0
+# each rank's phase, rewritten every poll into the head's Ray log folder, where `rlrig status` reads it through the
+# dashboard's log API (entrypoint/status.py PHASES_GLOB)
+BOARD_PREFIX = "rlrig-phases-"
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,8 @@ class Watchdog:
         self.limits = Limits(t.watchdog_factor, t.watchdog_min_s, cfg.actor_rollout_ref.nccl_timeout)
         self.out, self.procs, self.reporting, self.kill, self.exit = out, procs, reporting, kill, exit
         self.seen: dict[str, tuple[str, int, float]] = {}
+        self.board: Path | None = None  # where publish() writes, once started
+        self.ips = {p.label: p.ip for p in procs}
         self.halt = threading.Event()
         self.thread = threading.Thread(target=self._watch, name="rlrig-watchdog", daemon=True)
 
@@ -99,11 +105,29 @@ class Watchdog:
         job = ray.get_runtime_context().get_job_id()
         self.keys = {label: key(job, label) for label in self.reporting}
         self.kv = internal_kv
+        self.board = Path(ray._private.worker._global_node.get_logs_dir_path()) / f"{BOARD_PREFIX}{job}.json"
         self.thread.start()
 
     def stop(self) -> None:
         self.halt.set()
         self.thread.join()
+        self.drop_board()
+
+    def drop_board(self) -> None:
+        if self.board is not None:
+            self.board.unlink(missing_ok=True)
+
+    def publish(self, now: float) -> None:
+        """The board `rlrig status` shows: each training worker's phase and seconds in it ("" between calls)."""
+        ranks = []
+        for label in self.reporting:
+            phase, step, since = self.seen.get(label, ("", 0, now))
+            ranks.append(
+                {"label": label, "ip": self.ips[label], "phase": phase, "step": step, "seconds": round(now - since, 1)}
+            )
+        tmp = self.board.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"written": time.time(), "ranks": ranks}) + "\n")
+        os.replace(tmp, self.board)
 
     def observe(self, entries: dict[str, tuple[str, int]], now: float) -> list[Over]:
         """Fold one poll's entries (label -> (phase, step); phase "" between calls) into when each phase was first
@@ -116,8 +140,6 @@ class Watchdog:
         return overdue(self.seen, now, self.limits)
 
     def _poll(self) -> dict[str, tuple[str, int]]:
-        import json
-
         from ..workers.phase_report import NAMESPACE
 
         entries = {}
@@ -130,7 +152,9 @@ class Watchdog:
 
     def _watch(self) -> None:
         while not self.halt.wait(POLL_S):
-            over = self.observe(self._poll(), time.monotonic())
+            now = time.monotonic()
+            over = self.observe(self._poll(), now)
+            self.publish(now)
             if over and not self.halt.is_set():
                 self.hang(over)
                 return
@@ -157,6 +181,7 @@ class Watchdog:
             "checkpoint)"
         )
         self.kill()
+        self.drop_board()
         sys.stdout.flush()
         sys.stderr.flush()
         self.exit(HANG_EXIT)

@@ -139,6 +139,7 @@ def node(rank=None, nnodes=None, state="ALIVE", ip="10.0.0.1", host=None, cpu=2.
     if host:
         labels[coordination.HOST_LABEL] = host
     return {
+        "node_id": f"id-{ip}",
         "node_ip": ip,
         "node_name": ip,
         "state": state,
@@ -183,6 +184,41 @@ def test_status_rows_and_table():
     assert text.splitlines()[0] == "cluster http://127.0.0.1:8265: 3 node(s) alive"
     assert "rank  host" in text and "..." in text
     assert json.loads(status.as_json(rows, jobs, "u"))["nodes"][0]["rank"] == 0
+
+
+@pytest.mark.parametrize(
+    "nodes, ids",
+    [
+        ([node(1, 2, ip="10.0.0.2"), node(0, 2)], ["id-10.0.0.1"]),  # the head, where the trainer's driver runs
+        ([node(0, 2, state="DEAD"), node(0, 2, ip="10.0.0.3")], ["id-10.0.0.3"]),  # its restarted record
+        ([node(ip="10.0.0.5"), node(ip="10.0.0.6", state="DEAD")], ["id-10.0.0.5"]),  # not rlrig's: every alive one
+    ],
+)
+def test_the_trainer_boards_are_read_on_the_head(nodes, ids):
+    assert status.driver_nodes(nodes) == ids
+
+
+def test_training_boards_in_the_table_and_json():
+    from rlrig.trainer.driver.watchdog import BOARD_PREFIX
+
+    assert BOARD_PREFIX == status.BOARD_PREFIX  # what the trainer writes is what status reads
+    ranks = [
+        {"label": "rank 0", "ip": "10.0.0.1", "phase": "update_actor", "step": 3, "seconds": 41.26},
+        {"label": "rank 1", "ip": "10.0.0.2", "phase": "", "step": 0, "seconds": 0.0},
+    ]
+    line = json.dumps({"written": 1000.0, "ranks": ranks})
+    boards = status.training_boards([{"rlrig-phases-02000000.json": line}], now=1001.5)
+    assert boards == [{"job": "02000000", "age_s": 1.5, "ranks": ranks}]
+    text = status.render([], [], "u", boards).splitlines()
+    assert text[-4:] == [
+        "training (Ray job 02000000): each rank's phase",
+        "rank    node      phase            step  seconds in it",
+        "rank 0  10.0.0.1  update_actor     3     41.3",
+        "rank 1  10.0.0.2  (between steps)  -     -",
+    ]
+    stale = status.training_boards([{"rlrig-phases-02000000.json": line}], now=1060.0)
+    assert "not updated for 60s: its trainer is gone or stuck" in status.render([], [], "u", stale)
+    assert json.loads(status.as_json([], [], "u", boards))["training"][0]["ranks"][0]["phase"] == "update_actor"
 
 
 def test_client_token_sources(tmp_path):

@@ -2,6 +2,8 @@
 names, and RLRIG_FAULT_HANG's parsing and once-per-run marker. The real hangs on two namespace nodes are in
 tests/integration/test_watchdog.py."""
 
+import json
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -56,6 +58,22 @@ def test_a_phase_is_timed_from_when_it_was_first_seen_and_idle_is_no_hang(tmp_pa
     assert w.observe({"rank 0": ("", 0), "rank 1": ("reward", 4)}, now=300.0) == []
     assert w.observe({"rank 0": ("", 0), "rank 1": ("reward", 4)}, now=314.0) == []
     assert [o.label for o in w.observe({"rank 1": ("reward", 4)}, now=315.5)] == ["rank 1"]
+
+
+def test_the_board_rlrig_status_reads(tmp_path, monkeypatch):
+    monkeypatch.setattr(stacks, "dump", lambda procs, folder: {"rank 0": ASLEEP, "rank 1": IN_GLOO})
+    w = dog(tmp_path)
+    w.board = tmp_path / "rlrig-phases-01000000.json"
+    w.observe({"rank 0": ("gen", 2), "rank 1": ("", 0)}, now=100.0)
+    w.publish(now=112.25)
+    board = json.loads(w.board.read_text())
+    assert board["ranks"] == [
+        {"label": "rank 0", "ip": "10.0.0.1", "phase": "gen", "step": 2, "seconds": 12.2},
+        {"label": "rank 1", "ip": "10.0.0.2", "phase": "", "step": 0, "seconds": 0.0},
+    ]
+    assert abs(board["written"] - time.time()) < 5
+    w.hang(w.observe({"rank 0": ("gen", 2)}, now=120.0))  # a run that ends leaves no board behind
+    assert not w.board.exists()
 
 
 IN_GLOO = 'Thread 1 (idle): "MainThread"\n    all_reduce (torch/distributed/distributed_c10d.py:2960)\n'
