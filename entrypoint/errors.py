@@ -11,9 +11,13 @@ HANG_EXIT = 5  # the trainer's watchdog found a phase past its limit (trainer/dr
 
 
 class NodeLost(RigError):
-    """A node of a formed cluster went away while the job ran."""
+    """A node of a formed cluster went away while the job ran; `nodes` names them (`rank 1 (10.0.0.2)`)."""
 
     exit_code = 3
+
+    def __init__(self, message: str, nodes: list[str] | None = None):
+        super().__init__(message)
+        self.nodes = nodes or []
 
 
 class Unreachable(ConnectionError):

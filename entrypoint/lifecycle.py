@@ -22,6 +22,7 @@ from .console import say
 from .errors import HANG_EXIT, NodeLost, RigError
 from .gcs import GcsStore
 from .jobs import JobApi
+from .node_failures import HANG_REPORT_ENV, NodeFailures, hung_node
 from .plan import Plan
 from .processes import Stop, become_subreaper, install_stop_handlers, pass_on, sweep_descendants, terminate_group
 
@@ -88,7 +89,7 @@ def _check_members(store: coordination.Store, ray_proc: subprocess.Popen, before
         raise NodeLost("the head's Ray processes died while the command ran; see the Ray logs in the temp dir")
     lost = coordination.lost_since(store, before)
     if lost:
-        raise NodeLost(f"lost node {', '.join(lost)} while the command ran; stopped the command")
+        raise NodeLost(f"lost node {', '.join(lost)} while the command ran; stopped the command", lost)
 
 
 def start_fabric(plan: Plan, env: Mapping[str, str], command: list[str] | None = None) -> tuple[subprocess.Popen, str]:
@@ -198,7 +199,8 @@ def run_head(plan: Plan) -> int:
             code = standing.serve(store, alive, lambda: JobApi(plan.dashboard_url, plan.token), store.mark_job_failed)
             return code
         formed = time.monotonic() - t0
-        restarts = 0
+        restarts, failures = 0, NodeFailures()
+        command_env[HANG_REPORT_ENV] = os.path.join(plan.temp_dir, "hang.json")
         while True:
             if fabric_wanted:
                 child, report = early or start_fabric(plan, command_env)  # again after a restart in place
@@ -217,11 +219,20 @@ def run_head(plan: Plan) -> int:
             except NodeLost as lost:
                 if restarts >= plan.max_restarts or ray_proc.poll() is not None:  # without the head's Ray, no rejoin
                     raise
+                for node in lost.nodes:
+                    twice = failures.add(node, "lost while the command ran")
+                    if twice:
+                        raise NodeLost(twice, [node]) from None
                 restarts += 1
                 nodes, formed = rejoin(plan, store, alive, lost, restarts)
                 continue
             say(f"command exited with code {code}")
             if code == HANG_EXIT and restarts < plan.max_restarts:
+                hung = hung_node(command_env[HANG_REPORT_ENV], nodes)
+                twice = hung and failures.add(*hung)
+                if twice:
+                    say(twice)
+                    return code
                 restarts += 1  # every node is still here: the command alone runs again, from its last checkpoint
                 say(f"restart {restarts}/{plan.max_restarts}: the command stopped on a hang; running it again")
                 continue

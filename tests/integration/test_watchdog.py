@@ -2,7 +2,7 @@
 update its peer waits in, in a reward function that never returns) -> the head's watchdog ends the run within
 the phase's limit + 30 s, naming the stuck rank, its node and phase, with its stack in the head's log and every
 worker's in the run directory; with --max-restarts 1 the run resumes from its last checkpoint and logs every step
-once; no worker process is left."""
+once; a node that hangs twice is not restarted on (the run stops naming it); no worker process is left."""
 
 import json
 import os
@@ -71,8 +71,10 @@ def workers_left() -> list[str]:
 @pytest.mark.parametrize(
     "fault, phase, restarts, floor",
     [
-        ("1:gen:3", "gen", 1, 20),  # 20 s: time to read `rlrig status` while it hangs
-        ("0:collective:3", "update_actor", 0, 5),
+        # rank 1 hangs at steps 3 and 4: restarted once, then stopped naming its node; 20 s: time to read
+        # `rlrig status` while it hangs
+        ("1:gen:3,1:gen:4", "gen", 2, 20),
+        ("0:collective:3", "update_actor", 1, 5),  # restarted, resumes and finishes
         ("reward function", "reward", 0, 5),
     ],
 )
@@ -93,7 +95,7 @@ def test_a_hung_rank_is_named_with_its_stack_and_the_run_ends(cluster_hosts, tmp
     start = lambda i: cluster_hosts.start(ns, i, {**dstack_env(ns, i, "wd"), **env}, args)
     head, worker = start(0), start(1)
     began = head.wait_for(injected, 400)
-    if fault == "1:gen:3":  # while it hangs, `rlrig status` on the head shows each rank's phase and seconds in it
+    if phase == "gen":  # while it hangs, `rlrig status` on the head shows each rank's phase and seconds in it
         time.sleep(3)
         r = subprocess.run(
             ns.prefix(0) + [sys.executable, "-m", "rlrig.entrypoint.cli", "status", "--json"],
@@ -124,16 +126,26 @@ def test_a_hung_rank_is_named_with_its_stack_and_the_run_ends(cluster_hosts, tmp
     # every worker's stack in the run directory; the peer's shows it waiting in a collective
     files = {p.name: p.read_text() for p in (run / "hang-step3").glob("*.txt")}
     assert sorted(files) == ["rank-0.txt", "rank-1.txt"], files.keys()
-    if fault.endswith("collective:3"):
+    if phase == "update_actor":
         assert in_collective(files[f"rank-{1 - rank}.txt"]), files
-    if restarts:
+    finishes = restarts == 1
+    if finishes:
         assert head.wait(400) == 0, excerpt(head.output, 4000)
         assert "restart 1/1: the command stopped on a hang" in head.output
         assert "resumed from" in head.output and "at step 2" in head.output
         assert steps_logged(run) == list(range(1, STEPS + 1))
+    elif restarts == 2:  # the second hang on the same node: no restart onto it
+        assert head.wait(400) == 5, excerpt(head.output, 4000)
+        out = head.output
+        assert "restart 1/2: the command stopped on a hang" in out and "restart 2/2" not in out, out[-4000:]
+        assert (
+            f"rlrig: rank 1 ({ns.ip(1)}) failed twice in this run (rank 1 hung in gen at step 3; rank 1 hung in gen "
+            "at step 4): not restarting on it" in out
+        ), out[-4000:]
+        assert steps_logged(run) == [1, 2, 3]  # resumed from step 2, step 3 trained once
     else:
         assert head.wait(60) == 5, excerpt(head.output, 4000)
-    assert worker.wait(60) == (0 if restarts else 5), worker.output[-3000:]
+    assert worker.wait(60) == (0 if finishes else 5), worker.output[-3000:]
     deadline = time.monotonic() + 30
     while workers_left() and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -1,7 +1,8 @@
 """Injected hangs, for testing the watchdog (off unless set): `RLRIG_FAULT_HANG=RANK:PHASE:STEP` makes training
 worker RANK hang in phase PHASE (a timing_s/* name) at global step STEP; `PHASE=collective` makes it stay out of
-the update's collectives at that step, so its peers block inside the first one. It fires once per run directory:
-a marker file there records it, so a restarted run goes on past it."""
+the update's collectives at that step, so its peers block inside the first one. Several, comma-separated, hang
+at their own steps. Each fires once per run directory: a marker file there records it, so a restarted run goes on
+past it."""
 
 from __future__ import annotations
 
@@ -26,23 +27,27 @@ class FaultHang:
         return out / f".fault-hang-{self.rank}-{self.phase}-{self.step}"
 
 
-def from_env(world: int, env=os.environ) -> FaultHang | None:
+def from_env(world: int, env=os.environ) -> list[FaultHang]:
     text = env.get(ENV, "")
-    if not text:
-        return None
-    parts = text.split(":")
-    usage = f"{ENV}={text}: expected RANK:PHASE:STEP with RANK below {world}, PHASE one of {', '.join(KINDS)}"
-    if len(parts) != 3 or not parts[0].isdigit() or not parts[2].isdigit() or parts[1] not in KINDS:
-        raise ConfigError(usage)
-    fault = FaultHang(int(parts[0]), parts[1], int(parts[2]))
-    if fault.rank >= world or fault.step < 1:
-        raise ConfigError(usage + ", STEP from 1")
-    return fault
+    faults = []
+    for spec in filter(None, text.split(",")):
+        parts = spec.split(":")
+        usage = (
+            f"{ENV}={text}: expected RANK:PHASE:STEP[,...] with RANK below {world}, PHASE one of {', '.join(KINDS)}, "
+            "STEP from 1"
+        )
+        if len(parts) != 3 or not parts[0].isdigit() or not parts[2].isdigit() or parts[1] not in KINDS:
+            raise ConfigError(usage)
+        fault = FaultHang(int(parts[0]), parts[1], int(parts[2]))
+        if fault.rank >= world or fault.step < 1:
+            raise ConfigError(usage)
+        faults.append(fault)
+    return faults
 
 
-def due(fault: FaultHang | None, step: int, out: Path) -> bool:
-    """Whether the fault fires at `step`: its step, and not fired in this run directory before. Records it."""
-    if fault is None or fault.step != step or fault.marker(out).exists():
-        return False
-    fault.marker(out).touch()
-    return True
+def due(faults: list[FaultHang], step: int, out: Path) -> list[FaultHang]:
+    """The faults that fire at `step`: theirs, and not fired in this run directory before. Records them."""
+    fire = [f for f in faults if f.step == step and not f.marker(out).exists()]
+    for f in fire:
+        f.marker(out).touch()
+    return fire

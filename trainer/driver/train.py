@@ -36,7 +36,7 @@ class Run:
     kl_ctrl: object
     out: Path
     resume_from: Path | None
-    fault: faults.FaultHang | None = None  # RLRIG_FAULT_HANG's injected hang (tests)
+    faults: list[faults.FaultHang] = dataclasses.field(default_factory=list)  # RLRIG_FAULT_HANG's (tests)
     workers: Workers | None = None
     watchdog: Watchdog | None = None
     log: MetricsLog | None = None
@@ -134,8 +134,8 @@ def prepare(cfg) -> Run:
         if why:
             raise ConfigError(why)
     kl_ctrl = core_algos.kl_controller(cfg.algorithm.kl_ctrl)
-    fault = faults.from_env(t.nnodes * t.n_gpus_per_node)
-    return Run(cfg, model_path, rm_path, adapter, train_rows, val_rows, sampler, kl_ctrl, out, resume_from, fault)
+    injected = faults.from_env(t.nnodes * t.n_gpus_per_node)
+    return Run(cfg, model_path, rm_path, adapter, train_rows, val_rows, sampler, kl_ctrl, out, resume_from, injected)
 
 
 def start(run: Run) -> None:
@@ -270,9 +270,9 @@ def train_step(run: Run) -> dict:
     t0 = time.perf_counter()
     batch = [run.train_rows[i] for i in run.sampler.next()]
     shares = equal_shares(batch, len(workers))
-    if faults.due(run.fault, run.step, run.out):
-        say(f"{faults.ENV}: rank {run.fault.rank} hangs in {run.fault.phase} at step {run.step}")
-        workers[run.fault.rank].arm_fault.remote(run.fault.phase)
+    for fault in faults.due(run.faults, run.step, run.out):
+        say(f"{faults.ENV}: rank {fault.rank} hangs in {fault.phase} at step {run.step}")
+        workers[fault.rank].arm_fault.remote(fault.phase)
     m = M.reduce(ray.get([w.step.remote(p, run.kl_ctrl.value, run.step) for w, p in zip(workers, shares)]))
     update_kl_controller(run.kl_ctrl, m, cfg)
     if t.test_freq > 0 and (run.step % t.test_freq == 0 or run.step == total):

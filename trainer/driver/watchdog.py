@@ -28,6 +28,7 @@ POLL_S = 1.0
 # each rank's phase, rewritten every poll into the head's Ray log folder, where `rlrig status` reads it through the
 # dashboard's log API (entrypoint/status.py PHASES_GLOB)
 BOARD_PREFIX = "rlrig-phases-"
+HANG_REPORT_ENV = "RLRIG_HANG_REPORT"  # entrypoint/node_failures.py: which node hung, for the restart's bookkeeping
 
 
 @dataclass(frozen=True)
@@ -180,6 +181,10 @@ class Watchdog:
             f"in {folder}; stopping the run (exit {HANG_EXIT}; with --max-restarts it resumes from the last "
             "checkpoint)"
         )
+        report = os.environ.get(HANG_REPORT_ENV)
+        if report:
+            hung = {"label": stuck.label, "ip": proc.ip, "phase": stuck.phase, "step": stuck.step}
+            Path(report).write_text(json.dumps(hung))
         self.kill()
         self.drop_board()
         sys.stdout.flush()

@@ -110,10 +110,12 @@ def test_a_hang_names_the_rank_the_others_wait_for_and_exits(tmp_path, monkeypat
 @pytest.mark.parametrize(
     "text, fault",
     [
-        ("", None),
-        ("1:gen:3", faults.FaultHang(1, "gen", 3)),
-        ("0:collective:2", faults.FaultHang(0, "collective", 2)),
-        ("0:save_checkpoint:4", faults.FaultHang(0, "save_checkpoint", 4)),
+        ("", []),
+        ("1:gen:3", [faults.FaultHang(1, "gen", 3)]),
+        ("0:collective:2", [faults.FaultHang(0, "collective", 2)]),
+        ("0:save_checkpoint:4", [faults.FaultHang(0, "save_checkpoint", 4)]),
+        ("1:gen:3,1:reward:5", [faults.FaultHang(1, "gen", 3), faults.FaultHang(1, "reward", 5)]),
+        ("1:gen:3,2:gen:4", ConfigError),
         ("2:gen:3", ConfigError),  # rank 2 of 2
         ("1:generate:3", ConfigError),  # no such phase: it would never fire
         ("1:gen", ConfigError),
@@ -130,7 +132,20 @@ def test_fault_hang_parsing(text, fault):
 
 
 def test_a_fault_fires_once_per_run_directory(tmp_path):
-    f = faults.FaultHang(1, "gen", 3)
-    assert [faults.due(f, step, tmp_path) for step in (1, 2, 3, 4)] == [False, False, True, False]
-    assert not faults.due(f, 3, tmp_path)  # the restarted run goes on past it
-    assert not faults.due(None, 3, tmp_path)
+    f, g = faults.FaultHang(1, "gen", 3), faults.FaultHang(0, "reward", 4)
+    assert [faults.due([f, g], step, tmp_path) for step in (1, 2, 3, 4, 5)] == [[], [], [f], [g], []]
+    assert faults.due([f, g], 3, tmp_path) == []  # the restarted run goes on past it
+
+
+def test_a_hang_tells_the_entrypoint_which_node_hung(tmp_path, monkeypatch):
+    from rlrig.entrypoint.node_failures import hung_node
+
+    report = tmp_path / "hang.json"
+    monkeypatch.setenv(watchdog.HANG_REPORT_ENV, str(report))
+    monkeypatch.setattr(stacks, "dump", lambda procs, folder: {"rank 0": IN_GLOO, "rank 1": ASLEEP})
+    w = dog(tmp_path)
+    w.observe({"rank 0": ("balance", 3), "rank 1": ("gen", 3)}, now=0.0)
+    w.hang(w.observe({"rank 0": ("balance", 3), "rank 1": ("gen", 3)}, now=20.0))
+    nodes = {0: {"ip": "10.0.0.1"}, 1: {"ip": "10.0.0.2"}}
+    assert hung_node(str(report), nodes) == ("rank 1 (10.0.0.2)", "rank 1 hung in gen at step 3")
+    assert not report.exists() and hung_node(str(report), nodes) is None  # read once
