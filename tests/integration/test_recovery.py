@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers.cluster import dstack_env
+from tests.helpers.cluster import TWO_NODE_TRAIN, dstack_env
 from tests.helpers.crashlog import excerpt
 
 pytestmark = pytest.mark.integration
@@ -21,14 +21,8 @@ TRAIN = [
     "1",
     "--rejoin-timeout",
     "120",
-    "data.train_batch_size=8",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-    "trainer.val_before_train=False",
-    "trainer.test_freq=0",
-    "trainer.save_freq=2",
+    *TWO_NODE_TRAIN,
     f"trainer.total_training_steps={STEPS}",
-    "trainer.nnodes=2",
-    "trainer.n_gpus_per_node=1",
 ]
 
 

@@ -16,23 +16,12 @@ import psutil
 import pytest
 
 from rlrig.trainer.driver.stacks import in_collective
-from tests.helpers.cluster import TOKEN, dstack_env
+from tests.helpers.cluster import TOKEN, TWO_NODE_TRAIN, dstack_env
 from tests.helpers.crashlog import excerpt
 
 pytestmark = pytest.mark.integration
 STEPS = 4  # the hang at step 3: steps 1-2 give each phase a median (well under a second), so its limit is the floor
-TRAIN = [
-    "train",
-    "data.train_batch_size=8",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-    "trainer.val_before_train=False",
-    "trainer.test_freq=0",
-    "trainer.save_freq=2",
-    f"trainer.total_training_steps={STEPS}",
-    "trainer.nnodes=2",
-    "trainer.n_gpus_per_node=1",
-    "actor_rollout_ref.nccl_timeout=60",
-]
+TRAIN = [*TWO_NODE_TRAIN, f"trainer.total_training_steps={STEPS}", "actor_rollout_ref.nccl_timeout=60"]
 
 # a reward function that never returns, once per run, in whichever rank reaches its 3rd step's scoring first
 HANGING_REWARD = """
@@ -81,7 +70,7 @@ def workers_left() -> list[str]:
 def test_a_hung_rank_is_named_with_its_stack_and_the_run_ends(cluster_hosts, tmp_path, fault, phase, restarts, floor):
     ns = cluster_hosts(2)
     run = tmp_path / "run"
-    args = ["train", "--max-restarts", str(restarts), *TRAIN[1:], f"trainer.watchdog_min_s={floor}"]
+    args = ["train", "--max-restarts", str(restarts), *TRAIN, f"trainer.watchdog_min_s={floor}"]
     args.append(f"trainer.default_local_dir={run}")
     env = {"HOME": str(Path.home())}
     if fault == "reward function":

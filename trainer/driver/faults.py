@@ -29,13 +29,13 @@ class FaultHang:
 
 def from_env(world: int, env=os.environ) -> list[FaultHang]:
     text = env.get(ENV, "")
+    usage = (
+        f"{ENV}={text}: expected RANK:PHASE:STEP[,...] with RANK below {world}, PHASE one of {', '.join(KINDS)}, "
+        "STEP from 1"
+    )
     faults = []
     for spec in filter(None, text.split(",")):
         parts = spec.split(":")
-        usage = (
-            f"{ENV}={text}: expected RANK:PHASE:STEP[,...] with RANK below {world}, PHASE one of {', '.join(KINDS)}, "
-            "STEP from 1"
-        )
         if len(parts) != 3 or not parts[0].isdigit() or not parts[2].isdigit() or parts[1] not in KINDS:
             raise ConfigError(usage)
         fault = FaultHang(int(parts[0]), parts[1], int(parts[2]))
