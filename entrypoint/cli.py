@@ -92,7 +92,9 @@ def _restart_parser() -> argparse.ArgumentParser:
         help="on a node's loss: stop the command, keep the head's Ray up, wait for the lost ranks to "
         "rejoin (their launcher starts them again) and run the command again (the trainer resumes "
         "from its last checkpoint), up to N times; a worker that loses its head joins the next one. "
-        "Default 0: stop as soon as a node is lost. Same value on every node",
+        "Also on a hang (the command's exit 5) and a failed fabric check. A node that fails twice is "
+        "not restarted on (RLRIG_EXCLUDE_FILE names it). Default 0: stop at the first failure. Same "
+        "value on every node",
     )
     g.add_argument(
         "--rejoin-timeout",
@@ -343,7 +345,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # `rlrig train KEY=VALUE --max-restarts 1 KEY=VALUE`: a recipe's own overrides first, the user's options and
+    # overrides after them (the Slurm scripts' "$@"); argparse leaves overrides after an option unparsed
+    if extra and (getattr(args, "overrides", None) is None or any(e.startswith("-") for e in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.overrides += extra
     try:
         return args.func(args)
     except RigError as e:

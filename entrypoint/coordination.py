@@ -57,7 +57,10 @@ def ack_key(rank: int) -> str:
     return f"ack/{rank}"
 
 
-def node_facts(rank: int, ip: str, num_gpus: int) -> dict:
+def node_facts(rank: int, ip: str, num_gpus: int, name: str = "") -> dict:
+    """What every node tells the head about itself. `name`: what its launcher calls it (Slurm's node name, which
+    `--exclude` takes), where that is not the host name (namespaces and containers share one)."""
+
     def ver(dist: str) -> str:
         try:
             return metadata.version(dist)
@@ -68,6 +71,7 @@ def node_facts(rank: int, ip: str, num_gpus: int) -> dict:
         "rank": rank,
         "ip": ip,
         "hostname": socket.gethostname(),
+        "name": name or socket.gethostname(),
         "ray": ver("ray"),
         "python": platform.python_version(),
         "rlrig": ver("rlrig"),
@@ -189,7 +193,7 @@ def check_versions(store: Store) -> None:
 def describe(rank: int, known: dict[int, dict], ip: str = "") -> str:
     """`rank 1 (host, 10.0.0.2)`: how a node is named in logs and job messages."""
     f = known.get(rank, {})
-    where = ", ".join(x for x in (f.get("hostname", ""), ip or f.get("ip", "")) if x)
+    where = ", ".join(x for x in (f.get("name") or f.get("hostname", ""), ip or f.get("ip", "")) if x)
     return f"rank {rank} ({where})" if where else f"rank {rank}"
 
 
@@ -206,15 +210,15 @@ def members(store: Store) -> dict[int, str]:
     return {r: n.get("id", "") for r, n in store.nodes().items() if n["alive"]}
 
 
-def lost_since(store: Store, before: dict[int, str]) -> list[str]:
+def lost_since(store: Store, before: dict[int, str]) -> dict[int, str]:
     """The ranks of `before` no longer served by the same Ray node: dead, gone, or already replaced by a restarted
-    node (a launcher can restart a node faster than Ray declares the old one dead), as `rank 1 (10.0.0.2)`."""
+    node (a launcher can restart a node faster than Ray declares the old one dead), each as `rank 1 (10.0.0.2)`."""
     now = store.nodes()
-    lost = []
+    lost = {}
     for rank, node_id in sorted(before.items()):
         n = now.get(rank)
         if n is None or not n["alive"] or n.get("id", "") != node_id:
-            lost.append(f"rank {rank} ({(n or {}).get('ip', '?')})")
+            lost[rank] = f"rank {rank} ({(n or {}).get('ip', '?')})"
     return lost
 
 

@@ -11,13 +11,21 @@ HANG_EXIT = 5  # the trainer's watchdog found a phase past its limit (trainer/dr
 
 
 class NodeLost(RigError):
-    """A node of a formed cluster went away while the job ran; `nodes` names them (`rank 1 (10.0.0.2)`)."""
+    """A node of a formed cluster went away while the job ran; `ranks`: which (node ranks), where known."""
 
     exit_code = 3
 
-    def __init__(self, message: str, nodes: list[str] | None = None):
+    def __init__(self, message: str, ranks: list[int] | None = None):
         super().__init__(message)
-        self.nodes = nodes or []
+        self.ranks = ranks or []
+
+
+class FabricFailed(RigError):
+    """The fabric check's verdict was a failure; `ranks`: the node ranks it named."""
+
+    def __init__(self, message: str, ranks: list[int] | None = None):
+        super().__init__(message)
+        self.ranks = ranks or []
 
 
 class Unreachable(ConnectionError):

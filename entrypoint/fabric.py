@@ -109,17 +109,26 @@ def node_line(n: dict) -> str:
     return f"{name(n)}: {net}; GPUs: {len(gpus) if gpus else 'none'}"
 
 
-def failure_message(report_path: str, code: int) -> str:
-    """The head's one-line error for a check that exited `code` (not 0), from the report when there is one."""
+def _read(report_path: str) -> dict:
     try:
         with open(report_path) as f:
-            report = json.load(f)
+            return json.load(f)
     except (OSError, ValueError):
-        report = {}
+        return {}  # the check died before writing it: the caller says so
+
+
+def failure_message(report_path: str, code: int) -> str:
+    """The head's one-line error for a check that exited `code` (not 0), from the report when there is one."""
+    report = _read(report_path)
     skip = "rerun with --no-fabric-check to skip it"
     if code == FAILED and report.get("message"):
         return f"fabric check failed: {report['message']}; report {report_path}; {skip}"
     return f"fabric check could not run (exit {code}); see its output above; {skip}"
+
+
+def failed_ranks(report_path: str) -> list[int]:
+    """The node ranks a failed check named (none where it could not run): each a failure of that node."""
+    return [f["rank"] for f in _read(report_path).get("failed", [])]
 
 
 # --- one probe per node ---------------------------------------------------------------------------------------

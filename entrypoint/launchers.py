@@ -258,6 +258,7 @@ class Slurm(Launcher):
             gpus_allotted=int_var(env, "SLURM_GPUS_ON_NODE"),
             cpus_allotted=cpus,
             job_id=env["SLURM_JOB_ID"] + (f".{env['SLURM_STEP_ID']}" if in_step else ""),
+            node_name=env.get("SLURMD_NODENAME", ""),  # what srun --exclude takes (node_failures.py)
             # which of the candidates was read depends on being in a step: say it here, not by declaration order
             sources={"nnodes": nnodes_var, "head_host": var},
         )

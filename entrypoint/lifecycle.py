@@ -19,10 +19,10 @@ from collections.abc import Callable, Mapping
 
 from . import coordination, fabric, metricsbind, prestart, raystart, resources, standing
 from .console import say
-from .errors import HANG_EXIT, NodeLost, RigError
+from .errors import HANG_EXIT, FabricFailed, NodeLost, RigError
 from .gcs import GcsStore
 from .jobs import JobApi
-from .node_failures import HANG_REPORT_ENV, NodeFailures, hung_node
+from .node_failures import EXCLUDE_FILE_ENV, HANG_REPORT_ENV, NodeFailures, hung_rank
 from .plan import Plan
 from .processes import Stop, become_subreaper, install_stop_handlers, pass_on, sweep_descendants, terminate_group
 
@@ -89,7 +89,7 @@ def _check_members(store: coordination.Store, ray_proc: subprocess.Popen, before
         raise NodeLost("the head's Ray processes died while the command ran; see the Ray logs in the temp dir")
     lost = coordination.lost_since(store, before)
     if lost:
-        raise NodeLost(f"lost node {', '.join(lost)} while the command ran; stopped the command", lost)
+        raise NodeLost(f"lost node {', '.join(lost.values())} while the command ran; stopped the command", list(lost))
 
 
 def start_fabric(plan: Plan, env: Mapping[str, str], command: list[str] | None = None) -> tuple[subprocess.Popen, str]:
@@ -133,7 +133,7 @@ def finish_fabric(
     finally:
         terminate_group(child)
     if child.returncode != 0:
-        raise RigError(fabric.failure_message(report, child.returncode))
+        raise FabricFailed(fabric.failure_message(report, child.returncode), fabric.failed_ranks(report))
     say(f"fabric check passed ({time.monotonic() - started:.1f}s after the nodes formed)")
     return report
 
@@ -182,7 +182,9 @@ def run_head(plan: Plan) -> int:
     try:
         deadline = t0 + plan.wait_timeout
         store = coordination.connect(lambda: GcsStore.open(address), deadline, "head", address, alive)
-        coordination.publish_head(store, plan.cluster_env, coordination.node_facts(0, spec.node_ip, pf.num_gpus))
+        coordination.publish_head(
+            store, plan.cluster_env, coordination.node_facts(0, spec.node_ip, pf.num_gpus, spec.node_name)
+        )
         if fabric_wanted:  # its driver attaches to this node's raylet: once that is up, not before
             coordination.wait_for_rank(store, 0, deadline, alive)
             early = start_fabric(plan, command_env)
@@ -199,13 +201,23 @@ def run_head(plan: Plan) -> int:
             code = standing.serve(store, alive, lambda: JobApi(plan.dashboard_url, plan.token), store.mark_job_failed)
             return code
         formed = time.monotonic() - t0
-        restarts, failures = 0, NodeFailures()
+        restarts, failures = 0, NodeFailures(plan.base_env.get(EXCLUDE_FILE_ENV, ""))
         command_env[HANG_REPORT_ENV] = os.path.join(plan.temp_dir, "hang.json")
         while True:
             if fabric_wanted:
                 child, report = early or start_fabric(plan, command_env)  # again after a restart in place
                 early = None
-                command_env[FABRIC_REPORT_ENV] = finish_fabric(child, report, alive)
+                try:
+                    command_env[FABRIC_REPORT_ENV] = finish_fabric(child, report, alive)
+                except FabricFailed as bad:
+                    _stop_at_a_second_failure(
+                        failures, bad.ranks, known(store, nodes), "failed the fabric check", FabricFailed
+                    )
+                    if restarts >= plan.max_restarts or not bad.ranks:
+                        raise
+                    restarts += 1
+                    say(f"restart {restarts}/{plan.max_restarts}: {bad}; checking again")
+                    continue
             say(f"{len(nodes)} node(s) alive after {formed:.1f}s; running: {' '.join(plan.command)}")
             try:
                 code = run_command(
@@ -217,22 +229,21 @@ def run_head(plan: Plan) -> int:
                     SETTLE if restarts < plan.max_restarts else 0.0,
                 )
             except NodeLost as lost:
+                _stop_at_a_second_failure(
+                    failures, lost.ranks, known(store, nodes), "lost while the command ran", NodeLost
+                )
                 if restarts >= plan.max_restarts or ray_proc.poll() is not None:  # without the head's Ray, no rejoin
                     raise
-                for node in lost.nodes:
-                    twice = failures.add(node, "lost while the command ran")
-                    if twice:
-                        raise NodeLost(twice, [node]) from None
                 restarts += 1
                 nodes, formed = rejoin(plan, store, alive, lost, restarts)
                 continue
             say(f"command exited with code {code}")
+            hung = hung_rank(command_env[HANG_REPORT_ENV], nodes) if code == HANG_EXIT else None
+            twice = hung and failures.add(hung[0], known(store, nodes), hung[1])
+            if twice:
+                say(twice)
+                return code
             if code == HANG_EXIT and restarts < plan.max_restarts:
-                hung = hung_node(command_env[HANG_REPORT_ENV], nodes)
-                twice = hung and failures.add(*hung)
-                if twice:
-                    say(twice)
-                    return code
                 restarts += 1  # every node is still here: the command alone runs again, from its last checkpoint
                 say(f"restart {restarts}/{plan.max_restarts}: the command stopped on a hang; running it again")
                 continue
@@ -250,6 +261,21 @@ def run_head(plan: Plan) -> int:
             coordination.publish_exit(store, code)
         terminate_group(ray_proc)
         sweep_descendants()
+
+
+def known(store: coordination.Store, nodes: dict[int, dict]) -> dict[int, dict]:
+    """The nodes as Ray sees them (ip, alive) with what each said of itself when it joined (name, hostname)."""
+    said = coordination.facts(store)
+    return {r: {**n, **said.get(r, {})} for r, n in nodes.items()}
+
+
+def _stop_at_a_second_failure(
+    failures: NodeFailures, ranks: list[int], nodes: dict[int, dict], what: str, error: type[RigError]
+) -> None:
+    """Count `what` against each of `ranks`' nodes; raise `error` naming the first that has now failed twice."""
+    twice = [said for said in (failures.add(r, nodes, what) for r in ranks) if said]
+    if twice:
+        raise error(twice[0], ranks)
 
 
 def rejoin(
@@ -298,7 +324,9 @@ def serve_as_worker(plan: Plan, deadline: float) -> int:
     say(f"worker rank {spec.node_rank}/{spec.nnodes} at {spec.node_ip} joining {address} ({spec.launcher})")
     store = coordination.connect(lambda: GcsStore.open(address), deadline, f"worker {spec.node_rank}", address)
     cluster = coordination.wait_for_env(store, deadline, address)
-    coordination.announce(store, spec.node_rank, coordination.node_facts(spec.node_rank, spec.node_ip, pf.num_gpus))
+    coordination.announce(
+        store, spec.node_rank, coordination.node_facts(spec.node_rank, spec.node_ip, pf.num_gpus, spec.node_name)
+    )
     env = plan.worker_ray_env(cluster)
     ray_proc = start_ray(plan, plan.worker_start_command(env), env, cluster)
 

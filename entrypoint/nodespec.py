@@ -21,6 +21,7 @@ class NodeSpec:
     cpus_allotted: int | None = None
     job_id: str = ""
     node_ip_hint: str = ""  # an address the launcher says is this node's
+    node_name: str = ""  # what the launcher calls this node, where that is not its host name (Slurm: SLURMD_NODENAME)
     existing_ray: str = ""  # a Ray cluster that is already there (KubeRay, RAY_ADDRESS)
     ray_start_args: list[str] = field(default_factory=list)  # launcher-specific `ray start` flags
     # "node_rank" / "nnodes" / "head_host" -> the variable that gave it ("" = a default), so an

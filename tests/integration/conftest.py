@@ -42,13 +42,23 @@ def cluster_hosts():
     shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
-@pytest.fixture
-def slurm_cluster():
-    """A real two-node Slurm on namespace hosts; skips only where Slurm cannot be started here."""
+def _slurm(n: int):
     from tests.helpers import slurm
 
     why = slurm.available()
     if why:
         pytest.skip(f"a real Slurm needs: {why}")
-    with slurm.Slurm(2) as s:
+    with slurm.Slurm(n) as s:
         yield s
+
+
+@pytest.fixture
+def slurm_cluster():
+    """A real two-node Slurm on namespace hosts; skips only where Slurm cannot be started here."""
+    yield from _slurm(2)
+
+
+@pytest.fixture
+def slurm_three():
+    """The same with a third node: a spare for a two-node run."""
+    yield from _slurm(3)

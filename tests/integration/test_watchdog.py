@@ -7,6 +7,7 @@ once; a node that hangs twice is not restarted on (the run stops naming it); no 
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -128,8 +129,8 @@ def test_a_hung_rank_is_named_with_its_stack_and_the_run_ends(cluster_hosts, tmp
         out = head.output
         assert "restart 1/2: the command stopped on a hang" in out and "restart 2/2" not in out, out[-4000:]
         assert (
-            f"rlrig: rank 1 ({ns.ip(1)}) failed twice in this run (rank 1 hung in gen at step 3; rank 1 hung in gen "
-            "at step 4): not restarting on it" in out
+            f"rlrig: rank 1 ({socket.gethostname()}, {ns.ip(1)}) failed twice in this run (rank 1 hung in gen at "
+            "step 3; rank 1 hung in gen at step 4): not restarting on it" in out
         ), out[-4000:]
         assert steps_logged(run) == [1, 2, 3]  # resumed from step 2, step 3 trained once
     else:

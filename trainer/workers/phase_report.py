@@ -21,8 +21,9 @@ def key(job_id: str, label: str) -> bytes:
 
 
 def stack_file(pid: int) -> str:
-    """Where worker `pid` writes its stack on STACK_SIGNAL (on its own node)."""
-    return os.path.join(tempfile.gettempdir(), f"rlrig-stack-{pid}.txt")
+    """Where worker `pid` writes its stack on STACK_SIGNAL (on its own node): the node's Ray temp dir, which rlrig
+    makes per job and node (RAY_TMPDIR reaches every Ray process there), so the files go with the job's."""
+    return os.path.join(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir(), f"rlrig-stack-{pid}.txt")
 
 
 def install_stack_dump() -> None:

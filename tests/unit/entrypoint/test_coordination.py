@@ -43,7 +43,8 @@ def test_head_and_workers_form_a_cluster_and_agree_on_the_exit_code():
         except BaseException as e:  # noqa: BLE001 -- handed to the main thread, which fails the test with it
             errors.append(e)
 
-    threads = [threading.Thread(target=worker, args=(r,)) for r in range(1, nnodes)]
+    # daemons: a failed assertion below must not leave the suite waiting on them
+    threads = [threading.Thread(target=worker, args=(r,), daemon=True) for r in range(1, nnodes)]
     for t in threads:
         t.start()
     time.sleep(0.05)  # workers poll before the head has published anything
@@ -51,7 +52,7 @@ def test_head_and_workers_form_a_cluster_and_agree_on_the_exit_code():
     store.join(0, "10.0.0.1")
     nodes = co.wait_for_nodes(store, nnodes, soon(), poll=0.01)
     co.check_versions(store)
-    assert sorted(nodes) == [0, 1, 2] and co.lost_since(store, co.members(store)) == []
+    assert sorted(nodes) == [0, 1, 2] and co.lost_since(store, co.members(store)) == {}
     t0 = time.monotonic()
     co.publish_exit(store, 7, wait=5, poll=0.01)
     assert time.monotonic() - t0 < 4, "the head waited its whole grace period although every worker acknowledged"
@@ -133,11 +134,11 @@ def test_no_head_facts_no_mismatch():
 @pytest.mark.parametrize(
     "then, lost",
     [
-        (lambda s: None, []),
-        (lambda s: s.die(1), ["rank 1 (10.0.0.2)"]),
+        (lambda s: None, {}),
+        (lambda s: s.die(1), {1: "rank 1 (10.0.0.2)"}),
         # restarted by its launcher before Ray declared the old one dead: the same rank, alive, on a new Ray node
-        (lambda s: s.join(1, "10.0.0.2"), ["rank 1 (10.0.0.2)"]),
-        (lambda s: s.table.pop(1), ["rank 1 (?)"]),
+        (lambda s: s.join(1, "10.0.0.2"), {1: "rank 1 (10.0.0.2)"}),
+        (lambda s: s.table.pop(1), {1: "rank 1 (?)"}),
     ],
 )
 def test_a_rank_no_longer_served_by_the_same_node_is_lost(then, lost):

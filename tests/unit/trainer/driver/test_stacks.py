@@ -22,7 +22,9 @@ waiting_here()
 
 
 @pytest.fixture
-def child():
+def child(monkeypatch, tmp_path):
+    # as on a node of rlrig's cluster: the worker and the task that reads its stack share RAY_TMPDIR
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
     p = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "ready"
     yield p
@@ -38,7 +40,7 @@ def child():
         ("/bin/false", "faulthandler (py-spy failed: exit 1):"),  # e.g. no ptrace in a container
     ],
 )
-def test_a_live_process_stack(monkeypatch, child, tool, first_line):
+def test_a_live_process_stack(monkeypatch, tmp_path, child, tool, first_line):
     if tool == "installed":
         if stacks.py_spy() is None:
             pytest.fail("py-spy is not installed beside this Python (ray[default] installs it)")
@@ -49,9 +51,12 @@ def test_a_live_process_stack(monkeypatch, child, tool, first_line):
     assert "waiting_here" in text, text
     # the process goes on: a dump is no kill
     assert child.poll() is None
+    # its dump file is in the job's own temp dir, not loose in /tmp
+    assert (tmp_path / f"rlrig-stack-{child.pid}.txt").exists()
 
 
-def test_a_process_without_the_dump_handler_says_so(monkeypatch):
+def test_a_process_without_the_dump_handler_says_so(monkeypatch, tmp_path):
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
     monkeypatch.setattr(stacks, "py_spy", lambda: None)
     p = subprocess.Popen(["sleep", "30"])
     try:

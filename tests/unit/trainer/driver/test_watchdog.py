@@ -138,7 +138,7 @@ def test_a_fault_fires_once_per_run_directory(tmp_path):
 
 
 def test_a_hang_tells_the_entrypoint_which_node_hung(tmp_path, monkeypatch):
-    from rlrig.entrypoint.node_failures import hung_node
+    from rlrig.entrypoint.node_failures import hung_rank
 
     report = tmp_path / "hang.json"
     monkeypatch.setenv(watchdog.HANG_REPORT_ENV, str(report))
@@ -147,5 +147,5 @@ def test_a_hang_tells_the_entrypoint_which_node_hung(tmp_path, monkeypatch):
     w.observe({"rank 0": ("balance", 3), "rank 1": ("gen", 3)}, now=0.0)
     w.hang(w.observe({"rank 0": ("balance", 3), "rank 1": ("gen", 3)}, now=20.0))
     nodes = {0: {"ip": "10.0.0.1"}, 1: {"ip": "10.0.0.2"}}
-    assert hung_node(str(report), nodes) == ("rank 1 (10.0.0.2)", "rank 1 hung in gen at step 3")
-    assert not report.exists() and hung_node(str(report), nodes) is None  # read once
+    assert hung_rank(str(report), nodes) == (1, "rank 1 hung in gen at step 3")
+    assert not report.exists() and hung_rank(str(report), nodes) is None  # read once
