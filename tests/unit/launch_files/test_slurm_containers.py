@@ -1,4 +1,5 @@
-"""slurm/rlrig-podman.sbatch (+ rlrig-container-node.sh) and slurm/rlrig-pyxis.sbatch, run as bash with stand-ins
+"""slurm/rlrig-podman.sbatch (+ rlrig-container-node.sh), slurm/rlrig-pyxis.sbatch (and, for spare nodes, the
+bare-metal recipe), run as bash with stand-ins
 for srun, scontrol and the container engine that record what they were handed: the arguments and the environment
 each container would start with. (The podman recipe also runs for real on the two-node Slurm in tests/e2e.)"""
 
@@ -21,9 +22,16 @@ with open(os.environ["RECORD_FILE"], "a") as f:
     f.write(json.dumps({"tool": tool, "argv": argv, "env": dict(os.environ)}) + "\\n")
 sys.exit(int(os.environ.get("EXIT_" + tool.upper(), "0")))
 """
-# srun records, then (SRUN_RUNS_TASK) runs the task's command as node 1's task: the container-node script
+# srun records, then (SRUN_RUNS_TASK) runs the task's command as node 1's task: the container-node script. With
+# SRUN_BAD="n2 n3", its Nth call plays a step whose head named the Nth node in the exclude file, and exits 5.
 SRUN = """#!/usr/bin/env bash
 python3 "$(dirname "$0")/record" srun "$@" || exit
+calls=$(grep -c '"tool": "srun"' "$RECORD_FILE")
+bad=(${SRUN_BAD:-})
+if [ "$calls" -le "${#bad[@]}" ]; then
+  echo "${bad[$((calls - 1))]}" >>"$HOST_EXCLUDE_FILE"
+  exit 5
+fi
 [ -n "${SRUN_RUNS_TASK:-}" ] || exit 0
 while [ $# -gt 0 ] && [[ "$1" == --* ]]; do shift; done
 SLURM_NODEID=1 SLURM_PROCID=1 SLURM_LOCALID=0 exec "$@"
@@ -154,3 +162,68 @@ def test_pyxis_recipe(fakes):
     # pyxis hands the task's environment to the container: the token and Slurm's variables, HOME inside the image
     assert env["RLRIG_CLUSTER_TOKEN"] == TOKEN and env["SLURM_JOB_ID"] == "77" and env["HOME"] == "/home/rlrig"
     assert TOKEN not in " ".join(argv)
+
+
+SPARE_RECIPES = [
+    # (script, the exclude file as the batch script reads it, as the command (in its container) sees it)
+    ("slurm/rlrig-baremetal.sbatch", "{submit}/rlrig-77.exclude", "{submit}/rlrig-77.exclude"),
+    ("slurm/rlrig-podman.sbatch", "{submit}/outputs/rlrig-77.exclude", "/workspace/outputs/rlrig-77.exclude"),
+    ("slurm/rlrig-pyxis.sbatch", "{submit}/outputs/rlrig-77.exclude", "/workspace/outputs/rlrig-77.exclude"),
+    ("apptainer/rlrig-apptainer.sbatch", "{submit}/rlrig-77.exclude", "{submit}/rlrig-77.exclude"),
+]
+
+
+def recipe_needs(tmp_path: Path) -> dict[str, str]:
+    """What the bare-metal and Apptainer recipes check before srun (a stand-in here): rlrig in RLRIG_VENV, the
+    image at RLRIG_SIF."""
+    (tmp_path / "venv" / "bin").mkdir(parents=True, exist_ok=True)
+    tool(tmp_path / "venv" / "bin" / "rlrig", "")
+    (tmp_path / "rlrig.sif").write_text("")
+    return {"RLRIG_VENV": str(tmp_path / "venv"), "RLRIG_SIF": str(tmp_path / "rlrig.sif")}
+
+
+@pytest.mark.parametrize("script, outside, inside", SPARE_RECIPES)
+@pytest.mark.parametrize(
+    "bad, code, said",
+    [
+        ([], 0, None),
+        (["n2"], 0, "leaving out n2 (failed twice); launching the step again on a spare node (0 spare left)"),
+        (["n2", "n3"], 5, "n2,n3 failed twice and no spare node is left (RLRIG_SPARE_NODES=1); stopping"),
+    ],
+)
+def test_a_node_named_in_the_exclude_file_is_left_out_of_the_next_step(
+    fakes, tmp_path, script, outside, inside, bad, code, said
+):
+    submit = tmp_path / "submit"
+    (submit / "outputs").mkdir(exist_ok=True)  # as the container recipes make it
+    (submit / "outputs").mkdir(exist_ok=True)  # the container recipes make it; the bare-metal one is handed it
+    extra = {
+        "SLURM_JOB_NUM_NODES": "3",
+        "SLURM_GPUS_PER_NODE": "8",
+        "RLRIG_SPARE_NODES": "1",
+        "SRUN_BAD": " ".join(bad),
+        "HOST_EXCLUDE_FILE": outside.format(submit=submit),
+        **recipe_needs(tmp_path),
+    }
+    if "baremetal" in script:  # its default is beside the job's output, in the job's working directory
+        extra["RLRIG_EXCLUDE_FILE"] = outside.format(submit=submit)
+    r, calls = fakes(script, "--max-restarts", "1", "a.b=1", **extra)
+    assert r.returncode == code, r.stdout + r.stderr
+    sruns = [c for c in calls if c["tool"] == "srun"]
+    assert len(sruns) == min(len(bad), 1) + 1
+    for i, c in enumerate(sruns):
+        assert "--nodes=2" in c["argv"] and "--ntasks=2" in c["argv"] and "trainer.nnodes=2" in c["argv"]
+        assert c["argv"][-3:] == ["--max-restarts", "1", "a.b=1"]
+        assert [a for a in c["argv"] if a.startswith("--exclude")] == (["--exclude=n2"] if i else [])
+        assert c["env"]["RLRIG_EXCLUDE_FILE"] == inside.format(submit=submit)
+    assert (said is None and "leaving out" not in r.stdout) or said in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("script", [r[0] for r in SPARE_RECIPES])
+def test_more_spares_than_nodes_is_refused(fakes, tmp_path, script):
+    r, calls = fakes(
+        script, SLURM_JOB_NUM_NODES="2", RLRIG_SPARE_NODES="2", SLURM_GPUS_PER_NODE="8", **recipe_needs(tmp_path)
+    )
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "RLRIG_SPARE_NODES=2 leaves none of the job's 2 node(s) to train on" in r.stderr
+    assert not calls
