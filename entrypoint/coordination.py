@@ -42,6 +42,9 @@ class Store(Protocol):
 
     def keys(self, prefix: str) -> list[str]: ...
 
+    def drain(self, node_id: str, message: str) -> None:
+        """Ask Ray to drain the node (`nodes()`' "id"): nothing new is scheduled there, and it stops once idle."""
+
     def nodes(self, timeout: float = 2.0) -> dict[int, dict]:
         """rank -> {"alive": bool, "id": str, "ip": str, "host": str, "resources": {name: total}} for every node
         that joined with RANK_LABEL ("host" and "resources" may be missing). "id" is Ray's node id: a rank served
@@ -55,6 +58,12 @@ def node_key(rank: int) -> str:
 
 def ack_key(rank: int) -> str:
     return f"ack/{rank}"
+
+
+def drained_key(ip: str) -> str:
+    """Why a standing cluster's head drained the node at `ip` (standing.py); by address, not rank, so that another
+    machine joining as that rank is not turned away."""
+    return f"drained/{ip}"
 
 
 def node_facts(rank: int, ip: str, num_gpus: int, name: str = "") -> dict:
@@ -264,14 +273,19 @@ def wait_for_exit(
     head_loss_timeout: float,
     check_alive: Callable[[], None] = _nothing,
     poll: float = 0.5,
+    ip: str = "",
 ) -> int:
-    """The head's exit code, acknowledged; NodeLost when the head stops answering for too long."""
+    """The head's exit code, acknowledged; NodeLost when the head stops answering for too long, or drained this
+    node (`ip`: this node's address): Ray would stop it only once idle, which it may never tell."""
     last_ok = time.monotonic()
     while True:
         check_alive()
         try:
             code = store.get(EXIT, timeout=2)
+            drained = store.get(drained_key(ip)) if ip else None
             last_ok = time.monotonic()
+            if drained is not None:
+                raise NodeLost(f"the head drained this node: {drained}; it is left out of the cluster")
         except Unreachable:
             code = None
             if time.monotonic() - last_ok > head_loss_timeout:

@@ -77,6 +77,16 @@ class GcsStore:
         with _answering(self.address):
             return [k.decode() for k in self.client.internal_kv_keys(prefix.encode(), NS, timeout=2)]
 
+    def drain(self, node_id: str, message: str) -> None:
+        from ray.core.generated import autoscaler_pb2
+
+        # preemption: a drain Ray does not turn down for a busy node (it waits for it to be idle); no deadline
+        reason = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")
+        with _answering(self.address):
+            accepted, why = self.client.drain_node(node_id, reason, message, 0, timeout=5)
+        if not accepted:
+            raise RigError(f"Ray did not drain node {node_id}: {why}")
+
     def mark_job_failed(self, submission_id: str, message: str) -> bool:
         """Rewrite a stopped job's record as FAILED with `message`; False when there is no such job.
 

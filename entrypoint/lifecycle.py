@@ -22,7 +22,7 @@ from .console import say
 from .errors import HANG_EXIT, FabricFailed, NodeLost, RigError
 from .gcs import GcsStore
 from .jobs import JobApi
-from .node_failures import EXCLUDE_FILE_ENV, HANG_REPORT_ENV, NodeFailures, hung_rank
+from .node_failures import EXCLUDE_FILE_ENV, NodeFailures
 from .plan import Plan
 from .processes import Stop, become_subreaper, install_stop_handlers, pass_on, sweep_descendants, terminate_group
 
@@ -202,7 +202,6 @@ def run_head(plan: Plan) -> int:
             return code
         formed = time.monotonic() - t0
         restarts, failures = 0, NodeFailures(plan.base_env.get(EXCLUDE_FILE_ENV, ""))
-        command_env[HANG_REPORT_ENV] = os.path.join(plan.temp_dir, "hang.json")
         while True:
             if fabric_wanted:
                 child, report = early or start_fabric(plan, command_env)  # again after a restart in place
@@ -238,10 +237,10 @@ def run_head(plan: Plan) -> int:
                 nodes, formed = rejoin(plan, store, alive, lost, restarts)
                 continue
             say(f"command exited with code {code}")
-            hung = hung_rank(command_env[HANG_REPORT_ENV], nodes) if code == HANG_EXIT else None
-            twice = hung and failures.add(hung[0], known(store, nodes), hung[1])
+            k = known(store, nodes)
+            twice = [said for said in (failures.add(r, k, what) for r, what in failures.hangs(store, k)) if said]
             if twice:
-                say(twice)
+                say(twice[0])
                 return code
             if code == HANG_EXIT and restarts < plan.max_restarts:
                 restarts += 1  # every node is still here: the command alone runs again, from its last checkpoint
@@ -335,7 +334,9 @@ def serve_as_worker(plan: Plan, deadline: float) -> int:
             raise NodeLost(f"this node's Ray exited with code {ray_proc.returncode} (head gone or node evicted)")
 
     try:
-        code = coordination.wait_for_exit(store, spec.node_rank, address, plan.head_loss_timeout, alive)
+        code = coordination.wait_for_exit(
+            store, spec.node_rank, address, plan.head_loss_timeout, alive, ip=spec.node_ip if plan.standing else ""
+        )
         say(f"head finished with code {code}; stopping")
         return code
     except Stop as s:

@@ -85,14 +85,18 @@ def exit_code(job: Job) -> int:
 
 
 def readiness(nodes: list[dict]) -> tuple[int, int]:
-    """(rlrig nodes alive, nodes the cluster was started with); (0, 0) for a cluster rlrig did not start.
+    """(rlrig nodes alive, nodes to wait for); (0, 0) for a cluster rlrig did not start.
 
-    A dashboard that has just started lists no node at all, not even its own head: not ready yet."""
+    The nodes to wait for: those the cluster was started with, less the ranks that joined and left (a node lost or
+    drained by the head: standing.py), which a job does not wait for (the trainer checks its own node count). A
+    dashboard that has just started lists no node at all, not even its own head: not ready yet."""
     if not any(n.get("state") == "ALIVE" for n in nodes):
         return 0, 1
-    alive = [n for n in nodes if n.get("state") == "ALIVE" and RANK_LABEL in (n.get("labels") or {})]
-    want = max((int(n["labels"].get(NNODES_LABEL, 0)) for n in alive), default=0)
-    return len({n["labels"][RANK_LABEL] for n in alive}), want
+    rlrig = [n for n in nodes if RANK_LABEL in (n.get("labels") or {})]
+    alive = {n["labels"][RANK_LABEL] for n in rlrig if n.get("state") == "ALIVE"}
+    gone = {n["labels"][RANK_LABEL] for n in rlrig if n.get("state") != "ALIVE"} - alive
+    want = max((int(n["labels"].get(NNODES_LABEL, 0)) for n in rlrig if n.get("state") == "ALIVE"), default=0)
+    return len(alive), max(want - len(gone), 0) if want else 0
 
 
 def wait_ready(url: str, token: str, timeout: float) -> JobApi:

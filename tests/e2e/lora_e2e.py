@@ -1,5 +1,5 @@
-"""LoRA through `rlrig train` beyond what CI runs (tests/integration/test_train.py trains it under FSDP, resumes
-under DDP and exports): two workers step for step equal under DDP and FSDP, and a run without LoRA refusing
+"""LoRA through `rlrig train` beyond tests/e2e/trainer_variants_e2e.py (which trains it under FSDP, resumes under
+DDP and exports): two workers step for step equal under DDP and FSDP, and a run without LoRA refusing
 the checkpoint in one line before any worker starts. Outside CI (about two and a half minutes here). Run it from
 the repository root as
     .venv/bin/python -m tests.e2e.lora_e2e"""

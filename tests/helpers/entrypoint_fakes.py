@@ -59,6 +59,7 @@ class MemoryStore:
         self.kv: dict[str, str] = {}
         self.table: dict[int, dict] = {}
         self.joins = 0
+        self.drained: list[tuple[str, str]] = []  # (node id, message), as drain() was asked
         self.down = False
         self.lock = threading.Lock()
 
@@ -81,6 +82,10 @@ class MemoryStore:
         self._answer()
         with self.lock:
             return [k for k in self.kv if k.startswith(prefix)]
+
+    def drain(self, node_id: str, message: str) -> None:
+        self._answer()
+        self.drained.append((node_id, message))
 
     def nodes(self, timeout: float = 2.0) -> dict[int, dict]:
         self._answer()

@@ -51,10 +51,11 @@ def plan_pools(cfg) -> list[placement.Pool]:
         rm.placement.resource if rm.enable and "reward_model" not in own else None,
         cfg.actor_rollout_ref.ref.placement.resource if cfg.ref_in_use and "actor_rollout_ref.ref" not in own else None,
     ]
-    labelled = {n.rank for n in placement.cluster_nodes()} - {None}
-    # one group per node, pinned to the node of the same rank unless a resource decides where workers go
+    labelled = sorted({n.rank for n in placement.cluster_nodes()} - {None}, key=int)
+    # one group per node, pinned to the alive ranks in order unless a resource decides where workers go
     pin = len(labelled) >= t.nnodes > 1 and not any(resources)
-    pools = [placement.Pool("trainer", t.nnodes, t.n_gpus_per_node, placement.bundle(use_gpu, *resources), pin)]
+    ranks = tuple(labelled[: t.nnodes]) if pin else ()
+    pools = [placement.Pool("trainer", t.nnodes, t.n_gpus_per_node, placement.bundle(use_gpu, *resources), ranks)]
     pools += [
         placement.Pool(prefix, p.nnodes, p.n_gpus_per_node, placement.bundle(use_gpu, p.placement.resource))
         for prefix, p in own.items()

@@ -16,7 +16,9 @@ class Pool:
     nnodes: int
     per_node: int
     bundle: dict  # what each worker needs: {"GPU": 1, "CPU": 1, "<custom>": 1}
-    pin_ranks: bool = False  # group i on the node labelled rank i (the training pool, when nothing else decides)
+    # group i on the node labelled ranks[i] (the training pool, when nothing else decides): the lowest ranks alive,
+    # so that a node gone from a standing cluster (drained, lost) leaves the next one in its place
+    ranks: tuple[str, ...] = ()
 
     def group_need(self) -> dict:
         """What one of its placement groups needs on one node; custom resources first, so messages name them."""
@@ -83,7 +85,7 @@ def check(pools: list[Pool], nodes: list[Node]) -> None:
                 f"the workers ({', '.join(p.role for p in pools)}) need {v:g} {k!r} in all and the "
                 f"cluster has {have:g}: {listing}"
             )
-    groups = [(p, p.group_need(), str(i) if p.pin_ranks else None) for p in pools for i in range(p.nnodes)]
+    groups = [(p, p.group_need(), p.ranks[i] if p.ranks else None) for p in pools for i in range(p.nnodes)]
     groups.sort(key=lambda g: (g[2] is None, -sum(g[1].values())))  # pinned first, then the largest
     if not _place(groups, [dict(n.resources) for n in nodes], nodes):
         raise ConfigError(
@@ -115,7 +117,7 @@ def create(pools: list[Pool], timeout_s: float) -> list[list]:
     for p in pools:
         groups = []
         for i in range(p.nnodes):
-            selector = [{"rlrig.io/node-rank": str(i)}] * p.per_node if p.pin_ranks else None
+            selector = [{"rlrig.io/node-rank": p.ranks[i]}] * p.per_node if p.ranks else None
             groups.append(
                 placement_group([p.bundle] * p.per_node, strategy="STRICT_PACK", bundle_label_selector=selector)
             )

@@ -28,7 +28,20 @@ POLL_S = 1.0
 # each rank's phase, rewritten every poll into the head's Ray log folder, where `rlrig status` reads it through the
 # dashboard's log API (entrypoint/status.py PHASES_GLOB)
 BOARD_PREFIX = "rlrig-phases-"
-HANG_REPORT_ENV = "RLRIG_HANG_REPORT"  # entrypoint/node_failures.py: which node hung, for the restart's bookkeeping
+# which node hung, in the cluster's key-value store where rlrig's entrypoint keeps its own (entrypoint/gcs.py): the
+# head counts it against that node (entrypoint/node_failures.py), in a restarted run and on a standing cluster
+HANG_KEY_PREFIX = "hang/"
+KV_NAMESPACE = b"rlrig"
+
+
+def report_hang(hung: dict) -> None:
+    import ray
+    from ray.experimental import internal_kv
+
+    if not ray.is_initialized():  # no cluster, no head to tell (and asking Ray for the job would start one)
+        return
+    key = f"{HANG_KEY_PREFIX}{ray.get_runtime_context().get_job_id()}".encode()
+    internal_kv._internal_kv_put(key, json.dumps(hung).encode(), overwrite=True, namespace=KV_NAMESPACE)
 
 
 @dataclass(frozen=True)
@@ -181,10 +194,7 @@ class Watchdog:
             f"in {folder}; stopping the run (exit {HANG_EXIT}; with --max-restarts it resumes from the last "
             "checkpoint)"
         )
-        report = os.environ.get(HANG_REPORT_ENV)
-        if report:
-            hung = {"label": stuck.label, "ip": proc.ip, "phase": stuck.phase, "step": stuck.step}
-            Path(report).write_text(json.dumps(hung))
+        report_hang({"label": stuck.label, "ip": proc.ip, "phase": stuck.phase, "step": stuck.step})
         self.kill()
         self.drop_board()
         sys.stdout.flush()

@@ -5,7 +5,8 @@ import pytest
 
 from rlrig.entrypoint import lifecycle
 from rlrig.entrypoint.errors import HANG_EXIT, FabricFailed, NodeLost
-from rlrig.entrypoint.node_failures import HANG_REPORT_ENV, NodeFailures
+from rlrig.entrypoint.gcs import NS
+from rlrig.entrypoint.node_failures import HANG_KEY_PREFIX, NodeFailures
 from rlrig.trainer.driver import watchdog
 
 NODES = {
@@ -52,7 +53,8 @@ def test_the_node_that_failed_twice_is_named_in_the_exclude_file(tmp_path):
 
 
 def test_the_trainer_and_the_entrypoint_agree_on_the_hang_contract():
-    assert watchdog.HANG_EXIT == HANG_EXIT and watchdog.HANG_REPORT_ENV == HANG_REPORT_ENV
+    assert watchdog.HANG_EXIT == HANG_EXIT
+    assert (watchdog.HANG_KEY_PREFIX, watchdog.KV_NAMESPACE) == (HANG_KEY_PREFIX, NS)
 
 
 def test_a_lost_node_is_named_in_the_error(monkeypatch):

@@ -154,7 +154,9 @@ def node(rank=None, nnodes=None, state="ALIVE", ip="10.0.0.1", host=None, cpu=2.
         ([], (0, 1)),  # a dashboard that just started lists nobody yet
         ([node(0, 2)], (1, 2)),
         ([node(0, 2), node(1, 2, ip="10.0.0.2")], (2, 2)),
-        ([node(0, 2), node(1, 2, state="DEAD")], (1, 2)),
+        # a rank that joined and left (lost, drained) is not waited for: the trainer checks its own node count
+        ([node(0, 2), node(1, 2, state="DEAD")], (1, 1)),
+        ([node(0, 2), node(1, 2, state="DEAD"), node(1, 2, ip="10.0.0.2")], (2, 2)),  # and back
         ([node()], (0, 0)),  # a cluster rlrig did not start: ready as soon as it answers
     ],
 )

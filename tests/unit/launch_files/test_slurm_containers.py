@@ -38,6 +38,14 @@ SLURM_NODEID=1 SLURM_PROCID=1 SLURM_LOCALID=0 exec "$@"
 """
 
 
+# scontrol records; `show hostnames` expands this job's node list as Slurm would (n1, n2, n3)
+SCONTROL = """#!/usr/bin/env bash
+python3 "$(dirname "$0")/record" scontrol "$@" || exit
+[ "$1 $2" = "show hostnames" ] && printf 'n%s\\n' $(seq "${SLURM_JOB_NUM_NODES:-2}")
+exit 0
+"""
+
+
 def tool(path: Path, text: str) -> None:
     path.write_text(text)
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
@@ -49,8 +57,9 @@ def fakes(tmp_path):
     bin_dir.mkdir()
     tool(bin_dir / "record", RECORD)
     tool(bin_dir / "srun", SRUN)
-    for name in ("scontrol", "podman", "docker"):
+    for name in ("podman", "docker"):
         tool(bin_dir / name, f'#!/usr/bin/env bash\nexec python3 "$(dirname "$0")/record" {name} "$@"\n')
+    tool(bin_dir / "scontrol", SCONTROL)
     record = tmp_path / "record.jsonl"
     env = {
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
@@ -58,6 +67,7 @@ def fakes(tmp_path):
         "RECORD_FILE": str(record),
         "SLURM_JOB_ID": "77",
         "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_JOB_NODELIST": "n[1-2]",  # what the stand-in scontrol expands is SLURM_JOB_NUM_NODES' n1, n2, ...
         "SLURM_SUBMIT_DIR": str(tmp_path / "submit"),
         "RLRIG_CLUSTER_TOKEN": TOKEN,
     }
@@ -133,7 +143,7 @@ def test_podman_recipe_hands_each_container_its_own_task_variables(fakes, gpus, 
 def test_podman_recipe_requeues_on_the_warning_signal(fakes):
     r, calls = fakes("slurm/rlrig-podman.sbatch", EXIT_PODMAN="138", SRUN_RUNS_TASK="1", CONTAINER_ENGINE="podman")
     assert r.returncode == 138 and "requeueing job 77" in r.stdout
-    assert [c["argv"] for c in calls if c["tool"] == "scontrol"] == [["requeue", "77"]]
+    assert [c["argv"] for c in calls if c["tool"] == "scontrol" and c["argv"][0] != "show"] == [["requeue", "77"]]
 
 
 def test_container_node_refuses_an_unknown_gpu_kind(fakes):
@@ -227,3 +237,18 @@ def test_more_spares_than_nodes_is_refused(fakes, tmp_path, script):
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "RLRIG_SPARE_NODES=2 leaves none of the job's 2 node(s) to train on" in r.stderr
     assert not calls
+
+
+@pytest.mark.parametrize("earlier, excluded", [("n9\n", []), ("n2\nn9\n", ["--exclude=n2"])])
+def test_a_requeued_job_leaves_out_the_named_nodes_it_has(fakes, tmp_path, earlier, excluded):
+    """The exclude file outlives a requeue: the next start leaves out those of its nodes it names, and only those
+    (srun refuses to exclude a node the allocation lacks)."""
+    submit = tmp_path / "submit"
+    (submit / "outputs").mkdir(exist_ok=True)
+    (submit / "outputs" / "rlrig-77.exclude").write_text(earlier)
+    r, calls = fakes(
+        "slurm/rlrig-podman.sbatch", SLURM_JOB_NUM_NODES="3", RLRIG_SPARE_NODES="1", SLURM_GPUS_PER_NODE="8"
+    )
+    assert r.returncode == 0, r.stderr
+    (srun,) = [c for c in calls if c["tool"] == "srun"]
+    assert [a for a in srun["argv"] if a.startswith("--exclude")] == excluded

@@ -138,14 +138,16 @@ def test_a_fault_fires_once_per_run_directory(tmp_path):
 
 
 def test_a_hang_tells_the_entrypoint_which_node_hung(tmp_path, monkeypatch):
-    from rlrig.entrypoint.node_failures import hung_rank
+    from rlrig.entrypoint.node_failures import NodeFailures
+    from tests.helpers.entrypoint_fakes import MemoryStore
 
-    report = tmp_path / "hang.json"
-    monkeypatch.setenv(watchdog.HANG_REPORT_ENV, str(report))
+    store = MemoryStore()  # the cluster's key-value store, where the entrypoint reads what the trainer put
+    monkeypatch.setattr(watchdog, "report_hang", lambda hung: store.put(f"{watchdog.HANG_KEY_PREFIX}0200", hung))
     monkeypatch.setattr(stacks, "dump", lambda procs, folder: {"rank 0": IN_GLOO, "rank 1": ASLEEP})
     w = dog(tmp_path)
     w.observe({"rank 0": ("balance", 3), "rank 1": ("gen", 3)}, now=0.0)
     w.hang(w.observe({"rank 0": ("balance", 3), "rank 1": ("gen", 3)}, now=20.0))
     nodes = {0: {"ip": "10.0.0.1"}, 1: {"ip": "10.0.0.2"}}
-    assert hung_rank(str(report), nodes) == (1, "rank 1 hung in gen at step 3")
-    assert not report.exists() and hung_rank(str(report), nodes) is None  # read once
+    failures = NodeFailures()
+    assert failures.hangs(store, nodes) == [(1, "rank 1 hung in gen at step 3")]
+    assert failures.hangs(store, nodes) == []  # read once

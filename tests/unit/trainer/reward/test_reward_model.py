@@ -19,8 +19,8 @@ CPU_ONLY = P.Node("rank 2 (10.0.0.3)", {"CPU": 2}, "2")
 THREE_CPUS = P.Node("10.0.0.4", {"CPU": 3})
 
 
-def pool(role, nnodes, per_node, *res, gpu=True, pin=False):
-    return P.Pool(role, nnodes, per_node, P.bundle(gpu, *res), pin)
+def pool(role, nnodes, per_node, *res, gpu=True, ranks=()):
+    return P.Pool(role, nnodes, per_node, P.bundle(gpu, *res), ranks)
 
 
 @pytest.mark.parametrize(
@@ -62,12 +62,15 @@ def pool(role, nnodes, per_node, *res, gpu=True, pin=False):
             [THREE_CPUS, THREE_CPUS],
             "do not fit on the nodes together",
         ),
-        # pinned by rank: group i on node rank i
-        ([pool("trainer", 2, 1, pin=True)], [H100, V100], None),
-        ([pool("trainer", 2, 1, pin=True), pool("reward_model", 1, 1, "h100")], [H100, V100], None),
+        # pinned by rank: group i on node rank ranks[i]
+        ([pool("trainer", 2, 1, ranks=("0", "1"))], [H100, V100], None),
+        ([pool("trainer", 2, 1, ranks=("0", "1")), pool("reward_model", 1, 1, "h100")], [H100, V100], None),
+        # rank 1 gone from a standing cluster: the training pool is pinned to ranks 0 and 2
+        ([pool("trainer", 2, 1, gpu=False, ranks=("0", "2"))], [H100, CPU_ONLY], None),
+        ([pool("trainer", 2, 1, gpu=False, ranks=("0", "1"))], [H100, CPU_ONLY], "do not fit on the nodes together"),
         # rank 1's worker takes the v100 node's one GPU
         (
-            [pool("trainer", 2, 1, pin=True), pool("reward_model", 1, 1, "v100")],
+            [pool("trainer", 2, 1, ranks=("0", "1")), pool("reward_model", 1, 1, "v100")],
             [H100, V100],
             "do not fit on the nodes together",
         ),
