@@ -186,3 +186,39 @@ def test_what_the_unit_tests_record_is_vllms_own_api():
     cfg = RolloutConfig(tensor_model_parallel_size=2)
     passes = vllm_engine.compiled_passes(cfg, "cuda", vllm_engine.pass_config_fields())["compilation_config"]
     assert CompilationConfig(**passes).pass_config.fuse_allreduce_rms is False
+
+
+@pytest.mark.parametrize("mode, lags", [("sync", [0.0, 0.0, 0.0]), ("one_step_off_policy", [0.0, 1.0, 1.0])])
+def test_vllm_on_a_rollout_pool_of_its_own_takes_the_weights_it_is_sent(tmp_path, mode, lags):
+    """actor_rollout_ref.hybrid_engine=False: the engine on its own worker, the weights reaching it over the weight-sync
+    group (its reload_weights fed from the buckets' views). Synchronous, its log-probs match the actor's: every
+    weight arrived; one step off-policy the batches are a step behind and the run trains through."""
+    run = tmp_path / "run"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlrig.entrypoint.cli",
+            "train",
+            "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.hybrid_engine=False",
+            "rollout.n_gpus_per_node=1",
+            "trainer.n_gpus_per_node=1",
+            f"trainer.async_mode={mode}",
+            "trainer.total_training_steps=3",
+            "trainer.val_before_train=False",
+            "trainer.test_freq=3",
+            f"trainer.default_local_dir={run}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "rollout engine: vllm\n" in r.stderr + r.stdout
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["training/off_policy_steps"] for m in rows] == lags
+    if mode == "sync":
+        for m in rows:
+            assert m["training/rollout_probs_diff_max"] < TOL, m
+    assert "val-core/rlrig/arithmetic/reward/mean@1" in rows[-1]

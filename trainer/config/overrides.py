@@ -91,17 +91,38 @@ def set_key(cfg: Config, key: str, raw: str) -> None:
     setattr(obj, leaf, _coerce(parse_literal(raw), hint, key))
 
 
+def rollout_pool_defaults(cfg: Config, keys: set[str]) -> None:
+    """What verl's one-step-off-policy recipe config sets, where the user did not: engines on a pool of their own stay
+    awake (free_cache_engine=False: they hold their GPUs alone, and a sleeping engine could not take weights), and
+    with samples generated a step before the weights they train, the PPO ratio is taken against the engine's own
+    log-probs (bypass_mode=True) unless a rollout_correction key was given."""
+    if cfg.actor_rollout_ref.hybrid_engine:
+        pool_keys = sorted(k for k in keys if k.startswith("rollout."))
+        if pool_keys:
+            raise ConfigError(
+                f"{pool_keys[0]} sizes the rollout pool of actor_rollout_ref.hybrid_engine=False (verl's one-step-off-"
+                "policy recipe sets both); set actor_rollout_ref.hybrid_engine=False, or drop the rollout.* keys"
+            )
+        return
+    if "actor_rollout_ref.rollout.free_cache_engine" not in keys:
+        cfg.actor_rollout_ref.rollout.free_cache_engine = False
+    if cfg.trainer.async_mode != "sync" and not any(k.startswith("algorithm.rollout_correction.") for k in keys):
+        cfg.algorithm.rollout_correction.bypass_mode = True
+
+
 def parse_overrides(overrides: list[str]) -> Config:
     """Overrides applied in order onto verl's defaults (a preset's, if any, come first: see config/presets.py; a
     config file's next: config/config_files.py), `${...}` in values resolved against the final values."""
     cfg = Config()
     resolve = Resolver(overrides)
+    keys = set()
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not KEY=VALUE")
         key, raw = item.split("=", 1)
         # `+key=value` adds a key in Hydra; every key we accept already exists, so it just sets it.
         key = key.lstrip("+").strip()
+        keys.add(key)
         try:
             set_key(cfg, key, resolve(key, raw))
         except ConfigError as e:
@@ -111,6 +132,7 @@ def parse_overrides(overrides: list[str]) -> Config:
             raise
     a = cfg.actor_rollout_ref.actor
     a.strategy = canonical_strategy(a.strategy)
+    rollout_pool_defaults(cfg, keys)
     derive(cfg)
     validate(cfg)
     return cfg

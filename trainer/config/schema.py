@@ -274,6 +274,9 @@ class RefConfig:
 
 @dataclass
 class ActorRolloutRefConfig:
+    # True: each training worker holds its rollout engine (verl's hybrid engine); False: the engines run on a pool of
+    # their own (the top-level rollout.*), which the actor's weights reach after each update (rollout/weight_sync.py)
+    hybrid_engine: bool = True
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     model: ActorModelConfig = field(default_factory=ActorModelConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
@@ -428,6 +431,15 @@ class RewardConfig:
 
 
 @dataclass
+class RolloutPoolConfig:
+    """verl's one-step-off-policy and fully-async recipes' top-level `rollout`: the rollout engines' own pool, used
+    with actor_rollout_ref.hybrid_engine=False. One engine per GPU (one worker per CPU slot on CPU)."""
+
+    nnodes: int = 1
+    n_gpus_per_node: int = 1  # verl's recipe default is 8; rlrig's is 1, as its trainer.n_gpus_per_node
+
+
+@dataclass
 class TrainerConfig:
     project_name: str = "rlrig"
     experiment_name: str = "default"
@@ -458,6 +470,9 @@ class TrainerConfig:
     # verl's two worker implementations differ in how micro batches weigh in the update (workers/ppo_update.py):
     # auto and enable as its legacy FSDP workers, disable as its engine workers
     use_legacy_worker_impl: str = "auto"  # auto | enable | disable
+    # rlrig (verl picks these by entry point): sync, each batch generated with the weights it trains;
+    # one_step_off_policy, the engines generate batch k+1 while the trainer trains on batch k (verl's recipe)
+    async_mode: str = "sync"
 
 
 @dataclass
@@ -520,6 +535,7 @@ class Config:
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     custom_reward_function: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
     global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)
 

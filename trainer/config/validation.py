@@ -56,6 +56,7 @@ def validate(cfg: Config) -> None:
         validate_lora,
         validate_rollout_correction,
         _pools,
+        _rollout_pool,
         validate_profiler,
     ):
         section(cfg)
@@ -418,6 +419,52 @@ def _pools(cfg: Config) -> None:
             )
 
 
+ASYNC_MODES = ("sync", "one_step_off_policy")
+
+
+def _rollout_pool(cfg: Config) -> None:
+    """Rollout on a pool of its own (hybrid_engine=False) and the modes that overlap it with training."""
+    a, mode, pool = cfg.actor_rollout_ref, cfg.trainer.async_mode, cfg.rollout
+    if mode == "fully_async_policy":
+        raise ConfigError(
+            "trainer.async_mode=fully_async_policy: verl's fully asynchronous recipe (a sample queue with a staleness "
+            "bound) is not in rlrig yet; one_step_off_policy overlaps generation and training one step apart"
+        )
+    if mode not in ASYNC_MODES:
+        raise ConfigError(f"trainer.async_mode={mode!r}: choose one of {', '.join(ASYNC_MODES)}")
+    if a.hybrid_engine:
+        if mode != "sync":
+            raise ConfigError(
+                f"trainer.async_mode={mode} generates while the trainer trains, so the engines need a pool of their "
+                "own: set actor_rollout_ref.hybrid_engine=False with rollout.nnodes and rollout.n_gpus_per_node"
+            )
+        return
+    if pool.nnodes < 1 or pool.n_gpus_per_node < 1:
+        raise ConfigError(
+            f"actor_rollout_ref.hybrid_engine=False puts the engines on a pool of their own: rollout.nnodes and "
+            f"rollout.n_gpus_per_node must be at least 1 (got {pool.nnodes} and {pool.n_gpus_per_node})"
+        )
+    own_pool_lacks = {
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": (
+            a.rollout.tensor_model_parallel_size > 1,
+            "one engine per rollout worker (tensor_model_parallel_size=1)",
+        ),
+        "reward_model.enable": (cfg.reward_model.enable, "rule-based rewards (custom_reward_function.*)"),
+        # verl's recipe config: "Must be turned off! Otherwise, Parameter synchronization cannot be performed."
+        "actor_rollout_ref.rollout.free_cache_engine": (a.rollout.free_cache_engine, "engines that stay awake"),
+        "algorithm.adv_estimator": (
+            ESTIMATORS[cfg.algorithm.adv_estimator].needs_greedy_baseline,
+            "estimators without ReMax's greedy baseline",
+        ),
+    }
+    for key, (asked, offered) in own_pool_lacks.items():
+        if asked:
+            raise ConfigError(
+                f"{key}={value_at(cfg, key)} with actor_rollout_ref.hybrid_engine=False: a rollout pool of its own "
+                f"takes {offered} in rlrig; set actor_rollout_ref.hybrid_engine=True for it"
+            )
+
+
 def validate_rollout_correction(cfg: Config) -> None:
     rc, p = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
     if rc.rollout_is not in (None, "token", "sequence"):
@@ -438,7 +485,8 @@ def validate_rollout_correction(cfg: Config) -> None:
                 f"{p}.rollout_rs_threshold={rc.rollout_rs_threshold} (rollout_rs={rc.rollout_rs}): {e}; give a "
                 "number, or lower_upper for a k1 option"
             ) from None
-    why = rollout_is_refusal(rc, cfg.actor_rollout_ref.rollout.name)
+    # a rollout pool of its own computes the hf engine's log-probs of its samples (workers/rollout_worker.py)
+    why = rollout_is_refusal(rc, cfg.actor_rollout_ref.rollout.name) if cfg.actor_rollout_ref.hybrid_engine else None
     if why:
         raise ConfigError(why)
 

@@ -46,8 +46,9 @@ REFUSED_PREFIXES = {
     },
     "reward_model.profiler.tool_config.": _RM_TOOL_CONFIG,
     "actor_rollout_ref.rollout.trace.": "verl's rollout tracing is not in rlrig",
-    "async_training.": "verl's fully asynchronous training (rollout and training on separate pools, stale samples) "
-    "is not in rlrig; its steps are synchronous",
+    "async_training.": "verl's fully asynchronous recipe (a sample queue with a staleness bound, partial rollouts) "
+    "is not in rlrig; rollout on a pool of its own is (actor_rollout_ref.hybrid_engine=False, rollout.nnodes, "
+    "rollout.n_gpus_per_node), synchronous or one step off-policy (trainer.async_mode=one_step_off_policy)",
     "actor_rollout_ref.actor.megatron.": "verl's Megatron backend is not in rlrig; actor_rollout_ref.actor.strategy is "
     "ddp or fsdp",
     "actor_rollout_ref.ref.megatron.": "verl's Megatron backend is not in rlrig; the reference is sharded as the actor",
@@ -62,8 +63,6 @@ REFUSED_PREFIXES = {
 }
 REFUSED = {
     "reward_model.profiler.tool_config": _RM_TOOL_CONFIG,
-    "actor_rollout_ref.hybrid_engine": "rlrig's rollout engines run inside the training workers (verl's hybrid "
-    "engine, hybrid_engine=True); rollout on separate workers is not in rlrig",
     "actor_rollout_ref.rollout.multi_turn.enable": "verl's multi-turn and tool-calling rollout is not in rlrig; its "
     "rollout is single-turn",
     "critic.model.lora_rank": "LoRA on the critic is not in rlrig; the critic trains all its weights (the actor's "
@@ -100,8 +99,6 @@ ACCEPTED_DEFAULTS = {
     "reward_model.reward_loop_class_name": ("null", "None"),
     "reward_model.sandbox_fusion.url": ("null", "None"),
     "actor_rollout_ref.rollout.multi_turn.enable": ("False", "false"),
-    # verl's default: the rollout engine inside the actor's workers, which is how rlrig always runs it
-    "actor_rollout_ref.hybrid_engine": ("True", "true"),
 }
 
 # Keys of a verl feature that is off: verl reads them only when the feature is on, which rlrig refuses (above),
@@ -602,6 +599,7 @@ DEFAULTS_DIFFER = {
     "reward_model.rollout.name": "verl has no default (it must be given); rlrig's is vllm, its only engine here",
     "reward_model.model.path": "verl's default is ~/models/FsfairX-LLaMA3-RM-v0.1; rlrig's empty default is its "
     "embedded tiny reward model",
+    "rollout.n_gpus_per_node": "verl's recipe default is 8; rlrig's is 1, as its trainer.n_gpus_per_node",
 }
 
 # rlrig's own keys, with no verl counterpart.
@@ -615,6 +613,7 @@ RLRIG_ONLY = (
     "trainer.placement_timeout_s",
     "trainer.watchdog_factor",
     "trainer.watchdog_min_s",
+    "trainer.async_mode",
     "actor_rollout_ref.placement.resource",
     "critic.placement.resource",
     "reward_model.placement.resource",

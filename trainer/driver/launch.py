@@ -12,11 +12,18 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError
 from . import placement
 
+ROLLOUT = "rollout"  # the rollout pool's prefix (actor_rollout_ref.hybrid_engine=False): verl's top-level rollout.*
+
 
 @dataclass
 class Workers:
     training: list  # the training workers' Ray handles, by rank
     pools: dict[str, list] = field(default_factory=dict)  # the workers of each role in a pool of its own, by prefix
+
+    @property
+    def rollout(self) -> list:
+        """The rollout pool's workers (empty where each training worker holds its engine)."""
+        return self.pools.get(ROLLOUT, [])
 
     @property
     def critics(self) -> list:
@@ -60,6 +67,9 @@ def plan_pools(cfg) -> list[placement.Pool]:
         placement.Pool(prefix, p.nnodes, p.n_gpus_per_node, placement.bundle(use_gpu, p.placement.resource))
         for prefix, p in own.items()
     ]
+    if not cfg.actor_rollout_ref.hybrid_engine:
+        r = cfg.rollout
+        pools.append(placement.Pool(ROLLOUT, r.nnodes, r.n_gpus_per_node, placement.bundle(use_gpu)))
     return pools
 
 
@@ -94,8 +104,10 @@ def start_workers(cfg, model_path: str, rm_path: str | None) -> Workers:
         )
 
     probe = ray.remote(start_refusal)
-    nodes = range(0, t.nnodes * t.n_gpus_per_node, pools[0].per_node)
-    refusals = ray.get([probe.options(**opts(0, i)).remote(cfg_dict, model_path, t.device) for i in nodes])
+    # every node the engine runs on: the training pool's, or the rollout pool's (the last) with hybrid_engine=False
+    engines = 0 if cfg.actor_rollout_ref.hybrid_engine else len(pools) - 1
+    nodes = range(0, pools[engines].nnodes * pools[engines].per_node, pools[engines].per_node)
+    refusals = ray.get([probe.options(**opts(engines, i)).remote(cfg_dict, model_path, t.device) for i in nodes])
     if any(refusals):
         raise ConfigError(next(r for r in refusals if r))
     side = {}
@@ -113,6 +125,14 @@ def start_workers(cfg, model_path: str, rm_path: str | None) -> Workers:
         ]
         side[prefix] = [
             ray.remote(cls).options(**opts(k, i), **nsight).remote(cfg_dict, path, use_gpu, i) for i in range(n)
+        ]
+    if engines:
+        from ..workers.rollout_worker import RolloutWorker
+
+        n = pools[engines].nnodes * pools[engines].per_node
+        actor = ray.remote(RolloutWorker)
+        side[ROLLOUT] = [
+            actor.options(**opts(engines, i), **nsight).remote(cfg_dict, i, model_path, use_gpu) for i in range(n)
         ]
     world = t.nnodes * t.n_gpus_per_node
     master = ray.get(ray.remote(node_address).options(**opts(0, 0)).remote())

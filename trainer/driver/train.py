@@ -18,6 +18,7 @@ from ..workers.profiling import StepWindows, snapshots_after_update
 from . import checkpoint, faults, preemption, stacks
 from .launch import Workers, describe_placement, start_workers, uses_gpu
 from .reporting import MetricsLog, progress, rss_gb, say
+from .rollout_pool import RolloutPool
 from .validation import validate_rows
 from .watchdog import Watchdog
 
@@ -37,10 +38,14 @@ class Run:
     out: Path
     resume_from: Path | None
     faults: list[faults.FaultHang] = dataclasses.field(default_factory=list)  # RLRIG_FAULT_HANG's (tests)
+    pad_id: int = 0  # the tokenizer's padding token (its EOS where it has none), as the workers pad
     workers: Workers | None = None
+    pool: RolloutPool | None = None  # the rollout pool's schedule (hybrid_engine=False)
     watchdog: Watchdog | None = None
     log: MetricsLog | None = None
     step: int = 0
+    # where the data stood after the last trained batch, when a batch drawn after it is in flight (one step off-policy)
+    data_at: tuple[int, int] | None = None
 
 
 def equal_shares(rows: list, parts: int) -> list[list]:
@@ -135,21 +140,30 @@ def prepare(cfg) -> Run:
             raise ConfigError(why)
     kl_ctrl = core_algos.kl_controller(cfg.algorithm.kl_ctrl)
     injected = faults.from_env(t.nnodes * t.n_gpus_per_node)
-    return Run(cfg, model_path, rm_path, adapter, train_rows, val_rows, sampler, kl_ctrl, out, resume_from, injected)
+    run = Run(cfg, model_path, rm_path, adapter, train_rows, val_rows, sampler, kl_ctrl, out, resume_from, injected)
+    run.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return run
 
 
 def start(run: Run) -> None:
     """The workers, and the one check that needs them: the engine that rollout.name=auto chose."""
     import ray
 
-    run.workers = workers = start_workers(run.cfg, run.model_path, run.rm_path)
+    cfg = run.cfg
+    run.workers = workers = start_workers(cfg, run.model_path, run.rm_path)
     say("workers on " + ", ".join(ray.get([w.node_ip.remote() for w in workers.training])))
-    say(describe_placement(run.cfg, workers, run.rm_path))
-    engines = sorted(set(ray.get([w.engine_name.remote() for w in workers.training])))
-    refusals = [rollout_is_refusal(run.cfg.algorithm.rollout_correction, name) for name in engines]
+    say(describe_placement(cfg, workers, run.rm_path))
+    engines = sorted(set(ray.get([w.engine_name.remote() for w in workers.rollout or workers.training])))
+    # a rollout pool of its own reports its samples' log-probs whatever the engine (workers/rollout_worker.py)
+    refusals = [rollout_is_refusal(cfg.algorithm.rollout_correction, name) for name in engines if not workers.rollout]
     if any(refusals):
         raise ConfigError(next(r for r in refusals if r))
     say(f"rollout engine: {', '.join(engines)}")
+    if workers.rollout:
+        one_step = cfg.trainer.async_mode == "one_step_off_policy"
+        run.pool = RolloutPool(workers.rollout, workers.training, cfg.actor_rollout_ref.rollout.n, run.pad_id, one_step)
+        run.pool.connect()
+        say(f"rollout pool: {len(workers.rollout)} engine(s), {cfg.trainer.async_mode}")
     run.watchdog = watchdog(run)
 
 
@@ -184,6 +198,8 @@ def resume(run: Run) -> None:
         + [c.load.remote(state) for c in w.critics]
     )
     run.step, run.sampler.epoch, run.sampler.pos = ts["global_step"], ts["epoch"], ts["pos"]
+    if run.pool is not None:
+        run.pool.trained = run.step
     run.kl_ctrl.value = ts["kl_coef"]
     dropped = preemption.truncate_metrics(log_path, run.step)
     say(
@@ -194,7 +210,13 @@ def resume(run: Run) -> None:
 
 
 def validate(run: Run) -> dict:
-    return validate_rows(run.workers.training, run.val_rows, run.cfg, run.step, run.out)
+    """On the training workers' engines, or on the rollout pool with the weights just trained (after the batch it
+    may be generating)."""
+    if run.pool is None:
+        return validate_rows(run.workers.training, run.val_rows, run.cfg, run.step, run.out)
+    run.pool.settle()
+    m = run.pool.push()
+    return {**validate_rows(run.workers.rollout, run.val_rows, run.cfg, run.step, run.out), **m}
 
 
 def save(run: Run) -> None:
@@ -215,10 +237,11 @@ def save(run: Run) -> None:
     contents = {"actor": list(actor_saves)}
     if cfg.critic_in_use:
         contents["critic"] = list(critic_saves)
+    epoch, pos = run.data_at or (run.sampler.epoch, run.sampler.pos)
     trainer_state = {
         "global_step": run.step,
-        "epoch": run.sampler.epoch,
-        "pos": run.sampler.pos,
+        "epoch": epoch,
+        "pos": pos,
         "kl_coef": run.kl_ctrl.value,
         "model_path": run.model_path,
         "gguf_file": cfg.actor_rollout_ref.model.gguf_file,
@@ -258,6 +281,24 @@ def on_every_worker(run: Run, method: str, *args) -> None:
     ray.get([getattr(w, method).remote(*args) for w in run.workers.every])
 
 
+def pooled_rollout(run: Run, batch: list[dict], workers: int) -> tuple[list, dict]:
+    """The rollout pool's samples of this step's batch, a share per training worker, and its metrics. One step
+    off-policy, the next batch is drawn and starts generating before this one trains; run.data_at keeps where the
+    data stood before it, which is what a checkpoint of this step records."""
+    pool, pooled = run.pool, {}
+    run.data_at = None
+    if pool.in_flight is None:
+        pooled.update(pool.push())
+        pool.launch(run.step, batch)
+    ro, waited = pool.take(run.step)
+    pooled.update(waited)
+    if pool.one_step and run.step < run.cfg.trainer.total_training_steps:
+        pooled.update(pool.push())
+        run.data_at = (run.sampler.epoch, run.sampler.pos)
+        pool.launch(run.step + 1, [run.train_rows[i] for i in run.sampler.next()])
+    return pool.shares(ro, workers), pooled
+
+
 def train_step(run: Run) -> dict:
     """One step on every worker, validation and a checkpoint when due, and the step's metrics; in the steps of
     global_profiler.steps recorded, validation and checkpoint included, as verl records them."""
@@ -268,12 +309,21 @@ def train_step(run: Run) -> dict:
     if windows.starts(run.step):
         on_every_worker(run, "start_profile", run.step)
     t0 = time.perf_counter()
-    batch = [run.train_rows[i] for i in run.sampler.next()]
+    pool = run.pool
+    if pool is not None and pool.in_flight is not None:
+        batch = pool.in_flight.rows  # drawn and generating since the step before (one step off-policy)
+    else:
+        batch = [run.train_rows[i] for i in run.sampler.next()]
     shares = equal_shares(batch, len(workers))
+    generated, pooled = pooled_rollout(run, batch, len(workers)) if pool is not None else ([None] * len(workers), {})
     for fault in faults.due(run.faults, run.step, run.out):
         say(f"{faults.ENV}: rank {fault.rank} hangs in {fault.phase} at step {run.step}")
         workers[fault.rank].arm_fault.remote(fault.phase)
-    m = M.reduce(ray.get([w.step.remote(p, run.kl_ctrl.value, run.step) for w, p in zip(workers, shares)]))
+    steps = [w.step.remote(p, run.kl_ctrl.value, run.step, g) for w, p, g in zip(workers, shares, generated)]
+    m = M.reduce(ray.get(steps))
+    m.update(pooled)
+    if pool is not None:
+        pool.trained = run.step
     update_kl_controller(run.kl_ctrl, m, cfg)
     if t.test_freq > 0 and (run.step % t.test_freq == 0 or run.step == total):
         tv = time.perf_counter()
@@ -287,7 +337,7 @@ def train_step(run: Run) -> dict:
     m.update(
         {
             "training/global_step": run.step,
-            "training/epoch": run.sampler.epoch,
+            "training/epoch": run.data_at[0] if run.data_at else run.sampler.epoch,
             "training/restarts": preemption.restarts(),
             "timing_s/step": dt,
             "perf/time_per_step": dt,
@@ -325,6 +375,8 @@ def loop(run: Run) -> preemption.StopRequest:
 def shut_down(run: Run) -> None:
     import ray
 
+    if run.pool is not None:
+        run.pool.stop()
     ray.get([w.shutdown.remote() for w in run.workers.stateful])
     if run.cfg.ray_kwargs.timeline_json_file:
         ray.timeline(filename=run.cfg.ray_kwargs.timeline_json_file)

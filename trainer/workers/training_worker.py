@@ -29,7 +29,7 @@ from ..model.micro_batches import sequence_parallel
 from ..reward.managers import overlong
 from ..reward.rules import reward_fn
 from ..reward.scoring import RewardSource, score, score_batch
-from ..rollout.engines import GREEDY, EngineContext, Sampling, engine_class, make_engine
+from ..rollout.engines import GREEDY, EngineContext, Rollout, Sampling, engine_class, make_engine
 from . import checkpoint_state, profiling
 from .base import RankWorker, forked_rngs
 from .phase_report import PhaseReport
@@ -167,7 +167,8 @@ class TrainingWorker(RankWorker):
         self.tok.padding_side = "left"
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
-        engine_cls = engine_class(a.rollout.name)
+        # hybrid_engine=False: the engines are the rollout pool's (workers/rollout_worker.py), none here
+        engine_cls = engine_class(a.rollout.name) if a.hybrid_engine else None
         needs_critic = self.estimator.needs_critic and peers.critic is None
         # before the models: torch_memory records their allocations too
         self.profiler = profiling.worker_profiler(cfg, rank, self._profiled_roles(needs_critic), "e2e", self.device)
@@ -176,7 +177,7 @@ class TrainingWorker(RankWorker):
             model_path,
             self.device,
             needs_critic,
-            engine_cls.generates_with_actor_module,
+            engine_cls is not None and engine_cls.generates_with_actor_module,
             remote_ref=peers.ref is not None,
         )
         if self.device.type == "cuda":
@@ -185,6 +186,18 @@ class TrainingWorker(RankWorker):
             torch.cuda.empty_cache()
         self.rm_scorer = self._local_reward_model(rm_path)
         self.reward = self._reward_source(model_path)
+        self.engine = self._engine(engine_cls, model_path) if engine_cls is not None else None
+        self.sync = None  # the weight-sync group to the rollout pool (rank 0 sends in it)
+        if self.engine is not None:
+            # the engine takes the actor's weights: rank 0's, which the wrapper just broadcast (this node's copy on
+            # disk need not equal them); an FSDP generation copy is allocated empty until this first sync
+            self._sync_engine()
+        for t in (self.models.actor, self.models.critic):
+            if t is not None and t.param_offload:
+                t.module.to("cpu")  # param_offload: back on the device only for the phases that use it
+
+    def _engine(self, engine_cls, model_path: str):
+        cfg, a = self.cfg, self.cfg.actor_rollout_ref
         prec = self.models.actor.precision
         ctx = EngineContext(
             self.models.gen_module,
@@ -195,16 +208,10 @@ class TrainingWorker(RankWorker):
             model_path,
             self.device.type,
             # the ranks of one tensor-parallel engine sample the same tokens only from the same seed
-            cfg.trainer.seed + rank // a.rollout.tensor_model_parallel_size,
+            cfg.trainer.seed + self.rank // a.rollout.tensor_model_parallel_size,
             prec.param_dtype if prec.mixed else None,
         )
-        self.engine = make_engine(engine_cls, ctx)
-        # the engine takes the actor's weights: rank 0's, which the wrapper just broadcast (this node's copy on disk
-        # need not equal them); an FSDP generation copy is allocated empty until this first sync
-        self._sync_engine()
-        for t in (self.models.actor, self.models.critic):
-            if t is not None and t.param_offload:
-                t.module.to("cpu")  # param_offload: back on the device only for the phases that use it
+        return make_engine(engine_cls, ctx)
 
     def _profiled_roles(self, critic_here: bool) -> dict[str, str]:
         """The roles whose phases run here -> the role whose profiler records them, in verl's start order: the
@@ -244,18 +251,54 @@ class TrainingWorker(RankWorker):
             input_tok = self.tok if same else AutoTokenizer.from_pretrained(rm.model.input_tokenizer)
         return RewardSource(reward_fn(cfg), model, input_tok, cfg.data.prompt_key, overlong(rm))
 
-    def _sync_engine(self) -> None:
-        """The actor's weights into the rollout engine (merged with LoRA's adapters), every rank taking part."""
+    def _engine_tensors(self, dtype: torch.dtype | None = None):
+        """The actor's full tensors (merged with LoRA's adapters), every rank taking part; floating ones cast to
+        `dtype` if given."""
         m = self.models
-        if m.gen_is_actor:
-            return
         tensors = parallel.full_tensors(m.actor.module)
         if self.cfg.actor_rollout_ref.model.uses_lora:
             tensors = lora.merged(lora.scalings(m.actor.module), tensors)
-        self.engine.sync_weights(tensors)
+        for name, t in tensors:
+            yield name, t.to(dtype) if dtype is not None and t.is_floating_point() else t
+
+    def _sync_engine(self) -> None:
+        """The actor's weights into this worker's rollout engine, if it has one that needs them."""
+        if self.engine is not None and not self.models.gen_is_actor:
+            self.engine.sync_weights(self._engine_tensors())
 
     def engine_name(self) -> str:
         return self.engine.describe()
+
+    # --- the rollout pool's weights (hybrid_engine=False): rank 0 broadcasts, the rollout workers receive ---
+
+    def weight_sync_address(self) -> tuple[str, int]:
+        from .base import node_address
+
+        return node_address()
+
+    def join_weight_sync(self, master: tuple[str, int], world: int) -> None:
+        """Rank 0 joins the weight-sync group as its rank 0 and tells it the tensors' layout; every rank walks the
+        tensors once for it (under FSDP each is a collective)."""
+        from ..rollout.weight_sync import SyncGroup, layout
+
+        actor = self.models.actor
+        with offload.module_on(actor.module, self.device, actor.param_offload):
+            entries = layout(self._engine_tensors(actor.precision.param_dtype))
+        if self.rank == 0:
+            self.sync = SyncGroup(master, 0, world, self.device, self.cfg.actor_rollout_ref.nccl_timeout)
+            self.sync.agree_layout(entries)
+
+    def push_weights(self) -> int:
+        """The actor's weights to the rollout pool in the engines' dtype (the one the actor computes in); the bytes
+        rank 0 sent (0 elsewhere)."""
+        actor = self.models.actor
+        with self._reported("sync_rollout_weights"), offload.module_on(actor.module, self.device, actor.param_offload):
+            tensors = self._engine_tensors(actor.precision.param_dtype)
+            if self.sync is None:
+                for _ in tensors:  # the other ranks' share of the collectives under FSDP
+                    pass
+                return 0
+            return self.sync.send(tensors)
 
     def _sync_device(self) -> None:
         if self.device.type == "cuda":
@@ -285,19 +328,26 @@ class TrainingWorker(RankWorker):
 
     # --- one step ---
 
-    def step(self, rows, kl_coef: float, global_step: int) -> dict:
-        """One PPO step on this worker's shard of prompts; `global_step` counts from 1."""
+    def step(self, rows, kl_coef: float, global_step: int, generated: Rollout | None = None) -> dict:
+        """One PPO step on this worker's shard of prompts; `global_step` counts from 1. generated: the rollout pool's
+        samples of these prompts (hybrid_engine=False), else this worker's engine generates them."""
         self.global_step = global_step
         try:
-            return self._step(rows, kl_coef, global_step)
+            return self._step(rows, kl_coef, global_step, generated)
         finally:
             self.report.leave()
 
-    def _step(self, rows, kl_coef: float, global_step: int) -> dict:
+    def _step(self, rows, kl_coef: float, global_step: int, generated: Rollout | None) -> dict:
         cfg, m = self.cfg, self.models
         plan = StepPlan(global_step, kl_coef, global_step >= cfg.trainer.critic_warmup)
         phases = Phases(self._sync_device, self.profiler.phase, lambda name: self.report.enter(name, global_step))
-        batch = self._rollout(phases, rows, plan)
+        if generated is None:
+            batch = self._rollout(phases, rows, plan)
+        else:
+            n = cfg.actor_rollout_ref.rollout.n
+            with phases("reward"):
+                ro = StepBatch.from_rollout(generated.to(self.device), n, self.rank * len(rows))
+                batch = score_batch(self.tok, self.reward, rows, ro, n)
         balanced = {}
         if cfg.trainer.balance_batch:
             with phases("balance"):
@@ -345,7 +395,7 @@ class TrainingWorker(RankWorker):
                 batch = pf_ppo_resample(batch, pf.reweight_method, pf.weight_pow, seed, self.tok.pad_token_id)
         with forked_rngs(self.device):  # the update's draws (dropout) leave the engine's streams as they were
             stats, actor_logp = self._update(phases, batch, plan)
-        if plan.update_actor:
+        if plan.update_actor and self.engine is not None:
             with phases("update_weights"):
                 self._sync_engine()  # the next rollout samples from the new policy
         actor_logp = actor_logp if actor_logp is not None else batch.old_logp

@@ -324,10 +324,53 @@ def test_verl_spellings_reach_their_key(override, key, value):
     assert obj == value
 
 
-def test_hybrid_engine_is_accepted_as_verl_default_only():
-    parse_overrides(["actor_rollout_ref.hybrid_engine=True"])
-    with pytest.raises(ConfigError, match="actor_rollout_ref.hybrid_engine: a verl key rlrig does not implement"):
-        parse_overrides(["actor_rollout_ref.hybrid_engine=False"])
+POOL = ["actor_rollout_ref.hybrid_engine=False", "rollout.nnodes=1", "rollout.n_gpus_per_node=1"]
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["trainer.async_mode=one_step_off_policy"], "need a pool of their own: set actor_rollout_ref.hybrid_engine"),
+        ([*POOL, "trainer.async_mode=fully_async_policy"], "fully asynchronous recipe .* is not in rlrig yet"),
+        ([*POOL, "trainer.async_mode=later"], "trainer.async_mode='later': choose one of sync, one_step_off_policy"),
+        (["actor_rollout_ref.hybrid_engine=False", "rollout.nnodes=0"], "rollout.nnodes and rollout.n_gpus_per_node"),
+        ([*POOL, "reward_model.enable=True"], "reward_model.enable=True with actor_rollout_ref.hybrid_engine=False"),
+        ([*POOL, "algorithm.adv_estimator=remax"], "algorithm.adv_estimator=remax with .*hybrid_engine=False"),
+        (
+            [*POOL, "actor_rollout_ref.rollout.free_cache_engine=True"],
+            "free_cache_engine=True with .*hybrid_engine=False",
+        ),
+        (["async_training.staleness_threshold=0.1"], "async_training.staleness_threshold: a verl key rlrig does not"),
+    ],
+)
+def test_rollout_pool_refusals(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_overrides(overrides)
+
+
+@pytest.mark.parametrize(
+    "overrides, bypass, free_cache",
+    [
+        ([], False, True),  # verl's defaults: the hybrid engine
+        (POOL, False, False),  # a pool of its own keeps its engines awake (verl's recipe config)
+        ([*POOL, "trainer.async_mode=one_step_off_policy"], True, False),  # off-policy correction on by default
+        (
+            [*POOL, "trainer.async_mode=one_step_off_policy", "algorithm.rollout_correction.rollout_is=token"],
+            False,
+            False,
+        ),
+    ],
+)
+def test_rollout_pool_defaults_follow_verls_recipe_config(overrides, bypass, free_cache):
+    cfg = parse_overrides(overrides)
+    assert cfg.algorithm.rollout_correction.bypass_mode is bypass
+    assert cfg.actor_rollout_ref.rollout.free_cache_engine is free_cache
+
+
+def test_verls_one_step_off_policy_keys_are_taken():
+    pool = ["rollout.nnodes=2", "rollout.n_gpus_per_node=4", "trainer.async_mode=one_step_off_policy"]
+    cfg = parse_overrides([*POOL[:1], *pool])
+    assert (cfg.rollout.nnodes, cfg.rollout.n_gpus_per_node, cfg.actor_rollout_ref.hybrid_engine) == (2, 4, False)
 
 
 def test_train_files_as_a_list_read_every_file(tmp_path):

@@ -313,11 +313,10 @@ VERL_CONFIGS = [
         "ppo_trainer",
         "ppo_trainer.yaml:13: defaults entry 'actor@actor_rollout_ref.actor: dp_actor' chooses a config group",
     ),
-    ("one_step_off_ppo_trainer", "one_step_off_ppo_trainer.yaml:13: unknown config key 'rollout.nnodes'"),
     (
         "fully_async_ppo_trainer",
         "fully_async_ppo_trainer.yaml:13: async_training.staleness_threshold: a verl key rlrig does not implement: "
-        "verl's fully asynchronous training",
+        "verl's fully asynchronous recipe",
     ),
 ]
 
@@ -326,6 +325,18 @@ VERL_CONFIGS = [
 def test_verl_config_files_are_read_or_refused_in_one_line(name, says):
     message = error(VERL_FILES, name)
     assert f"{VERL_FILES}/{says}" in message
+
+
+def test_verls_one_step_off_policy_config_is_taken_with_its_scripts_switch():
+    """The recipe's file sizes a rollout pool; its scripts add hybrid_engine=False, without which the pool's keys
+    would be left unused, so they are refused."""
+    assert "rollout.n_gpus_per_node sizes the rollout pool of actor_rollout_ref.hybrid_engine=False" in error(
+        VERL_FILES, "one_step_off_ppo_trainer"
+    )
+    cli = ["actor_rollout_ref.hybrid_engine=False", "trainer.async_mode=one_step_off_policy"]
+    cfg = parse_overrides([*load(str(VERL_FILES), "one_step_off_ppo_trainer"), *cli])
+    assert (cfg.rollout.nnodes, cfg.rollout.n_gpus_per_node) == (1, 8)
+    assert cfg.algorithm.rollout_correction.bypass_mode and not cfg.actor_rollout_ref.rollout.free_cache_engine
 
 
 def test_verl_example_composes_past_what_rlrig_lacks():

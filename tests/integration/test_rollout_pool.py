@@ -1,0 +1,70 @@
+"""Rollout on a pool of its own (actor_rollout_ref.hybrid_engine=False) for real on one node: a rollout worker and a
+training worker, one CPU each, the weights crossing between them over Gloo after every step. Synchronous, every batch
+on-policy, validated on the pool; one step off-policy, every batch but the first a step behind, stopped by SIGTERM
+with a batch in flight and resumed, every prompt trained once."""
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rlrig.trainer.driver import checkpoint
+from tests.integration.test_train import TINY, metrics, rlrig
+
+pytestmark = pytest.mark.integration
+POOL = [
+    *TINY,
+    "actor_rollout_ref.hybrid_engine=False",
+    "rollout.nnodes=1",
+    "rollout.n_gpus_per_node=1",
+    "trainer.n_gpus_per_node=1",
+    "actor_rollout_ref.rollout.name=hf",
+]
+BATCH = 8  # TINY's data.train_batch_size
+
+
+def test_synchronous_on_a_pool_of_its_own_trains_on_policy_and_validates_there(tmp_path):
+    run = tmp_path / "sync"
+    r = rlrig("train", *POOL, "trainer.total_training_steps=2", f"trainer.default_local_dir={run}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "rollout pool: 1 engine(s), sync" in r.stderr and "rollout on " in r.stderr, r.stderr[-3000:]
+    got = metrics(run)
+    assert [m["training/off_policy_steps"] for m in got] == [0.0, 0.0]
+    assert all(m["perf/weight_sync_bytes"] > 0 for m in got)  # pushed before each batch: the engine had the old
+    assert any(k.startswith("val-core/") for k in got[-1]), got[-1].keys()  # trainer.test_freq=2, on the pool
+
+
+def test_one_step_off_policy_is_a_step_behind_and_resumes_after_sigterm_with_every_prompt_once(tmp_path):
+    run = tmp_path / "one_step"
+    args = [*POOL, "trainer.async_mode=one_step_off_policy", "trainer.save_freq=0", "trainer.test_freq=0"]
+    p = subprocess.Popen(
+        [sys.executable, "-m", "rlrig.entrypoint.cli", "train", "--grace-period", "60", *args]
+        + ["trainer.total_training_steps=40", f"trainer.default_local_dir={run}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not ((run / "metrics.jsonl").exists() and len(metrics(run)) >= 3):
+        time.sleep(0.2)
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 128 + signal.SIGTERM, out[-3000:]
+    stopped = int((run / "latest_checkpointed_iteration.txt").read_text())
+    got = metrics(run)
+    assert [m["training/global_step"] for m in got] == list(range(1, stopped + 1))
+    assert [m["training/off_policy_steps"] for m in got] == [0.0] + [1.0] * (stopped - 1)
+    # the batch in flight (step stopped + 1, drawn and generating) is not in the checkpoint: it is drawn again
+    ts = checkpoint.trainer_state(run / f"global_step_{stopped}")
+    assert (ts["epoch"], ts["pos"]) == (0, stopped * BATCH), ts
+    more = [f"trainer.total_training_steps={stopped + 2}", "trainer.save_freq=1", f"trainer.default_local_dir={run}"]
+    r = rlrig("train", *args, *more)
+    assert r.returncode == 0 and f"at step {stopped}" in r.stderr, r.stderr[-3000:]
+    got = metrics(run)
+    assert [m["training/global_step"] for m in got] == list(range(1, stopped + 3))
+    # after the resume the first batch is generated with the resumed weights, the next a step behind again
+    assert [m["training/off_policy_steps"] for m in got[stopped:]] == [0.0, 1.0]
+    ts = checkpoint.trainer_state(run / f"global_step_{stopped + 2}")
+    assert (ts["epoch"], ts["pos"]) == (0, (stopped + 2) * BATCH), ts

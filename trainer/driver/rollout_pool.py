@@ -1,0 +1,122 @@
+"""The driver's side of a rollout pool of its own (actor_rollout_ref.hybrid_engine=False): which batch the engines
+generate when, and the weights they generate it with.
+
+synchronous: before step k's batch is generated the engines take the weights of step k-1, so every sample is
+  on-policy.
+one_step_off_policy (verl's recipe): when step k's batch is in, the engines take the weights of step k-1 and start
+  on batch k+1 while the trainer trains on batch k, so each batch is one update behind the weights it trains
+  (the staleness the off-policy correction, bypass_mode by default, accounts for).
+
+A batch in flight when a checkpoint is written is not in it: the checkpoint records where the data stood before
+that batch was drawn, so a resumed run draws and generates it again and trains every sample once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..rollout.engines.base import Rollout, left_pad_to
+from .validation import spread
+
+
+@dataclass
+class InFlight:
+    step: int
+    rows: list[dict]
+    futures: list
+
+
+def merge(parts: list[Rollout], pad_id: int) -> Rollout:
+    """The rollout workers' batches as one, in order, their prompt columns left-padded to the widest."""
+    width = max(p.prompt_len for p in parts)
+
+    def widened(p: Rollout, t: torch.Tensor, value) -> torch.Tensor:
+        return torch.cat([left_pad_to(t[:, : p.prompt_len], width, value), t[:, p.prompt_len :]], 1)
+
+    logps = [p.engine_logp for p in parts]
+    return Rollout(
+        torch.cat([widened(p, p.input_ids, pad_id) for p in parts]),
+        torch.cat([widened(p, p.attention_mask, 0) for p in parts]),
+        torch.cat([p.response_mask for p in parts]),
+        width,
+        torch.cat(logps) if all(x is not None for x in logps) else None,
+    )
+
+
+class RolloutPool:
+    def __init__(self, workers: list, training: list, n: int, pad_id: int, one_step: bool):
+        self.workers, self.training, self.n, self.pad_id, self.one_step = workers, training, n, pad_id, one_step
+        self.trained = 0  # the trainer's weight version: updates made (the step it resumed at, then one per step)
+        self.version = -1  # the engines': none synced yet (vLLM's dummy load starts them from random weights)
+        self.in_flight: InFlight | None = None
+
+    def connect(self) -> None:
+        """The weight-sync group: training rank 0 and every rollout worker."""
+        import ray
+
+        master = ray.get(self.training[0].weight_sync_address.remote())
+        world = 1 + len(self.workers)
+        ray.get(
+            [t.join_weight_sync.remote(master, world) for t in self.training]
+            + [w.join_weight_sync.remote(master, i + 1, world) for i, w in enumerate(self.workers)]
+        )
+
+    def push(self) -> dict:
+        """The trainer's weights to the engines, if they lag; ordered after any generation in flight (each worker
+        runs its calls in turn), which the caller waits for first so no broadcast waits on a generation."""
+        import ray
+
+        if self.version == self.trained:
+            return {}
+        t0 = time.perf_counter()
+        sent = ray.get(
+            [t.push_weights.remote() for t in self.training]
+            + [w.receive_weights.remote(self.trained) for w in self.workers]
+        )[0]
+        self.version = self.trained
+        return {"timing_s/sync_rollout_weights": time.perf_counter() - t0, "perf/weight_sync_bytes": float(sent)}
+
+    def launch(self, step: int, rows: list[dict]) -> None:
+        """Step `step`'s prompts spread over the engines."""
+        parts = [p for p in spread(rows, len(self.workers)) if p]
+        futures = [w.generate.remote([r["input_ids"] for r in p], self.n) for w, p in zip(self.workers, parts)]
+        self.in_flight = InFlight(step, rows, futures)
+
+    def settle(self) -> None:
+        """Wait for the generation in flight, if any, leaving its result to take()."""
+        import ray
+
+        if self.in_flight is not None:
+            ray.wait(self.in_flight.futures, num_returns=len(self.in_flight.futures))
+
+    def take(self, step: int) -> tuple[Rollout, dict]:
+        """Step `step`'s samples, waited for, and how long the trainer waited and how stale they are."""
+        import ray
+
+        got, self.in_flight = self.in_flight, None
+        if got is None or got.step != step:
+            raise RuntimeError(f"no rollout in flight for step {step}")
+        t0 = time.perf_counter()
+        results = ray.get(got.futures)
+        waited = time.perf_counter() - t0
+        versions = [v for _, v in results]
+        ro = merge([r for r, _ in results], self.pad_id)
+        lag = self.trained - min(versions)
+        return ro, {"timing_s/gen": waited, "training/off_policy_steps": float(lag)}
+
+    def shares(self, ro: Rollout, workers: int) -> list[Rollout]:
+        """Each training worker's samples: equal consecutive shares, prompt groups whole (the driver gave each
+        training worker as many consecutive prompts)."""
+        size = ro.input_ids.shape[0] // workers
+        return [ro.rows(slice(i * size, (i + 1) * size)) for i in range(workers)]
+
+    def stop(self) -> None:
+        """The engines hold nothing to save: a generation in flight is dropped, not waited for."""
+        import ray
+
+        self.in_flight = None
+        for w in self.workers:
+            ray.kill(w)

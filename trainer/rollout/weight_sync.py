@@ -1,0 +1,172 @@
+"""The actor's weights from the training pool into the engines of a rollout pool of their own
+(actor_rollout_ref.hybrid_engine=False): one process group spanning training rank 0 (its rank 0) and every rollout
+worker, apart from the training workers' own group, over which rank 0 broadcasts the weights in buckets.
+
+A tensor of DIRECT_BYTES or more travels alone, straight from the trainer's tensor and, where the engine can take
+it in place (the hf engine's own parameters), straight into the engine's: no copy on either side, which on CPU
+would cost as much as the transfer itself. Smaller ones (biases, norms) share buckets, one flat buffer of one dtype
+up to `bucket_bytes`: one collective per bucket instead of one per tensor. Two transfers are in flight at a time,
+so preparing one overlaps the other. Both sides cut the same buckets from the same list of (name, shape, dtype),
+which rank 0 sends once when the group forms. As verl's one-step recipe and vLLM's weight-transfer examples: NCCL on
+GPUs, Gloo on CPU, a group made from a TCP store rather than torch's default group, which each side already has.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+BUCKET_BYTES = 512 * 2**20  # verl's checkpoint engine defaults to 4 GiB buffers on GPU; half a GiB keeps CPU runs lean
+DIRECT_BYTES = 2**20  # a tensor this large is a transfer of its own: packing it would only add a copy
+IN_FLIGHT = 2
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * torch.empty((), dtype=self.dtype).element_size()
+
+
+def direct(bucket: list[Entry]) -> bool:
+    return len(bucket) == 1 and bucket[0].nbytes >= DIRECT_BYTES
+
+
+def buckets(entries: list[Entry], bucket_bytes: int = BUCKET_BYTES) -> list[list[Entry]]:
+    """A tensor of DIRECT_BYTES or more alone; the others in consecutive runs of one dtype, at most bucket_bytes."""
+    out: list[list[Entry]] = []
+    size, packing = 0, False
+    for e in entries:
+        if e.nbytes >= DIRECT_BYTES:
+            out.append([e])
+            packing = False
+            continue
+        if not packing or out[-1][0].dtype != e.dtype or size + e.nbytes > bucket_bytes:
+            out.append([])
+            size, packing = 0, True
+        out[-1].append(e)
+        size += e.nbytes
+    return out
+
+
+def in_place_target(own: dict[str, torch.Tensor], e: Entry) -> torch.Tensor | None:
+    """The engine's own tensor for `e` if a transfer can land in it as it is (same shape and dtype, contiguous)."""
+    t = own.get(e.name)
+    if t is None or tuple(t.shape) != e.shape or t.dtype != e.dtype or not t.is_contiguous():
+        return None
+    return t
+
+
+class SyncGroup:
+    """This process's place in the weight-sync group: rank 0 sends, the others receive."""
+
+    def __init__(self, master: tuple[str, int], rank: int, world: int, device: torch.device, timeout_s: float):
+        store = dist.TCPStore(master[0], master[1], world, is_master=rank == 0, timeout=timedelta(seconds=timeout_s))
+        self.rank, self.world, self.device = rank, world, device
+        if device.type == "cuda":
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timedelta(seconds=timeout_s)  # noqa: SLF001 (torch's only way to set it here)
+            self.pg = dist.ProcessGroupNCCL(store, rank, world, opts)
+        else:
+            self.pg = dist.ProcessGroupGloo(store, rank, world, timedelta(seconds=timeout_s))
+        self.entries: list[Entry] | None = None
+
+    def _broadcast(self, t: torch.Tensor) -> None:
+        self._start(t).wait()
+
+    def _broadcast_bytes(self, data: bytes | None) -> bytes:
+        n = torch.tensor([len(data) if data is not None else 0], dtype=torch.long, device=self.device)
+        self._broadcast(n)
+        buf = torch.empty(int(n.item()), dtype=torch.uint8, device=self.device)
+        if data is not None:
+            buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        self._broadcast(buf)
+        return bytes(buf.cpu().numpy())
+
+    def agree_layout(self, entries: list[Entry] | None) -> list[Entry]:
+        """Rank 0's list of tensors, on every rank (once, when the group forms)."""
+        self.entries = pickle.loads(self._broadcast_bytes(pickle.dumps(entries) if self.rank == 0 else None))
+        return self.entries
+
+    def _start(self, t: torch.Tensor):
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        return self.pg.broadcast([t], opts)
+
+    def send(self, tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = BUCKET_BYTES) -> int:
+        """Rank 0: the tensors, in the agreed order; returns the bytes sent."""
+        it, sent, flying = iter(tensors), 0, deque()
+        for bucket in buckets(self.entries, bucket_bytes):
+            parts = []
+            for e in bucket:
+                name, t = next(it)
+                if name != e.name:
+                    raise RuntimeError(f"weight sync: expected {e.name}, got {name}")
+                parts.append(t)
+            if direct(bucket):
+                out = parts[0].to(self.device).contiguous()
+            else:
+                out = torch.cat([t.reshape(-1).to(self.device) for t in parts])
+            while len(flying) >= IN_FLIGHT:
+                flying.popleft()[0].wait()
+            flying.append((self._start(out), out))  # the tensor kept alive until its transfer is done
+            sent += out.numel() * out.element_size()
+        while flying:
+            flying.popleft()[0].wait()
+        return sent
+
+    def receive(
+        self,
+        in_place: Callable[[Entry], torch.Tensor | None] = lambda e: None,
+        bucket_bytes: int = BUCKET_BYTES,
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """The other ranks: (name, tensor) for each tensor not landed in place (`in_place` gives the engine's own
+        tensor where it can take one as it is); views of their transfer's buffer."""
+        flying: deque = deque()
+
+        def land():
+            work, bucket, buf, landed = flying.popleft()
+            work.wait()
+            if landed:
+                return
+            at = 0
+            for e in bucket:
+                yield e.name, buf[at : at + e.numel].view(e.shape)
+                at += e.numel
+
+        for bucket in buckets(self.entries, bucket_bytes):
+            target = in_place(bucket[0]) if direct(bucket) else None
+            buf = (
+                target
+                if target is not None
+                else torch.empty(sum(e.numel for e in bucket), dtype=bucket[0].dtype, device=self.device)
+            )
+            flying.append((self._start(buf), bucket, buf, target is not None))
+            if len(flying) >= IN_FLIGHT:
+                yield from land()
+        while flying:
+            yield from land()
+
+    def close(self) -> None:
+        self.pg = None
+
+
+def layout(tensors: Iterable[tuple[str, torch.Tensor]]) -> list[Entry]:
+    return [Entry(name, tuple(t.shape), t.dtype) for name, t in tensors]

@@ -1,0 +1,118 @@
+"""A worker of the rollout pool (actor_rollout_ref.hybrid_engine=False, verl's one-step-off-policy and fully-async
+recipes): one rollout engine on one device, apart from the training workers, generating the prompts the driver
+hands it and taking the actor's weights from training rank 0 over the weight-sync group (rollout/weight_sync.py).
+
+Every sample leaves with the log-probs of the policy that generated it (the engine's own; the hf engine's computed
+here in one forward pass), which the trainer's off-policy correction needs when it trains a step later."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..config.schema import from_dict
+from ..model import build
+from ..model.forward import token_outputs
+from ..model.precision import resolve
+from ..reward.managers import overlong
+from ..reward.rules import reward_fn
+from ..reward.scoring import RewardSource, score
+from ..rollout.engines import EngineContext, Rollout, Sampling, engine_class, make_engine
+from ..rollout.weight_sync import SyncGroup
+from .base import PoolWorker, collective_timeout, ensure_local_embedded_model, free_port, single_device
+
+SEED_STRIDE = 100_003  # rollout worker i draws from trainer.seed + (i + 1) x this: never a training rank's seed
+
+
+class RolloutWorker(PoolWorker):
+    def __init__(self, cfg_dict: dict, index: int, model_path: str, use_gpu: bool):
+        self.cfg = cfg = from_dict(cfg_dict)
+        a = cfg.actor_rollout_ref
+        seed = cfg.trainer.seed + SEED_STRIDE * (index + 1)
+        random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
+        self.device = single_device(use_gpu)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        ensure_local_embedded_model(model_path)
+        # an engine of one worker in a group of one: vLLM's external launcher (GPUs) reads this process's rank
+        timeout = collective_timeout(a.nccl_timeout)
+        dist.init_process_group(
+            "nccl" if self.device.type == "cuda" else "gloo",
+            init_method=f"tcp://127.0.0.1:{free_port()}",
+            rank=0,
+            world_size=1,
+            timeout=timeout,
+        )
+        self.tok = build.load_tokenizer(cfg, model_path)
+        self.tok.padding_side = "left"
+        if self.tok.pad_token_id is None:
+            self.tok.pad_token = self.tok.eos_token
+        cls = engine_class(a.rollout.name)
+        prec = resolve(a.actor.fsdp_config, self.device.type, a.actor.strategy, "actor")
+        self.dtype = prec.param_dtype  # the engine's copy in the dtype the actor computes in (bf16 on GPUs)
+        self.module = None
+        if cls.generates_with_actor_module:
+            from transformers import AutoModelForCausalLM
+
+            kw = build.model_kwargs(a.model, model_path)
+            self.module = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype, **kw).to(self.device)
+            self.module.eval().requires_grad_(False)  # it never trains; weight transfers land in its parameters
+        ctx = EngineContext(
+            self.module,
+            self.tok,
+            a.rollout,
+            cfg.data.max_prompt_length,
+            cfg.data.max_response_length,
+            model_path,
+            self.device.type,
+            seed,
+            None,  # the module is held in its compute dtype already
+        )
+        self.engine = make_engine(cls, ctx)
+        self.reward = RewardSource(reward_fn(cfg), None, None, cfg.data.prompt_key, overlong(cfg.reward_model))
+        self.sync: SyncGroup | None = None
+        self.version = 0  # how many weight syncs this engine has taken: the policy its samples come from
+
+    def engine_name(self) -> str:
+        return self.engine.describe()
+
+    def join_weight_sync(self, master: tuple[str, int], rank: int, world: int) -> None:
+        self.sync = SyncGroup(master, rank, world, self.device, self.cfg.actor_rollout_ref.nccl_timeout)
+        self.sync.agree_layout(None)
+
+    def receive_weights(self, version: int) -> None:
+        """The weights training rank 0 is sending, straight into the engine, bucket by bucket."""
+        self.engine.sync_weights(self.sync.receive(self.engine.in_place))
+        self.version = version
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], n: int) -> tuple[Rollout, int]:
+        """n samples of each prompt with the log-probs of the policy that drew them, on the CPU for the trip, and
+        the weight version they come from."""
+        ro = self.engine.generate(prompts, n)
+        if ro.engine_logp is None:
+            ro.engine_logp = self._logprobs(ro)
+        return ro.to("cpu"), self.version
+
+    def _logprobs(self, ro: Rollout) -> torch.Tensor:
+        """The hf engine reports none: the module that sampled scores its own tokens, at the rollout's temperature
+        (verl's engines' log-probs, the behaviour policy's)."""
+        a = self.cfg.actor_rollout_ref
+        ids, mask = ro.input_ids.to(self.device), ro.attention_mask.to(self.device)
+        logp, _, _ = token_outputs(self.module, ids, mask, ro.prompt_len, temperature=a.rollout.temperature)
+        return logp.float() * ro.response_mask.to(self.device)
+
+    def evaluate(self, rows) -> tuple[list[float], list[str], list[dict]]:
+        """Validation with rollout.val_kwargs on this engine (driver/validation.py), scored by the rules."""
+        vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
+        ro = self.engine.generate([r["input_ids"] for r in rows], vk.n, Sampling.of(vk))
+        scores, texts, extras = score(self.tok, self.reward, rows, ro.to("cpu"), vk.n)
+        return scores.tolist(), texts, extras
+
+    def shutdown(self) -> None:
+        self.engine = self.module = self.sync = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
