@@ -3,6 +3,7 @@ training worker, one CPU each, the weights crossing between them over Gloo after
 on-policy, validated on the pool; one step off-policy, every batch but the first a step behind, stopped by SIGTERM
 with a batch in flight and resumed, every prompt trained once."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -68,3 +69,23 @@ def test_one_step_off_policy_is_a_step_behind_and_resumes_after_sigterm_with_eve
     assert [m["training/off_policy_steps"] for m in got[stopped:]] == [0.0, 1.0]
     ts = checkpoint.trainer_state(run / f"global_step_{stopped + 2}")
     assert (ts["epoch"], ts["pos"]) == (0, (stopped + 2) * BATCH), ts
+
+
+def test_a_rollout_worker_that_hangs_is_named_by_the_watchdog(tmp_path):
+    """The rollout pool's workers report their phases as the training ranks do: one hanging in generation (the batch
+    of step 3, started while step 2 trained) ends the run with exit 5 naming it, not a trainer waiting forever."""
+    run = tmp_path / "hang"
+    args = [*POOL, "trainer.async_mode=one_step_off_policy", "trainer.watchdog_min_s=5", "trainer.save_freq=0"]
+    args += ["trainer.test_freq=0"]  # step 2 then trains and is logged while the batch of step 3 hangs
+    r = rlrig(
+        "train",
+        *args,
+        "trainer.total_training_steps=5",
+        f"trainer.default_local_dir={run}",
+        env={**os.environ, "RLRIG_FAULT_HANG": "0:rollout_gen:3"},
+        timeout=300,
+    )
+    assert r.returncode == 5, r.stderr[-3000:]
+    said = r.stderr
+    assert "hang: rollout 0 on node" in said and "did not finish rollout_gen at step 3" in said, said[-3000:]
+    assert [m["training/global_step"] for m in metrics(run)] == [1, 2]

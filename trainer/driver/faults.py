@@ -1,5 +1,6 @@
 """Injected hangs, for testing the watchdog (off unless set): `RLRIG_FAULT_HANG=RANK:PHASE:STEP` makes training
-worker RANK hang in phase PHASE (a timing_s/* name) at global step STEP; `PHASE=collective` makes it stay out of
+worker RANK hang in phase PHASE (a timing_s/* name) at global step STEP (PHASE=rollout_gen: rollout worker RANK, in
+generating step STEP's batch); `PHASE=collective` makes it stay out of
 the update's collectives at that step, so its peers block inside the first one. Several, comma-separated, hang
 at their own steps. Each fires once per run directory: a marker file there records it, so a restarted run goes on
 past it."""
@@ -27,11 +28,12 @@ class FaultHang:
         return out / f".fault-hang-{self.rank}-{self.phase}-{self.step}"
 
 
-def from_env(world: int, env=os.environ) -> list[FaultHang]:
+def from_env(world: int, rollout_world: int = 0, env=os.environ) -> list[FaultHang]:
+    """world: the training workers; rollout_world: the rollout pool's (0: none)."""
     text = env.get(ENV, "")
     usage = (
-        f"{ENV}={text}: expected RANK:PHASE:STEP[,...] with RANK below {world}, PHASE one of {', '.join(KINDS)}, "
-        "STEP from 1"
+        f"{ENV}={text}: expected RANK:PHASE:STEP[,...] with RANK below {world} (below {rollout_world} for "
+        f"rollout_gen), PHASE one of {', '.join(KINDS)}, STEP from 1"
     )
     faults = []
     for spec in filter(None, text.split(",")):
@@ -39,7 +41,7 @@ def from_env(world: int, env=os.environ) -> list[FaultHang]:
         if len(parts) != 3 or not parts[0].isdigit() or not parts[2].isdigit() or parts[1] not in KINDS:
             raise ConfigError(usage)
         fault = FaultHang(int(parts[0]), parts[1], int(parts[2]))
-        if fault.rank >= world or fault.step < 1:
+        if fault.rank >= (rollout_world if fault.phase == "rollout_gen" else world) or fault.step < 1:
             raise ConfigError(usage)
         faults.append(fault)
     return faults

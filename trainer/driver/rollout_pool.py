@@ -82,7 +82,7 @@ class RolloutPool:
     def launch(self, step: int, rows: list[dict]) -> None:
         """Step `step`'s prompts spread over the engines."""
         parts = [p for p in spread(rows, len(self.workers)) if p]
-        futures = [w.generate.remote([r["input_ids"] for r in p], self.n) for w, p in zip(self.workers, parts)]
+        futures = [w.generate.remote([r["input_ids"] for r in p], self.n, step) for w, p in zip(self.workers, parts)]
         self.in_flight = InFlight(step, rows, futures)
 
     def settle(self) -> None:
@@ -102,10 +102,13 @@ class RolloutPool:
         t0 = time.perf_counter()
         results = ray.get(got.futures)
         waited = time.perf_counter() - t0
-        versions = [v for _, v in results]
-        ro = merge([r for r, _ in results], self.pad_id)
-        lag = self.trained - min(versions)
-        return ro, {"timing_s/gen": waited, "training/off_policy_steps": float(lag)}
+        ro = merge([r for r, _, _ in results], self.pad_id)
+        lag = self.trained - min(v for _, v, _ in results)
+        return ro, {
+            "timing_s/gen": waited,
+            "timing_s/rollout_gen": max(s for _, _, s in results),  # the engines' own (the watchdog's measure)
+            "training/off_policy_steps": float(lag),
+        }
 
     def shares(self, ro: Rollout, workers: int) -> list[Rollout]:
         """Each training worker's samples: equal consecutive shares, prompt groups whole (the driver gave each

@@ -139,7 +139,8 @@ def prepare(cfg) -> Run:
         if why:
             raise ConfigError(why)
     kl_ctrl = core_algos.kl_controller(cfg.algorithm.kl_ctrl)
-    injected = faults.from_env(t.nnodes * t.n_gpus_per_node)
+    pool = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node if not cfg.actor_rollout_ref.hybrid_engine else 0
+    injected = faults.from_env(t.nnodes * t.n_gpus_per_node, pool)
     run = Run(cfg, model_path, rm_path, adapter, train_rows, val_rows, sampler, kl_ctrl, out, resume_from, injected)
     run.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return run
@@ -177,6 +178,7 @@ def watchdog(run: Run) -> Watchdog:
     found = ray.get([h.whereabouts.remote() for _, h in labelled])
     procs = [stacks.Proc(label, **where) for (label, _), where in zip(labelled, found)]
     reporting = [label for label, _ in labelled[: len(w.training)]]
+    reporting += [f"rollout {i}" for i in range(len(w.rollout))]  # a rollout pool's workers report their phases too
     return Watchdog(run.cfg, run.out, procs, reporting, lambda: [ray.kill(h) for _, h in labelled])
 
 
@@ -281,6 +283,13 @@ def on_every_worker(run: Run, method: str, *args) -> None:
     ray.get([getattr(w, method).remote(*args) for w in run.workers.every])
 
 
+def arm_rollout_faults(run: Run, step: int) -> None:
+    """RLRIG_FAULT_HANG's rollout_gen faults for the batch of `step`, armed before it starts generating."""
+    for fault in faults.due([f for f in run.faults if f.phase == "rollout_gen"], step, run.out):
+        say(f"{faults.ENV}: rollout {fault.rank} hangs in rollout_gen at step {step}")
+        run.pool.workers[fault.rank].arm_fault.remote(fault.phase)
+
+
 def pooled_rollout(run: Run, batch: list[dict], workers: int) -> tuple[list, dict]:
     """The rollout pool's samples of this step's batch, a share per training worker, and its metrics. One step
     off-policy, the next batch is drawn and starts generating before this one trains; run.data_at keeps where the
@@ -289,12 +298,14 @@ def pooled_rollout(run: Run, batch: list[dict], workers: int) -> tuple[list, dic
     run.data_at = None
     if pool.in_flight is None:
         pooled.update(pool.push())
+        arm_rollout_faults(run, run.step)
         pool.launch(run.step, batch)
     ro, waited = pool.take(run.step)
     pooled.update(waited)
     if pool.one_step and run.step < run.cfg.trainer.total_training_steps:
         pooled.update(pool.push())
         run.data_at = (run.sampler.epoch, run.sampler.pos)
+        arm_rollout_faults(run, run.step + 1)
         pool.launch(run.step + 1, [run.train_rows[i] for i in run.sampler.next()])
     return pool.shares(ro, workers), pooled
 
@@ -316,7 +327,7 @@ def train_step(run: Run) -> dict:
         batch = [run.train_rows[i] for i in run.sampler.next()]
     shares = equal_shares(batch, len(workers))
     generated, pooled = pooled_rollout(run, batch, len(workers)) if pool is not None else ([None] * len(workers), {})
-    for fault in faults.due(run.faults, run.step, run.out):
+    for fault in faults.due([f for f in run.faults if f.phase != "rollout_gen"], run.step, run.out):
         say(f"{faults.ENV}: rank {fault.rank} hangs in {fault.phase} at step {run.step}")
         workers[fault.rank].arm_fault.remote(fault.phase)
     steps = [w.step.remote(p, run.kl_ctrl.value, run.step, g) for w, p, g in zip(workers, shares, generated)]

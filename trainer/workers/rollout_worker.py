@@ -7,7 +7,9 @@ here in one forward pass), which the trainer's off-policy correction needs when 
 
 from __future__ import annotations
 
+import contextlib
 import random
+import time
 
 import numpy as np
 import torch
@@ -23,6 +25,7 @@ from ..reward.scoring import RewardSource, score
 from ..rollout.engines import EngineContext, Rollout, Sampling, engine_class, make_engine
 from ..rollout.weight_sync import SyncGroup
 from .base import PoolWorker, collective_timeout, ensure_local_embedded_model, free_port, single_device
+from .phase_report import PhaseReport
 
 SEED_STRIDE = 100_003  # rollout worker i draws from trainer.seed + (i + 1) x this: never a training rank's seed
 
@@ -75,6 +78,19 @@ class RolloutWorker(PoolWorker):
         self.reward = RewardSource(reward_fn(cfg), None, None, cfg.data.prompt_key, overlong(cfg.reward_model))
         self.sync: SyncGroup | None = None
         self.version = 0  # how many weight syncs this engine has taken: the policy its samples come from
+        self.report, self.step = PhaseReport(f"rollout {index}"), 0  # the head's watchdog watches it as a rank
+
+    @contextlib.contextmanager
+    def _reported(self, phase: str):
+        self.report.enter(phase, self.step)
+        try:
+            yield
+        finally:
+            self.report.leave()
+
+    def arm_fault(self, phase: str) -> None:
+        """RLRIG_FAULT_HANG (driver/faults.py): hang in `phase` of the next call that runs it."""
+        self.report.fault = phase
 
     def engine_name(self) -> str:
         return self.engine.describe()
@@ -85,17 +101,20 @@ class RolloutWorker(PoolWorker):
 
     def receive_weights(self, version: int) -> None:
         """The weights training rank 0 is sending, straight into the engine, bucket by bucket."""
-        self.engine.sync_weights(self.sync.receive(self.engine.in_place))
+        with self._reported("sync_rollout_weights"):
+            self.engine.sync_weights(self.sync.receive(self.engine.in_place))
         self.version = version
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], n: int) -> tuple[Rollout, int]:
-        """n samples of each prompt with the log-probs of the policy that drew them, on the CPU for the trip, and
-        the weight version they come from."""
-        ro = self.engine.generate(prompts, n)
-        if ro.engine_logp is None:
-            ro.engine_logp = self._logprobs(ro)
-        return ro.to("cpu"), self.version
+    def generate(self, prompts: list[list[int]], n: int, step: int) -> tuple[Rollout, int, float]:
+        """n samples of each prompt (for global step `step`) with the log-probs of the policy that drew them, on the
+        CPU for the trip; the weight version they come from, and the seconds it took."""
+        self.step, t0 = step, time.perf_counter()
+        with self._reported("rollout_gen"):
+            ro = self.engine.generate(prompts, n)
+            if ro.engine_logp is None:
+                ro.engine_logp = self._logprobs(ro)
+        return ro.to("cpu"), self.version, time.perf_counter() - t0
 
     def _logprobs(self, ro: Rollout) -> torch.Tensor:
         """The hf engine reports none: the module that sampled scores its own tokens, at the rollout's temperature
@@ -108,8 +127,9 @@ class RolloutWorker(PoolWorker):
     def evaluate(self, rows) -> tuple[list[float], list[str], list[dict]]:
         """Validation with rollout.val_kwargs on this engine (driver/validation.py), scored by the rules."""
         vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
-        ro = self.engine.generate([r["input_ids"] for r in rows], vk.n, Sampling.of(vk))
-        scores, texts, extras = score(self.tok, self.reward, rows, ro.to("cpu"), vk.n)
+        with self._reported("testing"):
+            ro = self.engine.generate([r["input_ids"] for r in rows], vk.n, Sampling.of(vk))
+            scores, texts, extras = score(self.tok, self.reward, rows, ro.to("cpu"), vk.n)
         return scores.tolist(), texts, extras
 
     def shutdown(self) -> None:

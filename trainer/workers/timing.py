@@ -25,6 +25,9 @@ PHASES = (
     "update_weights",
     "testing",
     "save_checkpoint",
+    # a rollout pool's own (workers/rollout_worker.py): its generation and the weights it takes
+    "rollout_gen",
+    "sync_rollout_weights",
 )
 
 

@@ -121,14 +121,22 @@ def test_a_hang_names_the_rank_the_others_wait_for_and_exits(tmp_path, monkeypat
         ("1:gen", ConfigError),
         ("1:gen:0", ConfigError),
         ("x:gen:3", ConfigError),
+        ("0:rollout_gen:3", ConfigError),  # no rollout pool
     ],
 )
 def test_fault_hang_parsing(text, fault):
     if fault is ConfigError:
         with pytest.raises(ConfigError, match=r"RLRIG_FAULT_HANG=.*expected RANK:PHASE:STEP"):
-            faults.from_env(2, {"RLRIG_FAULT_HANG": text})
+            faults.from_env(2, env={"RLRIG_FAULT_HANG": text})
     else:
-        assert faults.from_env(2, {"RLRIG_FAULT_HANG": text}) == fault
+        assert faults.from_env(2, env={"RLRIG_FAULT_HANG": text}) == fault
+
+
+def test_a_rollout_fault_names_a_worker_of_the_rollout_pool():
+    env = {"RLRIG_FAULT_HANG": "0:rollout_gen:3"}
+    assert faults.from_env(2, 1, env=env) == [faults.FaultHang(0, "rollout_gen", 3)]
+    with pytest.raises(ConfigError, match="below 1 for rollout_gen"):
+        faults.from_env(2, 1, env={"RLRIG_FAULT_HANG": "1:rollout_gen:3"})
 
 
 def test_a_fault_fires_once_per_run_directory(tmp_path):
