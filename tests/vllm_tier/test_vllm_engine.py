@@ -188,21 +188,28 @@ def test_what_the_unit_tests_record_is_vllms_own_api():
     assert CompilationConfig(**passes).pass_config.fuse_allreduce_rms is False
 
 
-@pytest.mark.parametrize("mode, lags", [("sync", [0.0, 0.0, 0.0]), ("one_step_off_policy", [0.0, 1.0, 1.0])])
-def test_vllm_on_a_rollout_pool_of_its_own_takes_the_weights_it_is_sent(tmp_path, mode, lags):
-    """actor_rollout_ref.hybrid_engine=False: the engine on its own worker, the weights reaching it over the weight-sync
-    group (its reload_weights fed from the buckets' views). Synchronous, its log-probs match the actor's: every
-    weight arrived; one step off-policy the batches are a step behind and the run trains through."""
+@pytest.mark.parametrize(
+    "mode, tp, lags",
+    [("sync", 1, [0.0, 0.0, 0.0]), ("one_step_off_policy", 1, [0.0, 1.0, 1.0]), ("sync", 2, [0.0, 0.0, 0.0])],
+    ids=["sync", "one-step", "sync-tp2"],
+)
+def test_vllm_on_a_rollout_pool_of_its_own_takes_the_weights_it_is_sent(tmp_path, mode, tp, lags):
+    """actor_rollout_ref.hybrid_engine=False: the engine on its own worker(s), the weights reaching it over the
+    weight-sync group (its reload_weights fed from the buckets' views). Synchronous, its log-probs match the actor's:
+    every weight arrived, also into one engine spanning the pool's two workers; one step off-policy the batches are
+    a step behind and the run trains through."""
     run = tmp_path / "run"
+    # three worker slots on this machine's 2 cores: the trainer's driver on a Ray of its own, which it sizes
+    cmd = ["rlrig.trainer.driver.main", "--", f"ray_kwargs.ray_init.num_cpus={1 + tp}"]
     r = subprocess.run(
         [
             sys.executable,
             "-m",
-            "rlrig.entrypoint.cli",
-            "train",
+            *cmd,
             "actor_rollout_ref.rollout.name=vllm",
             "actor_rollout_ref.hybrid_engine=False",
-            "rollout.n_gpus_per_node=1",
+            f"rollout.n_gpus_per_node={tp}",
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}",
             "trainer.n_gpus_per_node=1",
             f"trainer.async_mode={mode}",
             "trainer.total_training_steps=3",
@@ -215,7 +222,8 @@ def test_vllm_on_a_rollout_pool_of_its_own_takes_the_weights_it_is_sent(tmp_path
         timeout=600,
     )
     assert r.returncode == 0, r.stderr[-4000:]
-    assert "rollout engine: vllm\n" in r.stderr + r.stdout
+    engine = "vllm" if tp == 1 else f"vllm, tensor parallel over {tp} workers"
+    assert f"rollout engine: {engine}\n" in r.stderr + r.stdout
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["training/off_policy_steps"] for m in rows] == lags
     if mode == "sync":

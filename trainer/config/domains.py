@@ -40,8 +40,8 @@ def at_least(low: float, nullable: bool = False) -> Domain:
     return Domain(lambda v: v >= low, f"at least {low}", nullable)
 
 
-def above(low: float) -> Domain:
-    return Domain(lambda v: v > low, "positive" if low == 0 else f"greater than {low}")
+def above(low: float, nullable: bool = False) -> Domain:
+    return Domain(lambda v: v > low, "positive" if low == 0 else f"greater than {low}", nullable)
 
 
 def interval(low: float, high: float, open_low: bool = False) -> Domain:
@@ -159,7 +159,7 @@ DOMAINS: dict[str, Domain] = {
     # verl's core_algos.py get_kl_controller: assert kl_ctrl.horizon > 0
     "algorithm.kl_ctrl.horizon": COUNT,
     # verl's rollout_corr_helper.py: raise ValueError if rollout_is_threshold <= 0
-    "algorithm.rollout_correction.rollout_is_threshold": POSITIVE,
+    "algorithm.rollout_correction.rollout_is_threshold": above(0, nullable=True),
     "reward_model.nnodes": NON_NEGATIVE,
     "reward_model.n_gpus_per_node": NON_NEGATIVE,
     "reward_model.micro_batch_size_per_gpu": COUNT_OR_NULL,

@@ -298,6 +298,7 @@ class CriticConfig:
     enable_resource_pool: bool = False
     nnodes: int = 0
     n_gpus_per_node: int = 0
+    strategy: str | None = None  # None: the actor's (the critic is sharded as the actor is)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
     ppo_mini_batch_size: int | None = None  # prompts an optimizer step; None: the actor's (verl's default)
@@ -333,7 +334,7 @@ class PfPpoConfig:
 class RolloutCorrectionConfig:
     # truncated importance weights between the actor's and the engine's log-probs (algos/rollout_correction.py)
     rollout_is: str | None = None  # None (off) | token | sequence
-    rollout_is_threshold: float = 2.0  # the weights' upper bound
+    rollout_is_threshold: float | None = 2.0  # the weights' upper bound; null only with rollout_is off (verl's scripts)
     rollout_is_batch_normalize: bool = False  # divide by the batch's mean weight
     # rejection sampling: None (off) | token_k1 ... seq_max_k3 (rollout_correction.RS_OPTIONS), several comma-separated
     rollout_rs: str | None = None

@@ -145,17 +145,20 @@ def _strategy(cfg: Config) -> None:
             raise ConfigError(
                 f"{prefix}.fsdp_size={size} does not divide the {workers} workers it shards over; use a divisor or -1"
             )
-    if ref.strategy is not None and canonical_strategy(ref.strategy) != a.strategy:
-        raise ConfigError(
-            f"actor_rollout_ref.ref.strategy={ref.strategy}: rlrig shards the reference as it does the actor "
-            f"(actor_rollout_ref.actor.strategy={a.strategy}); leave it unset or equal"
-        )
+    for key, role, strategy in (
+        ("actor_rollout_ref.ref.strategy", "reference", ref.strategy),
+        ("critic.strategy", "critic", c.strategy),
+    ):
+        if strategy is not None and canonical_strategy(strategy) != a.strategy:
+            raise ConfigError(
+                f"{key}={strategy}: rlrig shards the {role} as it does the actor "
+                f"(actor_rollout_ref.actor.strategy={a.strategy}); leave it unset or equal"
+            )
 
 
 def _rollout(cfg: Config) -> None:
     """The rollout engine: its mode, engine arguments, lengths and tensor parallelism."""
     d, r, t = cfg.data, cfg.actor_rollout_ref.rollout, cfg.trainer
-    workers = t.nnodes * t.n_gpus_per_node
     if r.mode not in ("async", "sync"):
         raise ConfigError(
             f"actor_rollout_ref.rollout.mode={r.mode}: verl's modes are async (its default) and sync; "
@@ -172,11 +175,15 @@ def _rollout(cfg: Config) -> None:
             f"actor_rollout_ref.rollout.max_model_len={r.max_model_len} is shorter than "
             f"data.max_prompt_length + data.max_response_length = {d.max_prompt_length + d.max_response_length}"
         )
-    tp, per_node = r.tensor_model_parallel_size, t.n_gpus_per_node
+    # the engines span the training workers, or a rollout pool's of its own (hybrid_engine=False)
+    pool, prefix = (t, "trainer") if cfg.actor_rollout_ref.hybrid_engine else (cfg.rollout, "rollout")
+    tp, per_node, workers = r.tensor_model_parallel_size, pool.n_gpus_per_node, pool.nnodes * pool.n_gpus_per_node
+    if workers < 1:  # a rollout pool without workers is refused in _rollout_pool, naming its keys
+        return
     if tp < 1 or workers % tp or (per_node % tp if tp <= per_node else tp % per_node):
         raise ConfigError(
             f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}: each engine spans that many workers, "
-            f"so it must divide trainer.n_gpus_per_node={per_node} or be a multiple of it and divide "
+            f"so it must divide {prefix}.n_gpus_per_node={per_node} or be a multiple of it and divide "
             f"the {workers} workers"
         )
     if tp > 1 and r.name in ENGINES and not ENGINES[r.name].tensor_parallel:
@@ -445,10 +452,6 @@ def _rollout_pool(cfg: Config) -> None:
             f"rollout.n_gpus_per_node must be at least 1 (got {pool.nnodes} and {pool.n_gpus_per_node})"
         )
     own_pool_lacks = {
-        "actor_rollout_ref.rollout.tensor_model_parallel_size": (
-            a.rollout.tensor_model_parallel_size > 1,
-            "one engine per rollout worker (tensor_model_parallel_size=1)",
-        ),
         "reward_model.enable": (cfg.reward_model.enable, "rule-based rewards (custom_reward_function.*)"),
         # verl's recipe config: "Must be turned off! Otherwise, Parameter synchronization cannot be performed."
         "actor_rollout_ref.rollout.free_cache_engine": (a.rollout.free_cache_engine, "engines that stay awake"),
@@ -469,6 +472,8 @@ def validate_rollout_correction(cfg: Config) -> None:
     rc, p = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
     if rc.rollout_is not in (None, "token", "sequence"):
         raise ConfigError(f"{p}.rollout_is={rc.rollout_is}: choose token, sequence or null (off)")
+    if rc.rollout_is and rc.rollout_is_threshold is None:  # verl reads the threshold only with rollout_is on
+        raise ConfigError(f"{p}.rollout_is={rc.rollout_is} needs {p}.rollout_is_threshold (the weights' upper bound)")
     if rc.loss_type not in LOSS_TYPES:
         raise ConfigError(f"{p}.loss_type={rc.loss_type}: choose one of {', '.join(LOSS_TYPES)}")
     if rc.rollout_rs is not None:  # verl reads the threshold only with rejection sampling on

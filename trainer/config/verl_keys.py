@@ -485,17 +485,16 @@ REFUSED.update(
         "set that",
         "actor_rollout_ref.rollout.prompt_length": "verl fills it from data.max_prompt_length; set that",
         "actor_rollout_ref.rollout.response_length": "verl fills it from data.max_response_length; set that",
-        "critic.strategy": "rlrig shards the critic as the actor; set actor_rollout_ref.actor.strategy",
         "critic.model.tokenizer_path": "rlrig's critic reads the actor's tokens (verl's default for this key)",
         "reward_manager.name": "rlrig's is reward_model.reward_manager (naive|dapo), which verl's default for this "
         "key follows; set that",
         "actor_rollout_ref.rollout.logprobs_mode": "rlrig's vLLM engine returns processed log-probs (verl's default, "
         "the distribution each token was drawn from); raw log-probs or logits are not in rlrig",
         "actor_rollout_ref.rollout.enable_spec_decoding": "speculative decoding is not in rlrig",
-        "actor_rollout_ref.rollout.nnodes": "rollout on separate nodes (verl's fully async recipe) is not in rlrig; "
-        "rlrig's engines run in the training workers",
-        "actor_rollout_ref.rollout.n_gpus_per_node": "rollout on separate GPUs (verl's fully async recipe) is not in "
-        "rlrig; rlrig's engines run in the training workers",
+        "actor_rollout_ref.rollout.nnodes": "verl's standalone rollout replicas are not in rlrig; a rollout pool of "
+        "its own is actor_rollout_ref.hybrid_engine=False with the top-level rollout.nnodes",
+        "actor_rollout_ref.rollout.n_gpus_per_node": "verl's standalone rollout replicas are not in rlrig; a rollout "
+        "pool of its own is actor_rollout_ref.hybrid_engine=False with the top-level rollout.n_gpus_per_node",
         "actor_rollout_ref.rollout.total_rollout_steps": "verl's fully async recipe is not in rlrig; set "
         "trainer.total_training_steps",
         **{

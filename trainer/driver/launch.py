@@ -130,9 +130,11 @@ def start_workers(cfg, model_path: str, rm_path: str | None) -> Workers:
         from ..workers.rollout_worker import RolloutWorker
 
         n = pools[engines].nnodes * pools[engines].per_node
+        master = ray.get(ray.remote(node_address).options(**opts(engines, 0)).remote())
         actor = ray.remote(RolloutWorker)
         side[ROLLOUT] = [
-            actor.options(**opts(engines, i), **nsight).remote(cfg_dict, i, model_path, use_gpu) for i in range(n)
+            actor.options(**opts(engines, i), **nsight).remote(cfg_dict, i, n, master, model_path, use_gpu)
+            for i in range(n)
         ]
     world = t.nnodes * t.n_gpus_per_node
     master = ray.get(ray.remote(node_address).options(**opts(0, 0)).remote())

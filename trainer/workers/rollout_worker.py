@@ -24,30 +24,33 @@ from ..reward.rules import reward_fn
 from ..reward.scoring import RewardSource, score
 from ..rollout.engines import EngineContext, Rollout, Sampling, engine_class, make_engine
 from ..rollout.weight_sync import SyncGroup
-from .base import PoolWorker, collective_timeout, ensure_local_embedded_model, free_port, single_device
+from .base import PoolWorker, collective_timeout, ensure_local_embedded_model, single_device
 from .phase_report import PhaseReport
 
 SEED_STRIDE = 100_003  # rollout worker i draws from trainer.seed + (i + 1) x this: never a training rank's seed
 
 
 class RolloutWorker(PoolWorker):
-    def __init__(self, cfg_dict: dict, index: int, model_path: str, use_gpu: bool):
+    def __init__(self, cfg_dict: dict, index: int, world: int, master: tuple[str, int], model_path: str, use_gpu: bool):
+        """index of world: this worker's place in the pool, whose process group (at master) an engine spanning
+        rollout.tensor_model_parallel_size workers is made in, as in the training workers."""
         self.cfg = cfg = from_dict(cfg_dict)
         a = cfg.actor_rollout_ref
-        seed = cfg.trainer.seed + SEED_STRIDE * (index + 1)
+        # the workers of one tensor-parallel engine sample the same tokens only from the same seed
+        seed = cfg.trainer.seed + SEED_STRIDE * (index // a.rollout.tensor_model_parallel_size + 1)
         random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
         self.device = single_device(use_gpu)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         ensure_local_embedded_model(model_path)
-        # an engine of one worker in a group of one: vLLM's external launcher (GPUs) reads this process's rank
-        timeout = collective_timeout(a.nccl_timeout)
+        # the pool's own group: vLLM's external launcher reads its rank, and a tensor-parallel engine's groups are
+        # made in it (the training workers have theirs; the weight-sync group spans both)
         dist.init_process_group(
             "nccl" if self.device.type == "cuda" else "gloo",
-            init_method=f"tcp://127.0.0.1:{free_port()}",
-            rank=0,
-            world_size=1,
-            timeout=timeout,
+            init_method=f"tcp://{master[0]}:{master[1]}",
+            rank=index,
+            world_size=world,
+            timeout=collective_timeout(a.nccl_timeout),
         )
         self.tok = build.load_tokenizer(cfg, model_path)
         self.tok.padding_side = "left"

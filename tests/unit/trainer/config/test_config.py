@@ -334,6 +334,10 @@ POOL = ["actor_rollout_ref.hybrid_engine=False", "rollout.nnodes=1", "rollout.n_
         ([*POOL, "trainer.async_mode=fully_async_policy"], "fully asynchronous recipe .* is not in rlrig yet"),
         ([*POOL, "trainer.async_mode=later"], "trainer.async_mode='later': choose one of sync, one_step_off_policy"),
         (["actor_rollout_ref.hybrid_engine=False", "rollout.nnodes=0"], "rollout.nnodes and rollout.n_gpus_per_node"),
+        (
+            [*POOL, "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
+            "tensor_model_parallel_size=2: .* must divide rollout.n_gpus_per_node=1",
+        ),
         ([*POOL, "reward_model.enable=True"], "reward_model.enable=True with actor_rollout_ref.hybrid_engine=False"),
         ([*POOL, "algorithm.adv_estimator=remax"], "algorithm.adv_estimator=remax with .*hybrid_engine=False"),
         (
@@ -365,6 +369,21 @@ def test_rollout_pool_defaults_follow_verls_recipe_config(overrides, bypass, fre
     cfg = parse_overrides(overrides)
     assert cfg.algorithm.rollout_correction.bypass_mode is bypass
     assert cfg.actor_rollout_ref.rollout.free_cache_engine is free_cache
+
+
+def test_an_importance_weight_bound_may_be_null_only_without_importance_weights():
+    rc = "algorithm.rollout_correction"
+    parse_overrides([f"{rc}.rollout_is=null", f"{rc}.rollout_is_threshold=null"])  # verl's one-step ris script
+    with pytest.raises(ConfigError, match="rollout_is=token needs algorithm.rollout_correction.rollout_is_threshold"):
+        parse_overrides(
+            [f"{rc}.rollout_is=token", f"{rc}.rollout_is_threshold=null", "actor_rollout_ref.rollout.name=vllm"]
+        )
+
+
+def test_critic_strategy_is_taken_as_the_actors_only():
+    assert parse_overrides(["actor_rollout_ref.actor.strategy=fsdp2", "critic.strategy=fsdp2"]).critic.strategy
+    with pytest.raises(ConfigError, match="critic.strategy=fsdp: rlrig shards the critic as it does the actor"):
+        parse_overrides(["actor_rollout_ref.actor.strategy=ddp", "critic.strategy=fsdp"])
 
 
 def test_verls_one_step_off_policy_keys_are_taken():

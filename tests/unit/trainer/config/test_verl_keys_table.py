@@ -142,10 +142,10 @@ def test_no_effect_keys_are_listed_by_print_config_with_their_reason():
     "override,words",
     [
         ("async_training.staleness_threshold=0.5", "fully asynchronous recipe"),
-        ("actor_rollout_ref.rollout.nnodes=2", "rollout on separate nodes"),
+        ("actor_rollout_ref.rollout.nnodes=2", "top-level rollout.nnodes"),
         ("actor_rollout_ref.rollout.agent.num_workers=4", "agent loop"),
         ("actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2", "Megatron"),
-        ("critic.strategy=megatron", "rlrig shards the critic as the actor"),
+        ("critic.strategy=megatron", "rlrig shards the critic as it does the actor"),
         ("trainer.max_actor_ckpt_to_keep=3", "rlrig keeps every checkpoint"),
         ("actor_rollout_ref.actor.optim.betas=[0.9,0.95]", "torch's betas"),
         ("actor_rollout_ref.actor._target_=my.Config", "accepts only verl's own"),

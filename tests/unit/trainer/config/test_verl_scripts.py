@@ -125,3 +125,24 @@ def test_print_config_of_a_verl_example_through_the_cli():
     out = json.loads(r.stdout)
     assert out["actor_rollout_ref"]["rollout"]["n"] == 5 and out["algorithm"]["adv_estimator"] == "grpo"
     assert "data.return_raw_chat" in out["_no_effect_in_rlrig"] and "trainer.device" in out["_rlrig_only_keys"]
+
+
+# verl's one-step-off-policy recipe scripts (verl/experimental/one_step_off_policy/shell, the same commit), their
+# overrides taken as extract.py takes the examples' (bash with every command a stub, paths replaced); verl picks the
+# mode by its entry point, rlrig by trainer.async_mode
+ONE_STEP = json.loads((Path(__file__).parent / "verl_scripts" / "one_step_off_policy.json").read_text())
+ONE_STEP_EXPECTED = {
+    "dapo_7b_math_fsdp2_64_64": "accepted",
+    "dapo_7b_math_fsdp2_64_64_ris": "accepted",
+    # rlrig splits a mini batch by prompt over the sequence-parallel groups (12 workers / sp 4), verl by sample
+    "dapo_7b_math_fsdp2_4_12": "actor_rollout_ref.actor.ppo_mini_batch_size=32 prompts cannot be split over 3 "
+    "sequence-parallel groups of workers (trainer.nnodes x trainer.n_gpus_per_node); make it a multiple of 3",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ONE_STEP_EXPECTED))
+def test_verls_one_step_off_policy_scripts(name):
+    assert ONE_STEP["verl_commit"] == DATA["verl_commit"]
+    overrides = ONE_STEP["scripts"][name]
+    assert "actor_rollout_ref.hybrid_engine=False" in overrides and any(o.startswith("rollout.") for o in overrides)
+    assert outcome([*overrides, "trainer.async_mode=one_step_off_policy"]) == ONE_STEP_EXPECTED[name]
