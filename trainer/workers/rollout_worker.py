@@ -8,6 +8,7 @@ here in one forward pass), which the trainer's off-policy correction needs when 
 from __future__ import annotations
 
 import contextlib
+import gc
 import random
 import time
 
@@ -136,6 +137,13 @@ class RolloutWorker(PoolWorker):
         return scores.tolist(), texts, extras
 
     def shutdown(self) -> None:
+        # the engine first, collected, while the process group it may use is still there (as RankWorker.shutdown)
         self.engine = self.module = self.sync = None
+        gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()
+        import ray
+
+        # a normal exit of this process, whose exit handlers free what the engine holds outside it (vLLM's CPU
+        # engines spanning workers: shared-memory segments, which a killed process leaves behind)
+        ray.actor.exit_actor()
