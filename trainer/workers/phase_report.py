@@ -4,6 +4,7 @@ where py-spy cannot read another process (a container without ptrace), and the t
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import os
@@ -62,6 +63,15 @@ class PhaseReport:
 
     def leave(self) -> None:
         self._put(IDLE, 0)
+
+    @contextlib.contextmanager
+    def during(self, phase: str, step: int):
+        """A call of the head's that is one phase as a whole (validation, a checkpoint's gathering, a weight sync)."""
+        self.enter(phase, step)
+        try:
+            yield
+        finally:
+            self.leave()
 
 
 def hang_forever() -> None:

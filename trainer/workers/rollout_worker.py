@@ -7,7 +7,6 @@ here in one forward pass), which the trainer's off-policy correction needs when 
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import random
 import time
@@ -84,13 +83,8 @@ class RolloutWorker(PoolWorker):
         self.version = 0  # how many weight syncs this engine has taken: the policy its samples come from
         self.report, self.step = PhaseReport(f"rollout {index}"), 0  # the head's watchdog watches it as a rank
 
-    @contextlib.contextmanager
     def _reported(self, phase: str):
-        self.report.enter(phase, self.step)
-        try:
-            yield
-        finally:
-            self.report.leave()
+        return self.report.during(phase, self.step)
 
     def arm_fault(self, phase: str) -> None:
         """RLRIG_FAULT_HANG (driver/faults.py): hang in `phase` of the next call that runs it."""

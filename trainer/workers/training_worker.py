@@ -304,14 +304,8 @@ class TrainingWorker(RankWorker):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    @contextlib.contextmanager
     def _reported(self, phase: str):
-        """A call of the head's that is one phase as a whole (validation, a checkpoint's gathering)."""
-        self.report.enter(phase, self.global_step)
-        try:
-            yield
-        finally:
-            self.report.leave()
+        return self.report.during(phase, self.global_step)
 
     def arm_fault(self, phase: str) -> None:
         """RLRIG_FAULT_HANG (driver/faults.py): hang in `phase` of the next step."""
