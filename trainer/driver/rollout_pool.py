@@ -127,6 +127,6 @@ class RolloutPool:
 
         self.in_flight = None
         calls = {w.shutdown.remote(): w for w in self.workers}
-        done, busy = ray.wait(list(calls), num_returns=len(calls), timeout=STOP_WAIT_S)
+        _, busy = ray.wait(list(calls), num_returns=len(calls), timeout=STOP_WAIT_S)
         for ref in busy:
             ray.kill(calls[ref])

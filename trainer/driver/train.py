@@ -139,8 +139,8 @@ def prepare(cfg) -> Run:
         if why:
             raise ConfigError(why)
     kl_ctrl = core_algos.kl_controller(cfg.algorithm.kl_ctrl)
-    pool = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node if not cfg.actor_rollout_ref.hybrid_engine else 0
-    injected = faults.from_env(t.nnodes * t.n_gpus_per_node, pool)
+    rollout_world = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node if not cfg.actor_rollout_ref.hybrid_engine else 0
+    injected = faults.from_env(t.nnodes * t.n_gpus_per_node, rollout_world)
     run = Run(cfg, model_path, rm_path, adapter, train_rows, val_rows, sampler, kl_ctrl, out, resume_from, injected)
     run.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return run

@@ -13,6 +13,7 @@ GPUs, Gloo on CPU, a group made from a TCP store rather than torch's default gro
 
 from __future__ import annotations
 
+import math
 import pickle
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -35,14 +36,11 @@ class Entry:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
-        return self.numel * torch.empty((), dtype=self.dtype).element_size()
+        return self.numel * self.dtype.itemsize
 
 
 def direct(bucket: list[Entry]) -> bool:
@@ -163,9 +161,6 @@ class SyncGroup:
                 yield from land()
         while flying:
             yield from land()
-
-    def close(self) -> None:
-        self.pg = None
 
 
 def layout(tensors: Iterable[tuple[str, torch.Tensor]]) -> list[Entry]:

@@ -282,23 +282,34 @@ class TrainingWorker(RankWorker):
         from ..rollout.weight_sync import SyncGroup, layout
 
         actor = self.models.actor
+        if self.rank != 0:
+            self._gather_for_rank0()
+            return
         with offload.module_on(actor.module, self.device, actor.param_offload):
             entries = layout(self._engine_tensors(actor.precision.param_dtype))
-        if self.rank == 0:
-            self.sync = SyncGroup(master, 0, world, self.device, self.cfg.actor_rollout_ref.nccl_timeout)
-            self.sync.agree_layout(entries)
+        self.sync = SyncGroup(master, 0, world, self.device, self.cfg.actor_rollout_ref.nccl_timeout)
+        self.sync.agree_layout(entries)
 
     def push_weights(self) -> int:
         """The actor's weights to the rollout pool in the engines' dtype (the one the actor computes in); the bytes
         rank 0 sent (0 elsewhere)."""
         actor = self.models.actor
-        with self._reported("sync_rollout_weights"), offload.module_on(actor.module, self.device, actor.param_offload):
-            tensors = self._engine_tensors(actor.precision.param_dtype)
+        with self._reported("sync_rollout_weights"):
             if self.sync is None:
-                for _ in tensors:  # the other ranks' share of the collectives under FSDP
-                    pass
+                self._gather_for_rank0()
                 return 0
-            return self.sync.send(tensors)
+            with offload.module_on(actor.module, self.device, actor.param_offload):
+                return self.sync.send(self._engine_tensors(actor.precision.param_dtype))
+
+    def _gather_for_rank0(self) -> None:
+        """A rank other than 0 while rank 0 walks the full tensors: under FSDP each is an all-gather every rank joins;
+        under DDP rank 0 holds them whole, and nothing here need be read, cast or moved."""
+        actor = self.models.actor
+        if self.cfg.actor_rollout_ref.actor.strategy != "fsdp":
+            return
+        with offload.module_on(actor.module, self.device, actor.param_offload):
+            for _ in parallel.full_tensors(actor.module):
+                pass
 
     def _sync_device(self) -> None:
         if self.device.type == "cuda":
