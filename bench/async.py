@@ -1,17 +1,22 @@
-"""Rollout on a pool of its own, synchronous against one step off-policy: the same samples (the embedded run's
-prompts, steps and batch) on two namespace nodes of one CPU each, the rollout engine on one and the training worker
-on the other (actor_rollout_ref.hybrid_engine=False, rollout.nnodes=1, trainer.nnodes=1), run as users run it
-(`rlrig train` on both nodes, dstack's variables).
+"""Rollout on a pool of its own, synchronous against one step off-policy and fully async: the same samples (the
+embedded run's prompts, steps and batch) on two namespace nodes of one CPU each, the rollout engine on one and the
+training worker on the other (actor_rollout_ref.hybrid_engine=False, rollout.nnodes=1, trainer.nnodes=1), run as users
+run it (`rlrig train` on both nodes, dstack's variables).
+
+Fully async takes the same updates: require_batches=2 mini batches of 16 prompts (the embedded batch of 32, one
+update each), a weight sync after each (trigger_parameter_sync_step=1), staleness_threshold=1 (the engines may run
+a version ahead, as one step off-policy does) and partial rollouts (verl's default), as many prompts in all
+(rollout.total_rollout_steps = steps x 32).
 
 Per mode: tokens per second (prompt and response tokens of every step over the steps' seconds, the first step, which
 waits for nothing to overlap with, left out) and the score's rise over the same samples (the mean score of the last
 quarter of the steps less that of the first quarter). Its last line:
 
-  one-step/sync 1.52x tokens/s; score rise one-step/sync 0.97
+  one-step/sync 1.52x, fully-async/sync 1.61x tokens/s; score rise one-step/sync 0.97, fully-async/sync 0.94
 
 Needs root (namespaces). On 2 cores the two nodes are the two cores.
 
-    python bench/async.py                 # 60 steps a mode (about 6 minutes here)
+    python bench/async.py                 # 60 steps a mode (about 9 minutes here)
     python bench/async.py --steps 20      # quick look
 """
 
@@ -28,7 +33,20 @@ from bringup import BIN, Run, node_env, wait  # the bring-up bench's namespaces 
 from rlrig.trainer.config.presets import EMBEDDED
 
 WEIGHTS = "timing_s/sync_rollout_weights"
-MODES = {"sync": "sync", "one-step": "one_step_off_policy"}
+BATCH = 32  # the embedded run's data.train_batch_size
+MODES = {
+    "sync": lambda steps: ["trainer.async_mode=sync"],
+    "one-step": lambda steps: ["trainer.async_mode=one_step_off_policy"],
+    "fully-async": lambda steps: [
+        "data.train_batch_size=0",
+        "async_training.require_batches=2",
+        "async_training.trigger_parameter_sync_step=1",
+        "async_training.staleness_threshold=1.0",
+        "async_training.partial_rollout=True",
+        f"rollout.total_rollout_steps={steps * BATCH}",
+        "rollout.test_freq=0",
+    ],
+}
 POOL = [
     "actor_rollout_ref.hybrid_engine=False",
     "rollout.nnodes=1",
@@ -45,8 +63,8 @@ POOL = [
 def train(mode: str, steps: int) -> list[dict]:
     run = Run(2, "rlrig")
     out = run.tmp / "out"
-    args = [str(BIN / "rlrig"), "train", "--no-fabric-check", *EMBEDDED, *POOL]
-    args += [f"trainer.async_mode={mode}", f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={out}"]
+    args = [str(BIN / "rlrig"), "train", "--no-fabric-check", *EMBEDDED, *POOL, *MODES[mode](steps)]
+    args += [f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={out}"]
     with run.ns:
         try:
             for i in range(2):
@@ -80,14 +98,22 @@ def summary(rows: list[dict]) -> dict[str, float]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     args = ap.parse_args(argv)
     got = {}
-    for name, mode in MODES.items():
-        got[name] = summary(train(mode, args.steps))
+    for name in args.modes:
+        got[name] = summary(train(name, args.steps))
         print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in got[name].items()), flush=True)
-    speed = got["one-step"]["tokens/s"] / got["sync"]["tokens/s"]
-    rise = got["one-step"]["score rise"] / got["sync"]["score rise"] if got["sync"]["score rise"] else float("nan")
-    print(f"one-step/sync {speed:.2f}x tokens/s; score rise one-step/sync {rise:.2f}")
+    others = [m for m in got if m != "sync"]
+    if "sync" not in got or not others:
+        return 0
+    base = got["sync"]
+    speeds = ", ".join(f"{m}/sync {got[m]['tokens/s'] / base['tokens/s']:.2f}x" for m in others)
+    rises = ", ".join(
+        f"{m}/sync {got[m]['score rise'] / base['score rise']:.2f}" if base["score rise"] else f"{m}/sync nan"
+        for m in others
+    )
+    print(f"{speeds} tokens/s; score rise {rises}")
     return 0
 
 

@@ -93,6 +93,7 @@ DOMAINS: dict[str, Domain] = {
     "data.val_files": FILES,
     "data.train_batch_size": COUNT,
     "data.val_batch_size": COUNT_OR_NULL,
+    "data.gen_batch_size": COUNT_OR_NULL,
     "data.max_prompt_length": COUNT,
     "data.max_response_length": COUNT,
     **_optim("actor_rollout_ref.actor.optim"),
@@ -171,6 +172,8 @@ DOMAINS: dict[str, Domain] = {
     "reward_model.rollout.max_num_seqs": COUNT,
     "reward_model.rollout.prompt_length": COUNT,
     "reward_model.rollout.response_length": COUNT,
+    "rollout.total_rollout_steps": COUNT_OR_NULL,  # prompts
+    "rollout.total_epochs": COUNT,
     "trainer.nnodes": COUNT,
     "trainer.n_gpus_per_node": COUNT,
     "trainer.total_epochs": COUNT,

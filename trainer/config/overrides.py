@@ -11,6 +11,7 @@ from typing import Any, get_type_hints
 from ..errors import ConfigError
 from . import verl_keys
 from .derived import derive
+from .domains import value_at
 from .interpolation import Resolver
 from .literals import parse_literal
 from .schema import Config, all_keys, canonical_strategy
@@ -91,22 +92,94 @@ def set_key(cfg: Config, key: str, raw: str) -> None:
     setattr(obj, leaf, _coerce(parse_literal(raw), hint, key))
 
 
+FULLY_ASYNC = "fully_async_policy"
+
+
+def async_mode_of(cfg: Config, keys: set[str]) -> None:
+    """verl picks its fully async recipe by entry point, whose config holds async_training; rlrig by
+    trainer.async_mode, which any async_training key sets (so verl's command lines run unchanged)."""
+    asked = sorted(k for k in keys if k.startswith("async_training."))
+    if not asked:
+        return
+    if "trainer.async_mode" in keys and cfg.trainer.async_mode != FULLY_ASYNC:
+        raise ConfigError(
+            f"{asked[0]} is a key of verl's fully async recipe, which trainer.async_mode={cfg.trainer.async_mode} is "
+            f"not; drop trainer.async_mode or set it to {FULLY_ASYNC}"
+        )
+    cfg.trainer.async_mode = FULLY_ASYNC
+
+
+def fully_async_batches(cfg: Config) -> None:
+    """verl's fully async rollouter asserts data.train_batch_size=0 and data.gen_batch_size=1 (its config's default):
+    it draws one prompt at a time and the trainer takes async_training.require_batches x ppo_mini_batch_size prompts
+    per update, which rlrig's trainer then takes as its batch. (trainer.total_training_steps, which verl's fully async
+    trainer does not read, caps the weight versions in rlrig: its steps; driver/fully_async.py.)"""
+    d, at, actor = cfg.data, cfg.async_training, cfg.actor_rollout_ref.actor
+    if cfg.actor_rollout_ref.hybrid_engine:  # the first thing to fix
+        raise ConfigError(
+            "verl's fully async recipe (async_training.*) generates while the trainer trains, so the engines need a "
+            "pool of their own: set actor_rollout_ref.hybrid_engine=False with rollout.nnodes and "
+            "rollout.n_gpus_per_node"
+        )
+    if actor.use_rollout_log_probs not in (None, at.use_rollout_log_probs):
+        raise ConfigError(
+            f"actor_rollout_ref.actor.use_rollout_log_probs={actor.use_rollout_log_probs} with "
+            f"async_training.use_rollout_log_probs={at.use_rollout_log_probs}: verl's fully async config sets the "
+            "actor's from the other; set them alike (or only async_training's)"
+        )
+    if at.compute_prox_log_prob and cfg.algorithm.rollout_correction.bypass_mode:
+        raise ConfigError(
+            "async_training.compute_prox_log_prob=True with algorithm.rollout_correction.bypass_mode=True: bypass "
+            "takes the engine's log-probs as the old ones, so no proximal ones would be computed; drop one of them"
+        )
+    actor.use_rollout_log_probs = at.use_rollout_log_probs
+    if d.train_batch_size != 0:
+        raise ConfigError(
+            f"data.train_batch_size={d.train_batch_size} with verl's fully async recipe (async_training.*): its "
+            "trainer takes async_training.require_batches x actor_rollout_ref.actor.ppo_mini_batch_size prompts per "
+            "update; set data.train_batch_size=0, as verl asserts"
+        )
+    if d.gen_batch_size not in (None, 1):
+        raise ConfigError(
+            f"data.gen_batch_size={d.gen_batch_size} with verl's fully async recipe: its rollouter draws one prompt "
+            "at a time (verl asserts 1); set data.gen_batch_size=1"
+        )
+    for key in ("async_training.require_batches", "async_training.trigger_parameter_sync_step"):
+        if value_at(cfg, key) < 1:
+            raise ConfigError(f"{key}={value_at(cfg, key)} must be at least 1")
+    if at.staleness_threshold < 0:
+        raise ConfigError(f"async_training.staleness_threshold={at.staleness_threshold} must be 0 or more")
+    d.gen_batch_size = 1
+    d.train_batch_size = at.require_batches * cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+
+
 def rollout_pool_defaults(cfg: Config, keys: set[str]) -> None:
-    """What verl's one-step-off-policy recipe config sets, where the user did not: engines on a pool of their own stay
-    awake (free_cache_engine=False: they hold their GPUs alone, and a sleeping engine could not take weights), and
-    with samples generated a step before the weights they train, the PPO ratio is taken against the engine's own
-    log-probs (bypass_mode=True) unless a rollout_correction key was given."""
+    """What verl's one-step-off-policy and fully async recipe configs set, where the user did not: engines on a pool
+    of their own stay awake (free_cache_engine=False: they hold their GPUs alone, and a sleeping engine could not take
+    weights), and, one step off-policy, with samples generated a step before the weights they train, the PPO ratio is
+    taken against the engine's own log-probs (bypass_mode=True) unless a rollout_correction key was given (fully
+    async, async_training.use_rollout_log_probs does that)."""
+    async_mode_of(cfg, keys)
+    if cfg.trainer.async_mode == FULLY_ASYNC:
+        fully_async_batches(cfg)
+    elif cfg.data.gen_batch_size not in (None, cfg.data.train_batch_size):
+        raise ConfigError(
+            f"data.gen_batch_size={cfg.data.gen_batch_size}: DAPO's dynamic sampling (a generation batch other than "
+            "the training batch) is not in rlrig; each step samples data.train_batch_size prompts"
+        )
     if cfg.actor_rollout_ref.hybrid_engine:
         pool_keys = sorted(k for k in keys if k.startswith("rollout."))
         if pool_keys:
             raise ConfigError(
                 f"{pool_keys[0]} sizes the rollout pool of actor_rollout_ref.hybrid_engine=False (verl's one-step-off-"
-                "policy recipe sets both); set actor_rollout_ref.hybrid_engine=False, or drop the rollout.* keys"
+                "policy and fully async recipes set both); set actor_rollout_ref.hybrid_engine=False, or drop the "
+                "rollout.* keys"
             )
         return
     if "actor_rollout_ref.rollout.free_cache_engine" not in keys:
         cfg.actor_rollout_ref.rollout.free_cache_engine = False
-    if cfg.trainer.async_mode != "sync" and not any(k.startswith("algorithm.rollout_correction.") for k in keys):
+    mode = cfg.trainer.async_mode
+    if mode == "one_step_off_policy" and not any(k.startswith("algorithm.rollout_correction.") for k in keys):
         cfg.algorithm.rollout_correction.bypass_mode = True
 
 

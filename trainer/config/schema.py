@@ -21,7 +21,10 @@ class SamplerConfig:
 class DataConfig:
     train_files: str | list[str] = ""  # a file or a list of files, as verl; empty: the embedded arithmetic data set
     val_files: str | list[str] = ""
-    train_batch_size: int = 1024
+    train_batch_size: int = 1024  # fully async (async_training.*): 0, as verl asserts; the trainer takes mini batches
+    # prompts drawn at a time: verl's ray_trainer reads it as the dataloader's batch (None: train_batch_size); its
+    # fully async rollouter asserts 1 (one prompt per sample of the queue)
+    gen_batch_size: int | None = None
     val_batch_size: int | None = None  # prompts per validation batch; None: the whole validation set at once
     max_prompt_length: int = 512
     max_response_length: int = 512
@@ -189,6 +192,9 @@ class ActorConfig:
     loss_agg_mode: str = "token-mean"
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
+    # verl's fully async config copies async_training.use_rollout_log_probs into it (None here: follows that key);
+    # outside that mode verl's actor reads it only to skip its on-policy shortcut, which gives the same numbers
+    use_rollout_log_probs: bool | None = None
     # the actor's and reference's forwards compute each distinct prompt once for its samples (model/prefix_grouper.py)
     use_prefix_grouper: bool = False
     # the old-log-prob pass also computes sum_v pi(v)^2 at each response token (algorithm.adv_estimator=
@@ -438,6 +444,36 @@ class RolloutPoolConfig:
 
     nnodes: int = 1
     n_gpus_per_node: int = 1  # verl's recipe default is 8; rlrig's is 1, as its trainer.n_gpus_per_node
+    # fully async (async_training.*): prompts generated in all, at most the data set x trainer.total_epochs (None:
+    # that); the epochs the rollouter walks the data; validation every test_freq weight versions (0 or less: never)
+    total_rollout_steps: int | None = 100
+    total_epochs: int = 10
+    test_freq: int = 1
+
+
+@dataclass
+class CheckpointEngineConfig:
+    """verl's checkpoint-engine transport for fully async weight syncs; no effect in rlrig (verl_keys.NO_EFFECT)."""
+
+    enable: bool = True
+    device_buffer_size_M: int = 4096
+    overlap_broadcast_and_consume: bool = False
+
+
+@dataclass
+class AsyncTrainingConfig:
+    """verl's fully async recipe (fully_async_ppo_trainer.yaml, its defaults): the rollout pool streams samples into
+    a bounded queue; the trainer takes require_batches mini batches of prompts at a time, one update each, and sends
+    its weights every trigger_parameter_sync_step updates. Set through any of its keys (config/overrides.py)."""
+
+    staleness_threshold: float = 0.1  # samples started per weight version: at most (1 + this) x what the trainer takes
+    trigger_parameter_sync_step: int = 4
+    require_batches: int = 1
+    partial_rollout: bool = True  # a sync interrupts the generations in flight; they go on under the new weights
+    use_rollout_log_probs: bool = True  # the engine's log-probs are the old ones (no old-log-prob pass)
+    compute_prox_log_prob: bool = False  # the old ones from the weights of the version's first update instead
+    use_trainer_do_validate: bool = False
+    checkpoint_engine: CheckpointEngineConfig = field(default_factory=CheckpointEngineConfig)
 
 
 @dataclass
@@ -472,7 +508,8 @@ class TrainerConfig:
     # auto and enable as its legacy FSDP workers, disable as its engine workers
     use_legacy_worker_impl: str = "auto"  # auto | enable | disable
     # rlrig (verl picks these by entry point): sync, each batch generated with the weights it trains;
-    # one_step_off_policy, the engines generate batch k+1 while the trainer trains on batch k (verl's recipe)
+    # one_step_off_policy, the engines generate batch k+1 while the trainer trains on batch k (verl's recipe);
+    # fully_async_policy, verl's fully async recipe (async_training.*), which any async_training key selects
     async_mode: str = "sync"
 
 
@@ -537,6 +574,7 @@ class Config:
     custom_reward_function: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
     global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)
 

@@ -426,17 +426,12 @@ def _pools(cfg: Config) -> None:
             )
 
 
-ASYNC_MODES = ("sync", "one_step_off_policy")
+ASYNC_MODES = ("sync", "one_step_off_policy", "fully_async_policy")
 
 
 def _rollout_pool(cfg: Config) -> None:
     """Rollout on a pool of its own (hybrid_engine=False) and the modes that overlap it with training."""
     a, mode, pool = cfg.actor_rollout_ref, cfg.trainer.async_mode, cfg.rollout
-    if mode == "fully_async_policy":
-        raise ConfigError(
-            "trainer.async_mode=fully_async_policy: verl's fully asynchronous recipe (a sample queue with a staleness "
-            "bound) is not in rlrig yet; one_step_off_policy overlaps generation and training one step apart"
-        )
     if mode not in ASYNC_MODES:
         raise ConfigError(f"trainer.async_mode={mode!r}: choose one of {', '.join(ASYNC_MODES)}")
     if a.hybrid_engine:
@@ -466,6 +461,11 @@ def _rollout_pool(cfg: Config) -> None:
                 f"{key}={value_at(cfg, key)} with actor_rollout_ref.hybrid_engine=False: a rollout pool of its own "
                 f"takes {offered} in rlrig; set actor_rollout_ref.hybrid_engine=True for it"
             )
+    if mode == "fully_async_policy" and cfg.async_training.use_trainer_do_validate:
+        raise ConfigError(
+            "async_training.use_trainer_do_validate=True: validating on the training workers' own engines is not in "
+            "rlrig; the rollout pool validates (every rollout.test_freq weight versions)"
+        )
 
 
 def validate_rollout_correction(cfg: Config) -> None:

@@ -46,9 +46,6 @@ REFUSED_PREFIXES = {
     },
     "reward_model.profiler.tool_config.": _RM_TOOL_CONFIG,
     "actor_rollout_ref.rollout.trace.": "verl's rollout tracing is not in rlrig",
-    "async_training.": "verl's fully asynchronous recipe (a sample queue with a staleness bound, partial rollouts) "
-    "is not in rlrig; rollout on a pool of its own is (actor_rollout_ref.hybrid_engine=False, rollout.nnodes, "
-    "rollout.n_gpus_per_node), synchronous or one step off-policy (trainer.async_mode=one_step_off_policy)",
     "actor_rollout_ref.actor.megatron.": "verl's Megatron backend is not in rlrig; actor_rollout_ref.actor.strategy is "
     "ddp or fsdp",
     "actor_rollout_ref.ref.megatron.": "verl's Megatron backend is not in rlrig; the reference is sharded as the actor",
@@ -82,6 +79,11 @@ REFUSED = {
     "with vLLM in pooling mode",
     "data.custom_cls.path": "custom dataset classes are not in rlrig; it reads verl's parquet schema",
     "data.custom_cls.name": "custom dataset classes are not in rlrig; it reads verl's parquet schema",
+    "async_training.parallel_validate_and_rollout": "rlrig validates on the rollout pool between weight versions, "
+    "not beside generation",
+    # verl's fully async config declares it (4) and none of verl's code reads it: its default is accepted
+    "rollout.n": "not read by verl (its fully async config declares it); the samples per prompt are "
+    "actor_rollout_ref.rollout.n",
 }
 # A value rlrig accepts for a key it otherwise refuses: verl's default, which asks for nothing.
 ACCEPTED_DEFAULTS = {
@@ -99,6 +101,8 @@ ACCEPTED_DEFAULTS = {
     "reward_model.reward_loop_class_name": ("null", "None"),
     "reward_model.sandbox_fusion.url": ("null", "None"),
     "actor_rollout_ref.rollout.multi_turn.enable": ("False", "false"),
+    "rollout.n": ("4",),
+    "async_training.parallel_validate_and_rollout": ("False", "false"),
 }
 
 # Keys of a verl feature that is off: verl reads them only when the feature is on, which rlrig refuses (above),
@@ -133,6 +137,14 @@ NO_EFFECT = {
     "reward_model.model.use_fused_kernels": "the reward model computes no log-probs",
     "reward_model.num_workers": "verl's reward-loop workers render and send requests to reward servers; rlrig "
     "renders in the workers that score, with no servers between",
+    **{
+        f"{p}checkpoint_engine.{k}": "tunes verl's checkpoint-engine transport of fully async weight syncs; rlrig's "
+        "weight sync is its own bucketed broadcast (rollout/weight_sync.py), and the weights that arrive are the same"
+        for p in ("async_training.", "actor_rollout_ref.")
+        for k in ("enable", "device_buffer_size_M", "overlap_broadcast_and_consume")
+    },
+    "actor_rollout_ref.checkpoint_engine": "verl's fully async config copies async_training.checkpoint_engine into "
+    "it, which tunes verl's checkpoint-engine transport; rlrig's weight sync is its own bucketed broadcast",
 }
 
 
@@ -495,8 +507,8 @@ REFUSED.update(
         "its own is actor_rollout_ref.hybrid_engine=False with the top-level rollout.nnodes",
         "actor_rollout_ref.rollout.n_gpus_per_node": "verl's standalone rollout replicas are not in rlrig; a rollout "
         "pool of its own is actor_rollout_ref.hybrid_engine=False with the top-level rollout.n_gpus_per_node",
-        "actor_rollout_ref.rollout.total_rollout_steps": "verl's fully async recipe is not in rlrig; set "
-        "trainer.total_training_steps",
+        "actor_rollout_ref.rollout.total_rollout_steps": "verl's fully async recipe reads the top-level "
+        "rollout.total_rollout_steps; set that",
         **{
             f"actor_rollout_ref.actor.{k}": f"not a key of verl's actor; rlrig and verl read "
             f"actor_rollout_ref.actor.policy_loss.{k}"
@@ -515,8 +527,6 @@ REFUSED.update(
             f"data.{k}": "the prime recipe's accuracy filter is not in rlrig"
             for k in ("accuracy_lower_bound", "accuracy_upper_bound", "filter_accuracy")
         },
-        "data.gen_batch_size": "DAPO's dynamic sampling (the dapo recipe's generation batch) is not in rlrig; each "
-        "step samples data.train_batch_size prompts",
         "data.oversample_factor": "oversampling prompts is not in rlrig; each step samples data.train_batch_size",
         **{
             f"reward_model.{k}": "the prime recipe's implicit reward model, trained with the policy, is not in rlrig"

@@ -132,6 +132,11 @@ def start_workers(cfg, model_path: str, rm_path: str | None) -> Workers:
         n = pools[engines].nnodes * pools[engines].per_node
         master = ray.get(ray.remote(node_address).options(**opts(engines, 0)).remote())
         actor = ray.remote(RolloutWorker)
+        if cfg.trainer.async_mode == "fully_async_policy" and cfg.async_training.partial_rollout:
+            from .fully_async import CONTROL
+
+            # a weight sync's interrupt runs beside the generation it stops; every other call keeps its turn
+            actor = ray.remote(concurrency_groups={CONTROL: 1})(RolloutWorker)
         side[ROLLOUT] = [
             actor.options(**opts(engines, i), **nsight).remote(cfg_dict, i, n, master, model_path, use_gpu)
             for i in range(n)

@@ -16,6 +16,7 @@ from ..errors import ConfigError
 from ..model import lora
 from ..workers.profiling import StepWindows, snapshots_after_update
 from . import checkpoint, faults, preemption, stacks
+from .fully_async import Stream, total_versions, version_step
 from .launch import Workers, describe_placement, start_workers, uses_gpu
 from .reporting import MetricsLog, progress, rss_gb, say
 from .rollout_pool import RolloutPool
@@ -41,6 +42,9 @@ class Run:
     pad_id: int = 0  # the tokenizer's padding token (its EOS where it has none), as the workers pad
     workers: Workers | None = None
     pool: RolloutPool | None = None  # the rollout pool's schedule (hybrid_engine=False)
+    stream: Stream | None = None  # the fully async mode's queue over the pool
+    total: int = 0  # steps in the run: updates, or weight versions in the fully async mode
+    updates: int = 0  # updates in the run (the workers' learning-rate schedules count them)
     watchdog: Watchdog | None = None
     log: MetricsLog | None = None
     step: int = 0
@@ -114,7 +118,22 @@ def prepare(cfg) -> Run:
             f"data.train_batch_size={cfg.data.train_batch_size} is larger than the {len(train_rows)} training prompts"
         )
     total = t.total_training_steps or sampler.steps_per_epoch() * t.total_epochs
-    cfg = with_runtime(cfg, total, "cuda" if uses_gpu(cfg) else "cpu")
+    updates = total
+    if t.async_mode == "fully_async_policy":  # prompts drawn one at a time; a step is a weight version
+        sampler = Sampler(len(train_rows), 1, cfg.data.seed, cfg.data.shuffle)
+        updates, total = total_versions(cfg, len(train_rows))
+        if total < 1:
+            raise ConfigError(
+                f"rollout.total_rollout_steps={cfg.rollout.total_rollout_steps} prompts do not fill one update of "
+                f"{cfg.data.train_batch_size} (async_training.require_batches x ppo_mini_batch_size); raise it"
+            )
+        if t.test_freq > 0:
+            say(
+                f"trainer.test_freq={t.test_freq} is not read in the fully async mode (nor by verl's); validation "
+                f"follows rollout.test_freq={cfg.rollout.test_freq} weight versions"
+            )
+    # the workers' learning-rate schedules count updates
+    cfg = with_runtime(cfg, updates, "cuda" if uses_gpu(cfg) else "cpu")
     # trainer.device=auto chose GPUs or CPUs
     why = micro_batch_refusal(cfg) if cfg.trainer.device == "cuda" else profiler_device_refusal(cfg)
     if why:
@@ -142,6 +161,7 @@ def prepare(cfg) -> Run:
     rollout_world = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node if not cfg.actor_rollout_ref.hybrid_engine else 0
     injected = faults.from_env(t.nnodes * t.n_gpus_per_node, rollout_world)
     run = Run(cfg, model_path, rm_path, adapter, train_rows, val_rows, sampler, kl_ctrl, out, resume_from, injected)
+    run.total, run.updates = total, updates
     run.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return run
 
@@ -164,6 +184,15 @@ def start(run: Run) -> None:
         one_step = cfg.trainer.async_mode == "one_step_off_policy"
         run.pool = RolloutPool(workers.rollout, workers.training, cfg.actor_rollout_ref.rollout.n, run.pad_id, one_step)
         run.pool.connect()
+        if cfg.trainer.async_mode == "fully_async_policy":
+            interruptible = ray.get([w.interruptible.remote() for w in workers.rollout])
+            if cfg.async_training.partial_rollout and not all(interruptible):
+                raise ConfigError(
+                    "async_training.partial_rollout=True: rlrig interrupts a generation at a weight sync in its hf "
+                    f"and vLLM engines, not {', '.join(engines)}; set async_training.partial_rollout=False "
+                    "(generations in flight then finish under the weights they started with)"
+                )
+            run.stream = Stream(run.pool, run.train_rows, cfg, run.sampler, run.updates)
         say(f"rollout pool: {len(workers.rollout)} engine(s), {cfg.trainer.async_mode}")
     run.watchdog = watchdog(run)
 
@@ -202,6 +231,10 @@ def resume(run: Run) -> None:
     run.step, run.sampler.epoch, run.sampler.pos = ts["global_step"], ts["epoch"], ts["pos"]
     if run.pool is not None:
         run.pool.trained = run.step
+    if run.stream is not None:  # the prompts the checkpoint's run drew and did not train: generated first
+        # a checkpoint of another mode has none pending, and made one update a step
+        run.stream.todo.extend(ts.get("pending", []))
+        run.stream.updates = ts.get("updates", run.step)
     run.kl_ctrl.value = ts["kl_coef"]
     dropped = preemption.truncate_metrics(log_path, run.step)
     say(
@@ -250,6 +283,8 @@ def save(run: Run) -> None:
         "lora": run.adapter,
         "contents": contents,
     }
+    if run.stream is not None:
+        trainer_state.update(pending=run.stream.pending(), updates=run.stream.updates)
     hf = hf_models(run, state, contents)
     for role, key in (("actor", "model"), ("critic", "critic")):  # weights gathered for hf_model alone
         if "model" not in contents.get(role, []):
@@ -302,7 +337,7 @@ def pooled_rollout(run: Run, batch: list[dict], workers: int) -> tuple[list, dic
         pool.launch(run.step, batch)
     ro, waited = pool.take(run.step)
     pooled.update(waited)
-    if pool.one_step and run.step < run.cfg.trainer.total_training_steps:
+    if pool.one_step and run.step < run.total:
         pooled.update(pool.push())
         run.data_at = (run.sampler.epoch, run.sampler.pos)
         arm_rollout_faults(run, run.step + 1)
@@ -310,37 +345,72 @@ def pooled_rollout(run: Run, batch: list[dict], workers: int) -> tuple[list, dic
     return pool.shares(ro, workers), pooled
 
 
-def train_step(run: Run) -> dict:
-    """One step on every worker, validation and a checkpoint when due, and the step's metrics; in the steps of
-    global_profiler.steps recorded, validation and checkpoint included, as verl records them."""
+def arm_training_faults(run: Run) -> None:
+    """RLRIG_FAULT_HANG's faults of the training ranks due at this step."""
+    for fault in faults.due([f for f in run.faults if f.phase != "rollout_gen"], run.step, run.out):
+        say(f"{faults.ENV}: rank {fault.rank} hangs in {fault.phase} at step {run.step}")
+        run.workers.training[fault.rank].arm_fault.remote(fault.phase)
+
+
+def batch_step(run: Run) -> dict:
+    """One update on this step's batch: generated by the training workers' engines or by the rollout pool."""
     import ray
 
-    cfg, t, workers = run.cfg, run.cfg.trainer, run.workers.training
-    total, windows = t.total_training_steps, StepWindows.of(cfg)
-    if windows.starts(run.step):
-        on_every_worker(run, "start_profile", run.step)
-    t0 = time.perf_counter()
-    pool = run.pool
+    workers, pool = run.workers.training, run.pool
     if pool is not None and pool.in_flight is not None:
         batch = pool.in_flight.rows  # drawn and generating since the step before (one step off-policy)
     else:
         batch = [run.train_rows[i] for i in run.sampler.next()]
     shares = equal_shares(batch, len(workers))
     generated, pooled = pooled_rollout(run, batch, len(workers)) if pool is not None else ([None] * len(workers), {})
-    for fault in faults.due([f for f in run.faults if f.phase != "rollout_gen"], run.step, run.out):
-        say(f"{faults.ENV}: rank {fault.rank} hangs in {fault.phase} at step {run.step}")
-        workers[fault.rank].arm_fault.remote(fault.phase)
+    arm_training_faults(run)
     steps = [w.step.remote(p, run.kl_ctrl.value, run.step, g) for w, p, g in zip(workers, shares, generated)]
     m = M.reduce(ray.get(steps))
     m.update(pooled)
     if pool is not None:
         pool.trained = run.step
-    update_kl_controller(run.kl_ctrl, m, cfg)
-    if t.test_freq > 0 and (run.step % t.test_freq == 0 or run.step == total):
+    update_kl_controller(run.kl_ctrl, m, run.cfg)
+    return m
+
+
+def stream_step(run: Run) -> dict | None:
+    """The fully async mode's step: one weight version of updates on samples as they stream in (None: the prompts
+    ran out before one)."""
+    workers = run.workers.training
+
+    def start_update(rows: list[dict], ro, local: int) -> list:
+        if local == 1:
+            arm_training_faults(run)
+            arm_rollout_faults(run, run.step)
+        shares, generated = equal_shares(rows, len(workers)), run.pool.shares(ro, len(workers))
+        u = run.stream.updates
+        return [w.step.remote(p, run.kl_ctrl.value, u, g, local) for w, p, g in zip(workers, shares, generated)]
+
+    return version_step(run, start_update, lambda m: update_kl_controller(run.kl_ctrl, m, run.cfg))
+
+
+def train_step(run: Run) -> dict | None:
+    """One step, validation and a checkpoint when due, and the step's metrics (None: the fully async mode's prompts
+    ran out before it); in the steps of global_profiler.steps recorded, validation and checkpoint included, as verl
+    records them."""
+    import ray
+
+    cfg, t, workers = run.cfg, run.cfg.trainer, run.workers.training
+    total, windows = run.total, StepWindows.of(cfg)
+    if windows.starts(run.step):
+        on_every_worker(run, "start_profile", run.step)
+    t0 = time.perf_counter()
+    m = stream_step(run) if run.stream is not None else batch_step(run)
+    if m is None:
+        return None
+    # the fully async mode validates every rollout.test_freq weight versions (verl's), and after the last
+    test_freq = cfg.rollout.test_freq if run.stream is not None else t.test_freq
+    last = run.step == total or (run.stream is not None and run.stream.exhausted())
+    if test_freq > 0 and (run.step % test_freq == 0 or last):
         tv = time.perf_counter()
         m.update(validate(run))
         m["timing_s/testing"] = time.perf_counter() - tv
-    if t.save_freq > 0 and (run.step % t.save_freq == 0 or run.step == total):
+    if t.save_freq > 0 and (run.step % t.save_freq == 0 or last):
         ts0 = time.perf_counter()
         save(run)
         m["timing_s/save_checkpoint"] = time.perf_counter() - ts0
@@ -365,12 +435,18 @@ def train_step(run: Run) -> dict:
 
 def loop(run: Run) -> preemption.StopRequest:
     """Steps until the last or a stop signal; a signal's step in flight finishes and is checkpointed."""
-    total = run.cfg.trainer.total_training_steps
+    total = run.total
     started, first = time.monotonic(), run.step + 1
     stop, saved_at = preemption.StopRequest(), None
-    while run.step < total and stop.signum is None:
+    while run.step < total and stop.signum is None and not (run.stream is not None and run.stream.exhausted()):
         run.step += 1
         m = train_step(run)
+        if m is None:  # the fully async mode's prompts ran out (stale ones dropped) before this step's first update
+            run.step -= 1
+            if run.cfg.trainer.save_freq > 0 and saved_at != run.step:
+                save(run)  # the last step is the one before, which did not know it was
+                saved_at = run.step
+            break
         run.watchdog.record(m)
         if "timing_s/save_checkpoint" in m:
             saved_at = run.step

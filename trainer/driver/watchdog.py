@@ -102,6 +102,7 @@ class Watchdog:
         self.limits = Limits(t.watchdog_factor, t.watchdog_min_s, cfg.actor_rollout_ref.nccl_timeout)
         self.out, self.procs, self.reporting, self.kill, self.exit = out, procs, reporting, kill, exit
         self.seen: dict[str, tuple[str, int, float]] = {}
+        self.entries: dict[str, list] = {}  # each worker's phase-entry count when last polled
         self.board: Path | None = None  # where publish() writes, once started
         self.ips = {p.label: p.ip for p in procs}
         self.halt = threading.Event()
@@ -143,14 +144,17 @@ class Watchdog:
         tmp.write_text(json.dumps({"written": time.time(), "ranks": ranks}) + "\n")
         os.replace(tmp, self.board)
 
-    def observe(self, entries: dict[str, tuple[str, int]], now: float) -> list[Over]:
-        """Fold one poll's entries (label -> (phase, step); phase "" between calls) into when each phase was first
-        seen; the workers now past their limits."""
-        for label, (phase, step) in entries.items():
+    def observe(self, entries: dict[str, tuple], now: float) -> list[Over]:
+        """Fold one poll's entries (label -> (phase, step[, entered]); phase "" between calls) into when each phase
+        was first seen; the workers now past their limits. `entered` counts the worker's phase entries, so calls
+        back to back in the same phase and step (the fully async mode's generations) are timed each from its own
+        start, even when no poll saw the worker idle between them."""
+        for label, (phase, step, *entered) in entries.items():
             if not phase:
                 self.seen.pop(label, None)
-            elif self.seen.get(label, ("", 0, 0.0))[:2] != (phase, step):
+            elif self.seen.get(label, ("", 0, 0.0))[:2] != (phase, step) or self.entries.get(label) != entered:
                 self.seen[label] = (phase, step, now)
+            self.entries[label] = entered
         return overdue(self.seen, now, self.limits)
 
     def _poll(self) -> dict[str, tuple[str, int]]:
@@ -161,7 +165,7 @@ class Watchdog:
             raw = self.kv._internal_kv_get(k, namespace=NAMESPACE)
             if raw:
                 e = json.loads(raw)
-                entries[label] = (e["phase"], e["step"])
+                entries[label] = (e["phase"], e["step"], e.get("entered", 0))
         return entries
 
     def _watch(self) -> None:

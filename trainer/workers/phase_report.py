@@ -43,6 +43,7 @@ class PhaseReport:
         from ray.experimental import internal_kv
 
         self.fault: str | None = None
+        self.entered = 0  # phases entered: a call that enters the phase and step it just left is another one
         # a worker without Ray (driver/single_process.py: the GPU tests, the benchmarks) has no head to tell, and
         # asking Ray for the job would start a local cluster
         self.kv = internal_kv if ray.is_initialized() else None
@@ -51,10 +52,11 @@ class PhaseReport:
     def _put(self, phase: str, step: int) -> None:
         if self.kv is None:
             return
-        entry = json.dumps({"phase": phase, "step": step}).encode()
+        entry = json.dumps({"phase": phase, "step": step, "entered": self.entered}).encode()
         self.kv._internal_kv_put(self.key, entry, overwrite=True, namespace=NAMESPACE)
 
     def enter(self, phase: str, step: int) -> None:
+        self.entered += 1
         self._put(phase, step)
         # "collective": this rank stays out of the update's collectives, so its peers block inside the first one
         if self.fault is not None and self.fault in (phase, "collective" if phase == "update_actor" else None):

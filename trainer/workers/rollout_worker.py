@@ -23,6 +23,7 @@ from ..reward.managers import overlong
 from ..reward.rules import reward_fn
 from ..reward.scoring import RewardSource, score
 from ..rollout.engines import EngineContext, Rollout, Sampling, engine_class, make_engine
+from ..rollout.partial import Partial, go_on
 from ..rollout.weight_sync import SyncGroup
 from .base import PoolWorker, collective_timeout, ensure_local_embedded_model, single_device
 from .phase_report import PhaseReport
@@ -82,6 +83,7 @@ class RolloutWorker(PoolWorker):
         self.sync: SyncGroup | None = None
         self.version = 0  # how many weight syncs this engine has taken: the policy its samples come from
         self.report, self.step = PhaseReport(f"rollout {index}"), 0  # the head's watchdog watches it as a rank
+        self.interrupted = -1  # the last partial-rollout call a weight sync interrupted (interrupt)
 
     def _reported(self, phase: str):
         return self.report.during(phase, self.step)
@@ -92,6 +94,9 @@ class RolloutWorker(PoolWorker):
 
     def engine_name(self) -> str:
         return self.engine.describe()
+
+    def interruptible(self) -> bool:
+        return self.engine.interruptible
 
     def join_weight_sync(self, master: tuple[str, int], rank: int, world: int) -> None:
         self.sync = SyncGroup(master, rank, world, self.device, self.cfg.actor_rollout_ref.nccl_timeout)
@@ -113,6 +118,26 @@ class RolloutWorker(PoolWorker):
             if ro.engine_logp is None:
                 ro.engine_logp = self._logprobs(ro)
         return ro.to("cpu"), self.version, time.perf_counter() - t0
+
+    def interrupt(self, call: int) -> None:
+        """Stop partial-rollout call `call` (or an earlier one) at its next token boundary. Sent in a concurrency group
+        of its own (driver/fully_async.py), so it runs while the call generates; a call that has not started yet
+        stops at once."""
+        self.interrupted = max(self.interrupted, call)
+
+    @torch.no_grad()
+    def generate_partial(self, items: list[Partial], step: int, call: int) -> tuple[list, float]:
+        """Go on with every unfinished sample of `items` (fresh or interrupted before) under the current weights until
+        each ends (EOS or the response length) or interrupt(call) stops them all; each new token's log-prob is that of
+        the weights that drew it. Each item back with its samples as a Rollout once all are finished (else None), and
+        the seconds it took."""
+        self.step, t0 = step, time.perf_counter()
+        max_new, tok = self.cfg.data.max_response_length, self.tok
+        with self._reported("rollout_gen"):
+            stopped = lambda: self.interrupted >= call  # noqa: E731
+            go_on(self.engine, items, max_new, stopped, self._logprobs, self.version)
+        done = [it.rollout(max_new, tok.pad_token_id, tok.eos_token_id) if it.finished else None for it in items]
+        return list(zip(items, done)), time.perf_counter() - t0
 
     def _logprobs(self, ro: Rollout) -> torch.Tensor:
         """The hf engine reports none: the module that sampled scores its own tokens, at the rollout's temperature

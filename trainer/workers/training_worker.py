@@ -140,6 +140,8 @@ class StepPlan:
     global_step: int  # counts from 1
     kl_coef: float  # the KL controller's coefficient, for KL in the reward
     update_actor: bool  # the critic trains alone until trainer.critic_warmup steps have passed (verl)
+    # fully async: this update's place among the weight version's (1 to trigger_parameter_sync_step), else None
+    local_step: int | None = None
 
 
 class TrainingWorker(RankWorker):
@@ -333,18 +335,21 @@ class TrainingWorker(RankWorker):
 
     # --- one step ---
 
-    def step(self, rows, kl_coef: float, global_step: int, generated: Rollout | None = None) -> dict:
+    def step(
+        self, rows, kl_coef: float, global_step: int, generated: Rollout | None = None, local_step: int | None = None
+    ) -> dict:
         """One PPO step on this worker's shard of prompts; `global_step` counts from 1. generated: the rollout pool's
-        samples of these prompts (hybrid_engine=False), else this worker's engine generates them."""
+        samples of these prompts (hybrid_engine=False), else this worker's engine generates them. local_step: the
+        fully async mode's place of this update in its weight version."""
         self.global_step = global_step
         try:
-            return self._step(rows, kl_coef, global_step, generated)
+            return self._step(rows, kl_coef, global_step, generated, local_step)
         finally:
             self.report.leave()
 
-    def _step(self, rows, kl_coef: float, global_step: int, generated: Rollout | None) -> dict:
+    def _step(self, rows, kl_coef: float, global_step: int, generated: Rollout | None, local_step) -> dict:
         cfg, m = self.cfg, self.models
-        plan = StepPlan(global_step, kl_coef, global_step >= cfg.trainer.critic_warmup)
+        plan = StepPlan(global_step, kl_coef, global_step >= cfg.trainer.critic_warmup, local_step)
         phases = Phases(self._sync_device, self.profiler.phase, lambda name: self.report.enter(name, global_step))
         if generated is None:
             batch = self._rollout(phases, rows, plan)
@@ -404,7 +409,7 @@ class TrainingWorker(RankWorker):
             with phases("update_weights"):
                 self._sync_engine()  # the next rollout samples from the new policy
         actor_logp = actor_logp if actor_logp is not None else batch.old_logp
-        compared = not cfg.algorithm.rollout_correction.bypass_mode  # in verl's old-log-prob pass, which bypass skips
+        compared = not self._engine_logp_is_old()  # in verl's old-log-prob pass, which bypass skips
         if batch.engine_logp is not None and actor_logp is not None and compared:
             out.update(probs_diff(batch.engine_logp, actor_logp, sampled_mask(batch)))
         if batch.sum_pi_squared is not None:  # verl's variance_proxy/*, after the update, for any estimator
@@ -419,6 +424,26 @@ class TrainingWorker(RankWorker):
         sp = self.sp["actor"]
         return t / sp.size if sp is not None else t
 
+    def _engine_logp_is_old(self) -> bool:
+        """The engine's log-probs stand as the old ones, with no pass: verl's bypass mode, and its fully async
+        trainer's use_rollout_log_probs (unless compute_prox_log_prob asks for the pass)."""
+        at = self.cfg.async_training
+        fully_async = self.cfg.trainer.async_mode == "fully_async_policy"
+        return self.cfg.algorithm.rollout_correction.bypass_mode or (
+            fully_async and at.use_rollout_log_probs and not at.compute_prox_log_prob
+        )
+
+    def _proximal(self, plan: StepPlan) -> bool:
+        """compute_prox_log_prob: the old log-probs come from the weights of the version's first update (verl's
+        proximal policy, the one the engines were last sent), which updates after the first must swap back in."""
+        at = self.cfg.async_training
+        return (
+            self.cfg.trainer.async_mode == "fully_async_policy"
+            and at.use_rollout_log_probs
+            and at.compute_prox_log_prob
+            and plan.local_step is not None
+        )
+
     def _on_policy(self, batch: StepBatch, plan: StepPlan) -> bool:
         """One epoch and one mini batch, so one optimizer step after all the forwards: the update's own first
         forward yields the old log-probs, and the extra pass is skipped, as verl and TRL do. Not with
@@ -432,16 +457,19 @@ class TrainingWorker(RankWorker):
             and plan.update_actor
             and not cfg.algorithm.rollout_correction.rollout_is
             and not cfg.algorithm.rollout_correction.rollout_rs
+            and not (self._proximal(plan) and plan.local_step > 1)
         )
 
     def _forward_passes(self, phases: Phases, batch: StepBatch, plan: StepPlan) -> StepBatch:
         """The no-grad passes over the samples: the actor's old log-probs, the reference's, the critic's values."""
         a, m, peers = self.cfg.actor_rollout_ref, self.models, self.peers
-        if self.cfg.algorithm.rollout_correction.bypass_mode:  # verl's apply_bypass_mode: the engine's, no pass
+        if self._engine_logp_is_old():  # verl's apply_bypass_mode, or its fully async trainer: no pass
             batch = batch.replace(old_logp=batch.engine_logp)
         else:
             with phases("old_log_prob"):
-                if not self._on_policy(batch, plan):
+                if self._proximal(plan):
+                    batch = self._proximal_logprobs(batch, plan)
+                elif not self._on_policy(batch, plan):
                     batch = self._old_logprobs(batch)
         ref_key, ref_micro = (
             "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
@@ -471,6 +499,23 @@ class TrainingWorker(RankWorker):
             with phases("values"):
                 batch = batch.replace(values=self._values(m.critic, batch) * batch.mask)
         return batch
+
+    def _proximal_logprobs(self, batch: StepBatch, plan: StepPlan) -> StepBatch:
+        """The old log-probs from the weights the version started with: kept in host memory at its first update (as
+        verl's save_model_to_cpu), swapped in for the pass at the later ones. Each rank keeps its own shards."""
+        module = self.models.actor.module
+        params = [p.data.to_local() if hasattr(p.data, "to_local") else p.data for p in module.parameters()]
+        if plan.local_step == 1:
+            self._version_start = [p.to("cpu", copy=True) for p in params]
+            return batch if self._on_policy(batch, plan) else self._old_logprobs(batch)
+        now = [p.to("cpu", copy=True) for p in params]
+        for p, kept in zip(params, self._version_start):
+            p.copy_(kept)
+        try:
+            return self._old_logprobs(batch)
+        finally:
+            for p, current in zip(params, now):
+                p.copy_(current)
 
     def _old_logprobs(self, batch: StepBatch) -> StepBatch:
         """The actor's no-grad log-probs before the update (and, with calculate_sum_pi_squared, sum_v pi(v)^2 from

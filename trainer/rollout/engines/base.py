@@ -83,6 +83,7 @@ class RolloutEngine:
     devices: tuple[str, ...] = ("cpu", "cuda")
     generates_with_actor_module = False  # under FSDP the worker then keeps a full copy for it to use
     tensor_parallel = False  # one engine may span rollout.tensor_model_parallel_size workers
+    interruptible = False  # generate_until: a generation a weight sync can stop at a token boundary (partial rollouts)
     package: tuple[str, str, str] | None = None  # (module, its name for people, how to install it) if not torch's
 
     def __init__(self, ctx: EngineContext):
@@ -163,7 +164,7 @@ def pack_responses(
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(p) for p in prompts)
+    width = max((len(p) for p in prompts), default=0)  # none: a tensor-parallel rank with no share of the prompts
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):

@@ -54,6 +54,7 @@ class HFRollout(RolloutEngine):
     under FSDP, on a full copy of it that sync_weights refreshes."""
 
     name = "hf"
+    interruptible = True  # generate_until: the fully async mode's partial rollouts
     generates_with_actor_module = True  # transformers' generate cannot step a sharded module in lockstep
 
     def __init__(self, ctx: EngineContext):
@@ -64,12 +65,33 @@ class HFRollout(RolloutEngine):
     @torch.no_grad()
     def generate(self, prompts, n, sampling=None, sync_follows=False):
         # sync_follows changes nothing: the module is the actor's own (or, under FSDP, its copy), never freed
-        sampling = sampling or Sampling.of(self.cfg)
+        return self._generate(prompts, n, sampling or Sampling.of(self.cfg), self.max_new, None)
+
+    @torch.no_grad()
+    def generate_until(self, prompts, max_new: int, stopped) -> tuple[Rollout, list[bool]]:
+        """One sample of each prompt, at most max_new tokens, stopping every row at the first token boundary where
+        stopped() is true (a partial rollout: the fully async mode's weight sync interrupts it). A row's response
+        holds the tokens generated before the stop, or up to its EOS; and whether each row ended by itself (EOS; a
+        row cut at max_new the caller tells by its length)."""
+        ro = self._generate(prompts, 1, Sampling.of(self.cfg), max_new, stopped)
+        ends = ro.input_ids[:, ro.prompt_len :] == self.tok.eos_token_id
+        return ro, (ends & (ro.response_mask > 0)).any(1).tolist()
+
+    def _generate(self, prompts, n, sampling, max_new, stopped) -> Rollout:
         dev = next(self.model.parameters()).device
         ids, mask = (t.to(dev) for t in left_pad(prompts, self.tok.pad_token_id))
         was_training = self.model.training
         self.model.eval()
         sample = not sampling.greedy
+        stopping = None
+        if stopped is not None:
+            from transformers import StoppingCriteria, StoppingCriteriaList
+
+            class _Interrupted(StoppingCriteria):
+                def __call__(self, input_ids, scores, **kwargs):
+                    return torch.full((input_ids.shape[0],), stopped(), dtype=torch.bool, device=input_ids.device)
+
+            stopping = StoppingCriteriaList([_Interrupted()])
         with torch.autocast(dev.type, dtype=self.dtype, enabled=self.dtype is not None):
             cache = self.shared_prefill(ids, mask, n) if self.cfg.enable_prefix_caching and n > 1 else None
             if cache is None and self.dtype is not None:
@@ -79,20 +101,23 @@ class HFRollout(RolloutEngine):
                 input_ids=ids,
                 attention_mask=mask,
                 past_key_values=cache,
-                max_new_tokens=self.max_new,
+                max_new_tokens=max_new,
                 do_sample=sample,
                 temperature=sampling.temperature if sample else None,
                 top_p=sampling.top_p if sample else None,
                 top_k=max(sampling.top_k, 0) if sample else None,  # transformers: 0 is no top-k
                 eos_token_id=self.tok.eos_token_id,
                 pad_token_id=self.tok.pad_token_id,
+                stopping_criteria=stopping,
             )
         self.model.train(was_training)
         responses = out[:, ids.shape[1] :]
-        if responses.shape[1] < self.max_new:  # all sequences stopped early: pad to a fixed width
-            pad = torch.full((responses.shape[0], self.max_new - responses.shape[1]), self.tok.pad_token_id, device=dev)
+        generated = responses.shape[1]  # every row's tokens so far; an interrupted row has no EOS among them
+        if generated < max_new:  # all sequences stopped early (or were interrupted): pad to a fixed width
+            pad = torch.full((responses.shape[0], max_new - generated), self.tok.pad_token_id, device=dev)
             responses = torch.cat([responses, pad], 1)
         rmask = response_mask_from(responses, self.tok.eos_token_id)
+        rmask = rmask * (torch.arange(max_new, device=dev)[None, :] < generated)
         responses = responses.masked_fill(rmask == 0, self.tok.pad_token_id)
         return Rollout(torch.cat([ids, responses], 1), torch.cat([mask, rmask], 1), rmask, ids.shape[1])
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import os
 
+import torch
 import torch.distributed as dist
 
 from ...devices import gpu_index
@@ -157,6 +158,7 @@ def sampled_logprobs(token_ids, logprobs) -> list[float]:
 class VLLMRollout(RolloutEngine):
     name = "vllm"
     tensor_parallel = True
+    interruptible = True  # generate_until steps the engine by hand
     package = ("vllm", "vLLM", INSTALL_HINT)
 
     @classmethod
@@ -227,11 +229,7 @@ class VLLMRollout(RolloutEngine):
         params = self.vllm.SamplingParams(
             **sampling_kwargs(sampling or Sampling.of(self.cfg), n, self.max_new, self.tok.eos_token_id)
         )
-        asked, mine = prompts, slice(0, len(prompts))
-        if self.tp_group is not None:  # the ranks of one engine must all be asked the same
-            per_rank = [None] * self.tp_group.world_size
-            dist.all_gather_object(per_rank, prompts, group=self.tp_group.cpu_group)
-            asked, mine = group_share(per_rank, self.tp_group.rank_in_group)
+        asked, mine = self._asked(prompts)
         outs = self.llm.generate([{"prompt_token_ids": p} for p in asked], params, use_tqdm=False)[mine]
         responses, logps = [], []
         for out in outs:
@@ -244,6 +242,56 @@ class VLLMRollout(RolloutEngine):
             self.llm.sleep(level=2 if sync_follows else 1)
             self.asleep, self.weights_dropped = True, sync_follows
         return pack_responses(prompts, n, responses, logps, self.max_new, self.tok.pad_token_id, self.tok.eos_token_id)
+
+    def _asked(self, prompts) -> tuple[list, slice]:
+        """What this rank asks the engine, and where its own prompts lie in it: the ranks of one engine must all be
+        asked the same."""
+        if self.tp_group is None:
+            return prompts, slice(0, len(prompts))
+        per_rank = [None] * self.tp_group.world_size
+        dist.all_gather_object(per_rank, prompts, group=self.tp_group.cpu_group)
+        return group_share(per_rank, self.tp_group.rank_in_group)
+
+    def _most(self, value: int) -> int:
+        """The largest of the engine's ranks' values: what they must all agree on, since every rank steps every
+        rank's requests."""
+        if self.tp_group is None:
+            return value
+        t = torch.tensor([int(value)])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.tp_group.cpu_group)
+        return int(t.item())
+
+    def generate_until(self, prompts, max_new: int, stopped):
+        """One sample of each prompt, at most max_new tokens; the engine stepped by hand (what LLM.generate does
+        inside) with every request's output kept whole at each step, and stopped() asked between steps: when it
+        holds, the requests left are aborted and keep the tokens they have (a partial rollout). With the Rollout,
+        whether each row ended by itself."""
+        from vllm.sampling_params import RequestOutputKind
+
+        self._wake()
+        # one length for all: each rank's rows allow their own (the caller cuts a row's tokens to its room)
+        kw = sampling_kwargs(Sampling.of(self.cfg), 1, self._most(max_new), self.tok.eos_token_id)
+        params = self.vllm.SamplingParams(**kw, output_kind=RequestOutputKind.CUMULATIVE)
+        asked, mine = self._asked(prompts)
+        engine = self.llm.llm_engine
+        self.calls = getattr(self, "calls", 0) + 1
+        ids = [f"rlrig-{self.calls}-{i}" for i in range(len(asked))]
+        for rid, p in zip(ids, asked):
+            engine.add_request(rid, {"prompt_token_ids": p}, params)
+        latest = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                latest[out.request_id] = out
+            if self._most(stopped()):  # every rank stops at the same step
+                engine.abort_request([r for r in ids if r not in latest or not latest[r].finished])
+                break
+        outs = [latest[r].outputs[0] if r in latest else None for r in ids][mine]
+        # vLLM's own verdict: it also stops on the model's other end tokens (generation_config's eos_token_id list)
+        ended = [r in latest and latest[r].finished for r in ids][mine]
+        responses = [list(o.token_ids) if o else [] for o in outs]
+        logps = [sampled_logprobs(o.token_ids, o.logprobs) if o else [] for o in outs]
+        eos, pad = self.tok.eos_token_id, self.tok.pad_token_id
+        return pack_responses(prompts, 1, responses, logps, max_new, pad, eos), ended
 
     def sync_weights(self, weights) -> None:
         self._wake(tags=["weights"])

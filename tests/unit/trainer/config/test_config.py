@@ -325,14 +325,46 @@ def test_verl_spellings_reach_their_key(override, key, value):
 
 
 POOL = ["actor_rollout_ref.hybrid_engine=False", "rollout.nnodes=1", "rollout.n_gpus_per_node=1"]
+FULLY_ASYNC = [*POOL, "data.train_batch_size=0", "async_training.staleness_threshold=0.5"]
 
 
 @pytest.mark.parametrize(
     "overrides, message",
     [
         (["trainer.async_mode=one_step_off_policy"], "need a pool of their own: set actor_rollout_ref.hybrid_engine"),
-        ([*POOL, "trainer.async_mode=fully_async_policy"], "fully asynchronous recipe .* is not in rlrig yet"),
+        ([*POOL, "trainer.async_mode=fully_async_policy"], r"train_batch_size=1024 with .*set data.train_batch_size=0"),
         ([*POOL, "trainer.async_mode=later"], "trainer.async_mode='later': choose one of sync, one_step_off_policy"),
+        (
+            [*FULLY_ASYNC, "trainer.async_mode=one_step_off_policy"],
+            "async_training.staleness_threshold is a key of verl's fully async recipe, which trainer.async_mode=one",
+        ),
+        (FULLY_ASYNC[3:], "need a pool of their own: set actor_rollout_ref.hybrid_engine=False"),
+        ([*FULLY_ASYNC, "rollout.n=8"], "rollout.n: a verl key rlrig does not implement: not read by verl"),
+        (
+            [*FULLY_ASYNC, "actor_rollout_ref.actor.use_rollout_log_probs=False"],
+            "use_rollout_log_probs=False with async_training.use_rollout_log_probs=True: .* set them alike",
+        ),
+        (
+            [*FULLY_ASYNC, "async_training.compute_prox_log_prob=True"]
+            + ["algorithm.rollout_correction.bypass_mode=True"],
+            "compute_prox_log_prob=True with algorithm.rollout_correction.bypass_mode=True",
+        ),
+        (
+            [*FULLY_ASYNC, "async_training.parallel_validate_and_rollout=True"],
+            "parallel_validate_and_rollout: a verl key rlrig does not implement: rlrig validates on the rollout pool",
+        ),
+        # the pool is the first thing to fix, before the batch keys
+        (["async_training.staleness_threshold=0.5"], "need a pool of their own: set actor_rollout_ref.hybrid_engine"),
+        ([*FULLY_ASYNC, "data.gen_batch_size=4"], "data.gen_batch_size=4 with verl's fully async recipe"),
+        ([*FULLY_ASYNC, "async_training.require_batches=0"], "async_training.require_batches=0 must be at least 1"),
+        ([*FULLY_ASYNC, "async_training.trigger_parameter_sync_step=0"], "trigger_parameter_sync_step=0 must be at"),
+        ([*FULLY_ASYNC, "async_training.staleness_threshold=-1"], "staleness_threshold=-1.0 must be 0 or more"),
+        ([*FULLY_ASYNC, "rollout.total_rollout_steps=0"], "rollout.total_rollout_steps=0 must be at least 1"),
+        (
+            [*FULLY_ASYNC, "async_training.use_trainer_do_validate=True"],
+            "use_trainer_do_validate=True: validating on the training workers' own engines is not in rlrig",
+        ),
+        (["data.gen_batch_size=4"], "data.gen_batch_size=4: DAPO's dynamic sampling .* is not in rlrig"),
         (["actor_rollout_ref.hybrid_engine=False", "rollout.nnodes=0"], "rollout.nnodes and rollout.n_gpus_per_node"),
         (
             [*POOL, "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
@@ -344,7 +376,6 @@ POOL = ["actor_rollout_ref.hybrid_engine=False", "rollout.nnodes=1", "rollout.n_
             [*POOL, "actor_rollout_ref.rollout.free_cache_engine=True"],
             "free_cache_engine=True with .*hybrid_engine=False",
         ),
-        (["async_training.staleness_threshold=0.1"], "async_training.staleness_threshold: a verl key rlrig does not"),
     ],
 )
 def test_rollout_pool_refusals(overrides, message):
@@ -384,6 +415,32 @@ def test_critic_strategy_is_taken_as_the_actors_only():
     assert parse_overrides(["actor_rollout_ref.actor.strategy=fsdp2", "critic.strategy=fsdp2"]).critic.strategy
     with pytest.raises(ConfigError, match="critic.strategy=fsdp: rlrig shards the critic as it does the actor"):
         parse_overrides(["actor_rollout_ref.actor.strategy=ddp", "critic.strategy=fsdp"])
+
+
+@pytest.mark.parametrize(
+    "extra, gen_batch_size",
+    # verl's ray_trainer: the dataloader's batch, the training batch by default
+    [([], None), (["data.gen_batch_size=1024"], 1024)],
+)
+def test_a_generation_batch_equal_to_the_training_batch_is_taken(extra, gen_batch_size):
+    assert parse_overrides(extra).data.gen_batch_size == gen_batch_size
+
+
+@pytest.mark.parametrize(
+    "extra, selected",
+    [
+        ([], "fully_async_policy"),  # an async_training key chooses verl's fully async recipe, as its entry point does
+        (["trainer.async_mode=fully_async_policy"], "fully_async_policy"),
+    ],
+)
+def test_verls_fully_async_keys_are_taken(extra, selected):
+    cfg = parse_overrides([*FULLY_ASYNC, "actor_rollout_ref.actor.ppo_mini_batch_size=8", *extra])
+    assert cfg.trainer.async_mode == selected
+    # the trainer's batch: require_batches (1) x ppo_mini_batch_size; one prompt drawn at a time
+    assert (cfg.data.train_batch_size, cfg.data.gen_batch_size) == (8, 1)
+    assert cfg.async_training.staleness_threshold == 0.5 and cfg.async_training.partial_rollout
+    # no bypass: the fully async trainer's use_rollout_log_probs makes the engine's log-probs the old ones
+    assert not cfg.algorithm.rollout_correction.bypass_mode and not cfg.actor_rollout_ref.rollout.free_cache_engine
 
 
 def test_verls_one_step_off_policy_keys_are_taken():

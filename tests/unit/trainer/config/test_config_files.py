@@ -313,11 +313,6 @@ VERL_CONFIGS = [
         "ppo_trainer",
         "ppo_trainer.yaml:13: defaults entry 'actor@actor_rollout_ref.actor: dp_actor' chooses a config group",
     ),
-    (
-        "fully_async_ppo_trainer",
-        "fully_async_ppo_trainer.yaml:13: async_training.staleness_threshold: a verl key rlrig does not implement: "
-        "verl's fully asynchronous recipe",
-    ),
 ]
 
 
@@ -325,6 +320,22 @@ VERL_CONFIGS = [
 def test_verl_config_files_are_read_or_refused_in_one_line(name, says):
     message = error(VERL_FILES, name)
     assert f"{VERL_FILES}/{says}" in message
+
+
+def test_verls_fully_async_config_is_taken_with_its_scripts_switches():
+    """Its scripts switch the hybrid engine off and set data.train_batch_size=0, which verl asserts."""
+    assert "need a pool of their own: set actor_rollout_ref.hybrid_engine=False" in error(
+        VERL_FILES, "fully_async_ppo_trainer"
+    )
+    cli = ["actor_rollout_ref.hybrid_engine=False", "data.train_batch_size=0"]
+    cfg = parse_overrides([*load(str(VERL_FILES), "fully_async_ppo_trainer"), *cli])
+    at = cfg.async_training
+    assert cfg.trainer.async_mode == "fully_async_policy"
+    assert (at.staleness_threshold, at.trigger_parameter_sync_step, at.require_batches) == (0.1, 4, 1)
+    assert at.partial_rollout and at.use_rollout_log_probs and not at.compute_prox_log_prob
+    r = cfg.rollout
+    assert (r.nnodes, r.n_gpus_per_node, r.total_rollout_steps, r.total_epochs, r.test_freq) == (1, 8, 100, 10, 1)
+    assert cfg.data.gen_batch_size == 1 and cfg.data.train_batch_size == cfg.actor_rollout_ref.actor.ppo_mini_batch_size
 
 
 def test_verls_one_step_off_policy_config_is_taken_with_its_scripts_switch():

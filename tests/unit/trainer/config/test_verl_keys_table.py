@@ -141,7 +141,7 @@ def test_no_effect_keys_are_listed_by_print_config_with_their_reason():
 @pytest.mark.parametrize(
     "override,words",
     [
-        ("async_training.staleness_threshold=0.5", "fully asynchronous recipe"),
+        ("actor_rollout_ref.rollout.total_rollout_steps=100", "top-level rollout.total_rollout_steps"),
         ("actor_rollout_ref.rollout.nnodes=2", "top-level rollout.nnodes"),
         ("actor_rollout_ref.rollout.agent.num_workers=4", "agent loop"),
         ("actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2", "Megatron"),

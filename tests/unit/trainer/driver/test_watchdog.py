@@ -42,6 +42,17 @@ def dog(tmp_path, exits=None, killed=None):
     return watchdog.Watchdog(cfg(), tmp_path, procs, ["rank 0", "rank 1"], lambda: killed.append(True), exits.append)
 
 
+def test_calls_back_to_back_in_one_phase_and_step_are_timed_each_from_its_start(tmp_path):
+    """The fully async mode's rollout workers generate call after call in rollout_gen under one step: a poll that
+    never sees them idle still sees a new call by its entry count."""
+    w = dog(tmp_path)
+    w.record({"timing_s/rollout_gen": 0.2})
+    assert w.observe({"rollout 0": ("rollout_gen", 2, 7)}, now=100.0) == []
+    assert w.observe({"rollout 0": ("rollout_gen", 2, 9)}, now=104.0) == []  # calls 8 and 9 came since
+    assert w.observe({"rollout 0": ("rollout_gen", 2, 9)}, now=108.0) == []  # 4 s into call 9: under the 5 s floor
+    assert [o.elapsed for o in w.observe({"rollout 0": ("rollout_gen", 2, 9)}, now=109.5)] == [5.5]
+
+
 def test_a_phase_is_timed_from_when_it_was_first_seen_and_idle_is_no_hang(tmp_path):
     w = dog(tmp_path)
     w.record({"timing_s/gen": 0.2, "timing_s/step": 9.0, "actor/pg_loss": 1.0})

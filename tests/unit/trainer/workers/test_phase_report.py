@@ -40,10 +40,11 @@ def test_phases_are_told_as_they_start_and_idle_at_the_end(report):
     with phases("update_actor"):
         pass
     report.leave()
+    # "entered" counts the phases begun, so the watchdog tells a call from the next in the same phase and step
     assert [e for _, e in report.kv.puts] == [
-        {"phase": "gen", "step": 7},
-        {"phase": "update_actor", "step": 7},
-        {"phase": "", "step": 0},
+        {"phase": "gen", "step": 7, "entered": 1},
+        {"phase": "update_actor", "step": 7, "entered": 2},
+        {"phase": "", "step": 0, "entered": 2},
     ]
 
 
