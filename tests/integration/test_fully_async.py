@@ -77,3 +77,21 @@ def test_fully_async_streams_versions_and_resumes_after_sigterm_with_every_promp
     assert not set(first["pending"]) & set(last["pending"])
     order = Sampler(PROMPTS, 1, 1, True).order()  # the embedded data set, data.seed=1
     assert set(last["pending"]) <= set(order[: last["pos"]])
+
+
+def test_proximal_log_probs_come_from_the_weights_each_version_started_with(tmp_path):
+    """compute_prox_log_prob: every update of a version takes its old log-probs from the weights the version began
+    with, swapped in for the pass. In the first version those are the weights that generated every sample, so the
+    importance weights against the engine's log-probs are exactly 1 at all three updates, though the actor moved
+    after the first; later versions train samples from older weights, and the weights move off 1."""
+    run = tmp_path / "prox"
+    extra = ["async_training.trigger_parameter_sync_step=3", "async_training.compute_prox_log_prob=True"]
+    extra += ["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=2.0"]
+    r = rlrig("train", *FULLY_ASYNC, *extra, "trainer.total_training_steps=3", f"trainer.default_local_dir={run}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = metrics(run)
+    assert [m["fully_async/count/updates"] for m in got] == [3.0, 3.0, 3.0]
+    first = got[0]
+    assert first["rollout_corr/rollout_is_min"] == pytest.approx(1.0) == first["rollout_corr/rollout_is_max"]
+    assert first["actor/ppo_kl"] != 0.0  # the actor did move within the version
+    assert any(m["rollout_corr/rollout_is_max"] > 1.0 + 1e-3 for m in got[1:])
