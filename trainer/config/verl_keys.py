@@ -62,6 +62,9 @@ REFUSED = {
     "reward_model.profiler.tool_config": _RM_TOOL_CONFIG,
     "actor_rollout_ref.rollout.multi_turn.enable": "verl's multi-turn and tool-calling rollout is not in rlrig; its "
     "rollout is single-turn",
+    # verl fills data.tool_config_path from it, and renders the tools into every prompt, single-turn ones too
+    "actor_rollout_ref.rollout.multi_turn.tool_config_path": "tools in the prompts (verl renders the tool config's "
+    "schemas into every prompt, single-turn too) and tool calling are not in rlrig",
     "critic.model.lora_rank": "LoRA on the critic is not in rlrig; the critic trains all its weights (the actor's "
     "LoRA is actor_rollout_ref.model.lora_rank)",
     "critic.model.lora_alpha": "LoRA on the critic is not in rlrig (see critic.model.lora_rank)",
@@ -101,6 +104,7 @@ ACCEPTED_DEFAULTS = {
     "reward_model.reward_loop_class_name": ("null", "None"),
     "reward_model.sandbox_fusion.url": ("null", "None"),
     "actor_rollout_ref.rollout.multi_turn.enable": ("False", "false"),
+    "actor_rollout_ref.rollout.multi_turn.tool_config_path": ("null", "None"),
     "rollout.n": ("4",),
     "async_training.parallel_validate_and_rollout": ("False", "false"),
 }
@@ -108,7 +112,8 @@ ACCEPTED_DEFAULTS = {
 # Keys of a verl feature that is off: verl reads them only when the feature is on, which rlrig refuses (above),
 # so for rlrig as for verl they change nothing. Accepted and not stored.
 INERT_PREFIXES = {
-    "actor_rollout_ref.rollout.multi_turn.": "read by verl only with multi_turn.enable=True",
+    "actor_rollout_ref.rollout.multi_turn.": "read by verl's tool agent loop only, which rlrig refuses (a row's "
+    "agent_name, rollout.agent.*)",
 }
 
 # Keys accepted because, for rlrig, they change nothing; `--print-config` lists them with the reason.

@@ -63,6 +63,9 @@ def read_records(path: str) -> list[dict]:
     raise ConfigError(f"{path}: expected .parquet, .json or .jsonl")
 
 
+SINGLE_TURN = "single_turn_agent"  # verl's agent loop for one turn, what rlrig's rollout is
+
+
 def load_dataset(files: str) -> list[dict]:
     """One path or a list literal of paths, as verl accepts."""
     paths = files if isinstance(files, list) else [files]
@@ -73,6 +76,12 @@ def load_dataset(files: str) -> list[dict]:
         rows += read_records(f)
     if not rows:
         raise ConfigError(f"{files} holds no rows")
+    agents = sorted({str(r["agent_name"]) for r in rows if r.get("agent_name") not in (None, SINGLE_TURN)})
+    if agents:  # verl runs each row through the agent loop its agent_name column names
+        raise ConfigError(
+            f"{files}: agent_name={agents[0]} in its rows asks for verl's agent loop (multi-turn, tools), which is not "
+            f"in rlrig; its rollout is single-turn ({SINGLE_TURN}): drop the column or set it to {SINGLE_TURN}"
+        )
     return rows
 
 

@@ -458,6 +458,28 @@ def test_train_files_as_a_list_read_every_file(tmp_path):
     assert len(load_dataset(cfg.data.train_files)) == 6
 
 
+@pytest.mark.parametrize("agent, refused", [(None, False), ("single_turn_agent", False), ("tool_agent", True)])
+def test_a_row_asking_for_verls_agent_loop_is_refused(tmp_path, agent, refused):
+    """verl runs each row through the agent loop its agent_name column names; rlrig's rollout is single-turn."""
+    from rlrig.trainer.data.datasets import arithmetic_rows, load_dataset, write_parquet
+
+    rows = arithmetic_rows(3, "train", 1)
+    if agent is not None:
+        rows = [{**r, "agent_name": agent} for r in rows]
+    write_parquet(rows, tmp_path / "a.parquet")
+    if not refused:
+        assert len(load_dataset(str(tmp_path / "a.parquet"))) == 3
+        return
+    with pytest.raises(ConfigError, match="agent_name=tool_agent in its rows asks for verl's agent loop"):
+        load_dataset(str(tmp_path / "a.parquet"))
+
+
+def test_a_tool_config_is_refused_as_verl_renders_its_tools_into_every_prompt():
+    parse_overrides(["actor_rollout_ref.rollout.multi_turn.tool_config_path=null"])
+    with pytest.raises(ConfigError, match="multi_turn.tool_config_path: a verl key rlrig does not implement: tools"):
+        parse_overrides(["actor_rollout_ref.rollout.multi_turn.tool_config_path=tools.yaml"])
+
+
 @pytest.mark.parametrize(
     "extra,key,per_gpu",
     [
