@@ -79,6 +79,10 @@ class RolloutWorker(PoolWorker):
             None,  # the module is held in its compute dtype already
         )
         self.engine = make_engine(cls, ctx)
+        # the engine's threads, as it set them up: with partial rollouts this actor's calls run on a thread of their
+        # own (a Ray concurrency group), which starts with Ray's OMP_NUM_THREADS, and vLLM's CPU attention refuses a
+        # thread count other than the one its kernels were prepared with
+        self.threads = torch.get_num_threads()
         self.reward = RewardSource(reward_fn(cfg), None, None, cfg.data.prompt_key, overlong(cfg.reward_model))
         self.sync: SyncGroup | None = None
         self.version = 0  # how many weight syncs this engine has taken: the policy its samples come from
@@ -86,6 +90,7 @@ class RolloutWorker(PoolWorker):
         self.interrupted = -1  # the last partial-rollout call a weight sync interrupted (interrupt)
 
     def _reported(self, phase: str):
+        torch.set_num_threads(self.threads)  # on the thread this call runs on (each engine call passes here)
         return self.report.during(phase, self.step)
 
     def arm_fault(self, phase: str) -> None:
