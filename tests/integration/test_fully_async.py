@@ -3,16 +3,11 @@ queue, a training worker taking an update's worth at a time, the weights crossin
 trigger_parameter_sync_step updates. Stopped by SIGTERM with generations in flight and resumed: every prompt drawn is
 trained once or still pending, and the pending ones are generated first."""
 
-import signal
-import subprocess
-import sys
-import time
-
 import pytest
 
 from rlrig.trainer.data.sampler import Sampler
 from rlrig.trainer.driver import checkpoint
-from tests.integration.test_rollout_pool import POOL
+from tests.integration.test_rollout_pool import POOL, stopped_by_sigterm
 from tests.integration.test_train import metrics, rlrig
 
 pytestmark = pytest.mark.integration
@@ -38,19 +33,7 @@ def accounted(ts: dict) -> None:
 def test_fully_async_streams_versions_and_resumes_after_sigterm_with_every_prompt_once(tmp_path):
     run = tmp_path / "fully_async"
     args = [*FULLY_ASYNC, "trainer.save_freq=0"]
-    p = subprocess.Popen(
-        [sys.executable, "-m", "rlrig.entrypoint.cli", "train", "--grace-period", "60", *args]
-        + ["trainer.total_training_steps=40", f"trainer.default_local_dir={run}"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not ((run / "metrics.jsonl").exists() and len(metrics(run)) >= 3):
-        time.sleep(0.2)
-    p.send_signal(signal.SIGTERM)
-    out, _ = p.communicate(timeout=120)
-    assert p.returncode == 128 + signal.SIGTERM, out[-3000:]
+    out = stopped_by_sigterm(args, run)
     assert "rollout pool: 1 engine(s), fully_async_policy" in out and f"{PROMPTS} prompts" in out
     stopped = int((run / "latest_checkpointed_iteration.txt").read_text())
     got = metrics(run)

@@ -37,9 +37,8 @@ def test_synchronous_on_a_pool_of_its_own_trains_on_policy_and_validates_there(t
     assert any(k.startswith("val-core/") for k in got[-1]), got[-1].keys()  # trainer.test_freq=2, on the pool
 
 
-def test_one_step_off_policy_is_a_step_behind_and_resumes_after_sigterm_with_every_prompt_once(tmp_path):
-    run = tmp_path / "one_step"
-    args = [*POOL, "trainer.async_mode=one_step_off_policy", "trainer.save_freq=0", "trainer.test_freq=0"]
+def stopped_by_sigterm(args: list[str], run) -> str:
+    """`rlrig train` (40 steps) stopped by SIGTERM once three steps are logged: its exit 143 checked, its output."""
     p = subprocess.Popen(
         [sys.executable, "-m", "rlrig.entrypoint.cli", "train", "--grace-period", "60", *args]
         + ["trainer.total_training_steps=40", f"trainer.default_local_dir={run}"],
@@ -53,6 +52,13 @@ def test_one_step_off_policy_is_a_step_behind_and_resumes_after_sigterm_with_eve
     p.send_signal(signal.SIGTERM)
     out, _ = p.communicate(timeout=120)
     assert p.returncode == 128 + signal.SIGTERM, out[-3000:]
+    return out
+
+
+def test_one_step_off_policy_is_a_step_behind_and_resumes_after_sigterm_with_every_prompt_once(tmp_path):
+    run = tmp_path / "one_step"
+    args = [*POOL, "trainer.async_mode=one_step_off_policy", "trainer.save_freq=0", "trainer.test_freq=0"]
+    stopped_by_sigterm(args, run)
     stopped = int((run / "latest_checkpointed_iteration.txt").read_text())
     got = metrics(run)
     assert [m["training/global_step"] for m in got] == list(range(1, stopped + 1))
