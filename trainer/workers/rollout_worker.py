@@ -7,9 +7,11 @@ here in one forward pass), which the trainer's off-policy correction needs when 
 
 from __future__ import annotations
 
+import functools
 import gc
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -29,6 +31,20 @@ from .base import PoolWorker, collective_timeout, ensure_local_embedded_model, s
 from .phase_report import PhaseReport
 
 SEED_STRIDE = 100_003  # rollout worker i draws from trainer.seed + (i + 1) x this: never a training rank's seed
+
+
+def on_engine_thread(method):
+    """Runs the method on the worker's engine thread, the one its engine was built on. With partial rollouts Ray runs
+    this actor's calls on the threads of its concurrency groups, and OpenMP's thread count is a per-thread setting:
+    vLLM's CPU engine binds and sizes its OpenMP threads on the thread that builds it (and from then on ignores
+    torch.set_num_threads), and its attention kernels refuse to run on a thread whose count differs from the one
+    their metadata was made with. Grad mode is per thread too: decorate inside this, not around it."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        return self.lane.submit(method, self, *args, **kwargs).result()
+
+    return run
 
 
 class RolloutWorker(PoolWorker):
@@ -78,11 +94,8 @@ class RolloutWorker(PoolWorker):
             seed,
             None,  # the module is held in its compute dtype already
         )
-        self.engine = make_engine(cls, ctx)
-        # the engine's threads, as it set them up: with partial rollouts this actor's calls run on a thread of their
-        # own (a Ray concurrency group), which starts with Ray's OMP_NUM_THREADS, and vLLM's CPU attention refuses a
-        # thread count other than the one its kernels were prepared with
-        self.threads = torch.get_num_threads()
+        self.lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-engine")
+        self.engine = self.lane.submit(make_engine, cls, ctx).result()
         self.reward = RewardSource(reward_fn(cfg), None, None, cfg.data.prompt_key, overlong(cfg.reward_model))
         self.sync: SyncGroup | None = None
         self.version = 0  # how many weight syncs this engine has taken: the policy its samples come from
@@ -90,7 +103,6 @@ class RolloutWorker(PoolWorker):
         self.interrupted = -1  # the last partial-rollout call a weight sync interrupted (interrupt)
 
     def _reported(self, phase: str):
-        torch.set_num_threads(self.threads)  # on the thread this call runs on (each engine call passes here)
         return self.report.during(phase, self.step)
 
     def arm_fault(self, phase: str) -> None:
@@ -107,12 +119,14 @@ class RolloutWorker(PoolWorker):
         self.sync = SyncGroup(master, rank, world, self.device, self.cfg.actor_rollout_ref.nccl_timeout)
         self.sync.agree_layout(None)
 
+    @on_engine_thread
     def receive_weights(self, version: int) -> None:
         """The weights training rank 0 is sending, straight into the engine, bucket by bucket."""
         with self._reported("sync_rollout_weights"):
             self.engine.sync_weights(self.sync.receive(self.engine.in_place))
         self.version = version
 
+    @on_engine_thread
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], n: int, step: int) -> tuple[Rollout, int, float]:
         """n samples of each prompt (for global step `step`) with the log-probs of the policy that drew them, on the
@@ -130,6 +144,7 @@ class RolloutWorker(PoolWorker):
         stops at once."""
         self.interrupted = max(self.interrupted, call)
 
+    @on_engine_thread
     @torch.no_grad()
     def generate_partial(self, items: list[Partial], step: int, call: int) -> tuple[list, float]:
         """Go on with every unfinished sample of `items` (fresh or interrupted before) under the current weights until
@@ -152,6 +167,8 @@ class RolloutWorker(PoolWorker):
         logp, _, _ = token_outputs(self.module, ids, mask, ro.prompt_len, temperature=a.rollout.temperature)
         return logp.float() * ro.response_mask.to(self.device)
 
+    @on_engine_thread
+    @torch.no_grad()
     def evaluate(self, rows) -> tuple[list[float], list[str], list[dict]]:
         """Validation with rollout.val_kwargs on this engine (driver/validation.py), scored by the rules."""
         vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
@@ -160,10 +177,15 @@ class RolloutWorker(PoolWorker):
             scores, texts, extras = score(self.tok, self.reward, rows, ro.to("cpu"), vk.n)
         return scores.tolist(), texts, extras
 
-    def shutdown(self) -> None:
-        # the engine first, collected, while the process group it may use is still there (as RankWorker.shutdown)
+    def _drop_engine(self) -> None:
         self.engine = self.module = self.sync = None
         gc.collect()
+
+    def shutdown(self) -> None:
+        # the engine first, collected on its own thread, while the process group it may use is still there (as
+        # RankWorker.shutdown)
+        self.lane.submit(self._drop_engine).result()
+        self.lane.shutdown()
         if dist.is_initialized():
             dist.destroy_process_group()
         import ray
