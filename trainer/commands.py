@@ -8,9 +8,16 @@ from pathlib import Path
 
 
 def cmd_data(args) -> int:
-    from .data.datasets import arithmetic_rows, gsm8k_rows, read_records, write_parquet
+    from .data.datasets import GSM8K_TOOL, arithmetic_rows, gsm8k_rows, gsm8k_tool_rows, read_records, write_parquet
 
     out = Path(args.out)
+    if args.tools and args.dataset != "gsm8k":
+        print(
+            "rlrig: error: --tools writes GSM8K in verl's multi-turn schema; use it with `rlrig data gsm8k`",
+            file=sys.stderr,
+        )
+        return 2
+    rows_of = gsm8k_tool_rows if args.tools else gsm8k_rows
     if args.dataset == "arithmetic":
         kw = dict(max_operand=args.max_operand, instruct=args.instruct)
         train, test = (
@@ -26,7 +33,7 @@ def cmd_data(args) -> int:
             )
             return 2
         cut = max(1, len(records) // 10)
-        train, test = gsm8k_rows(records[cut:], "train"), gsm8k_rows(records[:cut], "test")
+        train, test = rows_of(records[cut:], "train"), rows_of(records[:cut], "test")
     else:
         try:
             import datasets
@@ -40,10 +47,18 @@ def cmd_data(args) -> int:
             )
             return 2
         ds = datasets.load_dataset("openai/gsm8k", "main")
-        train, test = gsm8k_rows(list(ds["train"]), "train"), gsm8k_rows(list(ds["test"]), "test")
+        train, test = rows_of(list(ds["train"]), "train"), rows_of(list(ds["test"]), "test")
     write_parquet(train, out / "train.parquet")
     write_parquet(test, out / "test.parquet")
     print(f"wrote {len(train)} train and {len(test)} test rows to {out}")
+    if args.tools:  # the answer-check tool the rows name, as verl's example config writes it (rlrig loads its port)
+        import yaml
+
+        (out / "gsm8k_tool_config.yaml").write_text(yaml.safe_dump({"tools": [GSM8K_TOOL]}, sort_keys=False))
+        print(
+            f"and {out / 'gsm8k_tool_config.yaml'}: train with actor_rollout_ref.rollout.multi_turn.tool_config_path="
+            f"{out / 'gsm8k_tool_config.yaml'}"
+        )
     return 0
 
 
@@ -119,6 +134,11 @@ def add_subcommands(sub) -> None:
     d.add_argument("--train-size", type=int, default=2048)
     d.add_argument("--test-size", type=int, default=128)
     d.add_argument("--max-operand", type=int, default=9, help="arithmetic: largest operand")
+    d.add_argument(
+        "--tools",
+        action="store_true",
+        help="gsm8k: verl's multi-turn schema (tool_agent rows, the answer-check tool's config beside them)",
+    )
     d.add_argument(
         "--instruct",
         action="store_true",

@@ -83,6 +83,14 @@ def _rejection_sampling_rules() -> dict[str, str]:
 
 
 RULES.update(_rejection_sampling_rules())
+# the agent loop's (agent/rollout.py): per sample, so extremes by max or min and means over equal shards
+for _family in (
+    "num_turns",
+    "tool_call_counts",
+    "timing_s/agent_loop/generate_sequences",
+    "timing_s/agent_loop/tool_calls",
+):
+    RULES.update({f"{_family}/min": MIN, f"{_family}/max": MAX, f"{_family}/mean": MEAN})
 
 # families: the phases run in parallel on every worker, so the step waits for the slowest
 PREFIXES: dict[str, str] = {"timing_s/": MAX}

@@ -49,6 +49,8 @@ def model_load_dtype(cfg: Config) -> None:
 
 def derive(cfg: Config) -> None:
     model_load_dtype(cfg)
+    if cfg.data.tool_config_path is None:  # verl: ${oc.select:actor_rollout_ref.rollout.multi_turn.tool_config_path}
+        cfg.data.tool_config_path = cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path
     for section, key, per_gpu, pool in GLOBAL_MICRO_BATCHES:
         obj = value_at(cfg, section)
         total = getattr(obj, key)

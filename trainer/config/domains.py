@@ -141,6 +141,12 @@ DOMAINS: dict[str, Domain] = {
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": COUNT_OR_NULL,
     "actor_rollout_ref.rollout.gpu_memory_utilization": SHARE,
     "actor_rollout_ref.rollout.max_num_seqs": COUNT_OR_NULL,
+    # verl takes null or 0 as no limit
+    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": at_least(0, nullable=True),
+    "actor_rollout_ref.rollout.multi_turn.max_user_turns": at_least(0, nullable=True),
+    "actor_rollout_ref.rollout.multi_turn.max_parallel_calls": COUNT,
+    "actor_rollout_ref.rollout.multi_turn.max_tool_response_length": COUNT,
+    "actor_rollout_ref.rollout.multi_turn.tool_timeout": POSITIVE,
     "actor_rollout_ref.ref.nnodes": NON_NEGATIVE,  # 0 unless ref.enable_resource_pool (checked with it)
     "actor_rollout_ref.ref.n_gpus_per_node": NON_NEGATIVE,
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": COUNT_OR_NULL,

@@ -113,7 +113,41 @@ def smollm2() -> list[str]:
     ]
 
 
-PRESETS = {"embedded": lambda: list(EMBEDDED), "smollm2": smollm2}
+def tools() -> list[str]:
+    """The embedded tool task (embedded/tool_model.py): two-digit products with a calculator, through verl's tool
+    agent loop on the offline tool model."""
+    from ..embedded.tool_model import ensure_tool_model, task_files
+
+    train, test, tool_config = task_files()
+    return [
+        f"actor_rollout_ref.model.path={ensure_tool_model()}",
+        f"data.train_files={train}",
+        f"data.val_files={test}",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_config}",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2",
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.name=auto",
+        "actor_rollout_ref.rollout.enforce_eager=True",
+        "actor_rollout_ref.actor.strategy=ddp",
+        "data.train_batch_size=16",
+        "data.max_prompt_length=16",
+        "data.max_response_length=32",
+        "actor_rollout_ref.rollout.n=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+        "actor_rollout_ref.actor.optim.lr=5e-4",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "trainer.total_training_steps=40",
+        "trainer.device=cpu",
+        "trainer.n_gpus_per_node=2",
+        "trainer.test_freq=10",
+        "trainer.val_before_train=True",
+        "trainer.save_freq=20",
+        "trainer.experiment_name=tools",
+        "trainer.default_local_dir=outputs/tools",
+    ]
+
+
+PRESETS = {"embedded": lambda: list(EMBEDDED), "smollm2": smollm2, "tools": tools}
 
 
 def with_preset(name: str | None, overrides: list[str]) -> list[str]:

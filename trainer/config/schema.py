@@ -35,6 +35,8 @@ class DataConfig:
     seed: int = 1
     return_raw_chat: bool = True  # no effect in rlrig (verl_keys.NO_EFFECT)
     apply_chat_template_kwargs: dict = field(default_factory=dict)  # passed to the tokenizer's apply_chat_template
+    # the tools rendered into every prompt (single-turn ones too); None: multi_turn.tool_config_path's, as in verl
+    tool_config_path: str | None = None
     trust_remote_code: bool = False  # for the tokenizer
     filter_overlong_prompts_workers: int = 1  # no effect in rlrig
     dataloader_num_workers: int = 8  # no effect in rlrig
@@ -221,6 +223,34 @@ class ValKwargsConfig:
 
 
 @dataclass
+class MultiTurnConfig:
+    """verl's multi-turn keys (actor_rollout_ref.rollout.multi_turn.*), read by the tool agent loop (agent/loop.py).
+    As in verl, the loop a row runs is its agent_name, else agent.default_agent_loop: `enable` picks none."""
+
+    enable: bool = False  # verl's main trainer stores it and reads it nowhere; see agent/config_check.py
+    max_assistant_turns: int | None = None  # None or 0: no limit
+    tool_config_path: str | None = None  # also data.tool_config_path's default: the tools in every prompt
+    max_user_turns: int | None = None  # a tool round or an interaction's reply is one user turn
+    max_parallel_calls: int = 1  # the first this many tool calls of a turn run; the rest are dropped
+    max_tool_response_length: int = 256  # characters of a tool's text the model reads
+    tool_response_truncate_side: str = "middle"  # left keeps the start, right keeps the end, middle both ends
+    interaction_config_path: str | None = None
+    use_inference_chat_template: bool = False  # no effect in verl's agent loop, nor here (verl_keys.NO_EFFECT)
+    tokenization_sanity_check_mode: str = "strict"  # likewise
+    format: str = "hermes"  # the tool-call format the parser reads (agent/tool_parser.py)
+    num_repeat_rollouts: int | None = None  # read by nothing in verl
+    tool_timeout: float = 60.0  # rlrig: seconds a tool's create or execute may take before the model reads an error
+
+
+@dataclass
+class AgentLoopConfig:
+    num_workers: int = 8  # no effect in rlrig: the loop runs in each engine's worker
+    # single_turn_agent | tool_agent, for rows with no agent_name (verl's agent_loop_config_path and
+    # custom_async_server, loops and servers of your own, are accepted at their default, null, only: verl_keys)
+    default_agent_loop: str = "single_turn_agent"
+
+
+@dataclass
 class RolloutConfig:
     name: str = "hf"
     mode: str = "async"  # async (verl's default and only mode today) or sync (older verl): see verl_keys.NO_EFFECT
@@ -251,6 +281,8 @@ class RolloutConfig:
     dtype: str = "auto"  # auto: bfloat16 on GPU, float32 (the actor's own) on CPU
     max_num_seqs: int | None = None
     cpu_kvcache_space_gb: int = 1  # rlrig: vLLM's CPU KV cache per engine (VLLM_CPU_KVCACHE_SPACE)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
 
 
 @dataclass

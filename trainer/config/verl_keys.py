@@ -31,7 +31,6 @@ _RM_TOOL_CONFIG = (
 REFUSED_PREFIXES = {
     "reward_model.sandbox_fusion.": "verl's sandbox-fusion code execution is not in rlrig; score code with "
     "custom_reward_function.path/name",
-    "actor_rollout_ref.rollout.agent.": "verl's agent loop is not in rlrig; its rollout is single-turn",
     # verl's profilers are (global_profiler.*, each role's profiler.*) but for these parts; their defaults are accepted
     "actor_rollout_ref.rollout.profiler.": "rlrig's rollout engines run inside the training workers, whose recording "
     "(actor_rollout_ref.actor.profiler) holds the gen phase, as verl's colocated worker's does; a profiler of the "
@@ -60,11 +59,6 @@ REFUSED_PREFIXES = {
 }
 REFUSED = {
     "reward_model.profiler.tool_config": _RM_TOOL_CONFIG,
-    "actor_rollout_ref.rollout.multi_turn.enable": "verl's multi-turn and tool-calling rollout is not in rlrig; its "
-    "rollout is single-turn",
-    # verl fills data.tool_config_path from it, and renders the tools into every prompt, single-turn ones too
-    "actor_rollout_ref.rollout.multi_turn.tool_config_path": "tools in the prompts (verl renders the tool config's "
-    "schemas into every prompt, single-turn too) and tool calling are not in rlrig",
     "critic.model.lora_rank": "LoRA on the critic is not in rlrig; the critic trains all its weights (the actor's "
     "LoRA is actor_rollout_ref.model.lora_rank)",
     "critic.model.lora_alpha": "LoRA on the critic is not in rlrig (see critic.model.lora_rank)",
@@ -103,26 +97,33 @@ ACCEPTED_DEFAULTS = {
     "reward_model.reward_loop_module_path": ("null", "None"),
     "reward_model.reward_loop_class_name": ("null", "None"),
     "reward_model.sandbox_fusion.url": ("null", "None"),
-    "actor_rollout_ref.rollout.multi_turn.enable": ("False", "false"),
-    "actor_rollout_ref.rollout.multi_turn.tool_config_path": ("null", "None"),
     "rollout.n": ("4",),
     "async_training.parallel_validate_and_rollout": ("False", "false"),
 }
 
 # Keys of a verl feature that is off: verl reads them only when the feature is on, which rlrig refuses (above),
 # so for rlrig as for verl they change nothing. Accepted and not stored.
-INERT_PREFIXES = {
-    "actor_rollout_ref.rollout.multi_turn.": "read by verl's tool agent loop only, which rlrig refuses (a row's "
-    "agent_name, rollout.agent.*)",
-}
+INERT_PREFIXES: dict[str, str] = {}
 
 # Keys accepted because, for rlrig, they change nothing; `--print-config` lists them with the reason.
 NO_EFFECT = {
     "actor_rollout_ref.rollout.mode": "verl runs every rollout through its async agent loop (sync is removed from "
-    "verl); with multi_turn off that loop is its single_turn_agent, which samples "
-    "each prompt once per rollout.n as rlrig's engines do; async and sync give the "
-    "same single-turn rollout here, and what async adds beyond it (multi_turn, "
-    "agent.*) is refused",
+    "verl); rlrig's rollouts run through its agent loop (single_turn_agent or tool_agent, by a row's agent_name or "
+    "rollout.agent.default_agent_loop) in either mode",
+    "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": "read by nothing in verl's agent loop (only "
+    "by its retired SGLang rollout): the model's turns are its own tokens and the messages between them templated "
+    "deltas, whichever value",
+    "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": "read by nothing in verl's agent loop "
+    "(only by its retired SGLang rollout, where it logged a warning): no check is made, whichever value",
+    "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": "declared by verl and read by nothing",
+    "actor_rollout_ref.rollout.multi_turn.enable": "verl's trainer stores it and picks no loop by it: a row's "
+    "agent_name, else rollout.agent.default_agent_loop, picks single_turn_agent or tool_agent (rlrig says so at "
+    "start when enable=True runs no tool_agent)",
+    "actor_rollout_ref.rollout.agent.num_workers": "the number of verl's agent-loop actors; rlrig runs the loop in "
+    "each engine's own worker",
+    # verl's RolloutConfig declares them; nothing in verl reads them (b178a3cd)
+    "actor_rollout_ref.rollout.over_sample_rate": "declared by verl and read by nothing: every sample is generated",
+    "actor_rollout_ref.rollout.multi_stage_wake_up": "declared by verl and read by nothing: engines wake in one stage",
     "data.return_raw_chat": "rlrig applies the chat template itself on the driver; raw or templated, the engine gets "
     "the same tokens",
     "data.dataloader_num_workers": "rlrig reads the data set in the driver process",
@@ -287,11 +288,6 @@ _AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
         {"actor_rollout_ref.rollout.scheduling_policy": "fcfs"},
     ),
     (
-        "oversampling and cutting off the slowest requests is not in rlrig; every sample is generated",
-        {"actor_rollout_ref.rollout.over_sample_rate": "0"},
-    ),
-    ("rlrig wakes its engines in one stage", {"actor_rollout_ref.rollout.multi_stage_wake_up": "False"}),
-    (
         "rlrig hands weights to its engines in the training workers' process (verl's naive backend)",
         {
             "actor_rollout_ref.rollout.checkpoint_engine.backend": "naive",
@@ -375,12 +371,23 @@ _AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
         "rlrig picks the reward function by each row's data_source (verl's default)",
         {"data.reward_fn_key": "data_source"},
     ),
-    ("verl's multi-turn and tool-calling rollout is not in rlrig", {"data.tool_config_path": "null"}),
     (
         "rlrig hands the reward model its own rendering of the decoded text (reward_model.model.input_tokenizer)",
         {"data.return_raw_input_ids": "False", "data.return_full_prompt": "False"},
     ),
     ("rlrig validates in file order", {"data.validation_shuffle": "False"}),
+    (
+        "agent loops of your own are not in rlrig; rollout.agent.default_agent_loop (or a row's agent_name) is "
+        "single_turn_agent or tool_agent",
+        {"actor_rollout_ref.rollout.agent.agent_loop_config_path": "null"},
+    ),
+    (
+        "rlrig's agent loop talks to the engine in its own worker; a server class of your own is not in rlrig",
+        {
+            "actor_rollout_ref.rollout.agent.custom_async_server.path": "null",
+            "actor_rollout_ref.rollout.agent.custom_async_server.name": "null",
+        },
+    ),
     (
         "generated data sets are not in rlrig; it reads verl's parquet schema",
         {"data.datagen.path": "null", "data.datagen.name": "null"},
@@ -421,6 +428,9 @@ _TARGETS = {
     "actor_rollout_ref.rollout._target_": "verl.workers.config.RolloutConfig",
     "reward_model.rollout._target_": "verl.workers.config.RolloutConfig",
     "actor_rollout_ref.rollout.val_kwargs._target_": "verl.workers.config.SamplingConfig",
+    "actor_rollout_ref.rollout.multi_turn._target_": "verl.workers.config.MultiTurnConfig",
+    "actor_rollout_ref.rollout.agent._target_": "verl.workers.config.AgentLoopConfig",
+    "actor_rollout_ref.rollout.agent.custom_async_server._target_": "verl.workers.config.CustomAsyncServerConfig",
     "actor_rollout_ref.rollout.checkpoint_engine._target_": "verl.workers.config.CheckpointEngineConfig",
     "actor_rollout_ref.rollout.prometheus._target_": "verl.workers.config.PrometheusConfig",
     "actor_rollout_ref.model._target_": "verl.workers.config.HFModelConfig",
@@ -508,6 +518,9 @@ REFUSED.update(
         "actor_rollout_ref.rollout.logprobs_mode": "rlrig's vLLM engine returns processed log-probs (verl's default, "
         "the distribution each token was drawn from); raw log-probs or logits are not in rlrig",
         "actor_rollout_ref.rollout.enable_spec_decoding": "speculative decoding is not in rlrig",
+        # verl's SGLang server mode became its only one; its RolloutConfig no longer has the key and refuses it too
+        "actor_rollout_ref.rollout.sglang_rollout_mode": "not a key of verl's RolloutConfig any more (verl refuses it "
+        "as well); drop it",
         "actor_rollout_ref.rollout.nnodes": "verl's standalone rollout replicas are not in rlrig; a rollout pool of "
         "its own is actor_rollout_ref.hybrid_engine=False with the top-level rollout.nnodes",
         "actor_rollout_ref.rollout.n_gpus_per_node": "verl's standalone rollout replicas are not in rlrig; a rollout "
@@ -623,6 +636,7 @@ RLRIG_ONLY = (
     "actor_rollout_ref.rollout.cpu_kvcache_space_gb",
     "trainer.device",
     "trainer.seed",
+    "actor_rollout_ref.rollout.multi_turn.tool_timeout",
     "trainer.wandb_proxy",
     "trainer.placement_timeout_s",
     "trainer.watchdog_factor",

@@ -43,6 +43,69 @@ def gsm8k_rows(records: list[dict], split: str) -> list[dict]:
     return out
 
 
+# verl's examples/data_preprocess/gsm8k_tool_agent_loop.py: the multi-turn GSM8K schema, with the answer-check tool
+TOOL_SYSTEM = (
+    "You are a math expert. You are given a question and you need to solve it step by step. "
+    "Reasoning step by step before any tool call. "
+    "You should use the `calc_gsm8k_reward` tool after step by step solving the question, "
+    "before generate final answer at least once and refine your answer if necessary. "
+    "Put your final answer in the format of `#### <answer>`."
+)
+TOOL_INSTRUCTION = "Let's think step by step and output the final answer after `####`."
+# examples/sglang_multiturn/config/tool_config/gsm8k_tool_config.yaml's tool
+GSM8K_TOOL = {
+    "class_name": "verl.tools.gsm8k_tool.Gsm8kTool",
+    "config": {"type": "native"},
+    "tool_schema": {
+        "type": "function",
+        "function": {
+            "name": "calc_gsm8k_reward",
+            "description": "A tool for calculating the reward of gsm8k. (1.0 if parsed answer is correct, 0.0 if "
+            "parsed answer is incorrect or not correctly parsed)",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "answer": {
+                        "type": "string",
+                        "description": "The model's answer to the GSM8K math problem, must be a digits",
+                    }
+                },
+                "required": ["answer"],
+            },
+        },
+    },
+}
+
+
+def gsm8k_tool_rows(records: list[dict], split: str) -> list[dict]:
+    """GSM8K in verl's multi-turn schema: a system prompt asking for the answer-check tool, the row running verl's
+    tool agent loop (agent_name), the tool's ground truth in extra_info.tools_kwargs and an interaction's in
+    extra_info.interaction_kwargs."""
+    out = []
+    for i, r in enumerate(records):
+        solution = r["answer"].split("####")[-1].strip().replace(",", "")
+        question = f"{r['question']} {TOOL_INSTRUCTION}"
+        out.append(
+            {
+                "data_source": "openai/gsm8k",
+                "agent_name": "tool_agent",
+                "prompt": [{"role": "system", "content": TOOL_SYSTEM}, {"role": "user", "content": question}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": solution},
+                "extra_info": {
+                    "split": split,
+                    "index": i,
+                    "answer": r["answer"],
+                    "question": r["question"],
+                    "need_tools_kwargs": True,
+                    "tools_kwargs": {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": solution}}},
+                    "interaction_kwargs": {"query": question, "ground_truth": solution},
+                },
+            }
+        )
+    return out
+
+
 def write_parquet(rows: list[dict], path: Path) -> None:
     import pandas as pd
 
@@ -63,9 +126,6 @@ def read_records(path: str) -> list[dict]:
     raise ConfigError(f"{path}: expected .parquet, .json or .jsonl")
 
 
-SINGLE_TURN = "single_turn_agent"  # verl's agent loop for one turn, what rlrig's rollout is
-
-
 def load_dataset(files: str) -> list[dict]:
     """One path or a list literal of paths, as verl accepts."""
     paths = files if isinstance(files, list) else [files]
@@ -76,12 +136,6 @@ def load_dataset(files: str) -> list[dict]:
         rows += read_records(f)
     if not rows:
         raise ConfigError(f"{files} holds no rows")
-    agents = sorted({str(r["agent_name"]) for r in rows if r.get("agent_name") not in (None, SINGLE_TURN)})
-    if agents:  # verl runs each row through the agent loop its agent_name column names
-        raise ConfigError(
-            f"{files}: agent_name={agents[0]} in its rows asks for verl's agent loop (multi-turn, tools), which is not "
-            f"in rlrig; its rollout is single-turn ({SINGLE_TURN}): drop the column or set it to {SINGLE_TURN}"
-        )
     return rows
 
 
@@ -93,8 +147,10 @@ def tokenize_prompts(
     filter_overlong: bool,
     prompt_key: str = "prompt",
     template_kwargs: dict | None = None,
+    tools: list[dict] | None = None,
 ) -> list[dict]:
-    """Adds `input_ids` (chat template applied) to each row; handles over-long prompts as verl does."""
+    """Adds `input_ids` (chat template applied, with the tools' schemas where there are tools) to each row; handles
+    over-long prompts as verl does."""
     out = []
     for r in rows:
         if prompt_key not in r:
@@ -103,7 +159,7 @@ def tokenize_prompts(
             )
         messages = list(r[prompt_key])
         text = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False, **(template_kwargs or {})
+            messages, tools=tools, add_generation_prompt=True, tokenize=False, **(template_kwargs or {})
         )
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) > max_len:
@@ -124,7 +180,10 @@ def tokenize_prompts(
 def load_rows(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
     """The training and validation prompts, tokenized: data.train_files and data.val_files, or without them the
     offline arithmetic task."""
+    from ..agent.setup import tool_schemas
+
     d = cfg.data
+    tools = tool_schemas(d.tool_config_path)
     train = load_dataset(d.train_files) if d.train_files else arithmetic_rows(2048, "train", seed=d.seed)
     val = (
         load_dataset(d.val_files)
@@ -139,5 +198,6 @@ def load_rows(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
         d.filter_overlong_prompts,
         d.prompt_key,
         d.apply_chat_template_kwargs,
+        tools,
     )
     return tok(train), (tok(val) if val else [])

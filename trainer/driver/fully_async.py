@@ -140,8 +140,7 @@ class Stream:
                 self.busy[e] = Call(refs, [[it.index for it in sh] for sh in shares], self.calls)
             else:
                 shares = split(indices, len(members))
-                prompts = [[self.rows[i]["input_ids"] for i in sh] for sh in shares]
-                refs = [w.generate.remote(p, self.n, step) for w, p in zip(members, prompts)]
+                refs = [w.generate.remote([self.rows[i] for i in sh], self.n, step) for w, sh in zip(members, shares)]
                 self.busy[e] = Call(refs, shares, None)
             self.idle_s[e] += time.perf_counter() - self.idle_from[e]
 
@@ -162,7 +161,7 @@ class Stream:
                     else:
                         self.queue.put([Group(it.index, ro, it.versions[-1], it.versions[-1] - it.versions[0])])
                 continue
-            ro, version, secs = ray.get(ref)
+            ro, version, secs, _, _ = ray.get(ref)  # single-turn: the agent loop's fields say nothing here
             self.gen_s = max(self.gen_s, secs)
             n = self.n
             self.queue.put([Group(i, ro.rows(slice(j * n, (j + 1) * n)), version) for j, i in enumerate(share)])

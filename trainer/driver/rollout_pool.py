@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import metrics as M
 from ..rollout.engines.base import Rollout, left_pad_to
 from .validation import spread
 
@@ -84,7 +85,7 @@ class RolloutPool:
     def launch(self, step: int, rows: list[dict]) -> None:
         """Step `step`'s prompts spread over the engines."""
         parts = [p for p in spread(rows, len(self.workers)) if p]
-        futures = [w.generate.remote([r["input_ids"] for r in p], self.n, step) for w, p in zip(self.workers, parts)]
+        futures = [w.generate.remote(p, self.n, step) for w, p in zip(self.workers, parts)]
         self.in_flight = InFlight(step, rows, futures)
 
     def settle(self) -> None:
@@ -94,8 +95,9 @@ class RolloutPool:
         if self.in_flight is not None:
             ray.wait(self.in_flight.futures, num_returns=len(self.in_flight.futures))
 
-    def take(self, step: int) -> tuple[Rollout, dict]:
-        """Step `step`'s samples, waited for, and how long the trainer waited and how stale they are."""
+    def take(self, step: int) -> tuple[Rollout, list[dict], dict]:
+        """Step `step`'s samples, waited for, each sample's agent-loop fields, and the metrics: how long the trainer
+        waited, how stale the samples are, and the agent loop's."""
         import ray
 
         got, self.in_flight = self.in_flight, None
@@ -104,19 +106,24 @@ class RolloutPool:
         t0 = time.perf_counter()
         results = ray.get(got.futures)
         waited = time.perf_counter() - t0
-        ro = merge([r for r, _, _ in results], self.pad_id)
-        lag = self.trained - min(v for _, v, _ in results)
-        return ro, {
-            "timing_s/gen": waited,
-            "timing_s/rollout_gen": max(s for _, _, s in results),  # the engines' own (the watchdog's measure)
-            "training/off_policy_steps": float(lag),
-        }
+        ro = merge([r[0] for r in results], self.pad_id)
+        lag = self.trained - min(r[1] for r in results)
+        return (
+            ro,
+            [info for r in results for info in r[3]],
+            {
+                "timing_s/gen": waited,
+                "timing_s/rollout_gen": max(r[2] for r in results),  # the engines' own (the watchdog's measure)
+                "training/off_policy_steps": float(lag),
+                **M.reduce([r[4] for r in results]),
+            },
+        )
 
-    def shares(self, ro: Rollout, workers: int) -> list[Rollout]:
-        """Each training worker's samples: equal consecutive shares, prompt groups whole (the driver gave each
-        training worker as many consecutive prompts)."""
+    def shares(self, ro: Rollout, turns: list[dict], workers: int) -> list[tuple[Rollout, list[dict]]]:
+        """Each training worker's samples and their agent-loop fields: equal consecutive shares, prompt groups whole
+        (the driver gave each training worker as many consecutive prompts)."""
         size = ro.input_ids.shape[0] // workers
-        return [ro.rows(slice(i * size, (i + 1) * size)) for i in range(workers)]
+        return [(ro.rows(slice(i * size, (i + 1) * size)), turns[i * size : (i + 1) * size]) for i in range(workers)]
 
     def stop(self) -> None:
         """The engines hold nothing to save, but shut down they release what they hold beyond their process (vLLM's

@@ -87,6 +87,7 @@ def prepare(cfg) -> Run:
     worker is placed."""
     import ray
 
+    from ..agent import setup as agent_setup
     from ..algos import core_algos
     from ..data.datasets import load_rows
     from ..embedded.tiny_model import ensure_tiny_model
@@ -108,6 +109,9 @@ def prepare(cfg) -> Run:
         prefix_grouper.check(model_path, load_kwargs(model_cfg))
     adapter = lora.check(model_cfg, model_path, load_kwargs(model_cfg)) if model_cfg.uses_lora else None
     train_rows, val_rows = load_rows(cfg, tokenizer)
+    notice = agent_setup.check(cfg, train_rows + val_rows)
+    if notice:
+        say(notice)
     check_reward_setup(cfg, {r["data_source"] for r in train_rows + val_rows})
     check_installed(cfg.reward_model)
     rm_path = resolve_path(cfg.reward_model) if cfg.reward_model.enable else None
@@ -335,14 +339,14 @@ def pooled_rollout(run: Run, batch: list[dict], workers: int) -> tuple[list, dic
         pooled.update(pool.push())
         arm_rollout_faults(run, run.step)
         pool.launch(run.step, batch)
-    ro, waited = pool.take(run.step)
+    ro, turns, waited = pool.take(run.step)
     pooled.update(waited)
     if pool.one_step and run.step < run.total:
         pooled.update(pool.push())
         run.data_at = (run.sampler.epoch, run.sampler.pos)
         arm_rollout_faults(run, run.step + 1)
         pool.launch(run.step + 1, [run.train_rows[i] for i in run.sampler.next()])
-    return pool.shares(ro, workers), pooled
+    return pool.shares(ro, turns, workers), pooled
 
 
 def arm_training_faults(run: Run) -> None:
@@ -362,9 +366,13 @@ def batch_step(run: Run) -> dict:
     else:
         batch = [run.train_rows[i] for i in run.sampler.next()]
     shares = equal_shares(batch, len(workers))
-    generated, pooled = pooled_rollout(run, batch, len(workers)) if pool is not None else ([None] * len(workers), {})
+    generated, pooled = (
+        pooled_rollout(run, batch, len(workers)) if pool is not None else ([(None, None)] * len(workers), {})
+    )
     arm_training_faults(run)
-    steps = [w.step.remote(p, run.kl_ctrl.value, run.step, g) for w, p, g in zip(workers, shares, generated)]
+    steps = [
+        w.step.remote(p, run.kl_ctrl.value, run.step, g, turns=t) for w, p, (g, t) in zip(workers, shares, generated)
+    ]
     m = M.reduce(ray.get(steps))
     m.update(pooled)
     if pool is not None:
@@ -382,9 +390,13 @@ def stream_step(run: Run) -> dict | None:
         if local == 1:
             arm_training_faults(run)
             arm_rollout_faults(run, run.step)
-        shares, generated = equal_shares(rows, len(workers)), run.pool.shares(ro, len(workers))
+        # single-turn samples (multi-turn ones are refused in this mode): no agent-loop fields for the reward
+        shares, generated = (
+            equal_shares(rows, len(workers)),
+            run.pool.shares(ro, [{}] * len(ro.input_ids), len(workers)),
+        )
         u = run.stream.updates
-        return [w.step.remote(p, run.kl_ctrl.value, u, g, local) for w, p, g in zip(workers, shares, generated)]
+        return [w.step.remote(p, run.kl_ctrl.value, u, g, local) for w, p, (g, _) in zip(workers, shares, generated)]
 
     return version_step(run, start_update, lambda m: update_kl_controller(run.kl_ctrl, m, run.cfg))
 

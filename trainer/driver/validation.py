@@ -35,7 +35,7 @@ def validate_rows(workers, val_rows, cfg, step: int = 0, out: Path | None = None
         return {}
     n = cfg.actor_rollout_ref.rollout.val_kwargs.n
     prompts: list[tuple[str, list[dict]]] = []  # (data source, each sample's variables)
-    shown = []
+    shown, turns = [], []
     step_size = cfg.data.val_batch_size or len(val_rows)
     for start in range(0, len(val_rows), step_size):
         parts, fillers = val_parts(val_rows[start : start + step_size], len(workers))
@@ -48,6 +48,7 @@ def validate_rows(workers, val_rows, cfg, step: int = 0, out: Path | None = None
         scores = [s for res in results for s in res[0]]
         texts = [t for res in results for t in res[1]]
         extras = [e for res in results for e in res[2]]
+        turns += [k for res in results for k in res[3]]
         for i, r in enumerate(rows):
             prompts.append((r["data_source"], [{"reward": scores[j], **extras[j]} for j in range(i * n, (i + 1) * n)]))
             if len(shown) < cfg.trainer.log_val_generations:
@@ -61,6 +62,9 @@ def validate_rows(workers, val_rows, cfg, step: int = 0, out: Path | None = None
                     }
                 )
     m = validation_metrics(prompts)
+    # verl's, over every sample: the prompt and each assistant and user turn (2 for a single-turn sample)
+    m.update({"val-aux/num_turns/min": min(turns), "val-aux/num_turns/max": max(turns)})
+    m["val-aux/num_turns/mean"] = sum(turns) / len(turns)
     if shown:
         for g in shown:
             say(f"validation sample (step {step}, score {g['score']}): {g['response']!r}")

@@ -43,7 +43,7 @@ def tokenizer_from_vocab(vocab: dict[str, int]):
     return fast
 
 
-def build_model(tokenizer, seed: int = 0):
+def build_model(tokenizer, seed: int = 0, max_positions: int = 64, layers: int = 2):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -53,10 +53,10 @@ def build_model(tokenizer, seed: int = 0):
         vocab_size=len(tokenizer),
         hidden_size=128,
         intermediate_size=256,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=2,
         num_key_value_heads=2,
-        max_position_embeddings=64,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,

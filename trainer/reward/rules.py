@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 
-RULE_SOURCES = ("openai/gsm8k", "rlrig/arithmetic")
+RULE_SOURCES = ("openai/gsm8k", "rlrig/arithmetic", "rlrig/calculator")
 
 STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
 FLEXIBLE = re.compile(r"(\-?[0-9\.\,]+)")

@@ -29,7 +29,8 @@ def model_inputs(rows: list[dict], ro: Rollout, n: int, src: RewardSource) -> tu
     prompt_mask = ro.attention_mask[:, : ro.prompt_len].bool()
     out = []
     for i in range(len(ro.input_ids)):
-        resp = ro.input_ids[i, ro.prompt_len :][ro.response_mask[i].bool()].tolist()
+        # the whole response, tool and user turns too (verl's reward model reads the transcript)
+        resp = ro.input_ids[i, ro.prompt_len :][ro.attention_mask[i, ro.prompt_len :].bool()].tolist()
         if src.input_tokenizer is not None:
             text = src.input_tokenizer.decode(resp)
             if src.input_tokenizer.eos_token:
@@ -41,13 +42,15 @@ def model_inputs(rows: list[dict], ro: Rollout, n: int, src: RewardSource) -> tu
 
 
 def score(
-    tokenizer, src: RewardSource, rows: list[dict], ro: Rollout, n: int
+    tokenizer, src: RewardSource, rows: list[dict], ro: Rollout, n: int, turns: list[dict] | None = None
 ) -> tuple[torch.Tensor, list[str], list[dict]]:
     """The reward of each sample (prompt i's n samples at rows i*n .. i*n+n-1), its decoded text, and the fields a
-    reward function returned beside the score (verl's reward_extra_info: `acc`, `pred`, ...; {} for a number)."""
+    reward function returned beside the score (verl's reward_extra_info: `acc`, `pred`, ...; {} for a number).
+    turns: each sample's agent-loop fields (turn_scores, tool_rewards, num_turns), which the function finds in its
+    extra_info as in verl."""
     texts = tokenizer.batch_decode(ro.input_ids[:, ro.prompt_len :].tolist(), skip_special_tokens=True)
     rm = src.model(*model_inputs(rows, ro, n, src)) if src.model else None
-    lengths = ro.response_mask.sum(-1).tolist()
+    lengths = ro.attention_mask[:, ro.prompt_len :].sum(-1).tolist()  # tool and user turns count (verl's dapo)
     out, extras = [], []
     for i, text in enumerate(texts):
         r = rows[i // n]
@@ -55,9 +58,8 @@ def score(
             s = rm[i]
         else:
             extra = {"rm_score": rm[i]} if rm is not None else {}
-            s = src.fn(
-                r["data_source"], text, (r.get("reward_model") or {}).get("ground_truth"), r.get("extra_info"), **extra
-            )
+            info = r.get("extra_info") if turns is None else {**(r.get("extra_info") or {}), **turns[i]}
+            s = src.fn(r["data_source"], text, (r.get("reward_model") or {}).get("ground_truth"), info, **extra)
         fields = {}
         if isinstance(s, dict):  # verl's functions may return {"score": ..., other fields}
             fields, s = dict(s), s["score"]
@@ -69,11 +71,14 @@ def score(
     return torch.tensor(out), texts, extras
 
 
-def score_batch(tokenizer, src: RewardSource, rows: list[dict], batch: StepBatch, n: int) -> StepBatch:
-    """The batch with its scores and token scores: the outcome reward on each response's last token, 0 elsewhere."""
-    scores = score(tokenizer, src, rows, batch, n)[0].to(batch.input_ids.device)
-    mask = batch.mask
-    last = (mask.sum(-1).long() - 1).clamp_min(0)
-    token_scores = torch.zeros_like(mask)
+def score_batch(
+    tokenizer, src: RewardSource, rows: list[dict], batch: StepBatch, n: int, turns: list[dict] | None = None
+) -> StepBatch:
+    """The batch with its scores and token scores: the outcome reward on each response's last token (verl's: the
+    last one attended, which in a multi-turn response may be a tool's), 0 elsewhere."""
+    scores = score(tokenizer, src, rows, batch, n, turns)[0].to(batch.input_ids.device)
+    attended = batch.attention_mask[:, batch.prompt_len :]
+    last = (attended.sum(-1).long() - 1).clamp_min(0)
+    token_scores = torch.zeros_like(batch.mask)
     token_scores[torch.arange(len(scores)), last] = scores
     return batch.replace(scores=scores, token_scores=token_scores)

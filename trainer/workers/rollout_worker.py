@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..agent.rollout import AgentRollout
 from ..config.schema import from_dict
 from ..model import build
 from ..model.forward import token_outputs
@@ -96,6 +97,7 @@ class RolloutWorker(PoolWorker):
         )
         self.lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-engine")
         self.engine = self.lane.submit(make_engine, cls, ctx).result()
+        self.agent = AgentRollout(self.engine, self.tok, cfg)
         self.reward = RewardSource(reward_fn(cfg), None, None, cfg.data.prompt_key, overlong(cfg.reward_model))
         self.sync: SyncGroup | None = None
         self.version = 0  # how many weight syncs this engine has taken: the policy its samples come from
@@ -128,15 +130,16 @@ class RolloutWorker(PoolWorker):
 
     @on_engine_thread
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], n: int, step: int) -> tuple[Rollout, int, float]:
-        """n samples of each prompt (for global step `step`) with the log-probs of the policy that drew them, on the
-        CPU for the trip; the weight version they come from, and the seconds it took."""
+    def generate(self, rows: list[dict], n: int, step: int) -> tuple[Rollout, int, float, list[dict], dict]:
+        """n samples of each row's prompt (for global step `step`) through the agent loop, with the log-probs of the
+        policy that drew them, on the CPU for the trip; the weight version they come from, the seconds it took, each
+        sample's agent-loop fields for its reward function, and the loop's metrics."""
         self.step, t0 = step, time.perf_counter()
         with self._reported("rollout_gen"):
-            ro = self.engine.generate(prompts, n)
+            ro, turns = self.agent.generate(rows, n)
             if ro.engine_logp is None:
                 ro.engine_logp = self._logprobs(ro)
-        return ro.to("cpu"), self.version, time.perf_counter() - t0
+        return ro.to("cpu"), self.version, time.perf_counter() - t0, turns.extra_info(), turns.metrics()
 
     def interrupt(self, call: int) -> None:
         """Stop partial-rollout call `call` (or an earlier one) at its next token boundary. Sent in a concurrency group
@@ -169,16 +172,17 @@ class RolloutWorker(PoolWorker):
 
     @on_engine_thread
     @torch.no_grad()
-    def evaluate(self, rows) -> tuple[list[float], list[str], list[dict]]:
-        """Validation with rollout.val_kwargs on this engine (driver/validation.py), scored by the rules."""
+    def evaluate(self, rows) -> tuple[list[float], list[str], list[dict], list[int]]:
+        """Validation with rollout.val_kwargs on this engine through the agent loop (driver/validation.py), scored by
+        the rules."""
         vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
         with self._reported("testing"):
-            ro = self.engine.generate([r["input_ids"] for r in rows], vk.n, Sampling.of(vk))
-            scores, texts, extras = score(self.tok, self.reward, rows, ro.to("cpu"), vk.n)
-        return scores.tolist(), texts, extras
+            ro, turns = self.agent.generate(rows, vk.n, Sampling.of(vk))
+            scores, texts, extras = score(self.tok, self.reward, rows, ro.to("cpu"), vk.n, turns.extra_info())
+        return scores.tolist(), texts, extras, [t.num_turns for t in turns.trajs]
 
     def _drop_engine(self) -> None:
-        self.engine = self.module = self.sync = None
+        self.engine = self.agent = self.module = self.sync = None
         gc.collect()
 
     def shutdown(self) -> None:

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from .. import metrics as M
+from ..agent.rollout import AgentRollout
 from ..algos import core_algos as algos
 from ..algos import estimators, rollout_correction
 from ..algos.variance_proxy import variance_proxy_metrics
@@ -189,6 +190,8 @@ class TrainingWorker(RankWorker):
         self.rm_scorer = self._local_reward_model(rm_path)
         self.reward = self._reward_source(model_path)
         self.engine = self._engine(engine_cls, model_path) if engine_cls is not None else None
+        self.agent = AgentRollout(self.engine, self.tok, cfg) if self.engine is not None else None
+        self.turns: dict = {}  # the agent loop's metrics of this step's rollout
         self.sync = None  # the weight-sync group to the rollout pool (rank 0 sends in it)
         if self.engine is not None:
             # the engine takes the actor's weights: rank 0's, which the wrapper just broadcast (this node's copy on
@@ -324,40 +327,47 @@ class TrainingWorker(RankWorker):
         """RLRIG_FAULT_HANG (driver/faults.py): hang in `phase` of the next step."""
         self.report.fault = phase
 
-    def evaluate(self, rows) -> tuple[list[float], list[str], list[dict]]:
-        """Validation with rollout.val_kwargs: each prompt's n scores, texts and reward-function fields, prompt by
-        prompt."""
+    def evaluate(self, rows) -> tuple[list[float], list[str], list[dict], list[int]]:
+        """Validation with rollout.val_kwargs: each prompt's n scores, texts, reward-function fields and turns (the
+        agent loop's num_turns), prompt by prompt."""
         vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
         with self._reported("testing"):
-            ro = self.engine.generate([r["input_ids"] for r in rows], vk.n, Sampling.of(vk))
-            scores, texts, extras = score(self.tok, self.reward, rows, ro, vk.n)
-        return scores.tolist(), texts, extras
+            ro, turns = self.agent.generate(rows, vk.n, Sampling.of(vk))
+            scores, texts, extras = score(self.tok, self.reward, rows, ro, vk.n, turns.extra_info())
+        return scores.tolist(), texts, extras, [t.num_turns for t in turns.trajs]
 
     # --- one step ---
 
     def step(
-        self, rows, kl_coef: float, global_step: int, generated: Rollout | None = None, local_step: int | None = None
+        self,
+        rows,
+        kl_coef: float,
+        global_step: int,
+        generated: Rollout | None = None,
+        local_step: int | None = None,
+        turns: list[dict] | None = None,
     ) -> dict:
         """One PPO step on this worker's shard of prompts; `global_step` counts from 1. generated: the rollout pool's
-        samples of these prompts (hybrid_engine=False), else this worker's engine generates them. local_step: the
-        fully async mode's place of this update in its weight version."""
+        samples of these prompts (hybrid_engine=False), with each sample's agent-loop fields (`turns`, for the reward
+        function), else this worker's engine generates them. local_step: the fully async mode's place of this update
+        in its weight version."""
         self.global_step = global_step
         try:
-            return self._step(rows, kl_coef, global_step, generated, local_step)
+            return self._step(rows, kl_coef, global_step, generated, local_step, turns)
         finally:
             self.report.leave()
 
-    def _step(self, rows, kl_coef: float, global_step: int, generated: Rollout | None, local_step) -> dict:
+    def _step(self, rows, kl_coef: float, global_step: int, generated: Rollout | None, local_step, turns) -> dict:
         cfg, m = self.cfg, self.models
         plan = StepPlan(global_step, kl_coef, global_step >= cfg.trainer.critic_warmup, local_step)
         phases = Phases(self._sync_device, self.profiler.phase, lambda name: self.report.enter(name, global_step))
         if generated is None:
             batch = self._rollout(phases, rows, plan)
         else:
-            n = cfg.actor_rollout_ref.rollout.n
+            n, self.turns = cfg.actor_rollout_ref.rollout.n, {}
             with phases("reward"):
                 ro = StepBatch.from_rollout(generated.to(self.device), n, self.rank * len(rows))
-                batch = score_batch(self.tok, self.reward, rows, ro, n)
+                batch = score_batch(self.tok, self.reward, rows, ro, n, turns)
         balanced = {}
         if cfg.trainer.balance_batch:
             with phases("balance"):
@@ -380,21 +390,23 @@ class TrainingWorker(RankWorker):
         greedy_too = self.estimator.needs_greedy_baseline
         if self.device.type == "cuda" and not self.engine.generates_with_actor_module:
             torch.cuda.empty_cache()  # what training freed goes back before the engine's KV cache wakes
-        prompts = [r["input_ids"] for r in rows]
         with phases("gen"):
-            ro = self.engine.generate(prompts, n, sync_follows=syncs and not greedy_too).to(self.device)
+            ro, turns = self.agent.generate(rows, n, sync_follows=syncs and not greedy_too)
+        self.turns = turns.metrics()
         with phases("reward"):
-            batch = score_batch(self.tok, self.reward, rows, StepBatch.from_rollout(ro, n, self.rank * len(rows)), n)
-        if greedy_too:  # verl's ReMax: each prompt's greedy response, scored
+            batch = StepBatch.from_rollout(ro.to(self.device), n, self.rank * len(rows))
+            batch = score_batch(self.tok, self.reward, rows, batch, n, turns.extra_info())
+        if greedy_too:  # verl's ReMax: each prompt's greedy response (through the same loop), scored
             with phases("gen_max"):
-                greedy = self.engine.generate(prompts, 1, GREEDY, sync_follows=syncs)
+                greedy, turns = self.agent.generate(rows, 1, GREEDY, sync_follows=syncs)
                 greedy = StepBatch.from_rollout(greedy.to(self.device), 1)
-                baselines = score_batch(self.tok, self.reward, rows, greedy, 1).scores.repeat_interleave(n)
-            batch = batch.replace(baselines=baselines)
+                baselines = score_batch(self.tok, self.reward, rows, greedy, 1, turns.extra_info()).scores
+            batch = batch.replace(baselines=baselines.repeat_interleave(n))
         return batch
 
     def _train(self, phases: Phases, batch: StepBatch, plan: StepPlan) -> dict:
         cfg = self.cfg
+        written = batch.response_mask  # the model's own tokens as sampled, before rejection sampling masks any
         with torch.no_grad():
             batch = self._forward_passes(phases, batch, plan)
         with phases("adv"):
@@ -411,11 +423,11 @@ class TrainingWorker(RankWorker):
         actor_logp = actor_logp if actor_logp is not None else batch.old_logp
         compared = not self._engine_logp_is_old()  # in verl's old-log-prob pass, which bypass skips
         if batch.engine_logp is not None and actor_logp is not None and compared:
-            out.update(probs_diff(batch.engine_logp, actor_logp, sampled_mask(batch)))
+            out.update(probs_diff(batch.engine_logp, actor_logp, written))  # verl's: the tokens the engine wrote
         if batch.sum_pi_squared is not None:  # verl's variance_proxy/*, after the update, for any estimator
             args = (batch.mask, batch.is_weights, stats.get("actor/grad_norm"), self._batch_sum)
             out.update(variance_proxy_metrics(batch.advantages, batch.old_logp, batch.sum_pi_squared, *args))
-        return {**out, **stats, **self._metrics(batch), **phases.metrics()}
+        return {**out, **stats, **self._metrics(batch), **self.turns, **phases.metrics()}
 
     def _batch_sum(self, t: torch.Tensor) -> torch.Tensor:
         """The sum over the whole batch of every worker's share (batch statistics): the ranks of a sequence-parallel

@@ -17,10 +17,11 @@ def gae_advantages(rewards, values, mask, gamma: float, lam: float, allreduce: A
     adv = torch.zeros_like(rewards)
     for t in reversed(range(T)):
         delta = rewards[:, t] + gamma * next_value - values[:, t]
-        last = delta + gamma * lam * last
-        # padding after EOS keeps the later values out of the recursion
-        last = last * mask[:, t]
-        next_value = values[:, t] * mask[:, t]
+        # a token the model did not write (padding, a tool's or user's turn in a multi-turn response) is skipped: the
+        # recursion carries A and V across it from the next token the model wrote (verl's "observation tokens")
+        m = mask[:, t] > 0
+        last = torch.where(m, delta + gamma * lam * last, last)
+        next_value = torch.where(m, values[:, t], next_value)
         adv[:, t] = last
     returns = adv + values
     return masked_whiten(adv, mask, allreduce) * mask, returns

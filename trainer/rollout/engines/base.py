@@ -106,12 +106,28 @@ class RolloutEngine:
         return None
 
     def generate(
-        self, prompts: list[list[int]], n: int, sampling: Sampling | None = None, sync_follows: bool = False
+        self,
+        prompts: list[list[int]],
+        n: int,
+        sampling: Sampling | None = None,
+        sync_follows: bool = False,
+        max_new: int | None = None,
+        hold: bool = False,
     ) -> Rollout:
         """n samples of each prompt (prompt i's at rows i*n .. i*n+n-1); `sampling` None: the rollout config's.
         sync_follows: the caller hands over new weights (sync_weights) before it next generates, so an engine that
-        frees its memory between rollouts may drop its weights instead of keeping a copy it would overwrite."""
+        frees its memory between rollouts may drop its weights instead of keeping a copy it would overwrite.
+        max_new: at most this many tokens (None: data.max_response_length), the responses that wide. hold: more calls
+        of the same rollout follow (the agent loop's turns): the engine keeps its memory until rest()."""
         raise NotImplementedError
+
+    def rest(self, sync_follows: bool = False) -> None:
+        """The rollout that held the engine's memory (generate's hold) is over: free it as generate would have."""
+
+    def agree(self, more: bool) -> bool:
+        """Whether any rank of this engine has more to generate: the ranks of a tensor-parallel engine make every
+        engine call together, so they go on while one of them does."""
+        return more
 
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         raise NotImplementedError

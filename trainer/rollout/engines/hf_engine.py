@@ -63,9 +63,9 @@ class HFRollout(RolloutEngine):
         self._own = None  # the model's state dict, for weight transfers that land in place
 
     @torch.no_grad()
-    def generate(self, prompts, n, sampling=None, sync_follows=False):
-        # sync_follows changes nothing: the module is the actor's own (or, under FSDP, its copy), never freed
-        return self._generate(prompts, n, sampling or Sampling.of(self.cfg), self.max_new, None)
+    def generate(self, prompts, n, sampling=None, sync_follows=False, max_new=None, hold=False):
+        # sync_follows and hold change nothing: the module is the actor's own (or, under FSDP, its copy), never freed
+        return self._generate(prompts, n, sampling or Sampling.of(self.cfg), max_new or self.max_new, None)
 
     @torch.no_grad()
     def generate_until(self, prompts, max_new: int, stopped) -> tuple[Rollout, list[bool]]:

@@ -152,11 +152,12 @@ class SGLangRollout(RolloutEngine):
             self.engine.resume_memory_occupation(tags=[tag])
             self.released.remove(tag)
 
-    def generate(self, prompts, n, sampling=None, sync_follows=False):
+    def generate(self, prompts, n, sampling=None, sync_follows=False, max_new=None, hold=False):
         asked, mine = prompts, slice(0, len(prompts) * n)
         if self.group is not None:  # the group's prompts in rank order; the lead asks the engine for all of them
             asked, share = tp_groups.gather_share(self.group, self.me, len(self.members), prompts)
             mine = slice(share.start * n, share.stop * n)
+        max_new = self._most(max_new or self.max_new)
         result = [None]
         if self.leads:
             if WEIGHTS in self.released:
@@ -166,16 +167,31 @@ class SGLangRollout(RolloutEngine):
             outs = self.engine.generate(
                 input_ids=expanded,
                 return_logprob=True,
-                sampling_params=sampling_params(sampling or Sampling.of(self.cfg), self.max_new, self.tok.eos_token_id),
+                sampling_params=sampling_params(sampling or Sampling.of(self.cfg), max_new, self.tok.eos_token_id),
             )
             result[0] = unpack(outs)
-            if self.cfg.free_cache_engine:
-                self.released = [KV, WEIGHTS] if sync_follows else [KV]
-                self.engine.release_memory_occupation(tags=list(self.released))
+            if not hold:
+                self.rest(sync_follows)
         if self.group is not None:
             dist.broadcast_object_list(result, src=self.members[0], group=self.group)
         tokens, logps = (x[mine] for x in result[0])
-        return pack_responses(prompts, n, tokens, logps, self.max_new, self.tok.pad_token_id, self.tok.eos_token_id)
+        return pack_responses(prompts, n, tokens, logps, max_new, self.tok.pad_token_id, self.tok.eos_token_id)
+
+    def rest(self, sync_follows=False) -> None:
+        if self.leads and self.cfg.free_cache_engine and not self.released:
+            self.released = [KV, WEIGHTS] if sync_follows else [KV]
+            self.engine.release_memory_occupation(tags=list(self.released))
+
+    def _most(self, value: int) -> int:
+        """The largest of the group's values (the lead asks the engine once for all of them)."""
+        if self.group is None:
+            return value
+        t = torch.tensor([int(value)])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return int(t.item())
+
+    def agree(self, more: bool) -> bool:
+        return bool(self._most(int(more)))
 
     def sync_weights(self, weights) -> None:
         # released weights come back (their contents stale) to be overwritten; the cache is flushed once, at the end

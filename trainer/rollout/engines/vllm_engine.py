@@ -222,12 +222,14 @@ class VLLMRollout(RolloutEngine):
             self.llm.wake_up(tags=tags)
             self.asleep = tags is not None and "kv_cache" not in tags
 
-    def generate(self, prompts, n, sampling=None, sync_follows=False):
+    def generate(self, prompts, n, sampling=None, sync_follows=False, max_new=None, hold=False):
         if self.weights_dropped:
             raise RuntimeError("the vLLM engine dropped its weights for a sync that never came; sync_weights first")
         self._wake()
+        # the ranks of one engine ask it the same requests: the longest length any of them needs
+        max_new = self._most(max_new or self.max_new)
         params = self.vllm.SamplingParams(
-            **sampling_kwargs(sampling or Sampling.of(self.cfg), n, self.max_new, self.tok.eos_token_id)
+            **sampling_kwargs(sampling or Sampling.of(self.cfg), n, max_new, self.tok.eos_token_id)
         )
         asked, mine = self._asked(prompts)
         outs = self.llm.generate([{"prompt_token_ids": p} for p in asked], params, use_tqdm=False)[mine]
@@ -236,12 +238,19 @@ class VLLMRollout(RolloutEngine):
             for c in out.outputs:
                 responses.append(list(c.token_ids))
                 logps.append(sampled_logprobs(c.token_ids, c.logprobs))
+        if not hold:
+            self.rest(sync_follows)
+        return pack_responses(prompts, n, responses, logps, max_new, self.tok.pad_token_id, self.tok.eos_token_id)
+
+    def rest(self, sync_follows=False) -> None:
         if self.device == "cuda" and self.cfg.free_cache_engine:
             # the KV cache goes back to training until the next rollout; level 2 drops the weights too where the
             # sync that follows overwrites them anyway (as verl's hybrid engine), level 1 keeps them in host memory
             self.llm.sleep(level=2 if sync_follows else 1)
             self.asleep, self.weights_dropped = True, sync_follows
-        return pack_responses(prompts, n, responses, logps, self.max_new, self.tok.pad_token_id, self.tok.eos_token_id)
+
+    def agree(self, more: bool) -> bool:
+        return bool(self._most(int(more)))
 
     def _asked(self, prompts) -> tuple[list, slice]:
         """What this rank asks the engine, and where its own prompts lie in it: the ranks of one engine must all be

@@ -37,6 +37,19 @@ def test_gae_ignores_padding():
     close(adv[0, 1], 0.0)
 
 
+def test_gae_steps_over_tokens_the_model_did_not_write():
+    """A tool's tokens inside a multi-turn response (mask 0 between 1s): the recursion skips them, carrying A and V
+    from the next token the model wrote (verl's "observation tokens"). gamma=lam=0.5, rewards [0, 9, 9, 1], values
+    [0.5, 7, 7, 1], mask [1, 0, 0, 1]. t3: delta = 1 - 1 = 0, A3 = 0, V carried = 1. t2, t1: skipped (A stays 0,
+    V stays 1). t0: delta = 0 + 0.5 * 1 - 0.5 = 0, A0 = 0 + 0.25 * 0 = 0 -> returns [0.5, 7, 7, 1] (A + V, A carried
+    on the skipped tokens). With reward 2 at t3: delta3 = 1, A3 = 1; delta0 = 0.5 * 1 - 0.5 = 0, A0 = 0.25 * 1."""
+    mask = T([[1.0, 0.0, 0.0, 1.0]])
+    _, ret = gae_advantages(T([[0.0, 9.0, 9.0, 1.0]]), T([[0.5, 7.0, 7.0, 1.0]]), mask, 0.5, 0.5)
+    close(ret, [[0.5, 7.0, 7.0, 1.0]])
+    _, ret = gae_advantages(T([[0.0, 9.0, 9.0, 2.0]]), T([[0.5, 7.0, 7.0, 1.0]]), mask, 0.5, 0.5)
+    close(ret, [[0.75, 8.0, 8.0, 2.0]])
+
+
 def test_grpo_and_dr_grpo():
     # scores [1,0,0,0]: mean .25, unbiased std sqrt((.5625+3*.0625)/3)=.5 -> [1.5,-.5,-.5,-.5]
     mask = torch.ones(4, 2)

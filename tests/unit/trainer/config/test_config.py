@@ -458,26 +458,30 @@ def test_train_files_as_a_list_read_every_file(tmp_path):
     assert len(load_dataset(cfg.data.train_files)) == 6
 
 
-@pytest.mark.parametrize("agent, refused", [(None, False), ("single_turn_agent", False), ("tool_agent", True)])
-def test_a_row_asking_for_verls_agent_loop_is_refused(tmp_path, agent, refused):
-    """verl runs each row through the agent loop its agent_name column names; rlrig's rollout is single-turn."""
-    from rlrig.trainer.data.datasets import arithmetic_rows, load_dataset, write_parquet
+@pytest.mark.parametrize("tools", [False, True])
+def test_a_tool_config_puts_its_tools_into_every_prompt_as_verl_does(tmp_path, tools):
+    """verl's data.tool_config_path follows multi_turn.tool_config_path, and its data set renders the tools' schemas
+    into every prompt, single-turn rows' too (the embedded tool model's template marks them with <tools>)."""
+    from rlrig.trainer.data.datasets import load_rows, write_parquet
+    from rlrig.trainer.embedded.tool_model import build_tool_tokenizer, calculator_rows
 
-    rows = arithmetic_rows(3, "train", 1)
-    if agent is not None:
-        rows = [{**r, "agent_name": agent} for r in rows]
-    write_parquet(rows, tmp_path / "a.parquet")
-    if not refused:
-        assert len(load_dataset(str(tmp_path / "a.parquet"))) == 3
-        return
-    with pytest.raises(ConfigError, match="agent_name=tool_agent in its rows asks for verl's agent loop"):
-        load_dataset(str(tmp_path / "a.parquet"))
-
-
-def test_a_tool_config_is_refused_as_verl_renders_its_tools_into_every_prompt():
-    parse_overrides(["actor_rollout_ref.rollout.multi_turn.tool_config_path=null"])
-    with pytest.raises(ConfigError, match="multi_turn.tool_config_path: a verl key rlrig does not implement: tools"):
-        parse_overrides(["actor_rollout_ref.rollout.multi_turn.tool_config_path=tools.yaml"])
+    write_parquet([{**r, "agent_name": None} for r in calculator_rows(3, "train", 1)], tmp_path / "a.parquet")
+    config = tmp_path / "tools.yaml"
+    config.write_text(
+        "tools:\n  - class_name: rlrig.trainer.agent.tools.calculator.CalculatorTool\n    config: {type: native}\n"
+    )
+    cfg = parse_overrides(
+        [
+            f"data.train_files={tmp_path}/a.parquet",
+            "data.train_batch_size=1",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+        ]
+        + ([f"actor_rollout_ref.rollout.multi_turn.tool_config_path={config}"] if tools else [])
+    )
+    assert cfg.data.tool_config_path == (str(config) if tools else None)
+    tok = build_tool_tokenizer()
+    train, _ = load_rows(cfg, tok)
+    assert [tok.decode(r["input_ids"]).startswith("<tools>") for r in train] == [tools] * 3
 
 
 @pytest.mark.parametrize(

@@ -186,9 +186,9 @@ def test_interpolation_on_the_command_line_resolves_as_in_verl():
             "run.yaml:3: unknown config key 'data.train_batch_sise'; did you mean data.train_batch_size?",
         ),
         (
-            {"run.yaml": "actor_rollout_ref:\n  rollout:\n    multi_turn:\n      enable: True\n"},
+            {"run.yaml": "actor_rollout_ref:\n  rollout:\n    agent:\n      agent_loop_config_path: loops.yaml\n"},
             [],
-            "run.yaml:4: actor_rollout_ref.rollout.multi_turn.enable: a verl key rlrig does not implement",
+            "run.yaml:4: actor_rollout_ref.rollout.agent.agent_loop_config_path: a verl key rlrig does not implement",
         ),
         (
             {"run.yaml": "trainer:\n  total_epochs: many\n"},
@@ -297,12 +297,6 @@ def test_missing_folder_file_or_half_of_the_pair(tmp_path, path, name, says):
 
 # verl's own config files (copied in verl_config_files/ with their path and commit): what rlrig says of each
 VERL_CONFIGS = [
-    # verl's example for multi-turn: refused at the switch of the feature rlrig lacks
-    (
-        "gsm8k_multiturn_grpo",
-        "gsm8k_multiturn_grpo.yaml:21: actor_rollout_ref.rollout.multi_turn.enable: a verl key rlrig does not "
-        "implement",
-    ),
     (
         "gsm8k_multiturn_megatron_grpo",
         "gsm8k_multiturn_megatron_grpo.yaml:7: defaults entry 'ppo_megatron_trainer': Megatron is not in rlrig",

@@ -113,7 +113,8 @@ def test_external_lib_is_imported_or_refused(tmp_path, monkeypatch):
     [
         ("critic.model.lora_rank=8", "a verl key rlrig does not implement: LoRA on the critic"),
         ("reward_model.reward_loop_class_name=MyLoop", "a reward-loop class of your own is not in rlrig"),
-        ("actor_rollout_ref.rollout.multi_turn.enable=True", "multi-turn"),
+        ("actor_rollout_ref.rollout.agent.custom_async_server.path=my.py", "a server class of your own is not in"),
+        ("actor_rollout_ref.rollout.sglang_rollout_mode=server", "verl refuses it as well"),
         ("algorithm.rollout_correction.rollout_token_veto_threshold=1e-4", "token veto is not in its rollout"),
         ("reward_model.ulysses_sequence_parallel_size=2", "sequence parallelism for the reward model"),
         # the actor's is implemented (model/ulysses.py): groups of the one worker here cannot be formed
@@ -137,6 +138,8 @@ def test_verl_keys_rlrig_does_not_implement_are_refused_in_one_line(override, wo
         "critic.model.target_modules=all-linear",
         "reward_model.use_reward_loop=False",
         "actor_rollout_ref.rollout.multi_turn.enable=False",
+        "actor_rollout_ref.rollout.multi_turn.enable=True",
+        "actor_rollout_ref.rollout.over_sample_rate=0.1",
         "actor_rollout_ref.rollout.mode=async",
         "actor_rollout_ref.rollout.mode=sync",
         "actor_rollout_ref.rollout.multi_turn.format=hermes",

@@ -27,5 +27,6 @@ def test_batches_of_different_prompt_widths_join_left_padded_in_order():
 def test_each_training_worker_gets_its_prompts_samples():
     ro = pack_responses([[1], [2], [3], [4]], 2, [[i] for i in range(8)], None, 1, PAD, EOS)
     pool = RolloutPool([], [], 2, PAD, one_step=False)
-    shares = pool.shares(ro, 2)
-    assert [s.input_ids[:, 0].tolist() for s in shares] == [[1, 1, 2, 2], [3, 3, 4, 4]]
+    shares = pool.shares(ro, [{"num_turns": i} for i in range(8)], 2)  # each sample's agent-loop fields go with it
+    assert [s.input_ids[:, 0].tolist() for s, _ in shares] == [[1, 1, 2, 2], [3, 3, 4, 4]]
+    assert [[t["num_turns"] for t in turns] for _, turns in shares] == [[0, 1, 2, 3], [4, 5, 6, 7]]

@@ -16,16 +16,24 @@ BASE = [
 
 
 class Recorder:
-    """The worker's engine with its calls recorded. A generation straight after one that let the weights go fails,
-    as it would sample from garbage in an engine that dropped them."""
+    """The worker's engine with its rollouts recorded (the agent loop's engine calls hold the engine's memory until it
+    rests, which is where an engine frees it). A generation straight after a rest that let the weights go fails, as it
+    would sample from garbage in an engine that dropped them."""
 
     def __init__(self, engine):
         self.engine, self.calls = engine, []
 
-    def generate(self, prompts, n, sampling=None, sync_follows=False):
+    def generate(self, prompts, n, sampling=None, sync_follows=False, max_new=None, hold=False):
         assert self.calls[-1:] != ["gen, sync follows"], "a generation from dropped weights"
+        assert hold, "every engine call of a rollout holds the engine until the rollout rests"
+        return self.engine.generate(prompts, n, sampling, max_new=max_new, hold=hold)
+
+    def rest(self, sync_follows=False):
         self.calls.append("gen, sync follows" if sync_follows else "gen")
-        return self.engine.generate(prompts, n, sampling)
+        self.engine.rest(sync_follows)
+
+    def agree(self, more):
+        return self.engine.agree(more)
 
     def sync_weights(self, weights):
         self.calls.append("sync")
@@ -50,7 +58,7 @@ class Recorder:
 )
 def test_the_engine_drops_its_weights_only_where_a_sync_follows(extra, script, calls):
     with single_worker([*BASE, *extra]) as (w, batches):
-        w.engine = Recorder(w.engine)
+        w.engine = w.agent.engine = Recorder(w.engine)
         for i, action in enumerate(script):
             rows = next(batches)
             w.step(rows, 0.0, i + 1) if action == "step" else w.evaluate(rows)

@@ -1,0 +1,101 @@
+"""The embedded tool task for real (rlrig train --preset tools, the hf engine): through verl's tool agent loop with the
+calculator, the reward rises as the model learns to call it and to copy what it returns."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+STEPS = 30
+
+
+def tool_task(run: Path, *extra: str, python: str = sys.executable) -> list[dict]:
+    r = subprocess.run(
+        [
+            python,
+            "-m",
+            "rlrig.entrypoint.cli",
+            "train",
+            "--preset",
+            "tools",
+            f"trainer.total_training_steps={STEPS}",
+            f"trainer.test_freq={STEPS}",
+            f"trainer.save_freq={STEPS}",
+            f"trainer.default_local_dir={run}",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def mean(rows, key):
+    return sum(r[key] for r in rows) / len(rows)
+
+
+def check_it_learned(rows: list[dict]) -> dict:
+    """The first and last fifth of the run: the score, the calls per sample and the turns per sample."""
+    steps = [r for r in rows if "critic/score/mean" in r]  # (the first line: validation before training)
+    k = STEPS // 5
+    first, last = steps[:k], steps[-k:]
+    seen = {
+        key: (round(mean(first, key), 3), round(mean(last, key), 3))
+        for key in ("critic/score/mean", "tool_call_counts/mean", "num_turns/mean")
+    }
+    print(seen)
+    score, calls, turns = seen.values()
+    assert score[1] > score[0] + 0.2, seen  # the reward rises
+    assert calls[1] > calls[0], seen  # by calling the calculator more
+    assert 2 <= turns[0] and turns[1] <= 4, seen  # a call, the calculator's response, the answer: 4 turns at most
+    val = [r for r in rows if "val-core/rlrig/calculator/reward/mean@1" in r]
+    assert len(val) == 2 and "val-aux/num_turns/mean" in val[-1]
+    assert val[-1]["val-core/rlrig/calculator/reward/mean@1"] > val[0]["val-core/rlrig/calculator/reward/mean@1"]
+    for key in ("timing_s/agent_loop/generate_sequences/mean", "timing_s/agent_loop/tool_calls/max"):
+        assert key in rows[-1], key
+    return seen
+
+
+def test_the_embedded_tool_task_learns_to_use_the_calculator(tmp_path):
+    check_it_learned(tool_task(tmp_path / "run", "actor_rollout_ref.rollout.name=hf"))
+
+
+@pytest.mark.parametrize("mode", ["sync", "one_step_off_policy"])
+def test_the_tool_task_runs_on_a_rollout_pool_of_its_own(tmp_path, mode):
+    """The rollout workers run the loop, their samples' agent-loop fields and metrics travel to the trainer."""
+    run = tmp_path / "run"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlrig.entrypoint.cli",
+            "train",
+            "--preset",
+            "tools",
+            "actor_rollout_ref.rollout.name=hf",
+            "actor_rollout_ref.hybrid_engine=False",
+            "actor_rollout_ref.rollout.free_cache_engine=False",
+            "rollout.nnodes=1",
+            "rollout.n_gpus_per_node=1",
+            "trainer.n_gpus_per_node=1",
+            f"trainer.async_mode={mode}",
+            "trainer.total_training_steps=4",
+            "trainer.test_freq=4",
+            "trainer.save_freq=4",
+            f"trainer.default_local_dir={run}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["training/global_step"] for m in rows] == [0, 1, 2, 3, 4]  # 0: validation before training
+    assert all(m["tool_call_counts/max"] >= 1 and m["num_turns/max"] >= 4 for m in rows[1:])
+    assert "val-aux/num_turns/mean" in rows[0] and "val-aux/num_turns/mean" in rows[-1]

@@ -1,0 +1,137 @@
+"""verl's multi-turn examples (examples/sglang_multiturn, FSDP; the scripts of verl_scripts/overrides.json whose scope
+is multi-turn/agent) with the config files they name (verl_config_files/, copied from the same commit): accepted
+unchanged, or refused in one line for a reason listed here. Their tool and interaction configs load."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlrig.trainer.agent import setup
+from rlrig.trainer.agent.interactions import load_interactions
+from rlrig.trainer.agent.tools import load_tools
+from rlrig.trainer.config.config_files import assemble
+from rlrig.trainer.config.overrides import parse_overrides
+from rlrig.trainer.errors import ConfigError
+
+HERE = Path(__file__).parent
+VERL_FILES = HERE / "verl_config_files"
+SCRIPTS = json.loads((HERE / "verl_scripts" / "overrides.json").read_text())["scripts"]
+MULTI_TURN = sorted(n for n, s in SCRIPTS.items() if s["scope"].startswith("multi-turn/agent"))
+
+EXPECTED = {
+    "sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn": "accepted",
+    "sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn_4xgpu": "accepted",
+    "sglang_multiturn/run_qwen3-4b_gsm8k_multiturn": "accepted",
+    "sglang_multiturn/search_r1_like/run_qwen2.5-3b_instruct_search_multiturn": "accepted",
+    # activation offload: a GPU memory feature rlrig lacks
+    "sglang_multiturn/run_qwen2.5-0.5b_gsm8k_multiturn_w_interaction": "actor_rollout_ref.model."
+    "enable_activation_offload: a verl key rlrig does not implement: activation offload is not in rlrig",
+    # verl's server-mode config: its key is gone from verl's RolloutConfig, which refuses it too
+    "sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn_server": "gsm8k_multiturn_grpo_server.yaml:23: "
+    "actor_rollout_ref.rollout.sglang_rollout_mode: a verl key rlrig does not implement",
+    "sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn_4xgpu_server": "gsm8k_multiturn_grpo_server.yaml:23: "
+    "actor_rollout_ref.rollout.sglang_rollout_mode: a verl key rlrig does not implement",
+    # a sampler class from verl's own test suite
+    "sglang_multiturn/run_qwen0.5b_gsm8k_multiturn_curriculum": "data.sampler.class_path/class_name: custom samplers "
+    "are not in rlrig",
+    "sglang_multiturn/gsm8k_toolcall_shaping/run_gsm8k_grpo_toolcall_shaping": "data.sampler.class_path/class_name: "
+    "custom samplers are not in rlrig",
+    # rollout traces to MLflow
+    "sglang_multiturn/run_qwen2.5-3b_gsm8k_tool_agent_mlflow": "actor_rollout_ref.rollout.trace.backend: a verl key "
+    "rlrig does not implement: verl's rollout tracing is not in rlrig",
+    # the retool recipe's dataset class (a verl submodule)
+    "sglang_multiturn/run_qwen3_4b_dapo_multiturn": "data.custom_cls.path: a verl key rlrig does not implement",
+}
+
+
+def outcome(name: str) -> str:
+    s = SCRIPTS[name]
+    folder = str(VERL_FILES) if s.get("config_name") else None
+    try:
+        parse_overrides(assemble(None, folder, s.get("config_name"), s["overrides"]))
+    except ConfigError as e:
+        assert "\n" not in str(e)
+        return str(e).replace(f"{VERL_FILES}/", "")
+    return "accepted"
+
+
+def test_the_table_covers_every_multi_turn_fsdp_script():
+    assert sorted(EXPECTED) == MULTI_TURN
+
+
+@pytest.mark.parametrize("name", MULTI_TURN)
+def test_verls_multi_turn_example_is_accepted_or_refused_as_listed(name):
+    got = outcome(name)
+    assert got == "accepted" if EXPECTED[name] == "accepted" else got.startswith(EXPECTED[name]), got
+
+
+def test_the_accepted_multi_turn_config_keeps_verls_values():
+    s = SCRIPTS["sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn_4xgpu"]
+    cfg = parse_overrides(assemble(None, str(VERL_FILES), s["config_name"], s["overrides"]))
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    assert (mt.enable, mt.max_assistant_turns, mt.max_user_turns) == (True, 5, 1)  # the file's, then the script's
+    assert mt.tool_config_path.endswith("tool_config/gsm8k_tool_config.yaml")
+    assert cfg.data.tool_config_path == mt.tool_config_path  # verl's interpolation: the tools in every prompt
+
+
+def test_verls_tool_and_interaction_configs_load_rlrigs_ports():
+    tools = load_tools(str(VERL_FILES / "tool_config" / "gsm8k_tool_config.yaml"))
+    assert list(tools) == ["calc_gsm8k_reward"] and type(tools["calc_gsm8k_reward"]).__module__.startswith("rlrig.")
+    users = load_interactions(str(VERL_FILES / "interaction_config" / "gsm8k_interaction_config.yaml"))
+    assert list(users) == ["gsm8k"]
+
+
+def test_a_verl_tool_rlrig_has_no_port_of_is_refused_naming_it():
+    with pytest.raises(ConfigError, match=r"class_name=verl.tools.search_tool.SearchTool cannot be imported"):
+        load_tools(str(VERL_FILES / "tool_config" / "search_tool_config.yaml"))
+
+
+def rows(agent=None, **extra):
+    return [{"prompt": [], "agent_name": agent, "extra_info": extra}]
+
+
+@pytest.mark.parametrize(
+    "overrides, data, says",
+    [
+        # verl picks the loop by agent_name / default_agent_loop; enable alone runs single turn, and rlrig says so
+        (["actor_rollout_ref.rollout.multi_turn.enable=True"], rows(), "no row runs tool_agent"),
+        (["actor_rollout_ref.rollout.multi_turn.enable=True"], rows("tool_agent"), None),
+        ([], rows("react_agent"), "agent_name=react_agent in the data: rlrig's agent loops are"),
+        (["actor_rollout_ref.rollout.multi_turn.format=qwen"], rows("tool_agent"), "multi_turn.format=qwen"),
+        (["actor_rollout_ref.rollout.multi_turn.format=qwen"], rows(), None),  # verl builds no parser then either
+        (
+            ["actor_rollout_ref.hybrid_engine=False", "rollout.nnodes=1", "rollout.n_gpus_per_node=1"],
+            rows("tool_agent"),
+            None,
+        ),
+        (
+            [
+                "actor_rollout_ref.hybrid_engine=False",
+                "rollout.nnodes=1",
+                "rollout.n_gpus_per_node=1",
+                "async_training.staleness_threshold=1",
+                "data.train_batch_size=0",
+            ],
+            rows("tool_agent"),
+            "multi-turn partial rollouts are not in rlrig",
+        ),
+        (
+            [
+                f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={VERL_FILES}/interaction_config/"
+                "gsm8k_interaction_config.yaml"
+            ],
+            rows("tool_agent", interaction_kwargs={"query": "q", "ground_truth": "1"}),  # verl's w_tool data: no name
+            "interaction_kwargs.name=None: name one of ['gsm8k'] in every row",
+        ),
+    ],
+)
+def test_start_up_checks_of_the_agent_loop(overrides, data, says):
+    cfg = parse_overrides(["actor_rollout_ref.rollout.free_cache_engine=False", *overrides])
+    if says is None or says.startswith("no row"):
+        notice = setup.check(cfg, data)
+        assert (notice is None) if says is None else (says in notice)
+        return
+    with pytest.raises(ConfigError, match=None) as e:
+        setup.check(cfg, data)
+    assert says in str(e.value) and "\n" not in str(e.value)
