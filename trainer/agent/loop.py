@@ -83,8 +83,8 @@ class Trajectory:
 
 
 def truncated(text: str, limit: int, side: str) -> str:
-    """verl's cut of a long tool response to `limit` characters; its side names the part kept... from the other end:
-    left keeps the start, right keeps the end, anything else keeps both ends."""
+    """verl's cut of a long tool response to `limit` characters, with verl's names for the sides: left keeps the start
+    (the cut is on the right), right keeps the end, anything else keeps both ends."""
     if len(text) <= limit:
         return text
     if side == "left":
