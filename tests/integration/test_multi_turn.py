@@ -1,39 +1,32 @@
 """The embedded tool task for real (rlrig train --preset tools, the hf engine): through verl's tool agent loop with the
 calculator, the reward rises as the model learns to call it and to copy what it returns."""
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.integration.test_train import metrics, rlrig
 
 pytestmark = pytest.mark.integration
 
 STEPS = 30
 
 
-def tool_task(run: Path, *extra: str, python: str = sys.executable) -> list[dict]:
-    r = subprocess.run(
-        [
-            python,
-            "-m",
-            "rlrig.entrypoint.cli",
-            "train",
-            "--preset",
-            "tools",
-            f"trainer.total_training_steps={STEPS}",
-            f"trainer.test_freq={STEPS}",
-            f"trainer.save_freq={STEPS}",
-            f"trainer.default_local_dir={run}",
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
+def tool_task(run: Path, *extra: str, steps: int = STEPS) -> list[dict]:
+    """`rlrig train --preset tools` for `steps` steps (validated and checkpointed at the end): its metrics."""
+    r = rlrig(
+        "train",
+        "--preset",
+        "tools",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.test_freq={steps}",
+        f"trainer.save_freq={steps}",
+        f"trainer.default_local_dir={run}",
+        *extra,
         timeout=900,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return metrics(run)
 
 
 def mean(rows, key):
@@ -69,33 +62,11 @@ def test_the_embedded_tool_task_learns_to_use_the_calculator(tmp_path):
 @pytest.mark.parametrize("mode", ["sync", "one_step_off_policy"])
 def test_the_tool_task_runs_on_a_rollout_pool_of_its_own(tmp_path, mode):
     """The rollout workers run the loop, their samples' agent-loop fields and metrics travel to the trainer."""
-    run = tmp_path / "run"
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rlrig.entrypoint.cli",
-            "train",
-            "--preset",
-            "tools",
-            "actor_rollout_ref.rollout.name=hf",
-            "actor_rollout_ref.hybrid_engine=False",
-            "actor_rollout_ref.rollout.free_cache_engine=False",
-            "rollout.nnodes=1",
-            "rollout.n_gpus_per_node=1",
-            "trainer.n_gpus_per_node=1",
-            f"trainer.async_mode={mode}",
-            "trainer.total_training_steps=4",
-            "trainer.test_freq=4",
-            "trainer.save_freq=4",
-            f"trainer.default_local_dir={run}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
+    pool = ["actor_rollout_ref.hybrid_engine=False", "actor_rollout_ref.rollout.free_cache_engine=False"]
+    sizes = ["rollout.nnodes=1", "rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=1"]
+    rows = tool_task(
+        tmp_path / "run", "actor_rollout_ref.rollout.name=hf", *pool, *sizes, f"trainer.async_mode={mode}", steps=4
     )
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["training/global_step"] for m in rows] == [0, 1, 2, 3, 4]  # 0: validation before training
     assert all(m["tool_call_counts/max"] >= 1 and m["num_turns/max"] >= 4 for m in rows[1:])
     assert "val-aux/num_turns/mean" in rows[0] and "val-aux/num_turns/mean" in rows[-1]

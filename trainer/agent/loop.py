@@ -82,6 +82,17 @@ class Trajectory:
         return {"turn_scores": self.turn_scores, "tool_rewards": self.tool_rewards, "num_turns": self.num_turns}
 
 
+def gathered(coroutines) -> list:
+    """The coroutines run concurrently to completion, their results in order; no event loop made for none. The loop's
+    callers are plain threads (a Ray actor's), so each batch of tool, interaction or start-up calls gets one loop."""
+    coroutines = list(coroutines)
+
+    async def run_all():
+        return await asyncio.gather(*coroutines)
+
+    return asyncio.run(run_all()) if coroutines else []
+
+
 def truncated(text: str, limit: int, side: str) -> str:
     """verl's cut of a long tool response to `limit` characters, with verl's names for the sides: left keeps the start
     (the cut is on the right), right keeps the end, anything else keeps both ends."""
@@ -142,8 +153,12 @@ class ToolAgentLoop:
                 if t.multi_turn and self.interactions:
                     t.interaction_kwargs = dict(extra.get("interaction_kwargs") or {})
                     t.interaction = self._interaction(t.interaction_kwargs)
-                    asyncio.run(t.interaction.start_interaction(t.request_id, **t.interaction_kwargs))
                 out.append(t)
+        gathered(
+            t.interaction.start_interaction(t.request_id, **t.interaction_kwargs)
+            for t in out
+            if t.interaction is not None
+        )
         return out
 
     def _interaction(self, kwargs: dict) -> BaseInteraction:
@@ -180,14 +195,8 @@ class ToolAgentLoop:
         """Every waiting trajectory's calls (the first max_parallel_calls of each turn), all at once."""
         L = self.limits
         jobs = [(t, c) for t in waiting for c in t.calls[: L.max_parallel_calls]]
-
-        async def all_calls():
-            return await asyncio.gather(
-                *(call_tool(self.tools.get(c.name), c, t.tools_kwargs, L.tool_timeout) for t, c in jobs)
-            )
-
         t0 = time.perf_counter()
-        results = asyncio.run(all_calls()) if jobs else []
+        results = gathered(call_tool(self.tools.get(c.name), c, t.tools_kwargs, L.tool_timeout) for t, c in jobs)
         took = time.perf_counter() - t0
         replies: dict[int, list[dict]] = {id(t): [] for t in waiting}
         for (t, _), (text, reward) in zip(jobs, results):
@@ -209,12 +218,10 @@ class ToolAgentLoop:
             t.user_turns += 1
 
     def interact(self, waiting: list[Trajectory]) -> None:
-        async def replies():
-            return await asyncio.gather(
-                *(t.interaction.generate_response(t.request_id, t.messages, **t.interaction_kwargs) for t in waiting)
-            )
-
-        for t, (stop, text, score, _) in zip(waiting, asyncio.run(replies()) if waiting else []):
+        replies = gathered(
+            t.interaction.generate_response(t.request_id, t.messages, **t.interaction_kwargs) for t in waiting
+        )
+        for t, (stop, text, score, _) in zip(waiting, replies):
             t.user_turns += 1
             message = {"role": "user", "content": text}
             t.messages.append(message)
@@ -224,12 +231,7 @@ class ToolAgentLoop:
             t.done = bool(stop)
 
     def finish(self, trajs: list[Trajectory]) -> None:
-        async def finalize():
-            await asyncio.gather(
-                *(t.interaction.finalize_interaction(t.request_id) for t in trajs if t.interaction is not None)
-            )
-
-        asyncio.run(finalize())
+        gathered(t.interaction.finalize_interaction(t.request_id) for t in trajs if t.interaction is not None)
 
 
 def pack(trajs: list[Trajectory], response_length: int, pad_id: int, with_logps: bool) -> Rollout:
