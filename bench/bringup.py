@@ -14,7 +14,7 @@ Methods:
              the last one is up (an orchestrator with perfect knowledge and no polling).
 All use the same token (`RAY_AUTH_MODE=token`) and one CPU per node.
 
-    python bench/bringup.py                 # N = 2 4 8, 3 runs each (about 25 minutes on 2 cores)
+    python bench/bringup.py                 # N = 2 4 8, 3 runs each (about 45 minutes on 2 cores)
     python bench/bringup.py --n 2 --runs 1  # quick look
     python bench/bringup.py --n 4 8 --methods floor rlrig rlrig+fabric symmetric   # the fabric check's cost
 """
@@ -76,7 +76,7 @@ def wait(pred, timeout: float, what: str, nodes: list[NodeProc]) -> float:
     raise RuntimeError(f"{what} did not happen (node {dead[0]} exited or {timeout}s passed); its output:\n{tail}")
 
 
-METHODS = ["floor", "rlrig", "symmetric", "sleeps"]
+METHODS = ["floor", "rlrig", "rlrig+fabric", "symmetric", "sleeps"]
 
 
 class Run:
@@ -138,6 +138,7 @@ class Run:
                     wait(self.marker.exists, 300, "the command", self.nodes)
                     time.sleep(0.05)  # let `date` finish writing
                     self.note = next((x for x in self.nodes[0].lines if "fabric check passed" in x), "")
+                    self.note += phases(self.nodes[0].lines)
                     return float(self.marker.read_text()) - wall0
                 return time.monotonic() - t0
             finally:
@@ -194,7 +195,28 @@ class Run:
         wait(lambda: all(w.saw(STARTED) for w in workers), 120, "workers", self.nodes)
 
 
-RATIOS = [("rlrig", "floor"), ("rlrig", "symmetric"), ("rlrig+fabric", "floor"), ("rlrig+fabric", "symmetric")]
+def phases(lines: list[str]) -> str:
+    """The check's own phases from its report (the head's `fabric: ... report PATH` line), read before the run's
+    temp dir goes: where its seconds went, beside the head's line."""
+    import json
+
+    said = [x for x in lines if x.startswith("rlrig: fabric:") and "report /" in x]
+    path = said[0].rsplit("report ", 1)[1].strip() if said else ""
+    try:
+        report = json.loads(Path(path).read_text()) if path else {}
+    except (OSError, ValueError):
+        return ""
+    laps = report.get("phases_s") or {}
+    return ("; " + ", ".join(f"{k} {v:.2f}s" for k, v in laps.items())) if laps else ""
+
+
+RATIOS = [
+    ("rlrig", "floor"),
+    ("rlrig", "symmetric"),
+    ("rlrig+fabric", "floor"),
+    ("rlrig+fabric", "symmetric"),
+    ("rlrig+fabric", "rlrig"),
+]
 
 
 def main(argv=None) -> int:
@@ -212,21 +234,22 @@ def main(argv=None) -> int:
         return 2
     # a killed bench must still remove its namespaces (the `with` blocks): SIGTERM unwinds like Ctrl-C
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    table: dict[tuple[int, str], float] = {}
+    times: dict[tuple[int, str], list[float]] = {(n, m): [] for n in args.n for m in args.methods}
     for n in args.n:
-        for method in args.methods:
-            times = []
-            for r in range(args.runs):
+        # the methods take turns within each round: drift in the machine's load then falls on all of them alike
+        for r in range(args.runs):
+            for method in args.methods:
                 run = Run(n, method)
                 try:
-                    times.append(run.measure())
+                    times[n, method].append(run.measure())
                 except SleepsTooShort as e:
-                    times.append(float("inf"))  # counts as a failed bring-up, not as a time
-                    print(f"  N={n} {method:<9} run {r + 1}: failed ({e})", file=sys.stderr, flush=True)
+                    times[n, method].append(float("inf"))  # counts as a failed bring-up, not as a time
+                    print(f"  N={n} {method:<12} run {r + 1}: failed ({e})", file=sys.stderr, flush=True)
                     continue
                 note = f"  ({run.note.removeprefix('rlrig: ')})" if run.note else ""
-                print(f"  N={n} {method:<9} run {r + 1}: {times[-1]:6.2f} s{note}", file=sys.stderr, flush=True)
-            table[n, method] = statistics.median(times)
+                took = times[n, method][-1]
+                print(f"  N={n} {method:<12} run {r + 1}: {took:6.2f} s{note}", file=sys.stderr, flush=True)
+    table = {key: statistics.median(values) for key, values in times.items()}
     print(f"\nmedian seconds from start to 'all N alive and command started' ({args.runs} runs each)")
     ratios = [(a, b) for a, b in RATIOS if {a, b} <= set(args.methods)]
     labels = [f"{a}/{b}" for a, b in ratios]

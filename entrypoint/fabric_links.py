@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 
@@ -30,7 +31,8 @@ def torch_wait(work, device, timeout: float) -> None:
 
 
 class TorchLink:
-    """One peer in the probe's torch.distributed group: tensors on `device` (CUDA: synchronised after each wait)."""
+    """One peer in the probe's torch.distributed group: tensors on `device` (CUDA: synchronised after each wait).
+    A payload of n bytes is the first n of a buffer of `nbytes` (a contiguous slice: no copy)."""
 
     def __init__(self, peer: int, nbytes: int, device):
         import torch
@@ -54,19 +56,15 @@ class TorchLink:
         self.wait(dist.irecv(self.small, self.peer), timeout)
         return int(self.small.item())
 
-    def send_payload(self, timeout: float) -> None:
+    def send_payload(self, nbytes: int, timeout: float) -> None:
         import torch.distributed as dist
 
-        self.wait(dist.isend(self.payload, self.peer), timeout)
+        self.wait(dist.isend(self.payload[: nbytes // 4], self.peer), timeout)
 
-    def recv_payload(self, timeout: float) -> None:
+    def recv_payload(self, nbytes: int, timeout: float) -> None:
         import torch.distributed as dist
 
-        self.wait(dist.irecv(self.payload, self.peer), timeout)
-
-    @property
-    def nbytes(self) -> int:
-        return self.payload.numel() * self.payload.element_size()
+        self.wait(dist.irecv(self.payload[: nbytes // 4], self.peer), timeout)
 
     def close(self) -> None:
         pass
@@ -107,7 +105,8 @@ def connect(address: tuple[str, int], timeout: float) -> socket.socket:
 
 
 class TcpLink:
-    """A connected TCP socket to one peer: small messages are one byte, the payload `nbytes`."""
+    """A connected TCP socket to one peer: small messages are one byte, a payload of n bytes the first n of a buffer
+    of `nbytes`."""
 
     def __init__(self, sock: socket.socket, nbytes: int):
         self.sock, self.nbytes = sock, nbytes
@@ -122,25 +121,32 @@ class TcpLink:
         recv_exactly(self.sock, self.small, timeout)
         return self.small[0]
 
-    def send_payload(self, timeout: float) -> None:
+    def send_payload(self, nbytes: int, timeout: float) -> None:
         self.sock.settimeout(timeout)
-        self.sock.sendall(self.payload)
+        self.sock.sendall(self.payload[:nbytes])
 
-    def recv_payload(self, timeout: float) -> None:
-        recv_exactly(self.sock, self.payload, timeout)
+    def recv_payload(self, nbytes: int, timeout: float) -> None:
+        recv_exactly(self.sock, self.payload[:nbytes], timeout)
 
     def close(self) -> None:
         self.sock.close()
 
 
 def ring_allreduce(
-    server: socket.socket, nxt: tuple[str, int], n: int, nbytes: int, iters: int, warmup: float, timeout: float
+    accept_in: Callable[[float], socket.socket],
+    connect_out: Callable[[float], socket.socket],
+    n: int,
+    nbytes: int,
+    iters: int,
+    warmup: float,
+    timeout: float,
 ) -> list[float]:
-    """The ring all-reduce's transfers among n ranks, each calling this with its own listener and the next rank's
-    address: the seconds of each of `iters` after one warm-up (which connects the ring)."""
+    """The ring all-reduce's transfers among n ranks, each calling this with how it takes the previous rank's
+    connection and how it opens its own to the next rank (each within a timeout): the seconds of each of `iters`
+    after one warm-up (which connects the ring)."""
     with ThreadPoolExecutor(2) as pool:
-        incoming = pool.submit(accept, server, warmup)
-        out = connect(nxt, warmup)
+        incoming = pool.submit(accept_in, warmup)
+        out = connect_out(warmup)
         inc = incoming.result(warmup)
         try:
             chunk = memoryview(bytearray(max(1, nbytes // n)))

@@ -1,10 +1,11 @@
 """Carries out a Plan: start / wait / run / stop, on every node. Linear on purpose: read it top to bottom.
 
-Head:   ray start --head -> publish env -> (several nodes, run/train: start the fabric check, fabric.py) -> wait for
-        nnodes -> compare versions -> the fabric check's verdict -> run CMD while
+Head:   ray start --head -> publish env (several nodes, run/train: and where its fabric probe listens) -> (a GPU
+        head: start the fabric check over Ray, fabric.py) -> wait for nnodes -> compare versions -> the fabric
+        check's verdict (a head without a GPU: measured from here, fabric_tcp.py) -> run CMD while
         watching nodes (`rlrig up`: serve submitted jobs, standing.py) -> publish exit code -> stop.
-Worker: wait for the head's GCS -> read env -> ray start --address -> wait for the head's exit
-        code (or notice the head is gone) -> stop.
+Worker: wait for the head's GCS -> read env -> (several nodes: its fabric probe) -> ray start --address -> wait for
+        the head's exit code (or notice the head is gone) -> stop.
 What is said to whom through the head's store is coordination.py; this module owns the processes.
 """
 
@@ -17,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 
-from . import coordination, fabric, metricsbind, prestart, raystart, resources, standing
+from . import coordination, fabric, fabric_tcp, metricsbind, prestart, raystart, resources, standing
 from .console import say
 from .errors import HANG_EXIT, FabricFailed, NodeLost, RigError
 from .gcs import GcsStore
@@ -150,6 +151,46 @@ def check_fabric(
     return finish_fabric(child, report, alive, timeout)
 
 
+def probe_server(plan: Plan, wanted: bool) -> fabric_tcp.ProbeServer | None:
+    """This node's end of the in-process fabric check (fabric_tcp), where a multi-node run checks the fabric."""
+    if not (wanted and plan.fabric_check and plan.spec.nnodes > 1):
+        return None
+    return fabric_tcp.ProbeServer(plan.spec.node_ip, plan.token)
+
+
+def my_facts(plan: Plan, probe: fabric_tcp.ProbeServer | None) -> dict:
+    spec = plan.spec
+    said = coordination.node_facts(spec.node_rank, spec.node_ip, plan.preflight.num_gpus, spec.node_name)
+    return {**said, "probe": probe.address} if probe else said
+
+
+def check_fabric_here(
+    plan: Plan,
+    probe: fabric_tcp.ProbeServer,
+    store: coordination.Store,
+    nodes: dict[int, dict],
+    env: Mapping[str, str],
+    alive: Callable[[], None],
+) -> str:
+    """The fabric check from this process (fabric_tcp) on the formed cluster, or on the Ray path where a node runs no
+    probe of its own (it was started with --no-fabric-check); a FabricFailed naming the bad node when it fails.
+    Returns the report's path."""
+    said = coordination.facts(store)
+    ranked = [
+        {"rank": r, "host": said.get(r, {}).get("hostname", ""), "ip": n["ip"], "probe": said.get(r, {}).get("probe")}
+        for r, n in sorted(nodes.items())
+    ]
+    if any(n["probe"] is None for n in ranked):
+        return check_fabric(plan, env, alive)
+    report = os.path.join(plan.temp_dir, fabric.REPORT_NAME)
+    started = time.monotonic()
+    code = fabric_tcp.run(ranked, probe, plan.token, plan.fabric_min_ratio, report)
+    if code != 0:
+        raise FabricFailed(fabric.failure_message(report, code), fabric.failed_ranks(report))
+    say(f"fabric check passed ({time.monotonic() - started:.1f}s after the nodes formed)")
+    return report
+
+
 def start_ray(plan: Plan, command: list[str], env: dict[str, str], cluster: dict[str, str]) -> subprocess.Popen:
     metricsbind.write_shim(raystart.hook_dir(plan.temp_dir))
     say(f"before Ray starts: {prestart.one_line(prestart.select(env, cluster))}")
@@ -178,14 +219,14 @@ def run_head(plan: Plan) -> int:
     t0 = time.monotonic()
     command_env = {**plan.ray_env, "RAY_ADDRESS": address}
     fabric_wanted = plan.fabric_check and spec.nnodes > 1
-    early = None  # the fabric check, started while the nodes join
+    # a head without a GPU makes the check's backend TCP whatever the workers have: measured from this process
+    probe = probe_server(plan, pf.num_gpus == 0)
+    early = None  # the fabric check on the Ray path, started while the nodes join
     try:
         deadline = t0 + plan.wait_timeout
         store = coordination.connect(lambda: GcsStore.open(address), deadline, "head", address, alive)
-        coordination.publish_head(
-            store, plan.cluster_env, coordination.node_facts(0, spec.node_ip, pf.num_gpus, spec.node_name)
-        )
-        if fabric_wanted:  # its driver attaches to this node's raylet: once that is up, not before
+        coordination.publish_head(store, plan.cluster_env, my_facts(plan, probe))
+        if fabric_wanted and probe is None:  # its driver attaches to this node's raylet: once that is up, not before
             coordination.wait_for_rank(store, 0, deadline, alive)
             early = start_fabric(plan, command_env)
         nodes = coordination.wait_for_nodes(store, spec.nnodes, deadline, alive)
@@ -204,10 +245,14 @@ def run_head(plan: Plan) -> int:
         restarts, failures = 0, NodeFailures(plan.base_env.get(EXCLUDE_FILE_ENV, ""))
         while True:
             if fabric_wanted:
-                child, report = early or start_fabric(plan, command_env)  # again after a restart in place
-                early = None
                 try:
-                    command_env[FABRIC_REPORT_ENV] = finish_fabric(child, report, alive)
+                    if probe is not None:
+                        report = check_fabric_here(plan, probe, store, nodes, command_env, alive)
+                    else:
+                        child, report = early or start_fabric(plan, command_env)  # again after a restart in place
+                        early = None
+                        report = finish_fabric(child, report, alive)
+                    command_env[FABRIC_REPORT_ENV] = report
                 except FabricFailed as bad:
                     _stop_at_a_second_failure(
                         failures, bad.ranks, known(store, nodes), "failed the fabric check", FabricFailed
@@ -256,6 +301,8 @@ def run_head(plan: Plan) -> int:
     finally:
         if early is not None:  # the job ended before the fabric check was waited for
             terminate_group(early[0])
+        if probe is not None:
+            probe.close()
         if store is not None:
             coordination.publish_exit(store, code)
         terminate_group(ray_proc)
@@ -319,13 +366,21 @@ def run_worker(plan: Plan) -> int:
 
 
 def serve_as_worker(plan: Plan, deadline: float) -> int:
-    spec, pf, address = plan.spec, plan.preflight, plan.gcs_address
+    spec, address = plan.spec, plan.gcs_address
     say(f"worker rank {spec.node_rank}/{spec.nnodes} at {spec.node_ip} joining {address} ({spec.launcher})")
     store = coordination.connect(lambda: GcsStore.open(address), deadline, f"worker {spec.node_rank}", address)
     cluster = coordination.wait_for_env(store, deadline, address)
-    coordination.announce(
-        store, spec.node_rank, coordination.node_facts(spec.node_rank, spec.node_ip, pf.num_gpus, spec.node_name)
-    )
+    probe = probe_server(plan, True)  # the head decides whether it measures from here (fabric_tcp) or over Ray
+    try:
+        coordination.announce(store, spec.node_rank, my_facts(plan, probe))
+        return _serve_as_worker(plan, store, cluster)
+    finally:
+        if probe is not None:
+            probe.close()
+
+
+def _serve_as_worker(plan: Plan, store: coordination.Store, cluster: dict[str, str]) -> int:
+    spec, address = plan.spec, plan.gcs_address
     env = plan.worker_ray_env(cluster)
     ray_proc = start_ray(plan, plan.worker_start_command(env), env, cluster)
 

@@ -32,7 +32,12 @@ def test_the_ring_moves_two_n_minus_one_chunks_on_every_rank():
     addrs = [(IP, s.getsockname()[1]) for s in servers]
     with ThreadPoolExecutor(3) as pool:
         runs = [
-            pool.submit(fabric_links.ring_allreduce, servers[i], addrs[(i + 1) % 3], 3, 3 << 20, 3, 10.0, 10.0)
+            pool.submit(
+                fabric_links.ring_allreduce,
+                lambda t, i=i: fabric_links.accept(servers[i], t),
+                lambda t, i=i: fabric_links.connect(addrs[(i + 1) % 3], t),
+                *(3, 3 << 20, 3, 10.0, 10.0),
+            )
             for i in range(3)
         ]
         assert all(len(t) == 3 and min(t) > 0 for t in (r.result(30) for r in runs))
@@ -43,7 +48,7 @@ def test_a_silent_peer_times_out_and_is_reported_as_such():
     quiet = fabric_links.connect((IP, server.getsockname()[1]), 5.0)  # connects, then never sends
     link = fabric_links.TcpLink(fabric_links.accept(server, 5.0), 1 << 20)
     with pytest.raises(TimeoutError) as e:
-        link.recv_payload(0.3)
+        link.recv_payload(1 << 20, 0.3)
     assert (
         fabric._transfer_error(e.value, "the transfer to rank 0", 0.3) == "the transfer to rank 0 timed out after 0.3s"
     )

@@ -195,3 +195,36 @@ def test_the_plan_carries_them(monkeypatch, tmp_path):
     p = bootstrap.plan(["true"], env=env, fabric_check=True, fabric_min_ratio=0.25)
     assert (p.fabric_check, p.fabric_min_ratio) == (True, 0.25)
     assert bootstrap.plan(["true"], env=env).fabric_check is False  # off unless run/train asks for it
+
+
+def measured(rank, to, back):
+    return {**node(rank, min(to, back)), "to_mb_s": to, "from_mb_s": back, "rtt_ms": 0.1}
+
+
+@pytest.mark.parametrize(
+    "again, mb_s, tries, failing",
+    [
+        # a stall spoiled its first pair: measured again at full speed, it passes with its best
+        ([(1000, 1000)], 1000, 2, []),
+        # slow every time: measured AGAIN more times, then it fails
+        ([(2.4, 2.4), (2.5, 2.3)], 2.4, 3, [2]),
+        # measuring it again failed: its first figure stands (an error says nothing faster)
+        ([None, None], 2.4, 1, [2]),
+        # each direction keeps its best over the tries
+        ([(2.4, 1000), (1000, 3.0)], 1000, 3, []),
+    ],
+)
+def test_a_node_below_the_bar_is_measured_again_before_it_fails(again, mb_s, tries, failing):
+    """Only the node below the bar is measured again, until it is not or AGAIN tries are spent."""
+    nodes = [node(0), measured(1, 1000, 1100), measured(2, 2.4, 2.4), measured(3, 1100, 1000)]
+    calls = []
+
+    def measure(n):
+        calls.append(n["rank"])
+        figures = again[len(calls) - 1]
+        n.update({"error": "the transfer to rank 0 timed out after 10s"} if figures is None else measured(2, *figures))
+
+    fabric.measure_again(nodes, 0.5, time.monotonic() + 60, measure)
+    assert calls == [2] * len(again) and fabric.AGAIN == 2
+    assert nodes[2]["mb_s"] == mb_s and nodes[2].get("measured", 1) == tries, nodes[2]
+    assert [f["rank"] for f in fabric.judge(nodes, 0.5)["failed"]] == failing
