@@ -1,7 +1,8 @@
 """The rollout pool's weight sync (rollout/weight_sync.py) against a raw broadcast of the same bytes over the same
 group: training rank 0 sends a model's weights and the receiver takes them as the hf engine does (large tensors
 landing in its own parameters, small ones copied out of their bucket); the raw broadcast sends one preallocated flat
-buffer of the same size and copies nothing.
+buffer of the same size and copies nothing. The tensors are the trainer's (model/parallel.full_tensors): a tied LM
+head is sent once, as the embedding.
 Two models: the embedded tiny one and a random one shaped as Qwen2.5-0.5B (494M parameters, fp32 on CPU).
 
 Two processes on this machine over Gloo (loopback); the median of --runs pushes each. Its last line:
@@ -21,6 +22,7 @@ import time
 
 import torch
 
+from rlrig.trainer.model.parallel import full_tensors
 from rlrig.trainer.rollout.weight_sync import SyncGroup, in_place_target, layout
 from rlrig.trainer.workers.base import free_port
 
@@ -50,8 +52,8 @@ def side(rank: int, port: int, name: str, runs: int, out) -> None:
     torch.set_num_threads(1)
     model = build(name).requires_grad_(False)
     group = SyncGroup(("127.0.0.1", port), rank, 2, torch.device("cpu"), 600)
-    sd = model.state_dict()
-    group.agree_layout(layout(sd.items()) if rank == 0 else None)
+    sent = list(full_tensors(model))  # what training rank 0 sends: a tied head once, under the embedding's name
+    group.agree_layout(layout(sent) if rank == 0 else None)
     total = sum(e.nbytes for e in group.entries)
     flat = torch.empty(total, dtype=torch.uint8)
     own = model.state_dict()
@@ -60,7 +62,7 @@ def side(rank: int, port: int, name: str, runs: int, out) -> None:
         group._broadcast(torch.zeros(1))  # both sides start together
         t0 = time.perf_counter()
         if rank == 0:
-            group.send(sd.items())
+            group.send(sent)
         else:
             with torch.no_grad():  # as the hf engine takes them: in place where it can, copied otherwise
                 for key, t in group.receive(lambda e: in_place_target(own, e)):

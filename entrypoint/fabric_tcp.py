@@ -77,7 +77,7 @@ class ProbeServer:
         # the node's own address only (Ray's raylet listens there too), not every interface the host has
         self.sock = socket.create_server((ip, 0), family=socket.AF_INET6 if ":" in ip else socket.AF_INET, backlog=64)
         self.address = [ip, self.sock.getsockname()[1]]
-        self.ring_in: queue.Queue[socket.socket] = queue.Queue()
+        self.ring_in: queue.Queue[tuple[str, socket.socket]] = queue.Queue()  # (the ring's id, the connection)
         self._gpus: tuple[list[dict], str] | None = None
         self.thread = threading.Thread(target=self._accept, name="rlrig-fabric-probe", daemon=True)
         self.thread.start()
@@ -118,27 +118,34 @@ class ProbeServer:
                 result = fabric.pair_side(fabric_links.TcpLink(conn, fabric.PAIR_BYTES), lead=False)
                 send_message(conn, {**result, **self.health()}, fabric.TRANSFER_TIMEOUT)
             elif request.get("op") == "ring-in":
-                self.ring_in.put(conn)
+                self.ring_in.put((str(request.get("ring", "")), conn))
                 kept = True
             elif request.get("op") == "ring":
-                send_message(conn, self.ring(request["next"], request["n"]), fabric.TRANSFER_TIMEOUT)
+                leg = self.ring(request["ring"], request["next"], request["n"])
+                send_message(conn, leg, fabric.TRANSFER_TIMEOUT)
         except (OSError, ValueError, KeyError):
             pass  # the head's side of this connection fails too, and says which node and step
         finally:
             if not kept:
                 conn.close()
 
-    def ring(self, nxt, n: int) -> dict:
-        """This node's leg of the ring all-reduce, `nxt` the next rank's ProbeServer."""
+    def ring(self, ring: str, nxt, n: int) -> dict:
+        """This node's leg of the ring all-reduce `ring` (an id: a connection left from an earlier ring that broke
+        is not this one's), `nxt` the next rank's ProbeServer."""
 
         def take(timeout: float) -> socket.socket:
-            try:
-                return self.ring_in.get(timeout=timeout)
-            except queue.Empty:
-                raise TimeoutError("timed out waiting for the previous rank's ring connection") from None
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    which, conn = self.ring_in.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    raise TimeoutError("timed out waiting for the previous rank's ring connection") from None
+                if which == ring:
+                    return conn
+                conn.close()
 
         def give(timeout: float) -> socket.socket:
-            return dial(nxt, self.key, {"op": "ring-in"}, timeout)
+            return dial(nxt, self.key, {"op": "ring-in", "ring": ring}, timeout)
 
         try:
             args = (n, fabric.ALLREDUCE_BYTES, fabric.ALLREDUCE_ITERS, fabric.WARMUP_TIMEOUT, fabric.TRANSFER_TIMEOUT)
@@ -173,16 +180,16 @@ def _pair(node: dict, key: bytes) -> None:
 
 def _allreduce(nodes: list[dict], own: ProbeServer, key: bytes) -> dict:
     """Every worker's leg asked for at once, then the head's own, in this thread; each leg's seconds or error."""
-    n, asked = len(nodes), {}
+    n, asked, ring = len(nodes), {}, os.urandom(8).hex()
     try:
         for k in range(1, n):
-            request = {"op": "ring", "next": nodes[(k + 1) % n]["probe"], "n": n}
+            request = {"op": "ring", "ring": ring, "next": nodes[(k + 1) % n]["probe"], "n": n}
             try:
                 asked[k] = dial(nodes[k]["probe"], key, request, fabric.WARMUP_TIMEOUT)
             except (OSError, ValueError) as e:
                 why = f"rank {k}: its leg could not be asked for ({fabric.error_text(e)})"
                 return {"bytes": fabric.ALLREDUCE_BYTES, "iterations": fabric.ALLREDUCE_ITERS, "error": why}
-        results: list[dict | None] = [own.ring(nodes[1]["probe"], n)]
+        results: list[dict | None] = [own.ring(ring, nodes[1]["probe"], n)]
         for k in range(1, n):
             try:
                 results.append(recv_message(asked[k], fabric.WARMUP_TIMEOUT + fabric.TRANSFER_TIMEOUT))

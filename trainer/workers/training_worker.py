@@ -427,7 +427,7 @@ class TrainingWorker(RankWorker):
         if batch.sum_pi_squared is not None:  # verl's variance_proxy/*, after the update, for any estimator
             args = (batch.mask, batch.is_weights, stats.get("actor/grad_norm"), self._batch_sum)
             out.update(variance_proxy_metrics(batch.advantages, batch.old_logp, batch.sum_pi_squared, *args))
-        return {**out, **stats, **self._metrics(batch), **self.turns, **phases.metrics()}
+        return {**out, **stats, **self._metrics(batch, written), **self.turns, **phases.metrics()}
 
     def _batch_sum(self, t: torch.Tensor) -> torch.Tensor:
         """The sum over the whole batch of every worker's share (batch statistics): the ranks of a sequence-parallel
@@ -649,7 +649,10 @@ class TrainingWorker(RankWorker):
                 out.update(ray.get(remote_critic))
         return out, actor_logp
 
-    def _metrics(self, batch: StepBatch) -> dict:
+    def _metrics(self, batch: StepBatch, written: torch.Tensor) -> dict:
+        """The batch's own metrics; `written`: the model's tokens as sampled, whose count weighs this worker's
+        token means against the others' (verl takes them over the whole batch's response mask; tool turns are
+        in the attention mask and not in it)."""
         mask, lengths = batch.mask, sampled_mask(batch).sum(-1)
         out = {
             "critic/score/mean": batch.scores.mean().item(),
@@ -662,7 +665,7 @@ class TrainingWorker(RankWorker):
             "response_length/min": lengths.min().item(),
             "response_length/clip_ratio": (lengths >= self.cfg.data.max_response_length).float().mean().item(),
             "perf/total_num_tokens": float(batch.attention_mask.sum().item()),
-            M.TOKENS: float(lengths.sum().item()),
+            M.TOKENS: float(written.sum().item()),
         }
         if batch.values is not None:
             out["critic/vf_explained_var"] = algos.explained_variance(batch.values, batch.returns, mask)

@@ -86,3 +86,12 @@ def test_transfers_grow_until_one_is_long_enough_to_be_sure_of(monkeypatch, mb_s
     link = ClockLink(mb_s, clock)
     assert fabric.timed_receive(link) == pytest.approx(mb_s)
     assert link.asked == asked
+
+
+def test_a_ring_connection_left_from_an_earlier_ring_is_not_taken(servers):
+    """A ring that broke can leave its connection waiting at a node; the next ring's leg takes its own."""
+    key = fabric_tcp.key_of(TOKEN)
+    stale = fabric_tcp.dial(servers[1].address, key, {"op": "ring-in", "ring": "an-old-ring"}, 5.0)
+    report = fabric_tcp.check(nodes_of(servers), servers[0], TOKEN, 0.5)
+    assert report["verdict"] == "passed" and report["allreduce"]["seconds"] > 0, report
+    stale.close()
