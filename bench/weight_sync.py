@@ -1,8 +1,7 @@
 """The rollout pool's weight sync (rollout/weight_sync.py) against a raw broadcast of the same bytes over the same
 group: training rank 0 sends a model's weights and the receiver takes them as the hf engine does (large tensors
 landing in its own parameters, small ones copied out of their bucket); the raw broadcast sends one preallocated flat
-buffer of the same size and copies nothing. The tensors are the trainer's (model/parallel.full_tensors): a tied LM
-head is sent once, as the embedding.
+buffer of the same size and copies nothing. The tensors are the trainer's (model/parallel.full_tensors).
 Two models: the embedded tiny one and a random one shaped as Qwen2.5-0.5B (494M parameters, fp32 on CPU).
 
 Two processes on this machine over Gloo (loopback); the median of --runs pushes each. Its last line:
@@ -52,7 +51,7 @@ def side(rank: int, port: int, name: str, runs: int, out) -> None:
     torch.set_num_threads(1)
     model = build(name).requires_grad_(False)
     group = SyncGroup(("127.0.0.1", port), rank, 2, torch.device("cpu"), 600)
-    sent = list(full_tensors(model))  # what training rank 0 sends: a tied head once, under the embedding's name
+    sent = list(full_tensors(model))  # what training rank 0 sends
     group.agree_layout(layout(sent) if rank == 0 else None)
     total = sum(e.nbytes for e in group.entries)
     flat = torch.empty(total, dtype=torch.uint8)

@@ -102,23 +102,9 @@ def wrap(module: torch.nn.Module, device: torch.device, precision, fsdp_size: in
 def full_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, full tensor) on every rank, one at a time: a sharded parameter is all-gathered when reached,
     so a rollout engine takes the weights without the whole model gathered twice. Every rank must consume
-    the whole iterator, in order. A tied weight comes once, under its first name (an LM head sharing the
-    embedding: a fifth of a small Qwen's bytes); the engines, built from the same config, tie it themselves."""
-    tied = tied_names(module)
+    the whole iterator, in order."""
     for name, t in module.state_dict().items():
-        if name not in tied:
-            yield name, t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-def tied_names(module: torch.nn.Module) -> set[str]:
-    """The names under which an already-named parameter appears again (the same object: what every rank sees
-    alike, sharded or not, so skipping them keeps the ranks' collectives in step)."""
-    seen, again = set(), set()
-    for name, p in module.named_parameters(remove_duplicate=False):
-        if id(p) in seen:
-            again.add(name)
-        seen.add(id(p))
-    return again
+        yield name, t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def grad_norm(module: torch.nn.Module, max_norm: float) -> float:
