@@ -18,6 +18,7 @@ Needs root (namespaces). On 2 cores the two nodes are the two cores.
 
     python bench/async.py                 # 60 steps a mode (about 9 minutes here)
     python bench/async.py --steps 20      # quick look
+    python bench/async.py --seed 2        # another draw: the rises are seeded
 """
 
 from __future__ import annotations
@@ -60,11 +61,13 @@ POOL = [
 ]
 
 
-def train(mode: str, steps: int) -> list[dict]:
+def train(mode: str, steps: int, seed: int | None = None) -> list[dict]:
     run = Run(2, "rlrig")
     out = run.tmp / "out"
     args = [str(BIN / "rlrig"), "train", "--no-fabric-check", *EMBEDDED, *POOL, *MODES[mode](steps)]
     args += [f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={out}"]
+    if seed is not None:  # the data's order and the sampling both: another draw of the same comparison
+        args += [f"trainer.seed={seed}", f"data.seed={seed}"]
     with run.ns:
         try:
             for i in range(2):
@@ -99,10 +102,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    ap.add_argument("--seed", type=int, default=None, help="trainer.seed and data.seed of every mode (default: 1)")
     args = ap.parse_args(argv)
     got = {}
     for name in args.modes:
-        got[name] = summary(train(name, args.steps))
+        got[name] = summary(train(name, args.steps, args.seed))
         print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in got[name].items()), flush=True)
     others = [m for m in got if m != "sync"]
     if "sync" not in got or not others:

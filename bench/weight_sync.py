@@ -9,6 +9,7 @@ Two processes on this machine over Gloo (loopback); the median of --runs pushes 
   weight sync / raw broadcast: 1.08x at 0.5B; 3.10x at the embedded model (2.1 ms against 0.7)
 
     python bench/weight_sync.py             # about 2 minutes here
+    python bench/weight_sync.py --breakdown # and where the difference goes at 0.5B
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ import multiprocessing as mp
 import statistics
 import sys
 import time
+from collections import deque
 
 import torch
 
 from rlrig.trainer.model.parallel import full_tensors
-from rlrig.trainer.rollout.weight_sync import SyncGroup, in_place_target, layout
+from rlrig.trainer.rollout.weight_sync import IN_FLIGHT, SyncGroup, buckets, in_place_target, layout
 from rlrig.trainer.workers.base import free_port
 
 QWEN_05B = dict(
@@ -47,7 +49,7 @@ def build(name: str):
     return Qwen2ForCausalLM(Qwen2Config(**QWEN_05B))
 
 
-def side(rank: int, port: int, name: str, runs: int, out) -> None:
+def side(rank: int, port: int, name: str, runs: int, breakdown: bool, out) -> None:
     torch.set_num_threads(1)
     model = build(name).requires_grad_(False)
     group = SyncGroup(("127.0.0.1", port), rank, 2, torch.device("cpu"), 600)
@@ -56,29 +58,51 @@ def side(rank: int, port: int, name: str, runs: int, out) -> None:
     total = sum(e.nbytes for e in group.entries)
     flat = torch.empty(total, dtype=torch.uint8)
     own = model.state_dict()
-    synced, raw = [], []
-    for _ in range(runs):
-        group._broadcast(torch.zeros(1))  # both sides start together
-        t0 = time.perf_counter()
+
+    def timed(push) -> float:
+        """The median seconds of `push` over --runs, both sides starting together."""
+        took = []
+        for _ in range(runs):
+            group._broadcast(torch.zeros(1))
+            t0 = time.perf_counter()
+            push()
+            took.append(time.perf_counter() - t0)
+        return statistics.median(took)
+
+    def sync() -> None:
         if rank == 0:
             group.send(sent)
         else:
             with torch.no_grad():  # as the hf engine takes them: in place where it can, copied otherwise
                 for key, t in group.receive(lambda e: in_place_target(own, e)):
                     own[key].copy_(t)
-        synced.append(time.perf_counter() - t0)
-        group._broadcast(torch.zeros(1))
-        t0 = time.perf_counter()
-        group._broadcast(flat)
-        raw.append(time.perf_counter() - t0)
+
+    def in_pieces(pieces: list[torch.Tensor]):
+        def push() -> None:
+            flying = deque()
+            for piece in pieces:
+                while len(flying) >= IN_FLIGHT:
+                    flying.popleft().wait()
+                flying.append(group._start(piece))
+            while flying:
+                flying.popleft().wait()
+
+        return push
+
+    got = {"sync": timed(sync), "raw": timed(lambda: group._broadcast(flat))}
+    if breakdown:  # where the difference goes: the sync's own transfers without any copy, then fewer, larger ones
+        own_buffers = [torch.empty(sum(e.numel for e in b), dtype=b[0].dtype) for b in buckets(group.entries)]
+        got[f"{len(own_buffers)} transfers, no copies"] = timed(in_pieces(own_buffers))
+        for mib in (64, 256):
+            got[f"{mib} MiB pieces of one buffer"] = timed(in_pieces(list(flat.split(mib << 20))))
     if rank == 1:
-        out.put((total, statistics.median(synced), statistics.median(raw)))
+        out.put((total, got))
 
 
-def measure(name: str, runs: int) -> tuple[int, float, float]:
+def measure(name: str, runs: int, breakdown: bool = False) -> tuple[int, dict[str, float]]:
     ctx = mp.get_context("spawn")
     out, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=side, args=(r, port, name, runs, out)) for r in range(2)]
+    procs = [ctx.Process(target=side, args=(r, port, name, runs, breakdown, out)) for r in range(2)]
     for p in procs:
         p.start()
     got = out.get(timeout=1800)
@@ -90,15 +114,25 @@ def measure(name: str, runs: int) -> tuple[int, float, float]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="at 0.5B also time the sync's transfers without copies and the raw buffer in pieces",
+    )
     args = ap.parse_args(argv)
     got = {}
     for name in ("embedded", "qwen2.5-0.5b-shaped"):
-        total, synced, raw = got[name] = measure(name, args.runs)
-        print(f"{name}: {total / 2**20:.1f} MiB, weight sync {synced:.4f} s, raw broadcast {raw:.4f} s", flush=True)
-    (_, s05, r05), (_, se, re) = got["qwen2.5-0.5b-shaped"], got["embedded"]
+        total, t = got[name] = measure(name, args.runs, args.breakdown and name != "embedded")
+        sizes = f"{total / 2**20:.1f} MiB, weight sync {t['sync']:.4f} s, raw broadcast {t['raw']:.4f} s"
+        print(f"{name}: {sizes}", flush=True)
+        for what, seconds in t.items():
+            if what not in ("sync", "raw"):
+                print(f"  {what}: {seconds:.4f} s, {seconds / t['raw']:.2f}x the raw broadcast", flush=True)
+    (_, big), (_, small) = got["qwen2.5-0.5b-shaped"], got["embedded"]
     print(
-        f"weight sync / raw broadcast: {s05 / r05:.2f}x at 0.5B; {se / re:.2f}x at the embedded model "
-        f"({se * 1e3:.1f} ms against {re * 1e3:.1f})"
+        f"weight sync / raw broadcast: {big['sync'] / big['raw']:.2f}x at 0.5B; "
+        f"{small['sync'] / small['raw']:.2f}x at the embedded model "
+        f"({small['sync'] * 1e3:.1f} ms against {small['raw'] * 1e3:.1f})"
     )
     return 0
 
