@@ -75,13 +75,13 @@ def judge(nodes: list[dict], min_ratio: float) -> dict:
 
     A node's figures: rank, host, ip, mb_s (None for the head, which is every pair's other end), error (its pair or
     its probe failed), gpus (gpu_health readings)."""
-    med = median([n["mb_s"] for n in nodes if n.get("mb_s") is not None and not n.get("error")])
+    med, slow = measured_median(nodes), {n["rank"] for n in below_bar(nodes, min_ratio)}
     failed, warnings = [], []
     for n in sorted(nodes, key=lambda n: n["rank"]):
         reasons = []
         if n.get("error"):
             reasons.append(n["error"])
-        elif n.get("mb_s") is not None and med and n["mb_s"] < min_ratio * med:
+        elif n["rank"] in slow:
             reasons.append(f"{n['mb_s']:.1f} MB/s, below {min_ratio:g} x the median {med:.1f} MB/s")
         for gpu in n.get("gpus") or []:
             fails, warns = gpu_health.problems(gpu)
@@ -436,11 +436,17 @@ def measure_pairs(nodes: list[dict], probes: list, deadline: float, min_ratio: f
     measure_again(nodes, min_ratio, deadline, measure)
 
 
+def measured_median(nodes: list[dict]) -> float | None:
+    """The median bandwidth of the nodes measured without an error (None: none was)."""
+    return median([n["mb_s"] for n in nodes if n.get("mb_s") is not None and not n.get("error")])
+
+
 def below_bar(nodes: list[dict], min_ratio: float) -> list[dict]:
-    """The nodes measured below min_ratio x the median (the ones judge fails on bandwidth)."""
-    measured = [n for n in nodes if n.get("mb_s") is not None and not n.get("error")]
-    med = median([n["mb_s"] for n in measured])
-    return [n for n in measured if med and n["mb_s"] < min_ratio * med]
+    """The nodes measured below min_ratio x the median: the ones judge fails on bandwidth."""
+    med = measured_median(nodes)
+    return [
+        n for n in nodes if not n.get("error") and n.get("mb_s") is not None and med and n["mb_s"] < min_ratio * med
+    ]
 
 
 def measure_again(nodes: list[dict], min_ratio: float, deadline: float, measure: Callable[[dict], object]) -> None:

@@ -85,10 +85,10 @@ def recv_exactly(sock: socket.socket, buf: memoryview, timeout: float) -> None:
         got += n
 
 
-def listener(ip: str) -> socket.socket:
-    """A listening socket on every address of this node's family, on a free port."""
+def listener(ip: str, only_ip: bool = False) -> socket.socket:
+    """A listening socket on every address of this node's family (`only_ip`: on `ip` alone), on a free port."""
     family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    return socket.create_server(("", 0), family=family, backlog=64)
+    return socket.create_server((ip if only_ip else "", 0), family=family, backlog=64)
 
 
 def accept(server: socket.socket, timeout: float) -> socket.socket:

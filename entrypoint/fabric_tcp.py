@@ -75,7 +75,7 @@ class ProbeServer:
     def __init__(self, ip: str, token: str):
         self.key = key_of(token)
         # the node's own address only (Ray's raylet listens there too), not every interface the host has
-        self.sock = socket.create_server((ip, 0), family=socket.AF_INET6 if ":" in ip else socket.AF_INET, backlog=64)
+        self.sock = fabric_links.listener(ip, only_ip=True)
         self.address = [ip, self.sock.getsockname()[1]]
         self.ring_in: queue.Queue[tuple[str, socket.socket]] = queue.Queue()  # (the ring's id, the connection)
         self._gpus: tuple[list[dict], str] | None = None
