@@ -274,6 +274,78 @@ def test_gradient_checkpointing_recomputes_in_the_update_on_cuda():
     assert calls[True] - calls[False] == 8, calls
 
 
+@pytest.mark.parametrize(
+    "checkpointing,shape,rows,cols",
+    [
+        # without checkpointing every block's activations are saved: a few wide blocks
+        (False, (4096, 1024, 2816, 8, 16, 4, 2048), 16, 1024),
+        # with it only the blocks' inputs are, which outweigh one block's recompute and the gradients in a deep,
+        # narrow model (48 blocks of width 512, as a 7B's 32 of 4096 at a longer sequence)
+        (True, (1024, 512, 1024, 48, 8, 2, 2048), 32, 2048),
+    ],
+)
+def test_activation_offload_moves_what_the_update_saves_to_host_memory_on_cuda(checkpointing, shape, rows, cols):
+    """model.enable_activation_offload under FSDP2 in bf16 (verl's multi-turn interaction example sets it with gradient
+    checkpointing): a training forward and backward peaks lower on the GPU, with the same loss and gradient norm; then
+    the worker's steps run as without it."""
+    from rlrig.trainer.config.presets import EMBEDDED
+    from rlrig.trainer.driver.single_process import single_worker
+    from rlrig.trainer.embedded.synthetic import Shape, ensure_model
+    from rlrig.trainer.model import parallel
+
+    shape = Shape(*shape)
+    path = ensure_model(shape)
+    ids = torch.randint(0, shape.vocab_size, (rows, cols), generator=torch.Generator().manual_seed(0)).cuda()
+    res = {}
+    for offload in (False, True):
+        gc.collect()
+        torch.cuda.empty_cache()
+        with single_worker(
+            [
+                *EMBEDDED,
+                "trainer.device=cuda",
+                *GPU_MICRO,
+                "actor_rollout_ref.rollout.name=hf",
+                "actor_rollout_ref.actor.strategy=fsdp",
+                "actor_rollout_ref.model.path=" + path,
+                f"actor_rollout_ref.model.enable_gradient_checkpointing={checkpointing}",
+                f"actor_rollout_ref.model.enable_activation_offload={offload}",
+            ],
+            path,
+        ) as (w, batches):
+            t = w.models.actor
+            assert (t.activation_offload is not None) == offload
+            t.train.train()
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            logits = t.train(input_ids=ids, use_cache=False).logits
+            loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+            del logits
+            loss.backward()
+            torch.cuda.synchronize()
+            peak = (torch.cuda.max_memory_allocated() - base) / 2**30
+            grad_norm = parallel.grad_norm(t.module, 1e9)
+            t.opt.zero_grad(set_to_none=True)
+            moved = t.activation_offload.moved_bytes if offload else 0
+            steps = [w.step(next(batches), 0.001, s + 1) for s in range(2)]
+        res[offload] = (peak, loss.item(), grad_norm, moved, steps)
+    (plain, loss, gn, _, steps), (off, off_loss, off_gn, moved, off_steps) = res[False], res[True]
+    print(
+        f"activation offload, checkpointing={checkpointing}: peak above the model {plain:.2f} GB -> {off:.2f} GB, "
+        f"{moved / 2**30:.2f} GB moved to host memory"
+    )
+    assert off_loss == pytest.approx(loss, rel=1e-3) and off_gn == pytest.approx(gn, rel=1e-2)
+    inputs = shape.num_hidden_layers * ids.numel() * shape.hidden_size * 2  # every block's bf16 input
+    assert moved >= inputs
+    # without checkpointing every block's activations (several times its input) leave; with it, the blocks' inputs,
+    # all held on the GPU at the start of the backward without offload
+    assert off < (0.5 * plain if not checkpointing else plain - 0.3 * inputs / 2**30), (plain, off)
+    keys = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss")
+    assert [off_steps[0][k] for k in keys] == pytest.approx([steps[0][k] for k in keys], rel=1e-2, abs=1e-4)
+    assert all(s["actor/grad_norm"] > 0 for s in off_steps)
+
+
 def test_offload_keeps_optimizer_state_and_reference_in_host_memory_on_cuda():
     from rlrig.trainer.config.presets import EMBEDDED
     from rlrig.trainer.driver.single_process import single_worker

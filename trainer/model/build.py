@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import lora, parallel, ulysses
+from . import activation_offload, lora, parallel, ulysses
 from .precision import Precision, cast_buffers, resolve
 
 
@@ -22,6 +22,8 @@ class Trainable:
     optimizer_offload: bool  # the optimizer state lives in host memory between steps (model/offload.py)
     device: torch.device
     param_offload: bool = False  # the (sharded) weights live in host memory outside the phases that use them
+    # model.enable_activation_offload: what the training forwards save goes to host memory (its byte count)
+    activation_offload: activation_offload.Offloader | None = None
 
 
 @dataclass
@@ -99,9 +101,15 @@ def set_checkpointing(module, on: bool) -> None:
         module.gradient_checkpointing_disable()
 
 
-def trainable(module, device, precision: Precision, optim, checkpointing: bool, fsdp_config) -> Trainable:
+def trainable(module, device, precision: Precision, optim, model_cfg, fsdp_config) -> Trainable:
+    """model_cfg: the model.* section (gradient checkpointing, activation offload)."""
     cast_buffers(module, precision)
-    if checkpointing:
+    checkpointing = model_cfg.enable_gradient_checkpointing
+    offloader = None
+    if model_cfg.enable_activation_offload:
+        # blocks checkpointed by activation_offload itself, whose inputs then go to host memory too
+        offloader = activation_offload.enable(module, checkpointing)
+    elif checkpointing:
         set_checkpointing(module, True)
     train = parallel.wrap(module, device, precision, fsdp_config.fsdp_size)
     # frozen weights (LoRA's base) get no optimizer state
@@ -109,7 +117,15 @@ def trainable(module, device, precision: Precision, optim, checkpointing: bool, 
         [p for p in module.parameters() if p.requires_grad], lr=optim.lr, weight_decay=optim.weight_decay
     )
     return Trainable(
-        module, train, opt, precision, checkpointing, fsdp_config.optimizer_offload, device, fsdp_config.param_offload
+        module,
+        train,
+        opt,
+        precision,
+        checkpointing,
+        fsdp_config.optimizer_offload,
+        device,
+        fsdp_config.param_offload,
+        offloader,
     )
 
 
@@ -151,7 +167,7 @@ def build(
     with_lora = a.model.uses_lora
     if with_lora:
         module = lora.apply(module, a.model)
-    actor = trainable(module, device, prec, a.actor.optim, a.model.enable_gradient_checkpointing, a.actor.fsdp_config)
+    actor = trainable(module, device, prec, a.actor.optim, a.model, a.actor.fsdp_config)
     ref = ref_prec = None
     ref_offload = a.ref.fsdp_config.param_offload
     if cfg.ref_in_use and not remote_ref and not with_lora:
@@ -193,4 +209,4 @@ def build_critic(cfg, path: str, device: torch.device) -> Trainable:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.trainer.seed)
         cmodule = AutoModelForTokenClassification.from_pretrained(cpath, dtype=cprec.model_dtype, **ckw).to(device)
-    return trainable(cmodule, device, cprec, c.optim, c.model.enable_gradient_checkpointing, c.model.fsdp_config)
+    return trainable(cmodule, device, cprec, c.optim, c.model, c.model.fsdp_config)

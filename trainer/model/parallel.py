@@ -64,6 +64,12 @@ def hsdp_mesh(fsdp_size: int, device_type: str):
     return _MESHES[key]
 
 
+def blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks: the classes the model marks as not to be split (FSDP's units, activation offload's)."""
+    names = set(getattr(module, "_no_split_modules", None) or ())
+    return [m for m in module.modules() if m is not module and type(m).__name__ in names]
+
+
 def fsdp_shard(module: torch.nn.Module, mp_policy=None, fsdp_size: int = -1) -> torch.nn.Module:
     """FSDP2: one unit per transformer block (the classes HF marks as not to be split), then the root;
     `mp_policy` (a MixedPrecisionPolicy) casts each unit's gathered parameters for its forward; `fsdp_size` below the
@@ -75,10 +81,8 @@ def fsdp_shard(module: torch.nn.Module, mp_policy=None, fsdp_size: int = -1) -> 
     mesh = hsdp_mesh(fsdp_size, next(module.parameters()).device.type)
     if mesh is not None:
         kw["mesh"] = mesh
-    blocks = set(getattr(module, "_no_split_modules", None) or ())
-    for sub in module.modules():
-        if sub is not module and type(sub).__name__ in blocks:
-            fully_shard(sub, **kw)
+    for block in blocks(module):
+        fully_shard(block, **kw)
     fully_shard(module, **kw)
     return module
 

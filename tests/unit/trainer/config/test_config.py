@@ -173,6 +173,15 @@ BAD = [
         "offloads FSDP shards; set actor_rollout_ref.actor.strategy=fsdp",
     ),
     (["actor_rollout_ref.actor.strategy=ddp", "critic.model.fsdp_config.param_offload=True"], "offloads FSDP shards"),
+    (
+        ["actor_rollout_ref.actor.strategy=ddp", "actor_rollout_ref.model.enable_activation_offload=True"],
+        "actor_rollout_ref.model.enable_activation_offload=True offloads per FSDP unit; set "
+        "actor_rollout_ref.actor.strategy=fsdp",
+    ),
+    (
+        ["actor_rollout_ref.actor.strategy=ddp", "critic.model.enable_activation_offload=True"],
+        "critic.model.enable_activation_offload=True offloads per FSDP unit",
+    ),
     (["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp16"], "choose one of fp32, bf16"),
     (["actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=fp8"], "choose one of fp32, bf16"),
     (["trainer.default_hdfs_dir=hdfs://x/ckpt"], "does not copy checkpoints to HDFS"),

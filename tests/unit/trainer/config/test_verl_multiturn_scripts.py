@@ -24,9 +24,7 @@ EXPECTED = {
     "sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn_4xgpu": "accepted",
     "sglang_multiturn/run_qwen3-4b_gsm8k_multiturn": "accepted",
     "sglang_multiturn/search_r1_like/run_qwen2.5-3b_instruct_search_multiturn": "accepted",
-    # activation offload: a GPU memory feature rlrig lacks
-    "sglang_multiturn/run_qwen2.5-0.5b_gsm8k_multiturn_w_interaction": "actor_rollout_ref.model."
-    "enable_activation_offload: a verl key rlrig does not implement: activation offload is not in rlrig",
+    "sglang_multiturn/run_qwen2.5-0.5b_gsm8k_multiturn_w_interaction": "accepted",
     # verl's server-mode config: its key is gone from verl's RolloutConfig, which refuses it too
     "sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn_server": "gsm8k_multiturn_grpo_server.yaml:23: "
     "actor_rollout_ref.rollout.sglang_rollout_mode: a verl key rlrig does not implement",
