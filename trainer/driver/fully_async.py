@@ -152,18 +152,17 @@ class Stream:
         self.ready.difference_update(call.refs)
         self.idle_from[e] = time.perf_counter()
         for ref, share in zip(call.refs, call.shares):
+            n = self.n
             if self.partial:
-                items, secs = ray.get(ref)
+                ended, ro, going, secs = ray.get(ref)
                 self.gen_s = max(self.gen_s, secs)
-                for it, ro in items:
-                    if ro is None:
-                        self.resumed.append(it)
-                    else:
-                        self.queue.put([Group(it.index, ro, it.versions[-1], it.versions[-1] - it.versions[0])])
+                self.resumed.extend(going)
+                for j, (index, versions) in enumerate(ended):
+                    rows = ro.rows(slice(j * n, (j + 1) * n))
+                    self.queue.put([Group(index, rows, versions[-1], versions[-1] - versions[0])])
                 continue
             ro, version, secs, _, _ = ray.get(ref)  # single-turn: the agent loop's fields say nothing here
             self.gen_s = max(self.gen_s, secs)
-            n = self.n
             self.queue.put([Group(i, ro.rows(slice(j * n, (j + 1) * n)), version) for j, i in enumerate(share)])
 
     def _landed(self, ready: list) -> None:
@@ -216,6 +215,8 @@ class Stream:
         """The next update's groups (None when the run's prompts cannot fill another) and how long the trainer
         waited for them."""
         t0 = time.perf_counter()
+        # engines free since the last sync start now, not after the update's batch has gone out to the trainer
+        self.feed(step)
         while True:
             self.queue.drop_stale(version)
             groups = self.queue.take(self.required)

@@ -44,7 +44,16 @@ class Partial:
 
     def rollout(self, max_new: int, pad_id: int, eos_id: int) -> Rollout:
         """The finished samples as rollout.n rows of one Rollout."""
-        return pack_responses([self.prompt], len(self.tokens), self.tokens, self.logps, max_new, pad_id, eos_id)
+        return packed([self], max_new, pad_id, eos_id)
+
+
+def packed(items: list[Partial], max_new: int, pad_id: int, eos_id: int) -> Rollout:
+    """Finished items' samples as one Rollout, item j's at rows j*n .. j*n+n-1: one set of tensors for a call's
+    prompts, not one per prompt, which the trip to the driver pays for in pickling."""
+    n = len(items[0].tokens)
+    tokens = [t for it in items for t in it.tokens]
+    logps = [lp for it in items for lp in it.logps]
+    return pack_responses([it.prompt for it in items], n, tokens, logps, max_new, pad_id, eos_id)
 
 
 def go_on(engine, items: list[Partial], max_new: int, stopped, logprobs, version: int) -> None:

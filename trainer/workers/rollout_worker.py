@@ -26,7 +26,7 @@ from ..reward.managers import overlong
 from ..reward.rules import reward_fn
 from ..reward.scoring import RewardSource, score
 from ..rollout.engines import EngineContext, Rollout, Sampling, engine_class, make_engine
-from ..rollout.partial import Partial, go_on
+from ..rollout.partial import Partial, go_on, packed
 from ..rollout.weight_sync import SyncGroup
 from .base import PoolWorker, collective_timeout, ensure_local_embedded_model, single_device
 from .phase_report import PhaseReport
@@ -149,18 +149,22 @@ class RolloutWorker(PoolWorker):
 
     @on_engine_thread
     @torch.no_grad()
-    def generate_partial(self, items: list[Partial], step: int, call: int) -> tuple[list, float]:
+    def generate_partial(
+        self, items: list[Partial], step: int, call: int
+    ) -> tuple[list[tuple[int, list[int]]], Rollout | None, list[Partial], float]:
         """Go on with every unfinished sample of `items` (fresh or interrupted before) under the current weights until
         each ends (EOS or the response length) or interrupt(call) stops them all; each new token's log-prob is that of
-        the weights that drew it. Each item back with its samples as a Rollout once all are finished (else None), and
-        the seconds it took."""
+        the weights that drew it. Back: the finished items' (index, weight versions) and their samples as one Rollout
+        (item j's at rows j*n..), the unfinished items to go on later, and the seconds it took."""
         self.step, t0 = step, time.perf_counter()
         max_new, tok = self.cfg.data.max_response_length, self.tok
         with self._reported("rollout_gen"):
             stopped = lambda: self.interrupted >= call  # noqa: E731
             go_on(self.engine, items, max_new, stopped, self._logprobs, self.version)
-        done = [it.rollout(max_new, tok.pad_token_id, tok.eos_token_id) if it.finished else None for it in items]
-        return list(zip(items, done)), time.perf_counter() - t0
+        ended = [it for it in items if it.finished]
+        ro = packed(ended, max_new, tok.pad_token_id, tok.eos_token_id) if ended else None
+        going = [it for it in items if not it.finished]
+        return [(it.index, it.versions) for it in ended], ro, going, time.perf_counter() - t0
 
     def _logprobs(self, ro: Rollout) -> torch.Tensor:
         """The hf engine reports none: the module that sampled scores its own tokens, at the rollout's temperature
