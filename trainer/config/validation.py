@@ -360,6 +360,14 @@ def _actor(cfg: Config) -> None:
             "actor_rollout_ref.actor.use_prefix_grouper=True shares prompts in the padded layout; set "
             "actor_rollout_ref.model.use_remove_padding=False (verl's grouper does not run with it either)"
         )
+    m = cfg.actor_rollout_ref.model
+    if a.use_prefix_grouper and m.enable_activation_offload and m.enable_gradient_checkpointing:
+        # the offload checkpoints blocks itself (reentrant), and its recompute does not rebuild the grouper's shared
+        # prompt records as transformers' checkpointing does
+        raise ConfigError(
+            "actor_rollout_ref.actor.use_prefix_grouper=True with model.enable_activation_offload=True and "
+            "model.enable_gradient_checkpointing=True is not in rlrig; set one of the three False"
+        )
     if a.use_prefix_grouper and a.calculate_sum_pi_squared:
         raise ConfigError(
             "actor_rollout_ref.actor.calculate_sum_pi_squared=True is not computed with use_prefix_grouper=True (verl "

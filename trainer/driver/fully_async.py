@@ -151,8 +151,8 @@ class Stream:
         call = self.busy.pop(e)
         self.ready.difference_update(call.refs)
         self.idle_from[e] = time.perf_counter()
+        n = self.n
         for ref, share in zip(call.refs, call.shares):
-            n = self.n
             if self.partial:
                 ended, ro, going, secs = ray.get(ref)
                 self.gen_s = max(self.gen_s, secs)

@@ -35,7 +35,7 @@ class Offloader:
     def __init__(self, moves: Callable[[torch.Tensor], bool] = on_device):
         self.moves = moves
         self.weights: set[int] = set()  # storages of the running block's parameters (FSDP's gathered ones)
-        self.moved_bytes = 0  # what went to host memory since the count was last reset
+        self.moved_bytes = 0  # what went to host memory in all
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
 
     def pack(self, t: torch.Tensor):

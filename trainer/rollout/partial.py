@@ -42,10 +42,6 @@ class Partial:
         if not self.versions or self.versions[-1] != version:
             self.versions.append(version)
 
-    def rollout(self, max_new: int, pad_id: int, eos_id: int) -> Rollout:
-        """The finished samples as rollout.n rows of one Rollout."""
-        return packed([self], max_new, pad_id, eos_id)
-
 
 def packed(items: list[Partial], max_new: int, pad_id: int, eos_id: int) -> Rollout:
     """Finished items' samples as one Rollout, item j's at rows j*n .. j*n+n-1: one set of tensors for a call's

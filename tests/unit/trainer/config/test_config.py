@@ -182,6 +182,15 @@ BAD = [
         ["actor_rollout_ref.actor.strategy=ddp", "critic.model.enable_activation_offload=True"],
         "critic.model.enable_activation_offload=True offloads per FSDP unit",
     ),
+    (
+        [
+            "actor_rollout_ref.actor.use_prefix_grouper=True",
+            "actor_rollout_ref.model.enable_activation_offload=True",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        ],
+        "use_prefix_grouper=True with model.enable_activation_offload=True and "
+        "model.enable_gradient_checkpointing=True is not in rlrig",
+    ),
     (["actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp16"], "choose one of fp32, bf16"),
     (["actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype=fp8"], "choose one of fp32, bf16"),
     (["trainer.default_hdfs_dir=hdfs://x/ckpt"], "does not copy checkpoints to HDFS"),

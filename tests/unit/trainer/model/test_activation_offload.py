@@ -98,8 +98,13 @@ def test_on_cpu_nothing_moves_by_default():
     assert off.moved_bytes == 0
 
 
-def test_a_worker_step_under_fsdp_with_offload_and_checkpointing_equals_one_without():
-    """verl's multi-turn interaction example sets both keys; one rank, Gloo."""
+@pytest.mark.parametrize(
+    "checkpointing,extra",
+    [(True, []), (False, []), (False, ["actor_rollout_ref.actor.use_prefix_grouper=True"])],
+    ids=["checkpointing", "plain", "prefix-grouper"],
+)
+def test_a_worker_step_under_fsdp_with_offload_equals_one_without(checkpointing, extra):
+    """verl's multi-turn interaction example sets offload and checkpointing; one rank, Gloo."""
     from rlrig.trainer.config.presets import EMBEDDED
     from rlrig.trainer.driver.single_process import single_worker
 
@@ -111,8 +116,9 @@ def test_a_worker_step_under_fsdp_with_offload_and_checkpointing_equals_one_with
                 *EMBEDDED,
                 "actor_rollout_ref.rollout.name=hf",
                 "actor_rollout_ref.actor.strategy=fsdp",
-                "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+                f"actor_rollout_ref.model.enable_gradient_checkpointing={checkpointing}",
                 f"actor_rollout_ref.model.enable_activation_offload={offload}",
+                *extra,
             ]
         ) as (w, batches):
             out[offload] = [w.step(next(batches), 0.001, s + 1) for s in range(2)]

@@ -9,7 +9,7 @@ from rlrig.trainer.config.schema import RolloutConfig
 from rlrig.trainer.model.forward import token_outputs
 from rlrig.trainer.rollout import engines
 from rlrig.trainer.rollout.engines import hf_engine
-from rlrig.trainer.rollout.partial import Partial, go_on
+from rlrig.trainer.rollout.partial import Partial, go_on, packed
 
 MAX_NEW = 6
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11]]
@@ -74,10 +74,14 @@ def test_an_interrupted_generation_goes_on_to_the_one_it_would_have_been(tiny, c
         assert it.versions == ([0, 1] if any(len(t) > cut for t in ref.tokens) else [0])
 
 
-def test_a_finished_partial_packs_as_its_prompts_samples(tiny):
+def test_finished_partials_pack_as_their_prompts_samples_in_one_rollout(tiny):
     _, tok, _ = tiny
     it = Partial(3, [5, 6], [[7, tok.eos_token_id], [8, 9, 10]], [[-0.5, -0.25], [-1.0, -2.0, -3.0]], [True, True])
-    ro = it.rollout(4, tok.pad_token_id, tok.eos_token_id)
-    assert ro.prompt_len == 2 and ro.input_ids[:, :2].tolist() == [[5, 6], [5, 6]]
-    assert ro.response_mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 0]]
-    assert ro.engine_logp.tolist() == [[-0.5, -0.25, 0.0, 0.0], [-1.0, -2.0, -3.0, 0.0]]
+    other = Partial(4, [9], [[11], [12, tok.eos_token_id]], [[-0.1], [-0.2, -0.3]], [True, True])
+    ro = packed([it, other], 4, tok.pad_token_id, tok.eos_token_id)
+    # item j's samples at rows j*n..: the second's shorter prompt left-padded to the first's
+    pad = tok.pad_token_id
+    assert ro.prompt_len == 2 and ro.input_ids[:, :2].tolist() == [[5, 6], [5, 6], [pad, 9], [pad, 9]]
+    assert ro.response_mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0]]
+    want = [[-0.5, -0.25, 0.0, 0.0], [-1.0, -2.0, -3.0, 0.0], [-0.1, 0.0, 0.0, 0.0], [-0.2, -0.3, 0.0, 0.0]]
+    torch.testing.assert_close(ro.engine_logp, torch.tensor(want))
