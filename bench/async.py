@@ -18,7 +18,8 @@ Needs root (namespaces). On 2 cores the two nodes are the two cores.
 
     python bench/async.py                 # 60 steps a mode (about 9 minutes here)
     python bench/async.py --steps 20      # quick look
-    python bench/async.py --seed 2        # another draw: the rises are seeded
+    python bench/async.py --seeds 2       # another draw: the rises are seeded
+    python bench/async.py --seeds 1 2 3   # three draws a mode, compared by their means (about 27 minutes here)
 """
 
 from __future__ import annotations
@@ -102,12 +103,25 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
-    ap.add_argument("--seed", type=int, default=None, help="trainer.seed and data.seed of every mode (default: 1)")
+    ap.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[None],
+        help="trainer.seed and data.seed, each a run of every mode (default: the config's, 1); the last line then "
+        "compares the modes' means over the seeds",
+    )
     args = ap.parse_args(argv)
-    got = {}
-    for name in args.modes:
-        got[name] = summary(train(name, args.steps, args.seed))
-        print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in got[name].items()), flush=True)
+    runs: dict[str, list[dict]] = {}
+    for seed in args.seeds:
+        for name in args.modes:
+            runs.setdefault(name, []).append(summary(train(name, args.steps, seed)))
+            shown = ", ".join(f"{k} {v:.3f}" for k, v in runs[name][-1].items())
+            print(f"{name}{'' if seed is None else f' (seed {seed})'}: {shown}", flush=True)
+    got = {name: {k: statistics.mean(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
+    if len(args.seeds) > 1:
+        for name, mean in got.items():
+            print(f"{name}, mean of {len(args.seeds)} seeds: " + ", ".join(f"{k} {v:.3f}" for k, v in mean.items()))
     others = [m for m in got if m != "sync"]
     if "sync" not in got or not others:
         return 0
