@@ -19,12 +19,11 @@ import multiprocessing as mp
 import statistics
 import sys
 import time
-from collections import deque
 
 import torch
 
 from rlrig.trainer.model.parallel import full_tensors
-from rlrig.trainer.rollout.weight_sync import IN_FLIGHT, SyncGroup, buckets, in_place_target, layout
+from rlrig.trainer.rollout.weight_sync import SyncGroup, buckets, in_place_target, layout
 from rlrig.trainer.workers.base import free_port
 
 QWEN_05B = dict(
@@ -85,16 +84,7 @@ def side(rank: int, port: int, name: str, runs: int, breakdown: bool, out) -> No
                     own[key].copy_(t)
 
     def in_pieces(pieces: list[torch.Tensor]):
-        def push() -> None:
-            flying = deque()
-            for piece in pieces:
-                while len(flying) >= IN_FLIGHT:
-                    flying.popleft().wait()
-                flying.append(group._start(piece))
-            while flying:
-                flying.popleft().wait()
-
-        return push
+        return lambda: group.broadcast_paced(pieces)  # the sync's own pacing, without its packing
 
     got = {"sync": timed(sync), "raw": timed(lambda: group._broadcast(flat))}
     if breakdown:  # where the difference goes: the sync's own transfers without any copy, then fewer, larger ones

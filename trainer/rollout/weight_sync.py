@@ -110,25 +110,37 @@ class SyncGroup:
 
     def send(self, tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = BUCKET_BYTES) -> int:
         """Rank 0: the tensors, in the agreed order; returns the bytes sent."""
-        it, sent, flying = iter(tensors), 0, deque()
-        for bucket in buckets(self.entries, bucket_bytes):
-            parts = []
-            for e in bucket:
-                name, t = next(it)
-                if name != e.name:
-                    raise RuntimeError(f"weight sync: expected {e.name}, got {name}")
-                parts.append(t)
-            if direct(bucket):
-                out = parts[0].to(self.device).contiguous()
-            else:
-                out = torch.cat([t.reshape(-1).to(self.device) for t in parts])
+        it, sent = iter(tensors), 0
+
+        def transfers() -> Iterator[torch.Tensor]:
+            nonlocal sent
+            for bucket in buckets(self.entries, bucket_bytes):
+                parts = []
+                for e in bucket:
+                    name, t = next(it)
+                    if name != e.name:
+                        raise RuntimeError(f"weight sync: expected {e.name}, got {name}")
+                    parts.append(t)
+                if direct(bucket):
+                    out = parts[0].to(self.device).contiguous()
+                else:
+                    out = torch.cat([t.reshape(-1).to(self.device) for t in parts])
+                sent += out.numel() * out.element_size()
+                yield out
+
+        self.broadcast_paced(transfers())
+        return sent
+
+    def broadcast_paced(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Each tensor from rank 0, IN_FLIGHT transfers at a time: the next one is prepared while the last is in
+        flight."""
+        flying: deque = deque()
+        for t in tensors:
             while len(flying) >= IN_FLIGHT:
                 flying.popleft()[0].wait()
-            flying.append((self._start(out), out))  # the tensor kept alive until its transfer is done
-            sent += out.numel() * out.element_size()
+            flying.append((self._start(t), t))  # the tensor kept alive until its transfer is done
         while flying:
             flying.popleft()[0].wait()
-        return sent
 
     def receive(
         self,
