@@ -59,14 +59,36 @@ def test_the_embedded_tool_task_learns_to_use_the_calculator(tmp_path):
     check_it_learned(tool_task(tmp_path / "run", "actor_rollout_ref.rollout.name=hf"))
 
 
-@pytest.mark.parametrize("mode", ["sync", "one_step_off_policy"])
+# fully async: an update of 16 prompts at a time, a weight sync after each, the engines up to a version ahead, and
+# partial rollouts: a sync halts the trajectories in flight mid-turn and they go on under the new weights
+FULLY_ASYNC = [
+    "data.train_batch_size=0",
+    "async_training.require_batches=1",
+    "async_training.trigger_parameter_sync_step=1",
+    "async_training.staleness_threshold=1.0",
+    "async_training.partial_rollout=True",
+    "rollout.total_rollout_steps=64",
+]
+
+
+@pytest.mark.parametrize("mode", ["sync", "one_step_off_policy", "fully_async_policy"])
 def test_the_tool_task_runs_on_a_rollout_pool_of_its_own(tmp_path, mode):
     """The rollout workers run the loop, their samples' agent-loop fields and metrics travel to the trainer."""
     pool = ["actor_rollout_ref.hybrid_engine=False", "actor_rollout_ref.rollout.free_cache_engine=False"]
     sizes = ["rollout.nnodes=1", "rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=1"]
+    extra = FULLY_ASYNC if mode == "fully_async_policy" else []
     rows = tool_task(
-        tmp_path / "run", "actor_rollout_ref.rollout.name=hf", *pool, *sizes, f"trainer.async_mode={mode}", steps=4
+        tmp_path / "run",
+        "actor_rollout_ref.rollout.name=hf",
+        *pool,
+        *sizes,
+        f"trainer.async_mode={mode}",
+        *extra,
+        steps=4,
     )
     assert [m["training/global_step"] for m in rows] == [0, 1, 2, 3, 4]  # 0: validation before training
     assert all(m["tool_call_counts/max"] >= 1 and m["num_turns/max"] >= 4 for m in rows[1:])
     assert "val-aux/num_turns/mean" in rows[0] and "val-aux/num_turns/mean" in rows[-1]
+    if mode == "fully_async_policy":
+        print({k: [m[k] for m in rows[1:]] for k in ("fully_async/partial/partial_ratio", "critic/score/mean")})
+        assert all(m["fully_async/count/updates"] == 1.0 for m in rows[1:])

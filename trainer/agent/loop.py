@@ -66,6 +66,7 @@ class Trajectory:
     gen_s: float = 0.0
     tool_s: float = 0.0
     calls: list[FunctionCall] = field(default_factory=list)  # the last turn's, waiting to run
+    turn: list[int] = field(default_factory=list)  # a turn a weight sync halted (a partial rollout): its tokens so far
     done: bool = False
 
     @property

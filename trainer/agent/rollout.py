@@ -15,6 +15,28 @@ from .setup import agent_of
 from .tool_parser import PARSERS
 from .tools import load_tools
 
+# verl's num_turns/* and the tool calls per sample (tool_call_counts/*), and the loop's seconds per sample in generation
+# and in tool calls (timing_s/agent_loop/*): each sample's record has one value of each
+RECORDED = (
+    "num_turns",
+    "tool_call_counts",
+    "timing_s/agent_loop/generate_sequences",
+    "timing_s/agent_loop/tool_calls",
+)
+
+
+def record(t: Trajectory) -> dict:
+    return dict(zip(RECORDED, (t.num_turns, t.tool_calls, t.gen_s, t.tool_s)))
+
+
+def turn_metrics(records: list[dict]) -> dict:
+    """The samples' records as min, max and mean of each (nothing for no samples)."""
+    out = {}
+    for name in RECORDED if records else ():
+        values = [r[name] for r in records]
+        out.update({f"{name}/min": min(values), f"{name}/max": max(values), f"{name}/mean": sum(values) / len(values)})
+    return out
+
 
 @dataclass
 class TurnStats:
@@ -25,20 +47,11 @@ class TurnStats:
     def extra_info(self) -> list[dict]:
         return [t.info() for t in self.trajs]
 
+    def records(self) -> list[dict]:
+        return [record(t) for t in self.trajs]
+
     def metrics(self) -> dict:
-        """verl's num_turns/* and the tool calls per sample (tool_call_counts/*), and the loop's seconds per sample in
-        generation and in tool calls (timing_s/agent_loop/*)."""
-        out = {}
-        for name, values in (
-            ("num_turns", [t.num_turns for t in self.trajs]),
-            ("tool_call_counts", [t.tool_calls for t in self.trajs]),
-            ("timing_s/agent_loop/generate_sequences", [t.gen_s for t in self.trajs]),
-            ("timing_s/agent_loop/tool_calls", [t.tool_s for t in self.trajs]),
-        ):
-            if values:
-                out.update({f"{name}/min": min(values), f"{name}/max": max(values)})
-                out[f"{name}/mean"] = sum(values) / len(values)
-        return out
+        return turn_metrics(self.records())
 
 
 class AgentRollout:
@@ -63,12 +76,16 @@ class AgentRollout:
         )
         self.R, self.pad, self.prompt_key = cfg.data.max_response_length, tokenizer.pad_token_id, cfg.data.prompt_key
 
+    def start(self, rows: list[dict], n: int) -> list[Trajectory]:
+        """n trajectories of each row (prompt i's at i*n .. i*n+n-1), their interactions started."""
+        return self.loop.start(rows, n, [agent_of(r, self.default) for r in rows], self.prompt_key)
+
     def generate(
         self, rows: list[dict], n: int, sampling: Sampling | None = None, sync_follows: bool = False
     ) -> tuple[Rollout, TurnStats]:
         """n samples of each row (prompt i's at rows i*n .. i*n+n-1), every turn of each in its response."""
-        loop, engine = self.loop, self.engine
-        trajs = loop.start(rows, n, [agent_of(r, self.default) for r in rows], self.prompt_key)
+        engine = self.engine
+        trajs = self.start(rows, n)
         wave, reported = 0, True
         while engine.agree(any(not t.done for t in trajs)):
             live = [t for t in trajs if not t.done]
@@ -76,24 +93,52 @@ class AgentRollout:
             if wave == 0:  # each prompt's n samples in one call, sharing the prompt's prefill where the engine can
                 ro = engine.generate([r["input_ids"] for r in rows], n, sampling, hold=True)
             else:
-                budget = max((self.R - len(t.ids) for t in live), default=1)
-                ro = engine.generate([t.prompt + t.ids for t in live], 1, sampling, max_new=budget, hold=True)
+                contexts = [t.prompt + t.ids for t in live]
+                ro = engine.generate(contexts, 1, sampling, max_new=self._budget(live), hold=True)
             ro = ro.to("cpu")  # read row by row below: one copy, not one per row
-            took = time.perf_counter() - t0
             reported = reported and ro.engine_logp is not None
-            for i, t in enumerate(live):
-                kept = ro.response_mask[i].bool()  # the turn up to and including its end token
-                turn = ro.input_ids[i, ro.prompt_len :][kept].tolist()[: self.R - len(t.ids)]
-                logps = ro.engine_logp[i][kept].tolist()[: len(turn)] if ro.engine_logp is not None else None
-                t.add(turn, model=True, logps=logps)
-                t.gen_s += took
-                loop.after_turn(t, turn)
-            # a turn with tool calls goes to its tools, one without to its interaction (verl: tools first)
-            tooling = [t for t in live if not t.done and t.calls]
-            talking = [t for t in live if not t.done and not t.calls and t.interaction is not None]
-            loop.run_tools(tooling)
-            loop.interact(talking)
+            self._absorb(live, ro, ro.engine_logp, [True] * len(live), time.perf_counter() - t0)
             wave += 1
         engine.rest(sync_follows)
-        loop.finish(trajs)
-        return pack(trajs, self.R, self.pad, reported and wave > 0), TurnStats(trajs)
+        return self.finish(trajs, reported and wave > 0)
+
+    def finish(self, trajs: list[Trajectory], with_logps: bool = True) -> tuple[Rollout, TurnStats]:
+        """Ended trajectories as one Rollout, their interactions finalized."""
+        self.loop.finish(trajs)
+        return pack(trajs, self.R, self.pad, with_logps), TurnStats(trajs)
+
+    def go_on(self, trajs: list[Trajectory], stopped, logprobs) -> None:
+        """The fully async mode's partial rollouts (verl's partial tool agent loop): every unfinished trajectory on
+        under the current weights, wave by wave, until each ends or stopped() halts a wave at a token boundary. A turn
+        halted that way stays open (Trajectory.turn) and goes on from its last token on the next call, maybe under
+        newer weights; its tools run once it ends. The tool calls and interactions of the turns that ended in the
+        halted wave still run before this returns, so an interrupted trajectory is always mid-generation, as verl's
+        only ever are. logprobs(rollout): the current weights' log-probs of a rollout's response tokens, for an
+        engine that reports none (each token's are those of the weights that drew it)."""
+        engine = self.engine
+        while engine.agree(any(not t.done for t in trajs) and not stopped()):
+            live = [t for t in trajs if not t.done]
+            t0 = time.perf_counter()
+            ro, ended = engine.generate_until([t.prompt + t.ids for t in live], self._budget(live), stopped)
+            logp = ro.engine_logp if ro.engine_logp is not None else logprobs(ro)
+            self._absorb(live, ro.to("cpu"), logp.cpu(), ended, time.perf_counter() - t0)
+
+    def _budget(self, live: list[Trajectory]) -> int:
+        return max((self.R - len(t.ids) for t in live), default=1)
+
+    def _absorb(self, live: list[Trajectory], ro: Rollout, logp, ended: list[bool], took: float) -> None:
+        """A wave's tokens into its trajectories (each cut to the response length); every turn that is over (the
+        engine ended it, or the response is full) is checked, and its tool calls, or its interaction's turn, run."""
+        loop = self.loop
+        for i, t in enumerate(live):
+            kept = ro.response_mask[i].bool()  # the tokens up to and including an end token
+            new = ro.input_ids[i, ro.prompt_len :][kept].tolist()[: self.R - len(t.ids)]
+            t.add(new, model=True, logps=logp[i][kept].tolist()[: len(new)] if logp is not None else None)
+            t.turn += new
+            t.gen_s += took
+            if ended[i] or len(t.ids) >= self.R:
+                turn, t.turn = t.turn, []
+                loop.after_turn(t, turn)
+        # a turn with tool calls goes to its tools, one without to its interaction (verl: tools first)
+        loop.run_tools([t for t in live if not t.done and t.calls])
+        loop.interact([t for t in live if not t.done and not t.calls and not t.turn and t.interaction is not None])

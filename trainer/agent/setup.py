@@ -33,12 +33,6 @@ def check(cfg, rows: list[dict]) -> str | None:
             f"agent_name={unknown[0]} in the data: rlrig's agent loops are {' and '.join(AGENT_LOOPS)} (agent loops "
             "of your own are not in rlrig); set the column to one of them"
         )
-    if TOOL_AGENT in names and cfg.trainer.async_mode == "fully_async_policy":
-        raise ConfigError(
-            "tool_agent rows (agent_name, or rollout.agent.default_agent_loop) with trainer.async_mode="
-            "fully_async_policy: multi-turn partial rollouts are not in rlrig; train them synchronously or one step "
-            "off-policy"
-        )
     if TOOL_AGENT in names and mt.format not in PARSERS:
         raise ConfigError(
             f"actor_rollout_ref.rollout.multi_turn.format={mt.format}: rlrig's tool-call parsers are "

@@ -21,8 +21,12 @@ from collections import deque
 from dataclasses import dataclass
 
 from .. import metrics as M
+from ..agent.loop import TOOL_AGENT
+from ..agent.partial import AgentPartial
+from ..agent.rollout import turn_metrics
+from ..agent.setup import agent_of
 from ..data.sampler import Sampler
-from ..rollout.partial import Partial
+from ..rollout.partial import Partial, Progress
 from .rollout_pool import merge
 from .sample_queue import Freshness, Group, SampleQueue, stale_bound
 
@@ -85,6 +89,9 @@ class Stream:
         self.limit = total_prompts(cfg, len(rows))
         self.todo: deque[int] = deque()  # drawn before a resume and never trained: generated first
         self.partial = at.partial_rollout
+        default = cfg.actor_rollout_ref.rollout.agent.default_agent_loop
+        # multi-turn rows go on across syncs as whole trajectories (agent/partial.py), single-turn ones as tokens
+        self.multi_turn = any(agent_of(r, default) == TOOL_AGENT for r in rows)
         self.resumed: deque[Partial] = deque()  # interrupted by a sync: they go on first, under the new weights
         self.calls = 0  # partial-rollout calls made, each numbered for its interrupt
         tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
@@ -133,7 +140,7 @@ class Stream:
                 return
             self.freshness.start(len(indices))
             if self.partial:
-                items += [Partial.fresh(i, self.rows[i]["input_ids"], self.n) for i in indices]
+                items += [self._fresh(i) for i in indices]
                 self.calls += 1
                 shares = split(items, len(members))
                 refs = [w.generate_partial.remote(sh, step, self.calls) for w, sh in zip(members, shares)]
@@ -143,6 +150,11 @@ class Stream:
                 refs = [w.generate.remote([self.rows[i] for i in sh], self.n, step) for w, sh in zip(members, shares)]
                 self.busy[e] = Call(refs, shares, None)
             self.idle_s[e] += time.perf_counter() - self.idle_from[e]
+
+    def _fresh(self, i: int) -> Partial | AgentPartial:
+        if self.multi_turn:
+            return AgentPartial(i, self.rows[i], self.n)
+        return Partial.fresh(i, self.rows[i]["input_ids"], self.n)
 
     def _collect(self, e: int) -> None:
         """An engine's finished call into the queue, a group per prompt (partial ones to go on later)."""
@@ -154,16 +166,19 @@ class Stream:
         n = self.n
         for ref, share in zip(call.refs, call.shares):
             if self.partial:
-                ended, ro, going, secs = ray.get(ref)
-                self.gen_s = max(self.gen_s, secs)
-                self.resumed.extend(going)
-                for j, (index, versions) in enumerate(ended):
-                    rows = ro.rows(slice(j * n, (j + 1) * n))
-                    self.queue.put([Group(index, rows, versions[-1], versions[-1] - versions[0])])
+                got: Progress = ray.get(ref)
+                self.gen_s = max(self.gen_s, got.secs)
+                self.resumed.extend(got.going)
+                for j, (index, versions) in enumerate(got.ended):
+                    at, first, last = slice(j * n, (j + 1) * n), versions[0], versions[-1]
+                    group = Group(index, got.rollout.rows(at), last, last - first, got.turns[at], got.records[at])
+                    self.queue.put([group])
                 continue
-            ro, version, secs, _, _ = ray.get(ref)  # single-turn: the agent loop's fields say nothing here
+            ro, version, secs, turns, records = ray.get(ref)
             self.gen_s = max(self.gen_s, secs)
-            self.queue.put([Group(i, ro.rows(slice(j * n, (j + 1) * n)), version) for j, i in enumerate(share)])
+            for j, i in enumerate(share):
+                at = slice(j * n, (j + 1) * n)
+                self.queue.put([Group(i, ro.rows(at), version, 0, turns[at], records[at])])
 
     def _landed(self, ready: list) -> None:
         self.ready.update(ready)
@@ -254,8 +269,9 @@ class Stream:
 def version_step(run, start_update, after_update) -> dict | None:
     """One weight version: up to trigger_parameter_sync_step updates, each on the next required prompts as soon as
     the queue holds them, then the weights to the engines; None when not one update could be made (the prompts ran
-    out). start_update(rows, rollout, local_step) starts an update on the training workers and returns its futures;
-    after_update(metrics) follows each update (the KL controller)."""
+    out). start_update(rows, rollout, turns, local_step) starts an update on the training workers (turns: each
+    sample's agent-loop fields, for the reward) and returns its futures; after_update(metrics) follows each update
+    (the KL controller)."""
     import ray
 
     s, pool = run.stream, run.pool
@@ -280,7 +296,8 @@ def version_step(run, start_update, after_update) -> dict | None:
         lag = max(lag, *(version - g.version for g in groups))
         taken += groups
         rows = [run.train_rows[g.index] for g in groups]
-        futures = start_update(rows, merge([g.rollout for g in groups], run.pad_id), local)
+        turns = [t for g in groups for t in (g.turns or [{}] * s.n)]
+        futures = start_update(rows, merge([g.rollout for g in groups], run.pad_id), turns, local)
         left = list(futures)
         while left:
             done = s.wait(left, run.step)
@@ -298,6 +315,7 @@ def version_step(run, start_update, after_update) -> dict | None:
     s.freshness.new_version(s.in_flight(), len(s.queue))
     elapsed = time.perf_counter() - t0
     m.update(M.reduce(results))
+    m.update(turn_metrics([r for g in taken for r in g.records]))  # the agent loop's, over the version's samples
     m.update(
         {
             "timing_s/gen": waited,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import metrics as M
+from ..agent.rollout import turn_metrics
 from ..rollout.engines.base import Rollout, left_pad_to
 from .validation import spread
 
@@ -115,7 +115,7 @@ class RolloutPool:
                 "timing_s/gen": waited,
                 "timing_s/rollout_gen": max(r[2] for r in results),  # the engines' own (the watchdog's measure)
                 "training/off_policy_steps": float(lag),
-                **M.reduce([r[4] for r in results]),
+                **turn_metrics([rec for r in results for rec in r[4]]),
             },
         )
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -23,6 +23,8 @@ class Group:
     rollout: object
     version: int  # the weights that finished it (verl's param_version; a partial rollout began under earlier ones)
     span: int = 0  # weight versions a partial rollout's tokens came from, less one (0: one version drew them all)
+    turns: list[dict] = field(default_factory=list)  # per sample: the agent loop's fields for the reward ([]: none)
+    records: list[dict] = field(default_factory=list)  # per sample: its turn record ([]: none)
 
 
 class Freshness:

@@ -386,17 +386,16 @@ def stream_step(run: Run) -> dict | None:
     ran out before one)."""
     workers = run.workers.training
 
-    def start_update(rows: list[dict], ro, local: int) -> list:
+    def start_update(rows: list[dict], ro, turns: list[dict], local: int) -> list:
         if local == 1:
             arm_training_faults(run)
             arm_rollout_faults(run, run.step)
-        # single-turn samples (multi-turn ones are refused in this mode): no agent-loop fields for the reward
-        shares, generated = (
-            equal_shares(rows, len(workers)),
-            run.pool.shares(ro, [{}] * len(ro.input_ids), len(workers)),
-        )
+        shares, generated = equal_shares(rows, len(workers)), run.pool.shares(ro, turns, len(workers))
         u = run.stream.updates
-        return [w.step.remote(p, run.kl_ctrl.value, u, g, local) for w, p, (g, _) in zip(workers, shares, generated)]
+        return [
+            w.step.remote(p, run.kl_ctrl.value, u, g, local, turns=t)
+            for w, p, (g, t) in zip(workers, shares, generated)
+        ]
 
     return version_step(run, start_update, lambda m: update_kl_controller(run.kl_ctrl, m, run.cfg))
 

@@ -43,6 +43,21 @@ class Partial:
             self.versions.append(version)
 
 
+@dataclass
+class Progress:
+    """What a partial-rollout call gives back: the prompts it finished, as (index, the weight versions that drew
+    them), and their samples as one Rollout (prompt j's at rows j*n ..); the unfinished items, to go on later; the
+    seconds it took; and, for multi-turn items, each sample's agent-loop fields (for its reward) and its turn
+    record (the loop's metrics), row for row with the Rollout."""
+
+    ended: list[tuple[int, list[int]]]
+    rollout: Rollout | None
+    going: list
+    secs: float
+    turns: list[dict] = field(default_factory=list)
+    records: list[dict] = field(default_factory=list)
+
+
 def packed(items: list[Partial], max_new: int, pad_id: int, eos_id: int) -> Rollout:
     """Finished items' samples as one Rollout, item j's at rows j*n .. j*n+n-1: one set of tensors for a call's
     prompts, not one per prompt, which the trip to the driver pays for in pickling."""

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..agent import partial as agent_partial
+from ..agent.partial import AgentPartial
 from ..agent.rollout import AgentRollout
 from ..config.schema import from_dict
 from ..model import build
@@ -26,7 +28,7 @@ from ..reward.managers import overlong
 from ..reward.rules import reward_fn
 from ..reward.scoring import RewardSource, score
 from ..rollout.engines import EngineContext, Rollout, Sampling, engine_class, make_engine
-from ..rollout.partial import Partial, go_on, packed
+from ..rollout.partial import Progress, go_on, packed
 from ..rollout.weight_sync import SyncGroup
 from .base import PoolWorker, collective_timeout, ensure_local_embedded_model, single_device
 from .phase_report import PhaseReport
@@ -130,16 +132,16 @@ class RolloutWorker(PoolWorker):
 
     @on_engine_thread
     @torch.no_grad()
-    def generate(self, rows: list[dict], n: int, step: int) -> tuple[Rollout, int, float, list[dict], dict]:
+    def generate(self, rows: list[dict], n: int, step: int) -> tuple[Rollout, int, float, list[dict], list[dict]]:
         """n samples of each row's prompt (for global step `step`) through the agent loop, with the log-probs of the
-        policy that drew them, on the CPU for the trip; the weight version they come from, the seconds it took, each
-        sample's agent-loop fields for its reward function, and the loop's metrics."""
+        policy that drew them, on the CPU for the trip; the weight version they come from, the seconds it took, and
+        each sample's agent-loop fields for its reward function and turn record (agent/rollout.py turn_metrics)."""
         self.step, t0 = step, time.perf_counter()
         with self._reported("rollout_gen"):
             ro, turns = self.agent.generate(rows, n)
             if ro.engine_logp is None:
                 ro.engine_logp = self._logprobs(ro)
-        return ro.to("cpu"), self.version, time.perf_counter() - t0, turns.extra_info(), turns.metrics()
+        return ro.to("cpu"), self.version, time.perf_counter() - t0, turns.extra_info(), turns.records()
 
     def interrupt(self, call: int) -> None:
         """Stop partial-rollout call `call` (or an earlier one) at its next token boundary. Sent in a concurrency group
@@ -149,22 +151,30 @@ class RolloutWorker(PoolWorker):
 
     @on_engine_thread
     @torch.no_grad()
-    def generate_partial(
-        self, items: list[Partial], step: int, call: int
-    ) -> tuple[list[tuple[int, list[int]]], Rollout | None, list[Partial], float]:
-        """Go on with every unfinished sample of `items` (fresh or interrupted before) under the current weights until
-        each ends (EOS or the response length) or interrupt(call) stops them all; each new token's log-prob is that of
-        the weights that drew it. Back: the finished items' (index, weight versions) and their samples as one Rollout
-        (item j's at rows j*n..), the unfinished items to go on later, and the seconds it took."""
+    def generate_partial(self, items: list, step: int, call: int) -> Progress:
+        """Go on with every unfinished sample of `items` (Partial, or AgentPartial for multi-turn rows; fresh or
+        interrupted before) under the current weights until each ends (EOS or the response length; a multi-turn one
+        at its last turn) or interrupt(call) stops them all; each new token's log-prob is that of the weights that
+        drew it."""
         self.step, t0 = step, time.perf_counter()
         max_new, tok = self.cfg.data.max_response_length, self.tok
+        stopped = lambda: self.interrupted >= call  # noqa: E731
+        multi_turn = bool(items) and isinstance(items[0], AgentPartial)
         with self._reported("rollout_gen"):
-            stopped = lambda: self.interrupted >= call  # noqa: E731
-            go_on(self.engine, items, max_new, stopped, self._logprobs, self.version)
+            if multi_turn:
+                agent_partial.go_on(self.agent, items, stopped, self._logprobs, self.version)
+            else:
+                go_on(self.engine, items, max_new, stopped, self._logprobs, self.version)
         ended = [it for it in items if it.finished]
-        ro = packed(ended, max_new, tok.pad_token_id, tok.eos_token_id) if ended else None
         going = [it for it in items if not it.finished]
-        return [(it.index, it.versions) for it in ended], ro, going, time.perf_counter() - t0
+        done = Progress([(it.index, it.versions) for it in ended], None, going, 0.0)
+        if ended and multi_turn:
+            done.rollout, turns = agent_partial.packed(self.agent, ended)
+            done.turns, done.records = turns.extra_info(), turns.records()
+        elif ended:
+            done.rollout = packed(ended, max_new, tok.pad_token_id, tok.eos_token_id)
+        done.secs = time.perf_counter() - t0
+        return done
 
     def _logprobs(self, ro: Rollout) -> torch.Tensor:
         """The hf engine reports none: the module that sampled scores its own tokens, at the rollout's temperature

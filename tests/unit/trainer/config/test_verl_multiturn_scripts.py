@@ -112,7 +112,7 @@ def rows(agent=None, **extra):
                 "data.train_batch_size=0",
             ],
             rows("tool_agent"),
-            "multi-turn partial rollouts are not in rlrig",
+            None,  # multi-turn partial rollouts go on across syncs (agent/partial.py)
         ),
         (
             [
