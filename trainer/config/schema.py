@@ -18,6 +18,12 @@ class SamplerConfig:
 
 
 @dataclass
+class CustomClsConfig:
+    path: str | None = None  # a data set class of your own (data/custom_dataset.py): pkg://module, or a .py file
+    name: str | None = None
+
+
+@dataclass
 class DataConfig:
     train_files: str | list[str] = ""  # a file or a list of files, as verl; empty: the embedded arithmetic data set
     val_files: str | list[str] = ""
@@ -41,6 +47,7 @@ class DataConfig:
     filter_overlong_prompts_workers: int = 1  # no effect in rlrig
     dataloader_num_workers: int = 8  # no effect in rlrig
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    custom_cls: CustomClsConfig = field(default_factory=CustomClsConfig)
 
 
 @dataclass

@@ -74,8 +74,6 @@ REFUSED = {
     "with vLLM in pooling mode",
     "reward_model.reward_loop_class_name": "a reward-loop class of your own is not in rlrig; its reward loop scores "
     "with vLLM in pooling mode",
-    "data.custom_cls.path": "custom dataset classes are not in rlrig; it reads verl's parquet schema",
-    "data.custom_cls.name": "custom dataset classes are not in rlrig; it reads verl's parquet schema",
     "async_training.parallel_validate_and_rollout": "rlrig validates on the rollout pool between weight versions, "
     "not beside generation",
     # verl's fully async config declares it (4) and none of verl's code reads it: its default is accepted

@@ -181,15 +181,14 @@ def load_rows(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
     """The training and validation prompts, tokenized: data.train_files and data.val_files, or without them the
     offline arithmetic task."""
     from ..agent.setup import tool_schemas
+    from .custom_dataset import custom_rows
 
     d = cfg.data
     tools = tool_schemas(d.tool_config_path)
-    train = load_dataset(d.train_files) if d.train_files else arithmetic_rows(2048, "train", seed=d.seed)
-    val = (
-        load_dataset(d.val_files)
-        if d.val_files
-        else (arithmetic_rows(128, "test", seed=d.seed + 1) if not d.train_files else [])
-    )
+    read = (lambda files: custom_rows(d, files, tokenizer)) if d.custom_cls.path else load_dataset
+    train = read(d.train_files) if d.train_files else arithmetic_rows(2048, "train", seed=d.seed)
+    embedded_val = arithmetic_rows(128, "test", seed=d.seed + 1) if not d.train_files else []
+    val = read(d.val_files) if d.val_files else embedded_val
     tok = lambda rows: tokenize_prompts(
         rows,
         tokenizer,

@@ -155,15 +155,14 @@ FULLY_ASYNC = json.loads((Path(__file__).parent / "verl_scripts" / "fully_async_
 FULLY_ASYNC_EXPECTED = {
     **dict.fromkeys(
         ["dapo_7b_math_fsdp2_16_16", "dapo_7b_math_fsdp2_32_32", "dapo_7b_math_fsdp2_4_4"]
-        + ["dapo_7b_math_fsdp2_64_64", "dapo_7b_math_fsdp2_64_64_mis", "dapo_7b_math_fsdp2_8_8"],
+        + ["dapo_7b_math_fsdp2_64_64", "dapo_7b_math_fsdp2_64_64_mis", "dapo_7b_math_fsdp2_8_8"]
+        # multi-turn tool calling with partial rollouts and the retool recipe's data set class (verl needed to load it)
+        + ["dapo_7b_async_retool"],
         "accepted",
     ),
     # rlrig splits a mini batch by prompt over the 12 training workers, verl by sample
     "dapo_7b_math_fsdp2_4_12": "actor_rollout_ref.actor.ppo_mini_batch_size=32 prompts cannot be split over 12 "
     "workers (trainer.nnodes x trainer.n_gpus_per_node); make it a multiple of 12",
-    # multi-turn tool calling (retool): its custom dataset class comes first
-    "dapo_7b_async_retool": "data.custom_cls.path: a verl key rlrig does not implement: custom dataset classes are not "
-    "in rlrig; it reads verl's parquet schema",
 }
 
 
