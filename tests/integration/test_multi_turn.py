@@ -72,11 +72,20 @@ FULLY_ASYNC = [
 
 
 @pytest.mark.parametrize("mode", ["sync", "one_step_off_policy", "fully_async_policy"])
-def test_the_tool_task_runs_on_a_rollout_pool_of_its_own(tmp_path, mode):
-    """The rollout workers run the loop, their samples' agent-loop fields and metrics travel to the trainer."""
+def test_the_tool_task_runs_on_a_rollout_pool_of_its_own(tmp_path, monkeypatch, mode):
+    """The rollout workers run the loop, their samples' agent-loop fields and metrics travel to the trainer. Fully
+    async, they also write a rollout trace of two prompts' samples a call to MLflow."""
     pool = ["actor_rollout_ref.hybrid_engine=False", "actor_rollout_ref.rollout.free_cache_engine=False"]
     sizes = ["rollout.nnodes=1", "rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=1"]
     extra = FULLY_ASYNC if mode == "fully_async_policy" else []
+    if mode == "fully_async_policy":
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlruns.db")
+        extra = [
+            *extra,
+            "actor_rollout_ref.rollout.trace.backend=mlflow",
+            "actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker=2",
+            "trainer.project_name=traced",
+        ]
     rows = tool_task(
         tmp_path / "run",
         "actor_rollout_ref.rollout.name=hf",
@@ -92,3 +101,11 @@ def test_the_tool_task_runs_on_a_rollout_pool_of_its_own(tmp_path, mode):
     if mode == "fully_async_policy":
         print({k: [m[k] for m in rows[1:]] for k in ("fully_async/partial/partial_ratio", "critic/score/mean")})
         assert all(m["fully_async/count/updates"] == 1.0 for m in rows[1:])
+        import mlflow
+
+        mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlruns.db")
+        exp = mlflow.get_experiment_by_name("traced")
+        traces = mlflow.search_traces(experiment_ids=[exp.experiment_id], return_type="list")
+        steps = {tr.info.tags["step"] for tr in traces if tr.info.tags["validate"] == "False"}
+        assert steps and steps <= {"1", "2", "3", "4"} and any(tr.info.tags["validate"] == "True" for tr in traces)
+        assert all(tr.data.spans[1].name == "ToolAgentLoop.run" for tr in traces)

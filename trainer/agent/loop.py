@@ -27,8 +27,10 @@ from .chat import Deltas
 from .interactions import BaseInteraction
 from .tool_parser import FunctionCall
 from .tools import BaseTool
+from .trace import SampleTrace, Tracer
 
 TOOL_AGENT, SINGLE_TURN = "tool_agent", "single_turn_agent"
+LOOP_NAMES = {True: "ToolAgentLoop", False: "SingleTurnAgentLoop"}  # verl's classes, the traces' span names
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ class Trajectory:
     tool_s: float = 0.0
     calls: list[FunctionCall] = field(default_factory=list)  # the last turn's, waiting to run
     turn: list[int] = field(default_factory=list)  # a turn a weight sync halted (a partial rollout): its tokens so far
+    trace: SampleTrace | None = None  # its rollout trace's spans (agent/trace.py), if it is traced
     done: bool = False
 
     @property
@@ -106,6 +109,13 @@ def truncated(text: str, limit: int, side: str) -> str:
     return text[: limit // 2] + "...(truncated)..." + text[-limit // 2 :]
 
 
+async def timed(coroutine) -> tuple:
+    """(the coroutine's result, when it started, when it ended), in nanoseconds since the epoch."""
+    start = time.time_ns()
+    out = await coroutine
+    return out, start, time.time_ns()
+
+
 async def call_tool(tool: BaseTool | None, call: FunctionCall, tools_kwargs: dict, timeout: float):
     """One call, on a fresh instance of its tool; any failure (an unknown tool, arguments that are not JSON, the
     tool raising or running past the timeout) is the text the model reads back, as in verl, never an error of the
@@ -134,13 +144,23 @@ class ToolAgentLoop:
     """The loop for one worker's engine: tools and interactions made once from their config files, every batch of
     rows run through it."""
 
-    def __init__(self, tokenizer, limits: LoopLimits, parse, tools: dict, interactions: dict, template_kwargs: dict):
+    def __init__(
+        self,
+        tokenizer,
+        limits: LoopLimits,
+        parse,
+        tools: dict,
+        interactions: dict,
+        template_kwargs: dict,
+        tracer: Tracer | None = None,
+    ):
         self.tok, self.limits, self.parse = tokenizer, limits, parse
         self.tools, self.interactions = tools, interactions
         self.deltas = Deltas(tokenizer, template_kwargs)
+        self.tracer = tracer
 
     def start(self, rows: list[dict], n: int, agent_names: list[str], prompt_key: str) -> list[Trajectory]:
-        """Each row's n trajectories, with their interactions started."""
+        """Each row's n trajectories, with their interactions started (and their traces, where traced)."""
         out = []
         for row, name in zip(rows, agent_names):
             extra = row.get("extra_info") or {}
@@ -155,6 +175,11 @@ class ToolAgentLoop:
                     t.interaction_kwargs = dict(extra.get("interaction_kwargs") or {})
                     t.interaction = self._interaction(t.interaction_kwargs)
                 out.append(t)
+        if self.tracer is not None:
+            for t, trace in zip(out, self.tracer.chosen(rows, n)):
+                t.trace = trace
+                if trace is not None:
+                    trace.inputs = {"raw_prompt": list(t.messages), "tools_kwargs": t.tools_kwargs}
         gathered(
             t.interaction.start_interaction(t.request_id, **t.interaction_kwargs)
             for t in out
@@ -187,7 +212,10 @@ class ToolAgentLoop:
         ):
             t.done = True
             return
+        start = time.time_ns()
         t.calls = self.parse(self.tok.decode(turn, skip_special_tokens=False))
+        if t.trace is not None:
+            self.tracer.parse(t.trace, start, time.time_ns(), turn, t.calls)
         if t.interaction is not None:
             t.messages.append({"role": "assistant", "content": self.tok.decode(turn, skip_special_tokens=True)})
         t.done = not t.calls and t.interaction is None
@@ -197,10 +225,12 @@ class ToolAgentLoop:
         L = self.limits
         jobs = [(t, c) for t in waiting for c in t.calls[: L.max_parallel_calls]]
         t0 = time.perf_counter()
-        results = gathered(call_tool(self.tools.get(c.name), c, t.tools_kwargs, L.tool_timeout) for t, c in jobs)
+        results = gathered(timed(call_tool(self.tools.get(c.name), c, t.tools_kwargs, L.tool_timeout)) for t, c in jobs)
         took = time.perf_counter() - t0
         replies: dict[int, list[dict]] = {id(t): [] for t in waiting}
-        for (t, _), (text, reward) in zip(jobs, results):
+        for (t, c), ((text, reward), start, end) in zip(jobs, results):
+            if t.trace is not None:
+                self.tracer.tool_call(t.trace, self.tools.get(c.name), c, start, end, text, reward)
             replies[id(t)].append(
                 {"role": "tool", "content": truncated(text, L.max_tool_response_length, L.truncate_side)}
             )
@@ -232,7 +262,16 @@ class ToolAgentLoop:
             t.done = bool(stop)
 
     def finish(self, trajs: list[Trajectory]) -> None:
+        """Ended trajectories: their interactions finalized, their traces written."""
         gathered(t.interaction.finalize_interaction(t.request_id) for t in trajs if t.interaction is not None)
+        if self.tracer is not None:
+            self.tracer.write([(t.trace, LOOP_NAMES[t.multi_turn], self._outputs(t)) for t in trajs])
+
+    def _outputs(self, t: Trajectory) -> dict:
+        out = {"prompt_ids": t.prompt, "response_ids": t.ids, "response_mask": t.mask, "num_turns": t.num_turns}
+        if self.tracer.token2text:
+            out.update(prompt_text=self.tok.decode(t.prompt), response_text=self.tok.decode(t.ids))
+        return out
 
 
 def pack(trajs: list[Trajectory], response_length: int, pad_id: int, with_logps: bool) -> Rollout:

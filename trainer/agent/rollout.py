@@ -14,6 +14,7 @@ from .loop import LoopLimits, ToolAgentLoop, Trajectory, pack
 from .setup import agent_of
 from .tool_parser import PARSERS
 from .tools import load_tools
+from .trace import Tracer
 
 # verl's num_turns/* and the tool calls per sample (tool_call_counts/*), and the loop's seconds per sample in generation
 # and in tool calls (timing_s/agent_loop/*): each sample's record has one value of each
@@ -71,8 +72,15 @@ class AgentRollout:
         interactions = load_interactions(mt.interaction_config_path) if mt.interaction_config_path else {}
         self.engine, self.default = engine, r.agent.default_agent_loop
         # a format without a parser runs no tool_agent row (agent/setup.py refuses those at start, as verl would fail)
+        self.tracer = Tracer(cfg, tokenizer)
         self.loop = ToolAgentLoop(
-            tokenizer, limits, PARSERS.get(mt.format), tools, interactions, cfg.data.apply_chat_template_kwargs
+            tokenizer,
+            limits,
+            PARSERS.get(mt.format),
+            tools,
+            interactions,
+            cfg.data.apply_chat_template_kwargs,
+            self.tracer if self.tracer.on else None,
         )
         self.R, self.pad, self.prompt_key = cfg.data.max_response_length, tokenizer.pad_token_id, cfg.data.prompt_key
 
@@ -89,7 +97,7 @@ class AgentRollout:
         wave, reported = 0, True
         while engine.agree(any(not t.done for t in trajs)):
             live = [t for t in trajs if not t.done]
-            t0 = time.perf_counter()
+            t0 = time.time_ns()
             if wave == 0:  # each prompt's n samples in one call, sharing the prompt's prefill where the engine can
                 ro = engine.generate([r["input_ids"] for r in rows], n, sampling, hold=True)
             else:
@@ -97,7 +105,7 @@ class AgentRollout:
                 ro = engine.generate(contexts, 1, sampling, max_new=self._budget(live), hold=True)
             ro = ro.to("cpu")  # read row by row below: one copy, not one per row
             reported = reported and ro.engine_logp is not None
-            self._absorb(live, ro, ro.engine_logp, [True] * len(live), time.perf_counter() - t0)
+            self._absorb(live, ro, ro.engine_logp, [True] * len(live), t0, time.time_ns())
             wave += 1
         engine.rest(sync_follows)
         return self.finish(trajs, reported and wave > 0)
@@ -118,21 +126,23 @@ class AgentRollout:
         engine = self.engine
         while engine.agree(any(not t.done for t in trajs) and not stopped()):
             live = [t for t in trajs if not t.done]
-            t0 = time.perf_counter()
+            t0 = time.time_ns()
             ro, ended = engine.generate_until([t.prompt + t.ids for t in live], self._budget(live), stopped)
             logp = ro.engine_logp if ro.engine_logp is not None else logprobs(ro)
-            self._absorb(live, ro.to("cpu"), logp.cpu(), ended, time.perf_counter() - t0)
+            self._absorb(live, ro.to("cpu"), logp.cpu(), ended, t0, time.time_ns())
 
     def _budget(self, live: list[Trajectory]) -> int:
         return max((self.R - len(t.ids) for t in live), default=1)
 
-    def _absorb(self, live: list[Trajectory], ro: Rollout, logp, ended: list[bool], took: float) -> None:
-        """A wave's tokens into its trajectories (each cut to the response length); every turn that is over (the
-        engine ended it, or the response is full) is checked, and its tool calls, or its interaction's turn, run."""
-        loop = self.loop
+    def _absorb(self, live: list[Trajectory], ro: Rollout, logp, ended: list[bool], start: int, end: int) -> None:
+        """A wave's tokens (generated from `start` to `end`, in ns) into its trajectories, each cut to the response
+        length; every turn that is over (the engine ended it, or the response is full) is checked, and its tool
+        calls, or its interaction's turn, run."""
+        loop, took = self.loop, (end - start) / 1e9
         for i, t in enumerate(live):
             kept = ro.response_mask[i].bool()  # the tokens up to and including an end token
             new = ro.input_ids[i, ro.prompt_len :][kept].tolist()[: self.R - len(t.ids)]
+            self.tracer.generation(t.trace, start, end, t.prompt + t.ids, new)
             t.add(new, model=True, logps=logp[i][kept].tolist()[: len(new)] if logp is not None else None)
             t.turn += new
             t.gen_s += took

@@ -252,6 +252,16 @@ class MultiTurnConfig:
 
 
 @dataclass
+class TraceConfig:
+    """verl's rollout traces (actor_rollout_ref.rollout.trace.*): each sample's agent loop, its generations and tool
+    calls as spans, written to MLflow by the process that runs the loop (agent/trace.py)."""
+
+    backend: str | None = None  # mlflow (weave: refused), or None: no traces
+    token2text: bool = False  # the spans carry the decoded text beside the token ids
+    max_samples_per_step_per_worker: int | None = None  # prompts traced per engine call (all n samples of each)
+
+
+@dataclass
 class AgentLoopConfig:
     num_workers: int = 8  # no effect in rlrig: the loop runs in each engine's worker
     # single_turn_agent | tool_agent, for rows with no agent_name (verl's agent_loop_config_path and
@@ -292,6 +302,7 @@ class RolloutConfig:
     cpu_kvcache_space_gb: int = 1  # rlrig: vLLM's CPU KV cache per engine (VLLM_CPU_KVCACHE_SPACE)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
+    trace: TraceConfig = field(default_factory=TraceConfig)
 
 
 @dataclass

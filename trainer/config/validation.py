@@ -17,7 +17,7 @@ from ..workers.profiling import ROLE_KEYS, TOOLS, TORCH_CONTENTS, role_profile
 from .domains import DOMAINS, value_at
 from .schema import CHECKPOINT_CONTENTS, Config, FsdpConfig, RewardModelRolloutConfig, canonical_strategy
 
-LOGGERS = ("console", "tensorboard", "wandb")
+LOGGERS = ("console", "tensorboard", "wandb", "mlflow")
 _KL = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 KL_KINDS = (*_KL, *(k + "+" for k in _KL))  # "+": the value of the kind, the gradient of k2
 DTYPES = (
@@ -177,6 +177,18 @@ def _rollout(cfg: Config) -> None:
         raise ConfigError(
             f"actor_rollout_ref.rollout.engine_kwargs.{sorted(unknown_engines)[0]}: rlrig's engines are "
             f"{', '.join(ENGINES)}"
+        )
+    if r.trace.backend == "weave":
+        raise ConfigError(
+            "actor_rollout_ref.rollout.trace.backend=weave: Weave traces are not in rlrig; backend=mlflow writes "
+            "the same traces to MLflow"
+        )
+    if r.trace.backend not in (None, "mlflow"):
+        raise ConfigError(f"actor_rollout_ref.rollout.trace.backend={r.trace.backend}: choose mlflow (or null)")
+    if (r.trace.max_samples_per_step_per_worker or 0) < 0:
+        raise ConfigError(
+            "actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker="
+            f"{r.trace.max_samples_per_step_per_worker}: a number of prompts, 0 or more (or null: all)"
         )
     if r.max_model_len is not None and r.max_model_len < d.max_prompt_length + d.max_response_length:
         raise ConfigError(

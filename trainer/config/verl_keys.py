@@ -44,7 +44,6 @@ REFUSED_PREFIXES = {
         for p in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
     },
     "reward_model.profiler.tool_config.": _RM_TOOL_CONFIG,
-    "actor_rollout_ref.rollout.trace.": "verl's rollout tracing is not in rlrig",
     "actor_rollout_ref.actor.megatron.": "verl's Megatron backend is not in rlrig; actor_rollout_ref.actor.strategy is "
     "ddp or fsdp",
     "actor_rollout_ref.ref.megatron.": "verl's Megatron backend is not in rlrig; the reference is sharded as the actor",
@@ -421,6 +420,7 @@ _TARGETS = {
     "actor_rollout_ref.rollout.val_kwargs._target_": "verl.workers.config.SamplingConfig",
     "actor_rollout_ref.rollout.multi_turn._target_": "verl.workers.config.MultiTurnConfig",
     "actor_rollout_ref.rollout.agent._target_": "verl.workers.config.AgentLoopConfig",
+    "actor_rollout_ref.rollout.trace._target_": "verl.workers.config.TraceConfig",
     "actor_rollout_ref.rollout.agent.custom_async_server._target_": "verl.workers.config.CustomAsyncServerConfig",
     "actor_rollout_ref.rollout.checkpoint_engine._target_": "verl.workers.config.CheckpointEngineConfig",
     "actor_rollout_ref.rollout.prometheus._target_": "verl.workers.config.PrometheusConfig",

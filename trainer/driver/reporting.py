@@ -1,13 +1,16 @@
 """What the driver tells the user: one-line messages, the progress bar, and each step's metrics in
-metrics.jsonl (plus TensorBoard and Weights & Biases, as trainer.logger asks)."""
+metrics.jsonl (plus TensorBoard, Weights & Biases and MLflow, as trainer.logger asks)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
+
+from .. import mlflow_store
 
 
 def say(msg: str) -> None:
@@ -31,6 +34,8 @@ class MetricsLog:
                 project=cfg.trainer.project_name, name=cfg.trainer.experiment_name, config=cfg.to_dict()
             )
 
+        self.mlflow = mlflow_run(cfg) if "mlflow" in self.loggers else None
+
     def log(self, step: int, metrics: dict) -> None:
         with open(self.path, "a") as f:
             f.write(json.dumps(metrics) + "\n")
@@ -39,6 +44,41 @@ class MetricsLog:
                 self.tb.add_scalar(k, v, step)
         if self.wandb:
             self.wandb.log(metrics, step=step)
+        if self.mlflow:
+            self.mlflow.log_metrics({mlflow_key(k): v for k, v in metrics.items()}, step=step)
+
+
+def mlflow_run(cfg):
+    """verl's MLflow logger: the run MLFLOW_RUN_ID names (a platform's), else a new one named
+    trainer.experiment_name in the project's experiment, with the config as its parameters."""
+    import mlflow
+
+    project_id = mlflow_store.experiment_id(cfg.trainer.project_name)
+    if os.environ.get("MLFLOW_RUN_ID"):
+        mlflow.start_run(run_id=os.environ["MLFLOW_RUN_ID"])
+    else:
+        mlflow.start_run(experiment_id=project_id, run_name=cfg.trainer.experiment_name)
+    mlflow.log_params(flat(cfg.to_dict()))
+    return mlflow
+
+
+def flat(x, prefix: str = "") -> dict:
+    """The config as verl's MLflow parameters: nested keys joined by "/", a list as its length and its items."""
+    if isinstance(x, list):
+        x = {"list_len": len(x), **{str(i): v for i, v in enumerate(x)}}
+    if not isinstance(x, dict):
+        return {prefix: x}
+    out = {}
+    for k, v in x.items():
+        out.update(flat(v, f"{prefix}/{k}" if prefix else str(k)))
+    return out
+
+
+def mlflow_key(key: str) -> str:
+    """A metric name as MLflow takes it, as verl rewrites it: @ as _at_, one slash at a time, other characters
+    MLflow refuses as _."""
+    key = re.sub(r"/+", "/", key.replace("@", "_at_"))
+    return re.sub(r"[^/\w.\- :]", "_", key)
 
 
 def progress(step: int, total: int, m: dict, started: float, first_step: int) -> None:

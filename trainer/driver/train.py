@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import metrics as M
+from .. import mlflow_store
 from ..config.validation import micro_batch_refusal, profiler_device_refusal, rollout_is_refusal
 from ..data.sampler import Sampler
 from ..errors import ConfigError
@@ -109,6 +110,7 @@ def prepare(cfg) -> Run:
         prefix_grouper.check(model_path, load_kwargs(model_cfg))
     adapter = lora.check(model_cfg, model_path, load_kwargs(model_cfg)) if model_cfg.uses_lora else None
     train_rows, val_rows = load_rows(cfg, tokenizer)
+    mlflow_store.require(cfg)
     notice = agent_setup.check(cfg, train_rows + val_rows)
     if notice:
         say(notice)

@@ -71,4 +71,19 @@ def validate_rows(workers, val_rows, cfg, step: int = 0, out: Path | None = None
         if out is not None:
             with open(out / "val_generations.jsonl", "a") as f:
                 f.writelines(json.dumps(g, default=str) + "\n" for g in shown)
+        if "mlflow" in cfg.trainer.logger:
+            mlflow_generations(shown, step)
     return m
+
+
+def mlflow_generations(shown: list[dict], step: int) -> None:
+    """The shown samples as an artifact of the MLflow run, verl's val_step<step>.json."""
+    import tempfile
+
+    import mlflow
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"val_step{step}.json"
+        rows = [{"input": g["prompt"], "output": g["response"], "score": g["score"]} for g in shown]
+        path.write_text(json.dumps(rows, default=str))
+        mlflow.log_artifact(str(path))

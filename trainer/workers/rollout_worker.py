@@ -138,6 +138,7 @@ class RolloutWorker(PoolWorker):
         each sample's agent-loop fields for its reward function and turn record (agent/rollout.py turn_metrics)."""
         self.step, t0 = step, time.perf_counter()
         with self._reported("rollout_gen"):
+            self.agent.tracer.at(step)
             ro, turns = self.agent.generate(rows, n)
             if ro.engine_logp is None:
                 ro.engine_logp = self._logprobs(ro)
@@ -161,6 +162,7 @@ class RolloutWorker(PoolWorker):
         stopped = lambda: self.interrupted >= call  # noqa: E731
         multi_turn = bool(items) and isinstance(items[0], AgentPartial)
         with self._reported("rollout_gen"):
+            self.agent.tracer.at(step)
             if multi_turn:
                 agent_partial.go_on(self.agent, items, stopped, self._logprobs, self.version)
             else:
@@ -191,6 +193,7 @@ class RolloutWorker(PoolWorker):
         the rules."""
         vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
         with self._reported("testing"):
+            self.agent.tracer.at(self.step, validate=True)
             ro, turns = self.agent.generate(rows, vk.n, Sampling.of(vk))
             scores, texts, extras = score(self.tok, self.reward, rows, ro.to("cpu"), vk.n, turns.extra_info())
         return scores.tolist(), texts, extras, [t.num_turns for t in turns.trajs]

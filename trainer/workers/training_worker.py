@@ -332,6 +332,7 @@ class TrainingWorker(RankWorker):
         agent loop's num_turns), prompt by prompt."""
         vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
         with self._reported("testing"):
+            self.agent.tracer.at(self.global_step, validate=True)
             ro, turns = self.agent.generate(rows, vk.n, Sampling.of(vk))
             scores, texts, extras = score(self.tok, self.reward, rows, ro, vk.n, turns.extra_info())
         return scores.tolist(), texts, extras, [t.num_turns for t in turns.trajs]
@@ -352,6 +353,8 @@ class TrainingWorker(RankWorker):
         function), else this worker's engine generates them. local_step: the fully async mode's place of this update
         in its weight version."""
         self.global_step = global_step
+        if self.agent is not None:  # none where a rollout pool of its own generates
+            self.agent.tracer.at(global_step)
         try:
             return self._step(rows, kl_coef, global_step, generated, local_step, turns)
         finally:

@@ -120,7 +120,7 @@ def test_external_lib_is_imported_or_refused(tmp_path, monkeypatch):
         # the actor's is implemented (model/ulysses.py): groups of the one worker here cannot be formed
         ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "does not divide the 1 workers"),
         ("actor_rollout_ref.rollout.mode=agent", "verl's modes are async (its default) and sync"),
-        ("trainer.logger=['console','mlflow']", "mlflow is not in rlrig"),
+        ("trainer.logger=['console','clearml']", "clearml is not in rlrig"),
         ("data.sampler.class_name=Curriculum", "custom samplers are not in rlrig"),
         ("actor_rollout_ref.ref.strategy=ddp", "shards the reference as it does the actor"),  # the actor: fsdp
     ],
