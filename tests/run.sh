@@ -52,7 +52,8 @@ if command -v npm >/dev/null 2>&1 \
     >.ci-tools/npm.log 2>&1 || { tail -40 .ci-tools/npm.log; exit 1; }
 fi
 status=0
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@" || status=$?
+# the long runs (pytest -m long: tests/e2e/long_runs.sh) stay out, keeping CI within its time
+.venv/bin/python -m pytest -q -p no:cacheprovider -m "not long" "$@" || status=$?
 
 if [ "${RLRIG_SKIP_VLLM:-0}" != 1 ]; then
   make_venv .venv-vllm

@@ -49,6 +49,8 @@ def start_three(cluster_hosts, tag, args):
     return ns, nodes
 
 
+# long: CI keeps placement's refusals here and roles in pools of their own (test_rollout_pool, the critic's)
+@pytest.mark.long
 def test_openrlhf_faq_layout_reference_and_reward_model_in_their_own_pools(cluster_hosts, tmp_path):
     run = tmp_path / "run"
     args = [

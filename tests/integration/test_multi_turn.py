@@ -55,6 +55,8 @@ def check_it_learned(rows: list[dict]) -> dict:
     return seen
 
 
+# long: 30 steps of learning; CI keeps vLLM's (tests/vllm_tier) and the tool task on every pool mode here
+@pytest.mark.long
 def test_the_embedded_tool_task_learns_to_use_the_calculator(tmp_path):
     check_it_learned(tool_task(tmp_path / "run", "actor_rollout_ref.rollout.name=hf"))
 

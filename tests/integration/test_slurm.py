@@ -66,6 +66,8 @@ TINY = [
 ]
 
 
+# long: CI keeps srun forming one cluster and returning the code, and the standing cluster's jobs (test_standing)
+@pytest.mark.long
 def test_standing_cluster_sbatch_recipe_submits_training_to_both_nodes(slurm_cluster, tmp_path):
     """slurm/rlrig-cluster.sbatch as the README gives it: `rlrig up` on both nodes of the allocation, the job
     submitted from the batch script on the head, then `rlrig down`; the job's result is the script's."""

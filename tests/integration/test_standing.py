@@ -172,6 +172,8 @@ def test_jobs_need_the_token_and_the_cluster_stays_until_down(cluster_hosts):
     assert not left_running(before)
 
 
+# long: CI keeps the standing cluster's jobs, token and shutdown, and node loss in test_cluster
+@pytest.mark.long
 def test_lost_node_fails_the_running_job_and_the_cluster_goes_on(cluster_hosts):
     ns, nodes = up(cluster_hosts, 2, "st3")
     follow = subprocess.Popen(

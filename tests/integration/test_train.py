@@ -71,6 +71,8 @@ def test_bad_data_file_is_one_line(tmp_path):
     assert r.returncode == 2 and "did you mean data.train_batch_size" in r.stderr
 
 
+# long: CI keeps two-node training to the end (test_recovery) and stop-and-resume (the SIGTERM test below)
+@pytest.mark.long
 def test_two_nodes_train_stop_and_resume(cluster_hosts, tmp_path):
     ns = cluster_hosts(2)
     run = tmp_path / "run2"

@@ -63,7 +63,9 @@ def workers_left() -> list[str]:
     [
         # (rank 1 hanging at steps 3 and 4, restarted once, then stopped naming its node, with `rlrig status` read
         # while it hangs: tests/e2e/watchdog_twice_e2e.py, outside CI)
-        ("0:collective:3", "update_actor", 1, 5),  # restarted, resumes and finishes
+        # restarted, resumes and finishes. long: CI keeps a restart finishing the run (test_recovery) and a hang
+        # named and ended (the case below)
+        pytest.param("0:collective:3", "update_actor", 1, 5, marks=pytest.mark.long),
         ("reward function", "reward", 0, 5),
     ],
 )

@@ -142,7 +142,8 @@ class AgentRollout:
         for i, t in enumerate(live):
             kept = ro.response_mask[i].bool()  # the tokens up to and including an end token
             new = ro.input_ids[i, ro.prompt_len :][kept].tolist()[: self.R - len(t.ids)]
-            self.tracer.generation(t.trace, start, end, t.prompt + t.ids, new)
+            if t.trace is not None:
+                self.tracer.generation(t.trace, start, end, t.prompt + t.ids, new)
             t.add(new, model=True, logps=logp[i][kept].tolist()[: len(new)] if logp is not None else None)
             t.turn += new
             t.gen_s += took

@@ -68,21 +68,18 @@ class Tracer:
     def text(self, ids: list[int]) -> dict:
         return {"text": self.tok.decode(ids)} if self.token2text else {}
 
-    def generation(self, trace: SampleTrace | None, start: int, end: int, context: list[int], new: list[int]):
-        if trace is not None:
-            out = {"token_ids": new, **self.text(new)}
-            trace.spans.append(Span("generate", start, end, {"prompt_ids": context, **self.text(context)}, out))
+    def generation(self, trace: SampleTrace, start: int, end: int, context: list[int], new: list[int]) -> None:
+        out = {"token_ids": new, **self.text(new)}
+        trace.spans.append(Span("generate", start, end, {"prompt_ids": context, **self.text(context)}, out))
 
-    def parse(self, trace: SampleTrace | None, start: int, end: int, turn: list[int], calls: list) -> None:
-        if trace is not None:
-            found = [{"name": c.name, "arguments": c.arguments} for c in calls]
-            trace.spans.append(Span("extract_tool_calls", start, end, {"responses_ids": turn}, {"calls": found}))
+    def parse(self, trace: SampleTrace, start: int, end: int, turn: list[int], calls: list) -> None:
+        found = [{"name": c.name, "arguments": c.arguments} for c in calls]
+        trace.spans.append(Span("extract_tool_calls", start, end, {"responses_ids": turn}, {"calls": found}))
 
-    def tool_call(self, trace: SampleTrace | None, tool, call, start: int, end: int, text: str, reward) -> None:
-        if trace is not None:
-            name = f"{type(tool).__name__}.execute" if tool is not None else f"{call.name}.execute"
-            inputs = {"name": call.name, "parameters": call.arguments}
-            trace.spans.append(Span(name, start, end, inputs, {"text": text, "reward": reward}))
+    def tool_call(self, trace: SampleTrace, tool, call, start: int, end: int, text: str, reward) -> None:
+        name = f"{type(tool).__name__}.execute" if tool is not None else f"{call.name}.execute"
+        inputs = {"name": call.name, "parameters": call.arguments}
+        trace.spans.append(Span(name, start, end, inputs, {"text": text, "reward": reward}))
 
     def write(self, samples: list[tuple[SampleTrace | None, str, dict]]) -> None:
         """Each ended sample's trace: (its trace, the loop's name, what came out), written and flushed."""
