@@ -143,7 +143,9 @@ class Stream:
                 items += [self._fresh(i) for i in indices]
                 self.calls += 1
                 shares = split(items, len(members))
-                refs = [w.generate_partial.remote(sh, step, self.calls) for w, sh in zip(members, shares)]
+                refs = [
+                    w.generate_partial.remote(sh, step, self.calls, self.multi_turn) for w, sh in zip(members, shares)
+                ]
                 self.busy[e] = Call(refs, [[it.index for it in sh] for sh in shares], self.calls)
             else:
                 shares = split(indices, len(members))

@@ -18,7 +18,6 @@ import torch
 import torch.distributed as dist
 
 from ..agent import partial as agent_partial
-from ..agent.partial import AgentPartial
 from ..agent.rollout import AgentRollout
 from ..config.schema import from_dict
 from ..model import build
@@ -152,15 +151,15 @@ class RolloutWorker(PoolWorker):
 
     @on_engine_thread
     @torch.no_grad()
-    def generate_partial(self, items: list, step: int, call: int) -> Progress:
-        """Go on with every unfinished sample of `items` (Partial, or AgentPartial for multi-turn rows; fresh or
+    def generate_partial(self, items: list, step: int, call: int, multi_turn: bool = False) -> Progress:
+        """Go on with every unfinished sample of `items` (Partial, or with multi_turn AgentPartial; fresh or
         interrupted before) under the current weights until each ends (EOS or the response length; a multi-turn one
         at its last turn) or interrupt(call) stops them all; each new token's log-prob is that of the weights that
-        drew it."""
+        drew it. multi_turn comes with the call, not from the items: a rank of a tensor-parallel engine may have none
+        and must still step with the others."""
         self.step, t0 = step, time.perf_counter()
         max_new, tok = self.cfg.data.max_response_length, self.tok
         stopped = lambda: self.interrupted >= call  # noqa: E731
-        multi_turn = bool(items) and isinstance(items[0], AgentPartial)
         with self._reported("rollout_gen"):
             self.agent.tracer.at(step)
             if multi_turn:
