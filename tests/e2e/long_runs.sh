@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The integration tests marked long (pytest -m long): runs of a minute or more whose capability CI checks in a
 # shorter test, left out of tests/run.sh to keep CI within its time. Needs root, as the integration tests do; about
-# eight minutes on 2 cores. Run from the repository root:
+# eleven minutes on 2 cores. Run from the repository root:
 #   bash tests/e2e/long_runs.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -10,11 +10,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from rlrig.trainer.driver import checkpoint
 from tests.helpers.cluster import TWO_NODE_TRAIN, dstack_env
 from tests.helpers.crashlog import excerpt
 
 pytestmark = pytest.mark.integration
 STEPS = 6
+PROMPTS = 2048  # the embedded data set's training prompts
 TRAIN = [
     "train",
     "--max-restarts",
@@ -42,10 +44,38 @@ def kill_node(proc: psutil.Process) -> None:
     psutil.wait_procs(tree, timeout=20)
 
 
-def test_a_killed_worker_started_again_rejoins_and_the_run_completes(cluster_hosts, tmp_path):
+# the rollout on a pool of its own (one node each), one step off-policy and fully async; long: CI keeps the colocated
+# case here and each mode's SIGTERM resume (test_rollout_pool, test_fully_async), which take the same resume path
+POOL = [
+    "trainer.nnodes=1",
+    "actor_rollout_ref.hybrid_engine=False",
+    "rollout.nnodes=1",
+    "rollout.n_gpus_per_node=1",
+    "actor_rollout_ref.rollout.name=hf",
+]
+MODES = {
+    "colocated": [],
+    "one-step": [*POOL, "trainer.async_mode=one_step_off_policy"],
+    "fully-async": [
+        *POOL,
+        "data.train_batch_size=0",
+        "async_training.require_batches=1",
+        "async_training.trigger_parameter_sync_step=1",
+        "async_training.staleness_threshold=0.5",
+        "rollout.total_rollout_steps=2000",
+        "rollout.test_freq=0",
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    "mode",
+    ["colocated", *(pytest.param(m, marks=pytest.mark.long) for m in ("one-step", "fully-async"))],
+)
+def test_a_killed_worker_started_again_rejoins_and_the_run_completes(cluster_hosts, tmp_path, mode):
     ns = cluster_hosts(2)
     run = tmp_path / "run"
-    args = [*TRAIN, f"trainer.default_local_dir={run}"]
+    args = [*TRAIN, *MODES[mode], f"trainer.default_local_dir={run}"]
     start = lambda i: cluster_hosts.start(ns, i, {**dstack_env(ns, i, "rcv"), "HOME": str(Path.home())}, args)
     head, worker = start(0), start(1)
     deadline = time.monotonic() + 400
@@ -68,3 +98,8 @@ def test_a_killed_worker_started_again_rejoins_and_the_run_completes(cluster_hos
     assert out.count("fabric check passed") == 2
     report = json.loads((run / "fabric.json").read_text())
     assert report["verdict"] == "passed" and [n["rank"] for n in report["nodes"]] == [0, 1]
+    if mode == "fully-async":  # every prompt drawn trained once or pending, across the restart
+        state = checkpoint.trainer_state(run / f"global_step_{STEPS}")
+        pending = state["pending"]
+        assert state["updates"] == STEPS and len(set(pending)) == len(pending)
+        assert state["epoch"] * PROMPTS + state["pos"] == STEPS * 8 + len(pending), state
