@@ -49,6 +49,7 @@ class Tracer:
         self.tok, self.project, self.experiment = tokenizer, cfg.trainer.project_name, cfg.trainer.experiment_name
         self.step, self.validate = -1, False
         self._client = self._experiment_id = None
+        self.rng = random.Random()  # its own: tracing leaves the run's seeded random draws as they would be
 
     def at(self, step: int, validate: bool = False) -> None:
         """The step (and whether validation) the next samples are for."""
@@ -62,7 +63,7 @@ class Tracer:
         indices = [(r.get("extra_info") or {}).get("index", i) for i, r in enumerate(rows)]
         picked = set(indices)
         if self.most is not None and self.most < len(picked):
-            picked = set(random.sample(sorted(picked), self.most))
+            picked = set(self.rng.sample(sorted(picked), self.most))
         return [SampleTrace(index, k) if index in picked else None for index in indices for k in range(n)]
 
     def text(self, ids: list[int]) -> dict:
