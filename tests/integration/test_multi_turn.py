@@ -82,6 +82,7 @@ def test_the_tool_task_runs_on_a_rollout_pool_of_its_own(tmp_path, monkeypatch, 
     extra = FULLY_ASYNC if mode == "fully_async_policy" else []
     if mode == "fully_async_policy":
         monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlruns.db")
+        monkeypatch.chdir(tmp_path)  # the traces' spans go to ./mlruns of the run's working directory
         extra = [
             *extra,
             "actor_rollout_ref.rollout.trace.backend=mlflow",

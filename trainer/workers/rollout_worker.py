@@ -198,6 +198,8 @@ class RolloutWorker(PoolWorker):
         return scores.tolist(), texts, extras, [t.num_turns for t in turns.trajs]
 
     def _drop_engine(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
         self.engine = self.agent = self.module = self.sync = None
         gc.collect()
 

@@ -129,6 +129,10 @@ class RolloutEngine:
         engine call together, so they go on while one of them does."""
         return more
 
+    def close(self) -> None:
+        """Release what the engine holds beyond this object while the process's groups are still there (the worker
+        calls it before its own teardown)."""
+
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         raise NotImplementedError
 

@@ -302,6 +302,11 @@ class VLLMRollout(RolloutEngine):
         eos, pad = self.tok.eos_token_id, self.tok.pad_token_id
         return pack_responses(prompts, 1, responses, logps, max_new, pad, eos), ended
 
+    def close(self) -> None:
+        # vLLM's in-process client otherwise shuts its engine core down from a finalizer at exit, after the worker has
+        # destroyed the process group that teardown destroys too, and prints a traceback after a clean run
+        self.llm.llm_engine.engine_core.shutdown()
+
     def sync_weights(self, weights) -> None:
         self._wake(tags=["weights"])
         # the engine core is in this process: the iterator hands over the actor's tensors themselves.

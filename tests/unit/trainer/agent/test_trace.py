@@ -19,6 +19,8 @@ __all__ = ["calc_config"]  # the fixture, used by name
 @pytest.fixture
 def store(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlruns.db")
+    monkeypatch.chdir(tmp_path)  # the store's artifacts (the spans) go to ./mlruns, as MLflow's default puts them
+    monkeypatch.setenv("MLFLOW_ENABLE_ASYNC_TRACE_LOGGING", "false")  # written before the test leaves tmp_path
     return tmp_path
 
 

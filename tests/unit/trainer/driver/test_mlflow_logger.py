@@ -36,6 +36,7 @@ def test_a_run_gets_the_config_and_every_steps_metrics(tmp_path, monkeypatch):
     import mlflow
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlruns.db")
+    monkeypatch.chdir(tmp_path)  # the run's artifacts go to ./mlruns, as MLflow's default puts them
     cfg = parse_overrides(
         ["trainer.logger=[console,mlflow]", "trainer.project_name=proj", "trainer.experiment_name=exp1"]
     )
@@ -62,6 +63,7 @@ def test_validation_samples_are_attached_as_verls_artifact(tmp_path, monkeypatch
     from rlrig.trainer.driver.validation import mlflow_generations
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlruns.db")
+    monkeypatch.chdir(tmp_path)  # the run's artifacts go to ./mlruns, as MLflow's default puts them
     cfg = parse_overrides(["trainer.logger=[mlflow]", "trainer.project_name=proj"])
     MetricsLog(cfg, tmp_path / "metrics.jsonl")
     try:
