@@ -39,6 +39,9 @@ class Recorder:
         self.calls.append("sync")
         self.engine.sync_weights(weights)
 
+    def close(self):
+        self.engine.close()
+
 
 @pytest.mark.parametrize(
     "extra,script,calls",
