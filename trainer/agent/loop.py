@@ -25,6 +25,7 @@ from ..errors import ConfigError
 from ..rollout.engines.base import Rollout, left_pad
 from .chat import Deltas
 from .interactions import BaseInteraction
+from .sanity import SanityCheck
 from .tool_parser import FunctionCall
 from .tools import BaseTool
 from .trace import SampleTrace, Tracer
@@ -153,11 +154,12 @@ class ToolAgentLoop:
         interactions: dict,
         template_kwargs: dict,
         tracer: Tracer | None = None,
+        check: SanityCheck | None = None,
     ):
         self.tok, self.limits, self.parse = tokenizer, limits, parse
         self.tools, self.interactions = tools, interactions
         self.deltas = Deltas(tokenizer, template_kwargs)
-        self.tracer = tracer
+        self.tracer, self.check = tracer, check
 
     def start(self, rows: list[dict], n: int, agent_names: list[str], prompt_key: str) -> list[Trajectory]:
         """Each row's n trajectories, with their interactions started (and their traces, where traced)."""
@@ -204,6 +206,8 @@ class ToolAgentLoop:
         """verl's checks after a generation, in its order; then the turn's tool calls, or the interaction's turn."""
         L = self.limits
         t.assistant_turns += 1
+        if t.multi_turn:  # verl gives it to interactions; the sanity check templates the whole conversation
+            t.messages.append({"role": "assistant", "content": self.tok.decode(turn, skip_special_tokens=True)})
         if (
             not t.multi_turn
             or len(t.mask) >= L.response_length
@@ -216,8 +220,6 @@ class ToolAgentLoop:
         t.calls = self.parse(self.tok.decode(turn, skip_special_tokens=False))
         if t.trace is not None:
             self.tracer.parse(t.trace, start, time.time_ns(), turn, t.calls)
-        if t.interaction is not None:
-            t.messages.append({"role": "assistant", "content": self.tok.decode(turn, skip_special_tokens=True)})
         t.done = not t.calls and t.interaction is None
 
     def run_tools(self, waiting: list[Trajectory]) -> None:
@@ -262,8 +264,11 @@ class ToolAgentLoop:
             t.done = bool(stop)
 
     def finish(self, trajs: list[Trajectory]) -> None:
-        """Ended trajectories: their interactions finalized, their traces written."""
+        """Ended trajectories: their interactions finalized, their tokens checked against their conversations, their
+        traces written."""
         gathered(t.interaction.finalize_interaction(t.request_id) for t in trajs if t.interaction is not None)
+        if self.check is not None:
+            self.check([(t.prompt + t.ids, t.messages) for t in trajs if t.multi_turn])
         if self.tracer is not None:
             self.tracer.write([(t.trace, LOOP_NAMES[t.multi_turn], self._outputs(t)) for t in trajs])
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from ..rollout.engines.base import Rollout, Sampling
 from .interactions import load_interactions
 from .loop import LoopLimits, ToolAgentLoop, Trajectory, pack
-from .setup import agent_of
+from .sanity import SanityCheck
+from .setup import agent_of, tool_schemas
 from .tool_parser import PARSERS
 from .tools import load_tools
 from .trace import Tracer
@@ -55,6 +56,15 @@ class TurnStats:
         return turn_metrics(self.records())
 
 
+def check(tokenizer, cfg) -> SanityCheck | None:
+    """multi_turn.tokenization_sanity_check_mode's check, with the template and tools the prompts were made with."""
+    mode = cfg.actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode
+    if mode == "disable":
+        return None
+    d = cfg.data
+    return SanityCheck(tokenizer, mode, d.apply_chat_template_kwargs, tool_schemas(d.tool_config_path))
+
+
 class AgentRollout:
     def __init__(self, engine, tokenizer, cfg):
         r = cfg.actor_rollout_ref.rollout
@@ -81,6 +91,7 @@ class AgentRollout:
             interactions,
             cfg.data.apply_chat_template_kwargs,
             self.tracer if self.tracer.on else None,
+            check(tokenizer, cfg),
         )
         self.R, self.pad, self.prompt_key = cfg.data.max_response_length, tokenizer.pad_token_id, cfg.data.prompt_key
 

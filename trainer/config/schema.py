@@ -39,13 +39,10 @@ class DataConfig:
     prompt_key: str = "prompt"
     shuffle: bool = True
     seed: int = 1
-    return_raw_chat: bool = True  # no effect in rlrig (verl_keys.NO_EFFECT)
     apply_chat_template_kwargs: dict = field(default_factory=dict)  # passed to the tokenizer's apply_chat_template
     # the tools rendered into every prompt (single-turn ones too); None: multi_turn.tool_config_path's, as in verl
     tool_config_path: str | None = None
     trust_remote_code: bool = False  # for the tokenizer
-    filter_overlong_prompts_workers: int = 1  # no effect in rlrig
-    dataloader_num_workers: int = 8  # no effect in rlrig
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     custom_cls: CustomClsConfig = field(default_factory=CustomClsConfig)
 
@@ -94,9 +91,6 @@ class ModelConfig:
     trust_remote_code: bool = False
     override_config: dict = field(default_factory=dict)  # model config attributes set before the weights load
     external_lib: str | None = None  # a module imported first (it registers a model class with transformers)
-    use_shm: bool = False  # no effect in rlrig
-    use_fused_kernels: bool = False  # no effect in rlrig
-    fused_kernel_options: dict = field(default_factory=dict)  # no effect in rlrig
 
 
 @dataclass
@@ -244,10 +238,8 @@ class MultiTurnConfig:
     max_tool_response_length: int = 256  # characters of a tool's text the model reads
     tool_response_truncate_side: str = "middle"  # left keeps the start, right keeps the end, middle both ends
     interaction_config_path: str | None = None
-    use_inference_chat_template: bool = False  # no effect in verl's agent loop, nor here (verl_keys.NO_EFFECT)
-    tokenization_sanity_check_mode: str = "strict"  # likewise
+    tokenization_sanity_check_mode: str = "strict"  # strict | ignore_strippable | disable (agent/sanity.py)
     format: str = "hermes"  # the tool-call format the parser reads (agent/tool_parser.py)
-    num_repeat_rollouts: int | None = None  # read by nothing in verl
     tool_timeout: float = 60.0  # rlrig: seconds a tool's create or execute may take before the model reads an error
 
 
@@ -263,7 +255,6 @@ class TraceConfig:
 
 @dataclass
 class AgentLoopConfig:
-    num_workers: int = 8  # no effect in rlrig: the loop runs in each engine's worker
     # single_turn_agent | tool_agent, for rows with no agent_name (verl's agent_loop_config_path and
     # custom_async_server, loops and servers of your own, are accepted at their default, null, only: verl_keys)
     default_agent_loop: str = "single_turn_agent"
@@ -279,14 +270,12 @@ class RolloutConfig:
     top_k: int = -1  # -1: no top-k truncation
     do_sample: bool = True
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
-    calculate_log_probs: bool = False  # no effect in rlrig
     enable_chunked_prefill: bool = True  # vLLM
     max_num_batched_tokens: int = 8192  # vLLM
     # vLLM's prefix cache, SGLang's radix cache; hf: each prompt's prefill shared by its n samples
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # vLLM; None: data.max_prompt_length + data.max_response_length
     load_format: str = "dummy"  # vLLM/SGLang: dummy starts from random weights, which the first sync replaces
-    layered_summon: bool = False  # no effect in rlrig
     # extra arguments for the engine's constructor, by engine (verl's rollout.engine_kwargs.vllm.*, .sglang.*)
     engine_kwargs: dict = field(default_factory=lambda: {"vllm": {}, "sglang": {}})
     log_prob_micro_batch_size_per_gpu: int | None = None  # the old-log-prob pass; None: the whole batch at once
@@ -430,9 +419,6 @@ class RewardModelModelConfig:
     external_lib: str | None = None
     trust_remote_code: bool = False
     override_config: dict = field(default_factory=dict)
-    use_remove_padding: bool = False  # no effect in rlrig
-    use_shm: bool = False  # no effect in rlrig
-    use_fused_kernels: bool = False  # no effect in rlrig
     fsdp_config: RewardModelFsdpConfig = field(default_factory=RewardModelFsdpConfig)
 
 
@@ -467,7 +453,6 @@ class RewardModelConfig:
     )
     nnodes: int = 0
     n_gpus_per_node: int = 0
-    strategy: str = "fsdp"  # no effect in rlrig: each reward-model worker holds the whole model (forward only)
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
     micro_batch_size_per_gpu: int | None = None  # None: a worker's whole batch in one forward
     max_length: int | None = None  # tokens after the reward model's template; None: prompt + response lengths
@@ -479,7 +464,6 @@ class RewardModelConfig:
     # False: through transformers, as verl's legacy RewardModelWorker
     use_reward_loop: bool = False
     rollout: RewardModelRolloutConfig = field(default_factory=RewardModelRolloutConfig)
-    num_workers: int = 1  # no effect in rlrig (verl_keys.NO_EFFECT)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)  # its tool_config is the actor's (verl's default)
 
 
@@ -504,15 +488,6 @@ class RolloutPoolConfig:
 
 
 @dataclass
-class CheckpointEngineConfig:
-    """verl's checkpoint-engine transport for fully async weight syncs; no effect in rlrig (verl_keys.NO_EFFECT)."""
-
-    enable: bool = True
-    device_buffer_size_M: int = 4096
-    overlap_broadcast_and_consume: bool = False
-
-
-@dataclass
 class AsyncTrainingConfig:
     """verl's fully async recipe (fully_async_ppo_trainer.yaml, its defaults): the rollout pool streams samples into
     a bounded queue; the trainer takes require_batches mini batches of prompts at a time, one update each, and sends
@@ -525,7 +500,6 @@ class AsyncTrainingConfig:
     use_rollout_log_probs: bool = True  # the engine's log-probs are the old ones (no old-log-prob pass)
     compute_prox_log_prob: bool = False  # the old ones from the weights of the version's first update instead
     use_trainer_do_validate: bool = False
-    checkpoint_engine: CheckpointEngineConfig = field(default_factory=CheckpointEngineConfig)
 
 
 @dataclass

@@ -3,6 +3,7 @@ naming the key, its value and the fix; nothing here changes the config."""
 
 from __future__ import annotations
 
+from ..agent.sanity import MODES as SANITY_MODES
 from ..algos import rollout_correction
 from ..algos.bypass_loss import LOSS_TYPES
 from ..algos.estimators import ESTIMATORS
@@ -78,6 +79,11 @@ def _choices(cfg: Config) -> None:
         "algorithm.kl_ctrl.type": (cfg.algorithm.kl_ctrl.type, ("fixed", "adaptive")),
         "algorithm.pf_ppo.reweight_method": (cfg.algorithm.pf_ppo.reweight_method, ("pow", "max_min", "max_random")),
         "data.truncation": (d.truncation, ("error", "left", "right")),
+        # verl's TokenizationSanityCheckModeEnum
+        "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": (
+            r.multi_turn.tokenization_sanity_check_mode,
+            SANITY_MODES,
+        ),
         "trainer.resume_mode": (t.resume_mode, ("auto", "disable", "resume_path")),
         # verl's main_ppo.py: raise ValueError(f"Invalid use_legacy_worker_impl: ...") for any other value
         "trainer.use_legacy_worker_impl": (t.use_legacy_worker_impl, ("auto", "enable", "disable")),

@@ -75,6 +75,11 @@ REFUSED = {
     "with vLLM in pooling mode",
     "async_training.parallel_validate_and_rollout": "rlrig validates on the rollout pool between weight versions, "
     "not beside generation",
+    "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": "re-rendering each turn's context with the "
+    "inference chat template (past reasoning dropped) is not in rlrig, nor in verl's agent loop, which reads it "
+    "nowhere (only its retired SGLang rollout did); the engine continues from the sample's own tokens",
+    "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": "verl declares it for the CollabLLM recipe's "
+    "simulated conversations and its agent loop reads it nowhere; CollabLLM is not in rlrig",
     # verl's fully async config declares it (4) and none of verl's code reads it: its default is accepted
     "rollout.n": "not read by verl (its fully async config declares it); the samples per prompt are "
     "actor_rollout_ref.rollout.n",
@@ -95,6 +100,8 @@ ACCEPTED_DEFAULTS = {
     "reward_model.reward_loop_class_name": ("null", "None"),
     "reward_model.sandbox_fusion.url": ("null", "None"),
     "rollout.n": ("4",),
+    "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": ("False", "false"),
+    "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": ("null", "None"),
     "async_training.parallel_validate_and_rollout": ("False", "false"),
 }
 
@@ -107,12 +114,6 @@ NO_EFFECT = {
     "actor_rollout_ref.rollout.mode": "verl runs every rollout through its async agent loop (sync is removed from "
     "verl); rlrig's rollouts run through its agent loop (single_turn_agent or tool_agent, by a row's agent_name or "
     "rollout.agent.default_agent_loop) in either mode",
-    "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": "read by nothing in verl's agent loop (only "
-    "by its retired SGLang rollout): the model's turns are its own tokens and the messages between them templated "
-    "deltas, whichever value",
-    "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": "read by nothing in verl's agent loop "
-    "(only by its retired SGLang rollout, where it logged a warning): no check is made, whichever value",
-    "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": "declared by verl and read by nothing",
     "actor_rollout_ref.rollout.multi_turn.enable": "verl's trainer stores it and picks no loop by it: a row's "
     "agent_name, else rollout.agent.default_agent_loop, picks single_turn_agent or tool_agent (rlrig says so at "
     "start when enable=True runs no tool_agent)",
@@ -132,6 +133,8 @@ NO_EFFECT = {
     "actor_rollout_ref.model.use_fused_kernels": "rlrig computes logits only at the response positions and log-probs "
     "by logsumexp, with no separate kernel",
     "actor_rollout_ref.model.fused_kernel_options": "see use_fused_kernels",
+    "actor_rollout_ref.model.fused_kernel_options.impl_backend": "see use_fused_kernels",
+    "critic.model.use_shm": "rlrig loads the model from its path as it is",
     "reward_model.strategy": "each of rlrig's reward-model workers holds the whole model (forward passes only, no "
     "gradients or optimizer state to shard)",
     "reward_model.model.use_remove_padding": "rlrig's reward model pads each micro batch to its longest sequence; the "

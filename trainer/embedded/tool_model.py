@@ -1,8 +1,9 @@
 """The embedded tool task: two-digit products, which the tiny model cannot work out, and a calculator it can call.
 
 Its tokenizer is the embedded character-level one plus the pieces of a hermes tool call and of a tool response as
-single tokens, and a chat template that writes tool messages as <tool_response>...</tool_response> and, where the
-prompt offers tools, starts with <tools>. A call decodes to what verl's hermes parser reads:
+single tokens, and a chat template that writes tool messages as <tool_response>...</tool_response>, ends the model's
+turns with the end token and, where the prompt offers tools, starts with <tools>. A call decodes to what verl's hermes
+parser reads:
 
     <tool_call>{"name": "calculator", "arguments": {"expression": "37*48"}}</tool_call>
 
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from .tiny_model import build_tokenizer, cache_dir, save_atomically
 
-VERSION = "tiny-tools-v1"
+VERSION = "tiny-tools-v2"  # v2: the template ends assistant turns with the end token, as the traces do
 CALL_OPEN = '{"name": "calculator", "arguments": {"expression": "'
 CALL_CLOSE = '"}}'
 PIECES = ["<tools>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", CALL_OPEN, CALL_CLOSE]
@@ -28,6 +29,7 @@ CHAT_TEMPLATE = (
     "{% if tools %}<tools>{% endif %}"
     "{% for m in messages %}"
     "{% if m['role'] == 'tool' %}<tool_response>{{ m['content'] }}</tool_response>"
+    "{% elif m['role'] == 'assistant' %}{{ m['content'] }}{{ eos_token }}"
     "{% else %}{{ m['content'] }}{% endif %}"
     "{% endfor %}"
 )

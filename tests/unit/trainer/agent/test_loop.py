@@ -94,6 +94,7 @@ class Cfg:
 
     def __init__(self, tool_config=None, interaction_config=None, response_length=64, **multi_turn):
         mt = dict(
+            tokenization_sanity_check_mode="strict",
             max_assistant_turns=None,
             max_user_turns=None,
             max_parallel_calls=1,
@@ -114,6 +115,7 @@ class Cfg:
         self.actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker = None
         self.trainer = type("T", (), {"project_name": "rlrig", "experiment_name": "default"})()
         self.data = type("D", (), {"max_response_length": response_length, "apply_chat_template_kwargs": {}})()
+        self.data.tool_config_path = tool_config  # the prompts' tools (row() below templates them so)
         self.data.prompt_key = "prompt"
 
 
@@ -126,10 +128,10 @@ def calc_config(tmp_path):
     return str(p)
 
 
-def row(q: str, agent=TOOL_AGENT, **extra):
+def row(q: str, agent=TOOL_AGENT, prompt=None, **extra):
     return {
         "prompt": [{"role": "user", "content": q}],
-        "input_ids": ids(f"<tools>{q}"),
+        "input_ids": ids(prompt if prompt is not None else f"<tools>{q}"),  # as the chat template makes it with tools
         "agent_name": agent,
         "extra_info": extra,
     }
@@ -308,5 +310,51 @@ def test_pack_lays_out_prompt_response_attention_and_model_masks():
     assert ro.response_mask[0].tolist() == t.mask + [0] * (R - len(t.mask))
     assert 0 in t.mask[: len(t.mask) - 2] and t.mask[-1] == 1  # a hole where the tool spoke, the answer after it
     # no tools configured: the call's reply is verl's error text for an unknown tool
-    assert stats.trajs[0].messages[-1]["content"] == "Error when executing tool: 'calculator'"
+    assert stats.trajs[0].messages[-2]["content"] == "Error when executing tool: 'calculator'"  # before the answer
     assert torch.equal(ro.response_mask[1], ro.attention_mask[1, ro.prompt_len :])  # one turn: the two agree
+
+
+CHECKED = "inconsistent training and inference tokenization"
+
+
+@pytest.mark.parametrize(
+    "script, response_length",
+    [
+        ({"12*3=": call("12*3"), "</tool_response>": f"#### 36{EOS}"}, 64),  # a tool round, then the answer
+        ({"12*3=": call("12*3"), "</tool_response>": f"#### 36{EOS}"}, 20),  # the answer cut by the response length
+        ({"12*3=": call("12*3"), "</tool_response>": f"#### 36{EOS}"}, 12),  # the tool's reply left out: no room
+        ({"12*3=": f"#### 36{EOS}"}, 64),  # one turn
+    ],
+)
+def test_samples_whose_turns_the_template_makes_pass_the_strict_sanity_check(
+    calc_config, capsys, script, response_length
+):
+    rollout = AgentRollout(ScriptedEngine(script), TOK, Cfg(calc_config, response_length=response_length))
+    _, stats = rollout.generate([row("12*3=")], 2)
+    assert [m["role"] for m in stats.trajs[0].messages][:2] == ["user", "assistant"]
+    assert CHECKED not in capsys.readouterr().err
+    assert rollout.loop.check([(t.prompt + t.ids, t.messages) for t in stats.trajs]) == 0
+
+
+@pytest.mark.parametrize(
+    "prompt, mode, warned",
+    [
+        ("12*3=", "strict", True),  # the prompt made without its tools: "<tools>" missing
+        ("12*3=", "ignore_strippable", True),
+        ("<tools> 12*3=", "strict", True),  # a space the template does not write
+        ("<tools> 12*3=", "ignore_strippable", False),
+        ("<tools> 12*3=", "disable", False),
+        ("<tools>12*3=", "strict", False),
+    ],
+)
+def test_a_sample_whose_tokens_the_template_would_not_make_is_reported_by_mode(
+    calc_config, capsys, prompt, mode, warned
+):
+    engine = ScriptedEngine({"12*3=": call("12*3"), "</tool_response>": f"#### 36{EOS}"})
+    cfg = Cfg(calc_config, tokenization_sanity_check_mode=mode)
+    AgentRollout(engine, TOK, cfg).generate([row("12*3=", prompt=prompt), row("12*3=")], 2)
+    err = capsys.readouterr().err
+    assert (CHECKED in err) == warned
+    if warned:
+        assert f"({mode}) in 2 of 4 multi-turn samples" in err  # the two templated right pass
+        assert "full_prompt_chunk: '<tools>" in err or "current_prompt_chunk: '<tools> " in err

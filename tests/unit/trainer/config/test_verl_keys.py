@@ -123,6 +123,9 @@ def test_external_lib_is_imported_or_refused(tmp_path, monkeypatch):
         ("trainer.logger=['console','clearml']", "clearml is not in rlrig"),
         ("data.sampler.class_name=Curriculum", "custom samplers are not in rlrig"),
         ("actor_rollout_ref.ref.strategy=ddp", "shards the reference as it does the actor"),  # the actor: fsdp
+        ("actor_rollout_ref.rollout.multi_turn.use_inference_chat_template=True", "nor in verl's agent loop"),
+        ("actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts=3", "CollabLLM is not in rlrig"),
+        ("actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode=loose", "choose one of strict, ignore_"),
     ],
 )
 def test_verl_keys_rlrig_does_not_implement_are_refused_in_one_line(override, words):
@@ -147,6 +150,11 @@ def test_verl_keys_rlrig_does_not_implement_are_refused_in_one_line(override, wo
         "trainer.use_legacy_worker_impl=enable",
         "actor_rollout_ref.actor.strategy=fsdp2",
         "actor_rollout_ref.ref.strategy=fsdp2",
+        "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template=False",
+        "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts=null",
+        "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode=ignore_strippable",
+        "actor_rollout_ref.model.use_shm=True",
+        "data.dataloader_num_workers=0",
     ],
 )
 def test_verl_defaults_that_ask_for_nothing_are_accepted(override):
