@@ -34,6 +34,11 @@ def test_synchronous_on_a_pool_of_its_own_trains_on_policy_and_validates_there(t
     got = metrics(run)
     assert [m["training/off_policy_steps"] for m in got] == [0.0, 0.0]
     assert all(m["perf/weight_sync_bytes"] > 0 for m in got)  # pushed before each batch: the engine had the old
+    # and what landed in the engine's parameters is the trainer's weights: its log-probs of its samples are the
+    # trainer's, after an update too
+    assert all(m["training/rollout_probs_diff_max"] < 1e-5 for m in got), [
+        m["training/rollout_probs_diff_max"] for m in got
+    ]
     assert any(k.startswith("val-core/") for k in got[-1]), got[-1].keys()  # trainer.test_freq=2, on the pool
 
 

@@ -72,6 +72,45 @@ def in_place_target(own: dict[str, torch.Tensor], e: Entry) -> torch.Tensor | No
     return t
 
 
+class Landing:
+    """Where a module's incoming transfers land with no copy: a tensor of DIRECT_BYTES or more in its own parameter;
+    a packed bucket in one buffer, laid out as the bucket is, that the bucket's parameters were moved into when it
+    first arrived. A tied parameter's second slot in such a buffer goes unused (the same bytes arrive in it). A bucket
+    with anything the module does not hold as a parameter of that shape and dtype (a buffer, a LoRA layout, another
+    name) gets None: it lands in a buffer of the sync's own and is copied out."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+        self.params = dict(module.named_parameters(remove_duplicate=False))
+        self.laid: dict[tuple[str, ...], torch.Tensor | None] = {}
+        self.placed: set[int] = set()  # parameters already moved into a bucket's buffer (by id)
+
+    def __call__(self, bucket: list[Entry]) -> torch.Tensor | None:
+        if direct(bucket):
+            p = self.params.get(bucket[0].name)
+            return in_place_target({bucket[0].name: p.data}, bucket[0]) if p is not None else None
+        key = tuple(e.name for e in bucket)
+        if key not in self.laid:
+            self.laid[key] = self._lay_out(bucket)
+        return self.laid[key]
+
+    @torch.no_grad()
+    def _lay_out(self, bucket: list[Entry]) -> torch.Tensor | None:
+        ps = [self.params.get(e.name) for e in bucket]
+        if any(p is None or tuple(p.shape) != e.shape or p.dtype != e.dtype for p, e in zip(ps, bucket)):
+            return None
+        flat = torch.empty(sum(e.numel for e in bucket), dtype=bucket[0].dtype, device=ps[0].device)
+        at = 0
+        for p, e in zip(ps, bucket):
+            if id(p) not in self.placed:
+                slot = flat[at : at + e.numel].view(e.shape)
+                slot.copy_(p.data)
+                p.data = slot
+                self.placed.add(id(p))
+            at += e.numel
+        return flat
+
+
 class SyncGroup:
     """This process's place in the weight-sync group: rank 0 sends, the others receive."""
 
@@ -85,6 +124,8 @@ class SyncGroup:
         else:
             self.pg = dist.ProcessGroupGloo(store, rank, world, timedelta(seconds=timeout_s))
         self.entries: list[Entry] | None = None
+        # rank 0's packing buffer of each bucket, kept: a fresh one would be paged in on every sync
+        self.staging: dict[tuple[str, ...], torch.Tensor] = {}
 
     def _broadcast(self, t: torch.Tensor) -> None:
         self._start(t).wait()
@@ -108,6 +149,7 @@ class SyncGroup:
         opts.rootRank = 0
         return self.pg.broadcast([t], opts)
 
+    @torch.no_grad()  # the trainer's own parameters among them: packing them builds no graph
     def send(self, tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = BUCKET_BYTES) -> int:
         """Rank 0: the tensors, in the agreed order; returns the bytes sent."""
         it, sent = iter(tensors), 0
@@ -124,7 +166,12 @@ class SyncGroup:
                 if direct(bucket):
                     out = parts[0].to(self.device).contiguous()
                 else:
-                    out = torch.cat([t.reshape(-1).to(self.device) for t in parts])
+                    key = tuple(e.name for e in bucket)
+                    out = self.staging.get(key)
+                    if out is None:
+                        size = sum(e.numel for e in bucket)
+                        out = self.staging[key] = torch.empty(size, dtype=bucket[0].dtype, device=self.device)
+                    torch.cat([t.reshape(-1).to(self.device) for t in parts], out=out)
                 sent += out.numel() * out.element_size()
                 yield out
 
@@ -144,11 +191,12 @@ class SyncGroup:
 
     def receive(
         self,
-        in_place: Callable[[Entry], torch.Tensor | None] = lambda e: None,
+        in_place: Callable[[list[Entry]], torch.Tensor | None] = lambda bucket: None,
         bucket_bytes: int = BUCKET_BYTES,
     ) -> Iterator[tuple[str, torch.Tensor]]:
-        """The other ranks: (name, tensor) for each tensor not landed in place (`in_place` gives the engine's own
-        tensor where it can take one as it is); views of their transfer's buffer."""
+        """The other ranks: (name, tensor) for each tensor not landed in place (`in_place(bucket)` gives the engine's
+        own memory for a whole bucket where it can take it as it is, such as Landing's); views of their transfer's
+        buffer."""
         flying: deque = deque()
 
         def land():
@@ -162,7 +210,7 @@ class SyncGroup:
                 at += e.numel
 
         for bucket in buckets(self.entries, bucket_bytes):
-            target = in_place(bucket[0]) if direct(bucket) else None
+            target = in_place(bucket)
             buf = (
                 target
                 if target is not None

@@ -136,9 +136,9 @@ class RolloutEngine:
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         raise NotImplementedError
 
-    def in_place(self, entry) -> torch.Tensor | None:
-        """The engine's own tensor that a weight transfer (rollout/weight_sync.py Entry) may land in as it is, or None:
-        the engine then takes it through sync_weights."""
+    def in_place(self, bucket) -> torch.Tensor | None:
+        """The engine's own memory that a weight transfer (a bucket of rollout/weight_sync.py Entry) may land in as it
+        is, or None: the engine then takes its tensors through sync_weights."""
         return None
 
     def describe(self) -> str:

@@ -60,7 +60,7 @@ class HFRollout(RolloutEngine):
     def __init__(self, ctx: EngineContext):
         self.model, self.tok, self.cfg, self.max_new = ctx.module, ctx.tokenizer, ctx.cfg, ctx.max_response_length
         self.dtype = ctx.compute_dtype  # mixed precision: the fp32 master weights, matrix products in bf16
-        self._own = None  # the model's state dict, for weight transfers that land in place
+        self._landing = None  # where weight transfers land in place (rollout/weight_sync.py Landing)
 
     @torch.no_grad()
     def generate(self, prompts, n, sampling=None, sync_follows=False, max_new=None, hold=False):
@@ -145,12 +145,12 @@ class HFRollout(RolloutEngine):
         cache.batch_repeat_interleave(n)
         return cache
 
-    def in_place(self, entry):
-        from ..weight_sync import in_place_target
+    def in_place(self, bucket):
+        from ..weight_sync import Landing
 
-        if self._own is None:  # views of the parameters themselves, which stay put
-            self._own = self.model.state_dict()
-        return in_place_target(self._own, entry)
+        if self._landing is None:
+            self._landing = Landing(self.model)
+        return self._landing(bucket)
 
     @torch.no_grad()
     def sync_weights(self, weights):

@@ -1,12 +1,13 @@
 """The rollout pool's weight sync: buckets cut the same on both sides, and a real Gloo group of three processes
-(training rank 0 and two rollout workers) carrying a model's tensors bit for bit."""
+(training rank 0 and two rollout workers) carrying a model's tensors bit for bit: into a module's own parameters with
+no copy (Landing) on one receiver, handed over tensor by tensor on the other."""
 
 import multiprocessing as mp
 
 import pytest
 import torch
 
-from rlrig.trainer.rollout.weight_sync import Entry, SyncGroup, buckets, in_place_target, layout
+from rlrig.trainer.rollout.weight_sync import Entry, Landing, SyncGroup, buckets, direct, in_place_target, layout
 from rlrig.trainer.workers.base import free_port
 
 F32, BF16 = torch.float32, torch.bfloat16
@@ -30,13 +31,19 @@ def test_buckets(entries, limit, cut):
     assert [[e.name for e in b] for b in got] == cut
 
 
+def _module() -> torch.nn.Module:
+    m = torch.nn.Sequential(torch.nn.Embedding(50, 16), torch.nn.Linear(16, 16), torch.nn.LayerNorm(16))
+    m[1].weight.data = m[1].weight.data.to(torch.bfloat16)  # two dtypes, as an engine in bf16 beside fp32 norms
+    m.register_parameter("big", torch.nn.Parameter(torch.zeros(512, 600)))  # 1.2 MB: a transfer of its own
+    m.register_parameter("tied", m[0].weight)  # a second name for one parameter, as tied embeddings
+    return m
+
+
 def _model() -> dict:
     torch.manual_seed(0)
-    m = torch.nn.Sequential(torch.nn.Embedding(50, 16), torch.nn.Linear(16, 16), torch.nn.LayerNorm(16))
-    sd = m.state_dict()
-    sd["1.weight"] = sd["1.weight"].to(torch.bfloat16)  # two dtypes, as an engine in bf16 beside fp32 norms
-    sd["big"] = torch.randn(512, 600)  # 1.2 MB: a transfer of its own, landing in the receiver's tensor
-    return sd
+    m = _module()
+    torch.nn.init.normal_(m.big)
+    return dict(m.state_dict(keep_vars=True)) | {"tied": m[0].weight}  # the trainer's parameters, as full_tensors
 
 
 def _summary(t: torch.Tensor) -> tuple:
@@ -48,11 +55,28 @@ def _rank(rank: int, world: int, port: int, out) -> None:
     if rank == 0:
         sd = _model()
         group.agree_layout(layout(sd.items()))
-        out.put((rank, group.send(sd.items(), bucket_bytes=2048)))
-    else:
+        group.send(sd.items(), bucket_bytes=2048)
+        out.put((rank, group.send(sd.items(), bucket_bytes=2048)))  # twice: the packing buffers kept
+    elif rank == 1:  # an engine's module: every bucket lands in its parameters
+        entries = group.agree_layout(None)
+        torch.manual_seed(1)
+        m = _module()
+        landing = Landing(m)
+        for _ in range(2):  # the second sync lands in the buffers the first laid out
+            assert list(group.receive(landing, bucket_bytes=2048)) == []
+        packed = [b for b in buckets(entries, 2048) if not direct(b)]
+        assert all(landing.laid[tuple(e.name for e in b)] is not None for b in packed)
+        assert m[2].bias.data_ptr() == m[2].weight.data_ptr() + 16 * 4  # laid end to end, in the bucket's order
+        assert m.tied is m[0].weight
+        out.put((rank, {k: _summary(v) for k, v in m.state_dict().items()} | {"tied": _summary(m.tied)}))
+    else:  # no module: the large tensor lands in place, the rest is handed over
         group.agree_layout(None)
         own = {"big": torch.zeros(512, 600)}
-        got = {name: t.clone() for name, t in group.receive(lambda e: in_place_target(own, e), bucket_bytes=2048)}
+        for _ in range(2):
+            got = {
+                name: t.clone()
+                for name, t in group.receive(lambda b: in_place_target(own, b[0]) if direct(b) else None, 2048)
+            }
         assert "big" not in got  # landed in place, not handed over
         got["big"] = own["big"]
         out.put((rank, {k: _summary(v) for k, v in got.items()}))
