@@ -12,7 +12,7 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .tiny_model import build_tokenizer, cache_dir, tokenizer_from_vocab
+from .tiny_model import cache_dir, char_vocab, tokenizer_from_vocab
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ QWEN2_0_5B = Shape(151936, 896, 4864, 24, 14, 2, 32768)
 
 
 def wide_tokenizer(vocab_size: int):
-    vocab = dict(build_tokenizer().get_vocab())
+    vocab = char_vocab()
     for i in range(len(vocab), vocab_size):
         vocab[f"<t{i}>"] = i
     return tokenizer_from_vocab(vocab)
@@ -43,7 +43,7 @@ def ensure_model(shape: Shape, seed: int = 0) -> str:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    name = "synthetic-qwen2-" + "-".join(str(v) for v in asdict(shape).values())
+    name = "synthetic-qwen2-v2-" + "-".join(str(v) for v in asdict(shape).values())  # v2: the tokenizer's
     path = cache_dir().parent / name
     if (path / "config.json").is_file():
         return str(path)

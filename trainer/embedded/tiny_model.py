@@ -11,7 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
-VERSION = "tiny-arith-v1"
+VERSION = "tiny-arith-v2"  # v2: byte-level token names, so the saved tokenizer reloads as it was built
 ALPHABET = list("0123456789+-*=#., ")
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 WARMUP_STEPS = int(os.environ.get("RLRIG_TINY_WARMUP_STEPS", "120"))
@@ -21,22 +21,35 @@ def cache_dir() -> Path:
     return Path(os.environ.get("RLRIG_CACHE", Path.home() / ".cache" / "rlrig")) / VERSION
 
 
-def build_tokenizer():
+def char_vocab() -> dict[str, int]:
     vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2}
     for ch in ALPHABET:
         vocab.setdefault(ch, len(vocab))
-    return tokenizer_from_vocab(vocab)
+    return vocab
+
+
+def build_tokenizer():
+    return tokenizer_from_vocab(char_vocab())
 
 
 def tokenizer_from_vocab(vocab: dict[str, int]):
     """A character-level tokenizer over `vocab` (text splits into single characters; longer entries are only
-    ever sampled, never produced by encoding), with the embedded chat template."""
+    ever sampled, never produced by encoding), with the embedded chat template.
+
+    Its characters are named as a byte-level tokenizer names them (a space is `Ġ`): transformers loads any model of
+    Qwen2's type with Qwen2's tokenizer class, whose byte-level pre-tokenizer would otherwise drop every space of the
+    saved vocabulary. So the tokenizer a run loads from the model's folder encodes as the one built here."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+
+    def named(token: str) -> str:
+        return "".join(piece for piece, _ in byte_level.pre_tokenize_str(token)) if len(token) == 1 else token
+
+    tok = Tokenizer(models.WordLevel(vocab={named(t): i for t, i in vocab.items()}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex("."), behavior="isolated"), byte_level])
+    tok.decoder = decoders.ByteLevel()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
     fast.chat_template = CHAT_TEMPLATE
     fast.padding_side = "left"

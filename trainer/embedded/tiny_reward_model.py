@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .tiny_model import build_tokenizer, cache_dir, ensure_tiny_model, save_atomically
 
-VERSION = "tiny-arith-rm-v1"
+VERSION = "tiny-arith-rm-v2"  # v2: the embedded tokenizer's byte-level token names
 STEPS, BATCH = 600, 32
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .tiny_model import build_tokenizer, cache_dir, save_atomically
 
-VERSION = "tiny-tools-v2"  # v2: the template ends assistant turns with the end token, as the traces do
+VERSION = "tiny-tools-v2"  # v2: assistant turns end with the end token in the template; byte-level token names
 CALL_OPEN = '{"name": "calculator", "arguments": {"expression": "'
 CALL_CLOSE = '"}}'
 PIECES = ["<tools>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", CALL_OPEN, CALL_CLOSE]
