@@ -1,14 +1,13 @@
-"""Rule-based rewards chosen by data_source, user functions loaded from a file, and which of them (or the reward
-model) a run scores with."""
+"""Rule-based rewards chosen by data_source, user functions loaded by verl's module paths (a file, or pkg:// an
+installed module), and which of them (or the reward model) a run scores with."""
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import re
 from collections.abc import Callable
-from pathlib import Path
 
+from ..data.extern import load_object
 from ..errors import ConfigError
 
 RULE_SOURCES = ("openai/gsm8k", "rlrig/arithmetic", "rlrig/calculator")
@@ -43,17 +42,10 @@ def default_compute_score(data_source: str, solution: str, ground_truth: str, ex
 
 
 def load_reward_fn(path: str | None, name: str) -> Callable:
+    """As verl's get_custom_reward_fn: `path` a .py file (file:// or bare) or pkg://module, `name` the function."""
     if not path:
         return default_compute_score
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"custom_reward_function.path={path} does not exist")
-    spec = importlib.util.spec_from_file_location("rlrig_user_reward", file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not hasattr(module, name):
-        raise ConfigError(f"custom_reward_function.name={name} is not defined in {path}")
-    return getattr(module, name)
+    return load_object(path, name, "custom_reward_function.path/name")
 
 
 def check_sources(sources: set[str], custom_path: str | None) -> None:
