@@ -160,7 +160,9 @@ FULLY_ASYNC_EXPECTED = {
         + ["dapo_7b_async_retool"],
         "accepted",
     ),
-    # rlrig splits a mini batch by prompt over the 12 training workers, verl by sample
+    # rlrig splits a mini batch by prompt over the 12 training workers; verl, by sample, fails at its first step: its
+    # 2,048 samples (require_batches 4 x 32 prompts x n 16) do not split into 12 equal parts (karmarkar_karp's and
+    # DataProto.chunk's asserts)
     "dapo_7b_math_fsdp2_4_12": "actor_rollout_ref.actor.ppo_mini_batch_size=32 prompts cannot be split over 12 "
     "workers (trainer.nnodes x trainer.n_gpus_per_node); make it a multiple of 12",
 }
