@@ -25,7 +25,7 @@ CONTEXT = 10  # characters either side of a difference, verl's diff_surrounding_
 class Diff:
     full: tuple[int, int]  # characters of the whole conversation's text
     ours: tuple[int, int]  # characters of the sample's own text
-    full_chunk: str  # each with CONTEXT characters either side
+    full_chunk: str  # the differing text of each (as shown: with_context's, CONTEXT characters either side)
     ours_chunk: str
 
     def strippable(self) -> bool:

@@ -80,7 +80,6 @@ class Landing:
     name) gets None: it lands in a buffer of the sync's own and is copied out."""
 
     def __init__(self, module: torch.nn.Module):
-        self.module = module
         self.params = dict(module.named_parameters(remove_duplicate=False))
         self.laid: dict[tuple[str, ...], torch.Tensor | None] = {}
         self.placed: set[int] = set()  # parameters already moved into a bucket's buffer (by id)
