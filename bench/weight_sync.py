@@ -1,14 +1,16 @@
 """The rollout pool's weight sync (rollout/weight_sync.py) against a raw broadcast of the same bytes over the same
 group: training rank 0 sends a model's weights and the receiver takes them as the hf engine does (rollout/weight_sync.py
-Landing: every transfer lands in the model's own parameters, with no copy); the raw broadcast sends one flat buffer
-holding the same bytes and copies nothing. The tensors are the trainer's (model/parallel.full_tensors), so the sync
-packs the small ones into buckets where the raw broadcast has its buffer already.
+Landing: every transfer lands in the model's own parameters, with no copy; the sender's small parameters live in
+its packing buffers the same way); the raw broadcast sends one flat buffer holding the same bytes and copies nothing.
+The tensors are the trainer's (model/parallel.full_tensors).
 Two models: the embedded tiny one and a random one shaped as Qwen2.5-0.5B (494M parameters, fp32 on CPU).
 
 Two processes on this machine over Gloo (loopback); the median of --runs pushes each (--runs-small at the embedded
-model). Its last line:
+model), the sync and the raw broadcast taking turns, after a first sync that lays both sides' parameters out in the
+sync's buffers. The tensors are listed once, as the trainer holds them: listing them (a state_dict) is the trainer's
+cost whatever carries them. Its last line:
 
-  weight sync / raw broadcast: 1.02x at 0.5B; 1.70x at the embedded model (0.8 ms against 0.5)
+  weight sync / raw broadcast: 1.09x at 0.5B; 1.13x at the embedded model (0.6 ms against 0.5)
 
     python bench/weight_sync.py             # about a minute here
     python bench/weight_sync.py --breakdown # and where the difference goes at 0.5B
@@ -61,25 +63,27 @@ def side(rank: int, port: int, name: str, runs: int, breakdown: bool, out) -> No
     group = SyncGroup(("127.0.0.1", port), rank, 2, torch.device("cpu"), 600)
     sent = list(full_tensors(model))  # what training rank 0 sends
     group.agree_layout(layout(sent) if rank == 0 else None)
+    landing = Landing(model)  # as the trainer sends them and the hf engine takes them
     total = sum(e.nbytes for e in group.entries)
     # the raw broadcast sends the weights' own bytes. A buffer never written would be read from the kernel's shared
     # zero page (every page the same 4 KiB, always in cache) instead of memory: at 0.5B that sends about 0.2 s faster
     flat = written(total) if rank else torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for _, t in sent])
-    landing = Landing(model)  # as the hf engine takes them
 
-    def timed(push) -> float:
-        """The median seconds of `push` over --runs, both sides starting together."""
-        took = []
+    def timed(pushes: dict) -> dict[str, float]:
+        """The median seconds of each push over --runs, both sides starting each together. The pushes take turns
+        within every run, so a change in what else this machine is doing weighs on them alike."""
+        took = {what: [] for what in pushes}
         for _ in range(runs):
-            group._broadcast(torch.zeros(1))
-            t0 = time.perf_counter()
-            push()
-            took.append(time.perf_counter() - t0)
-        return statistics.median(took)
+            for what, push in pushes.items():
+                group._broadcast(torch.zeros(1))
+                t0 = time.perf_counter()
+                push()
+                took[what].append(time.perf_counter() - t0)
+        return {what: statistics.median(t) for what, t in took.items()}
 
     def sync() -> None:
         if rank == 0:
-            group.send(sent)
+            group.send(sent, own=landing)
         else:
             with torch.no_grad():  # in place where the model can take them, copied otherwise
                 own = None
@@ -90,13 +94,18 @@ def side(rank: int, port: int, name: str, runs: int, breakdown: bool, out) -> No
     def in_pieces(pieces: list[torch.Tensor]):
         return lambda: group.broadcast_paced(pieces)  # the sync's own pacing, without its packing
 
-    got = {"sync": timed(sync), "raw": timed(lambda: group._broadcast(flat))}
+    # the first sync lays out the parameters on both sides (Landing); the trainer lists its tensors anew for every
+    # sync (full_tensors: a state_dict, about 0.2 ms at the embedded model, whatever then carries them)
+    sync()
+    sent = list(full_tensors(model))
+    pushes = {"sync": sync, "raw": lambda: group._broadcast(flat)}
     if breakdown:  # where the difference goes: the sync's own transfers without any copy, then fewer, larger ones
         sizes = [sum(e.nbytes for e in b) for b in buckets(group.entries)]
         own_buffers = [written(n) for n in sizes] if rank else [p.clone() for p in flat.split(sizes)]
-        got[f"{len(own_buffers)} transfers, no copies"] = timed(in_pieces(own_buffers))
+        pushes[f"{len(own_buffers)} transfers, no copies"] = in_pieces(own_buffers)
         for mib in (64, 256):
-            got[f"{mib} MiB pieces of one buffer"] = timed(in_pieces(list(flat.split(mib << 20))))
+            pushes[f"{mib} MiB pieces of one buffer"] = in_pieces(list(flat.split(mib << 20)))
+    got = timed(pushes)
     if rank == 1:
         out.put((total, got))
 

@@ -5,7 +5,9 @@ worker, apart from the training workers' own group, over which rank 0 broadcasts
 A tensor of DIRECT_BYTES or more travels alone, straight from the trainer's tensor and, where the engine can take
 it in place (the hf engine's own parameters), straight into the engine's: no copy on either side, which on CPU
 would cost as much as the transfer itself. Smaller ones (biases, norms) share buckets, one flat buffer of one dtype
-up to `bucket_bytes`: one collective per bucket instead of one per tensor. Two transfers are in flight at a time,
+up to `bucket_bytes`: one collective per bucket instead of one per tensor. Where a module's parameters can live in
+a bucket's buffer (Landing), the first sync moves them there, on both sides, and later ones send and take the
+buffer with no packing. Two transfers are in flight at a time,
 so preparing one overlaps the other. Both sides cut the same buckets from the same list of (name, shape, dtype),
 which rank 0 sends once when the group forms. As verl's one-step recipe and vLLM's weight-transfer examples: NCCL on
 GPUs, Gloo on CPU, a group made from a TCP store rather than torch's default group, which each side already has.
@@ -77,12 +79,26 @@ class Landing:
     a packed bucket in one buffer, laid out as the bucket is, that the bucket's parameters were moved into when it
     first arrived. A tied parameter's second slot in such a buffer goes unused (the same bytes arrive in it). A bucket
     with anything the module does not hold as a parameter of that shape and dtype (a buffer, a LoRA layout, another
-    name) gets None: it lands in a buffer of the sync's own and is copied out."""
+    name) gets None: it lands in a buffer of the sync's own and is copied out.
+
+    On the sending side (`sent`) the same layout spares rank 0 the packing: the trainer's parameters live in the
+    bucket's buffer, so what it sends is already there."""
 
     def __init__(self, module: torch.nn.Module):
         self.params = dict(module.named_parameters(remove_duplicate=False))
         self.laid: dict[tuple[str, ...], torch.Tensor | None] = {}
         self.placed: set[int] = set()  # parameters already moved into a bucket's buffer (by id)
+
+    def sent(self, bucket: list[Entry], parts: list[torch.Tensor]) -> torch.Tensor | None:
+        """Rank 0: a buffer for the bucket with the module's parameters moved into it, where every tensor sent is
+        a parameter's own memory (a plain tensor, as under DDP or in one process); None where any is not (FSDP's
+        gathered tensors, a cast to the engines' dtype, LoRA's merge): packing those copies them anyway, and a
+        buffer the trainer's parameters live in must never be written by the sync."""
+        for e, t in zip(bucket, parts):
+            p = self.params.get(e.name)
+            if p is None or type(p.data) is not torch.Tensor or not _same_memory(p.data, t):
+                return None
+        return self(bucket)
 
     def __call__(self, bucket: list[Entry]) -> torch.Tensor | None:
         if direct(bucket):
@@ -123,8 +139,10 @@ class SyncGroup:
         else:
             self.pg = dist.ProcessGroupGloo(store, rank, world, timedelta(seconds=timeout_s))
         self.entries: list[Entry] | None = None
+        self._cut: tuple[int, list] | None = None  # _buckets'
         # rank 0's packing buffer of each bucket, kept: a fresh one would be paged in on every sync
         self.staging: dict[tuple[str, ...], torch.Tensor] = {}
+        self._slots: dict[tuple[str, ...], list[tuple[int, int, int]]] = {}  # each staging buffer's, as _slots gives
 
     def _broadcast(self, t: torch.Tensor) -> None:
         self._start(t).wait()
@@ -141,6 +159,7 @@ class SyncGroup:
     def agree_layout(self, entries: list[Entry] | None) -> list[Entry]:
         """Rank 0's list of tensors, on every rank (once, when the group forms)."""
         self.entries = pickle.loads(self._broadcast_bytes(pickle.dumps(entries) if self.rank == 0 else None))
+        self._cut = None
         return self.entries
 
     def _start(self, t: torch.Tensor):
@@ -149,33 +168,59 @@ class SyncGroup:
         return self.pg.broadcast([t], opts)
 
     @torch.no_grad()  # the trainer's own parameters among them: packing them builds no graph
-    def send(self, tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = BUCKET_BYTES) -> int:
-        """Rank 0: the tensors, in the agreed order; returns the bytes sent."""
+    def send(
+        self,
+        tensors: Iterable[tuple[str, torch.Tensor]],
+        bucket_bytes: int = BUCKET_BYTES,
+        own: Landing | None = None,
+    ) -> int:
+        """Rank 0: the tensors, in the agreed order; returns the bytes sent. `own`: the module they come from, whose
+        parameters may then be laid out in the packing buffers (Landing.sent)."""
         it, sent = iter(tensors), 0
 
         def transfers() -> Iterator[torch.Tensor]:
             nonlocal sent
-            for bucket in buckets(self.entries, bucket_bytes):
-                parts = []
-                for e in bucket:
-                    name, t = next(it)
-                    if name != e.name:
-                        raise RuntimeError(f"weight sync: expected {e.name}, got {name}")
-                    parts.append(t)
-                if direct(bucket):
-                    out = parts[0].to(self.device).contiguous()
-                else:
-                    key = tuple(e.name for e in bucket)
-                    out = self.staging.get(key)
-                    if out is None:
-                        size = sum(e.numel for e in bucket)
-                        out = self.staging[key] = torch.empty(size, dtype=bucket[0].dtype, device=self.device)
-                    torch.cat([t.reshape(-1).to(self.device) for t in parts], out=out)
+            for key, bucket in self._buckets(bucket_bytes):
+                got = [next(it) for _ in bucket]
+                if tuple(name for name, _ in got) != key:
+                    raise RuntimeError(f"weight sync: expected {list(key)}, got {[name for name, _ in got]}")
+                parts = [t for _, t in got]
+                out = parts[0].to(self.device).contiguous() if direct(bucket) else self._packed(key, bucket, parts, own)
                 sent += out.numel() * out.element_size()
                 yield out
 
         self.broadcast_paced(transfers())
         return sent
+
+    def _packed(
+        self, key: tuple[str, ...], bucket: list[Entry], parts: list[torch.Tensor], own: Landing | None
+    ) -> torch.Tensor:
+        """The bucket's buffer holding `parts`, copying only those not already in their place in it."""
+        out = self.staging.get(key)
+        if out is None:
+            laid = own.sent(bucket, parts) if own is not None else None
+            if laid is None:
+                laid = torch.empty(sum(e.numel for e in bucket), dtype=bucket[0].dtype, device=self.device)
+            out = self.staging[key] = laid
+            self._slots[key] = _slots(bucket, out)
+        # in place: a part that is a view of its slot, as a parameter laid out there gives it. Checked by address
+        # (with unified addressing no host and device memory share one), since a small model's sync is mostly this
+        slots = self._slots[key]
+        away = [(at, n, t) for (at, n, ptr), t in zip(slots, parts) if t.data_ptr() != ptr or not t.is_contiguous()]
+        if not away:
+            return out
+        if len(away) == len(parts):
+            torch.cat([t.reshape(-1).to(self.device) for _, _, t in away], out=out)  # one copy, not one per tensor
+        else:  # a tied parameter's second slot
+            for at, n, t in away:
+                out[at : at + n].copy_(t.reshape(-1))
+        return out
+
+    def _buckets(self, bucket_bytes: int) -> list[tuple[tuple[str, ...], list[Entry]]]:
+        """The agreed entries' buckets, each with its names, cut once per size: both sides walk them on every sync."""
+        if self._cut is None or self._cut[0] != bucket_bytes:
+            self._cut = (bucket_bytes, [(tuple(e.name for e in b), b) for b in buckets(self.entries, bucket_bytes)])
+        return self._cut[1]
 
     def broadcast_paced(self, tensors: Iterable[torch.Tensor]) -> None:
         """Each tensor from rank 0, IN_FLIGHT transfers at a time: the next one is prepared while the last is in
@@ -208,7 +253,7 @@ class SyncGroup:
                 yield e.name, buf[at : at + e.numel].view(e.shape)
                 at += e.numel
 
-        for bucket in buckets(self.entries, bucket_bytes):
+        for _, bucket in self._buckets(bucket_bytes):
             target = in_place(bucket)
             buf = (
                 target
@@ -220,6 +265,26 @@ class SyncGroup:
                 yield from land()
         while flying:
             yield from land()
+
+
+def _slots(bucket: list[Entry], buf: torch.Tensor) -> list[tuple[int, int, int]]:
+    """(offset, numel, address) of each entry's slot in the bucket's buffer."""
+    at, out = 0, []
+    for e in bucket:
+        out.append((at, e.numel, buf.data_ptr() + at * buf.element_size()))
+        at += e.numel
+    return out
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """`b` is `a` itself: the same memory, shape and layout (a view of the same bytes)."""
+    return (
+        a.device == b.device
+        and a.dtype == b.dtype
+        and a.numel() == b.numel()
+        and b.is_contiguous()
+        and a.data_ptr() == b.data_ptr()
+    )
 
 
 def layout(tensors: Iterable[tuple[str, torch.Tensor]]) -> list[Entry]:

@@ -193,6 +193,7 @@ class TrainingWorker(RankWorker):
         self.agent = AgentRollout(self.engine, self.tok, cfg) if self.engine is not None else None
         self.turns: dict = {}  # the agent loop's metrics of this step's rollout
         self.sync = None  # the weight-sync group to the rollout pool (rank 0 sends in it)
+        self._sent_from = None  # rank 0: the actor as the weight sync lays it out (weight_sync.Landing)
         if self.engine is not None:
             # the engine takes the actor's weights: rank 0's, which the wrapper just broadcast (this node's copy on
             # disk need not equal them); an FSDP generation copy is allocated empty until this first sync
@@ -284,7 +285,7 @@ class TrainingWorker(RankWorker):
     def join_weight_sync(self, master: tuple[str, int], world: int) -> None:
         """Rank 0 joins the weight-sync group as its rank 0 and tells it the tensors' layout; every rank walks the
         tensors once for it (under FSDP each is a collective)."""
-        from ..rollout.weight_sync import SyncGroup, layout
+        from ..rollout.weight_sync import Landing, SyncGroup, layout
 
         actor = self.models.actor
         if self.rank != 0:
@@ -294,6 +295,7 @@ class TrainingWorker(RankWorker):
             entries = layout(self._engine_tensors(actor.precision.param_dtype))
         self.sync = SyncGroup(master, 0, world, self.device, self.cfg.actor_rollout_ref.nccl_timeout)
         self.sync.agree_layout(entries)
+        self._sent_from = Landing(actor.module)  # the actor's small parameters then live in the packing buffers
 
     def push_weights(self) -> int:
         """The actor's weights to the rollout pool in the engines' dtype (the one the actor computes in); the bytes
@@ -304,7 +306,7 @@ class TrainingWorker(RankWorker):
                 self._gather_for_rank0()
                 return 0
             with offload.module_on(actor.module, self.device, actor.param_offload):
-                return self.sync.send(self._engine_tensors(actor.precision.param_dtype))
+                return self.sync.send(self._engine_tensors(actor.precision.param_dtype), own=self._sent_from)
 
     def _gather_for_rank0(self) -> None:
         """A rank other than 0 while rank 0 walks the full tensors: under FSDP each is an all-gather every rank joins;

@@ -1,6 +1,7 @@
 """The rollout pool's weight sync: buckets cut the same on both sides, and a real Gloo group of three processes
-(training rank 0 and two rollout workers) carrying a model's tensors bit for bit: into a module's own parameters with
-no copy (Landing) on one receiver, handed over tensor by tensor on the other."""
+(training rank 0 and two rollout workers) carrying a model's tensors bit for bit: from the trainer's parameters laid
+out in the packing buffers, into a module's own parameters with no copy (Landing) on one receiver, handed over tensor
+by tensor on the other."""
 
 import multiprocessing as mp
 
@@ -39,11 +40,39 @@ def _module() -> torch.nn.Module:
     return m
 
 
-def _model() -> dict:
+def _trainer() -> torch.nn.Module:
     torch.manual_seed(0)
     m = _module()
     torch.nn.init.normal_(m.big)
-    return dict(m.state_dict(keep_vars=True)) | {"tied": m[0].weight}  # the trainer's parameters, as full_tensors
+    return m
+
+
+def _sent(m: torch.nn.Module) -> dict:
+    return dict(m.state_dict()) | {"tied": m.tied.detach()}  # the trainer's parameters, as full_tensors gives them
+
+
+def _model() -> dict:
+    return _sent(_trainer())
+
+
+@pytest.mark.parametrize(
+    "sent, laid",
+    [
+        (lambda p: p.detach(), True),  # the parameter's own memory (DDP, one process): laid out in the buffer
+        (lambda p: p.detach().clone(), False),  # a copy (FSDP's gathered tensor, LoRA's merge)
+        (lambda p: p.detach().to(torch.float64), False),  # a cast to the engines' dtype
+    ],
+)
+def test_the_sender_lays_out_only_the_parameters_it_sends_as_they_are(sent, laid):
+    m = torch.nn.Linear(4, 3)
+    before = {n: p.detach().clone() for n, p in m.named_parameters()}
+    parts = [sent(p) for p in (m.weight, m.bias)]
+    bucket = [Entry(n, tuple(t.shape), t.dtype) for n, t in zip(("weight", "bias"), parts)]
+    buf = Landing(m).sent(bucket, parts)
+    assert (buf is not None) == laid
+    if laid:  # the parameters now live in the buffer, end to end, with their values
+        assert m.weight.data_ptr() == buf.data_ptr() and m.bias.data_ptr() == buf.data_ptr() + 12 * 4
+    assert all(torch.equal(p, before[n]) for n, p in m.named_parameters())
 
 
 def _summary(t: torch.Tensor) -> tuple:
@@ -52,11 +81,17 @@ def _summary(t: torch.Tensor) -> tuple:
 
 def _rank(rank: int, world: int, port: int, out) -> None:
     group = SyncGroup(("127.0.0.1", port), rank, world, torch.device("cpu"), 60)
-    if rank == 0:
-        sd = _model()
-        group.agree_layout(layout(sd.items()))
-        group.send(sd.items(), bucket_bytes=2048)
-        out.put((rank, group.send(sd.items(), bucket_bytes=2048)))  # twice: the packing buffers kept
+    if rank == 0:  # the trainer: its small parameters move into the packing buffers on the first sync
+        m = _trainer()
+        entries = group.agree_layout(layout(_sent(m).items()))
+        own = Landing(m)
+        group.send(_sent(m).items(), bucket_bytes=2048, own=own)
+        sent = group.send(_sent(m).items(), bucket_bytes=2048, own=own)  # the second sends them from there
+        packed = [tuple(e.name for e in b) for b in buckets(entries, 2048) if not direct(b)]
+        laid = {k for k in packed if own.laid.get(k) is not None and group.staging[k] is own.laid[k]}
+        assert laid == set(packed) - {("0.weight",)}  # the tied parameter's second name: it lives in the first's
+        assert m[2].bias.data_ptr() == m[2].weight.data_ptr() + 16 * 4
+        out.put((rank, sent))
     elif rank == 1:  # an engine's module: every bucket lands in its parameters
         entries = group.agree_layout(None)
         torch.manual_seed(1)
