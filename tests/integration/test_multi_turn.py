@@ -73,7 +73,10 @@ FULLY_ASYNC = [
 ]
 
 
-@pytest.mark.parametrize("mode", ["sync", "one_step_off_policy", "fully_async_policy"])
+# long: the synchronous pool, which CI keeps in test_rollout_pool (and the loop on a pool in the other two modes)
+@pytest.mark.parametrize(
+    "mode", [pytest.param("sync", marks=pytest.mark.long), "one_step_off_policy", "fully_async_policy"]
+)
 def test_the_tool_task_runs_on_a_rollout_pool_of_its_own(tmp_path, monkeypatch, mode):
     """The rollout workers run the loop, their samples' agent-loop fields and metrics travel to the trainer. Fully
     async, they also write a rollout trace of two prompts' samples a call to MLflow."""

@@ -89,8 +89,9 @@ def test_a_deliberate_weight_change_moves_the_output(tiny, engine):
     "extra,engine",
     [
         # DDP, two mini batches: old log-probs from their own pass; verl's rollout correction weighs each token's loss
-        # by exp(old - engine), which is ~1 here (a float32 engine agreeing with a float32 actor)
-        (["algorithm.rollout_correction.rollout_is=token"], "vllm"),
+        # by exp(old - engine), which is ~1 here (a float32 engine agreeing with a float32 actor). long: CI keeps
+        # training through vLLM in the FSDP case below and the pool tests, rollout correction in test_fully_async
+        pytest.param(["algorithm.rollout_correction.rollout_is=token"], "vllm", marks=pytest.mark.long),
         # FSDP: the engine gets all-gathered tensors; one mini batch: old log-probs from the update's forward;
         # one engine spans both workers (tensor parallel), each holding half of every layer's heads. With LoRA
         # (a learning rate that moves the adapters far): the engine gets W + scaling * B @ A, which must sample
@@ -206,7 +207,8 @@ FULLY_ASYNC = [
     [
         ("sync", 1, [0.0, 0.0, 0.0]),
         ("one_step_off_policy", 1, [0.0, 1.0, 1.0]),
-        ("sync", 2, [0.0, 0.0, 0.0]),
+        # long: CI keeps an engine spanning two workers taking the weights in fully-async-tp2
+        pytest.param("sync", 2, [0.0, 0.0, 0.0], marks=pytest.mark.long),
         ("fully_async_policy", 2, None),  # a version behind at most (staleness_threshold=0.5), as the stream goes
     ],
     ids=["sync", "one-step", "sync-tp2", "fully-async-tp2"],
