@@ -7,10 +7,10 @@ it in place (the hf engine's own parameters), straight into the engine's: no cop
 would cost as much as the transfer itself. Smaller ones (biases, norms) share buckets, one flat buffer of one dtype
 up to `bucket_bytes`: one collective per bucket instead of one per tensor. Where a module's parameters can live in
 a bucket's buffer (Landing), the first sync moves them there, on both sides, and later ones send and take the
-buffer with no packing. Two transfers are in flight at a time,
-so preparing one overlaps the other. Both sides cut the same buckets from the same list of (name, shape, dtype),
-which rank 0 sends once when the group forms. As verl's one-step recipe and vLLM's weight-transfer examples: NCCL on
-GPUs, Gloo on CPU, a group made from a TCP store rather than torch's default group, which each side already has.
+buffer with no packing. Two transfers are in flight at a time, so preparing one overlaps the other. Both sides cut
+the same buckets from the same list of (name, shape, dtype), which rank 0 sends once when the group forms. As
+verl's one-step recipe and vLLM's weight-transfer examples: NCCL on GPUs, Gloo on CPU, a group made from a TCP store
+rather than torch's default group, which each side already has.
 """
 
 from __future__ import annotations
@@ -92,8 +92,8 @@ class Landing:
     def sent(self, bucket: list[Entry], parts: list[torch.Tensor]) -> torch.Tensor | None:
         """Rank 0: a buffer for the bucket with the module's parameters moved into it, where every tensor sent is
         a parameter's own memory (a plain tensor, as under DDP or in one process); None where any is not (FSDP's
-        gathered tensors, a cast to the engines' dtype, LoRA's merge): packing those copies them anyway, and a
-        buffer the trainer's parameters live in must never be written by the sync."""
+        gathered tensors, a cast to the engines' dtype, LoRA's merge): those are packed into a buffer of the sync's
+        own, never into memory a parameter lives in."""
         for e, t in zip(bucket, parts):
             p = self.params.get(e.name)
             if p is None or type(p.data) is not torch.Tensor or not _same_memory(p.data, t):
