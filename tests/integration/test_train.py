@@ -30,12 +30,53 @@ def metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+# verl's data.sampler.class_path/class_name, a curriculum sampler: an epoch of two batches, so the epochs show the
+# driver drew from it, and each step's batch handed to its update, written down beside it; its count of updates is
+# its state, which a checkpoint keeps
+SAMPLER = """
+import json
+from pathlib import Path
+
+import torch.utils.data
+
+
+class TwoBatches(torch.utils.data.Sampler):
+    def __init__(self, data_source, data_config):
+        self.k, self.updates = 2 * data_config.train_batch_size, 0
+
+    def __iter__(self):
+        return iter(range(self.k - 1, -1, -1))
+
+    def __len__(self):
+        return self.k
+
+    def update(self, batch):
+        self.updates += 1
+        nt = batch.non_tensor_batch
+        seen = {"updates": self.updates, "samples": len(batch), "prompts": len(set(nt["uid"]))}
+        seen["keys"] = sorted(batch.batch)
+        seen["scored"] = float(batch.batch["token_level_scores"].sum(-1).mean())
+        seen["sources"] = sorted(set(nt["data_source"]))
+        with open(Path(__file__).with_name("updates.jsonl"), "a") as f:
+            f.write(json.dumps(seen) + "\\n")
+
+    def state_dict(self):
+        return {"updates": self.updates}
+
+    def load_state_dict(self, state):
+        self.updates = state["updates"]
+"""
+
+
 def test_train_resume_export_plot(tmp_path):
     run = tmp_path / "run"
-    r = rlrig("train", *TINY, "trainer.total_training_steps=4", f"trainer.default_local_dir={run}")
+    (tmp_path / "sampler.py").write_text(SAMPLER)
+    own = [f"data.sampler.class_path={tmp_path / 'sampler.py'}", "data.sampler.class_name=TwoBatches"]
+    r = rlrig("train", *TINY, *own, "trainer.total_training_steps=4", f"trainer.default_local_dir={run}")
     assert r.returncode == 0, r.stderr[-3000:]
     rows = metrics(run)
     assert [m["training/global_step"] for m in rows] == [1, 2, 3, 4]
+    assert [m["training/epoch"] for m in rows] == [0, 0, 1, 1]
     for key in (
         "critic/score/mean",
         "timing_s/step",
@@ -52,10 +93,19 @@ def test_train_resume_export_plot(tmp_path):
         assert key in rows[-1], key
     assert (run / "latest_checkpointed_iteration.txt").read_text() == "4"
     # a stopped run resumes at the next step and appends to the same metrics
-    r = rlrig("train", *TINY, "trainer.total_training_steps=6", f"trainer.default_local_dir={run}")
+    r = rlrig("train", *TINY, *own, "trainer.total_training_steps=6", f"trainer.default_local_dir={run}")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resumed from" in r.stderr
     assert [m["training/global_step"] for m in metrics(run)] == [1, 2, 3, 4, 5, 6]
+    assert [m["training/epoch"] for m in metrics(run)][4:] == [2, 2]
+    updates = [json.loads(line) for line in (tmp_path / "updates.jsonl").read_text().splitlines()]
+    assert [u["updates"] for u in updates] == [1, 2, 3, 4, 5, 6]  # its state restored with the step's
+    n = updates[0]["samples"] // 8
+    assert all(u["prompts"] == 8 and u["samples"] == 8 * n and u["sources"] == ["rlrig/arithmetic"] for u in updates)
+    want = {"advantages", "token_level_scores", "token_level_rewards", "old_log_probs", "ref_log_prob", "responses"}
+    assert want <= set(updates[0]["keys"]), updates[0]["keys"]
+    scores = [m["critic/score/mean"] for m in metrics(run)]
+    assert [u["scored"] for u in updates] == pytest.approx(scores)  # the batch the step trained on
     r = rlrig("export", str(run), "--out", str(tmp_path / "hf"))
     assert r.returncode == 0, r.stderr
     from transformers import AutoModelForCausalLM

@@ -13,7 +13,7 @@ from . import verl_keys
 
 @dataclass
 class SamplerConfig:
-    class_path: str | None = None  # a custom sampler class: refused when set (rlrig's sampler shuffles by epoch)
+    class_path: str | None = None  # a sampler class of your own (data/custom_sampler.py): pkg://module, or a .py file
     class_name: str | None = None
 
 

@@ -228,10 +228,10 @@ def _trainer(cfg: Config) -> None:
         raise ConfigError(
             f"trainer.logger: {', '.join(map(str, bad_loggers))} is not in rlrig; it logs to {', '.join(LOGGERS)}"
         )
-    if d.sampler.class_path or d.sampler.class_name:
+    if d.sampler.class_name and not d.sampler.class_path:
         raise ConfigError(
-            "data.sampler.class_path/class_name: custom samplers are not in rlrig; it shuffles by epoch "
-            "(data.shuffle, data.seed)"
+            f"data.sampler.class_name={d.sampler.class_name} is set and class_path is not; name the file or pkg:// "
+            "module that holds it"
         )
     if t.default_hdfs_dir:
         raise ConfigError(

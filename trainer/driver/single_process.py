@@ -10,9 +10,10 @@ from contextlib import contextmanager
 def single_worker(overrides: list[str], model_path: str | None = None):
     """(worker, batches): `batches()` yields each step's prompt rows as the driver's sampler would."""
     from ..config.overrides import parse_overrides
+    from ..data.custom_sampler import make_sampler
     from ..data.datasets import load_rows
-    from ..data.sampler import Sampler
     from ..embedded.tiny_model import ensure_tiny_model
+    from ..errors import ConfigError
     from ..model.build import load_tokenizer
     from ..workers.base import free_port
     from ..workers.training_worker import TrainingWorker
@@ -24,7 +25,9 @@ def single_worker(overrides: list[str], model_path: str | None = None):
     cfg = with_runtime(
         cfg, cfg.trainer.total_training_steps or len(rows) // cfg.data.train_batch_size, cfg.trainer.device
     )
-    sampler = Sampler(len(rows), cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle)
+    sampler = make_sampler(cfg.data, rows, cfg.data.train_batch_size)
+    if getattr(sampler, "curriculum", False):  # its update needs the driver's step (driver/curriculum.py)
+        raise ConfigError("data.sampler: a curriculum sampler runs under rlrig train, not the single worker")
     from ..reward.reward_model import resolve_path
 
     rm_path = resolve_path(cfg.reward_model) if cfg.reward_model.enable else None  # colocated: scored in this process

@@ -12,11 +12,12 @@ from pathlib import Path
 from .. import metrics as M
 from .. import mlflow_store
 from ..config.validation import micro_batch_refusal, profiler_device_refusal, rollout_is_refusal
+from ..data.custom_sampler import CustomSampler, make_sampler
 from ..data.sampler import Sampler
 from ..errors import ConfigError
 from ..model import lora
 from ..workers.profiling import StepWindows, snapshots_after_update
-from . import checkpoint, faults, preemption, stacks
+from . import checkpoint, curriculum, faults, preemption, stacks
 from .fully_async import Stream, total_versions, version_step
 from .launch import Workers, describe_placement, start_workers, uses_gpu
 from .reporting import MetricsLog, progress, rss_gb, say
@@ -35,7 +36,7 @@ class Run:
     adapter: dict | None  # the LoRA adapter's shape (lora.check), which a resume must match and export rebuilds
     train_rows: list[dict]
     val_rows: list[dict]
-    sampler: Sampler
+    sampler: Sampler | CustomSampler
     kl_ctrl: object
     out: Path
     resume_from: Path | None
@@ -118,7 +119,8 @@ def prepare(cfg) -> Run:
     check_installed(cfg.reward_model)
     rm_path = resolve_path(cfg.reward_model) if cfg.reward_model.enable else None
     t = cfg.trainer
-    sampler = Sampler(len(train_rows), cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle)
+    sampler = make_sampler(cfg.data, train_rows, cfg.data.train_batch_size)
+    curriculum.check(cfg, sampler)
     if sampler.steps_per_epoch() < 1:
         raise ConfigError(
             f"data.train_batch_size={cfg.data.train_batch_size} is larger than the {len(train_rows)} training prompts"
@@ -126,7 +128,7 @@ def prepare(cfg) -> Run:
     total = t.total_training_steps or sampler.steps_per_epoch() * t.total_epochs
     updates = total
     if t.async_mode == "fully_async_policy":  # prompts drawn one at a time; a step is a weight version
-        sampler = Sampler(len(train_rows), 1, cfg.data.seed, cfg.data.shuffle)
+        sampler.batch = 1
         updates, total = total_versions(cfg, len(train_rows))
         if total < 1:
             raise ConfigError(
@@ -235,6 +237,8 @@ def resume(run: Run) -> None:
         + [c.load.remote(state) for c in w.critics]
     )
     run.step, run.sampler.epoch, run.sampler.pos = ts["global_step"], ts["epoch"], ts["pos"]
+    if isinstance(run.sampler, CustomSampler):
+        run.sampler.restore(run.resume_from)
     if run.pool is not None:
         run.pool.trained = run.step
     if run.stream is not None:  # the prompts the checkpoint's run drew and did not train: generated first
@@ -291,11 +295,18 @@ def save(run: Run) -> None:
     }
     if run.stream is not None:
         trainer_state.update(pending=run.stream.pending(), updates=run.stream.updates)
-    hf = hf_models(run, state, contents)
+    writes = [w for w in (hf_models(run, state, contents), sampler_writer(run)) if w is not None]
     for role, key in (("actor", "model"), ("critic", "critic")):  # weights gathered for hf_model alone
         if "model" not in contents.get(role, []):
             state.pop(key, None)
-    checkpoint.save(str(run.out), run.step, state, rngs, trainer_state, hf)
+    more = (lambda d: [write(d) for write in writes]) if writes else None
+    checkpoint.save(str(run.out), run.step, state, rngs, trainer_state, more)
+
+
+def sampler_writer(run: Run):
+    """What writes a sampler of the user's own's state (its state_dict) into a step's directory; None: it has none."""
+    state = run.sampler.state() if isinstance(run.sampler, CustomSampler) else None
+    return None if state is None else (lambda d: CustomSampler.save(state, d))
 
 
 def hf_models(run: Run, state: dict, contents: dict):
@@ -372,10 +383,14 @@ def batch_step(run: Run) -> dict:
         pooled_rollout(run, batch, len(workers)) if pool is not None else ([(None, None)] * len(workers), {})
     )
     arm_training_faults(run)
+    keep = getattr(run.sampler, "curriculum", False)
     steps = [
-        w.step.remote(p, run.kl_ctrl.value, run.step, g, turns=t) for w, p, (g, t) in zip(workers, shares, generated)
+        w.step.remote(p, run.kl_ctrl.value, run.step, g, turns=t, keep=keep)
+        for w, p, (g, t) in zip(workers, shares, generated)
     ]
     m = M.reduce(ray.get(steps))
+    if keep:
+        curriculum.hand_over(run, batch)
     m.update(pooled)
     if pool is not None:
         pool.trained = run.step

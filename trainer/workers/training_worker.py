@@ -118,6 +118,30 @@ def allreduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+# StepBatch's fields by the names verl's DataProto gives them after a step
+VERL_NAMES = {
+    "input_ids": "input_ids",
+    "attention_mask": "attention_mask",
+    "response_mask": "response_mask",
+    "group": "group",
+    "engine_logp": "rollout_log_probs",
+    "token_scores": "token_level_scores",
+    "rewards": "token_level_rewards",
+    "old_logp": "old_log_probs",
+    "ref_logp": "ref_log_prob",
+    "values": "values",
+    "advantages": "advantages",
+    "returns": "returns",
+}
+
+
+def verl_fields(b: StepBatch) -> dict[str, torch.Tensor]:
+    """The batch's tensors by verl's names, with its prompts and responses as verl splits them."""
+    out = {verl: getattr(b, ours) for ours, verl in VERL_NAMES.items() if getattr(b, ours) is not None}
+    out["prompts"], out["responses"] = b.input_ids[:, : b.prompt_len], b.input_ids[:, b.prompt_len :]
+    return out
+
+
 def leader_metrics(metrics: dict, sp: ulysses.SeqParallel | None) -> dict:
     """The ranks of a sequence-parallel group report the same samples: all but the first leave out the metrics the
     driver sums (metrics.py), which would count them once per rank."""
@@ -192,6 +216,7 @@ class TrainingWorker(RankWorker):
         self.engine = self._engine(engine_cls, model_path) if engine_cls is not None else None
         self.agent = AgentRollout(self.engine, self.tok, cfg) if self.engine is not None else None
         self.turns: dict = {}  # the agent loop's metrics of this step's rollout
+        self._keeping, self._kept = False, None  # a step's samples for kept_batch (step's keep)
         self.sync = None  # the weight-sync group to the rollout pool (rank 0 sends in it)
         self._sent_from = None  # rank 0: the actor as the weight sync lays it out (weight_sync.Landing)
         if self.engine is not None:
@@ -349,12 +374,14 @@ class TrainingWorker(RankWorker):
         generated: Rollout | None = None,
         local_step: int | None = None,
         turns: list[dict] | None = None,
+        keep: bool = False,
     ) -> dict:
         """One PPO step on this worker's shard of prompts; `global_step` counts from 1. generated: the rollout pool's
         samples of these prompts (hybrid_engine=False), with each sample's agent-loop fields (`turns`, for the reward
         function), else this worker's engine generates them. local_step: the fully async mode's place of this update
-        in its weight version."""
+        in its weight version. keep: hold the step's samples for kept_batch (a curriculum sampler's update)."""
         self.global_step = global_step
+        self._keeping, self._kept = keep, None
         if self.agent is not None:  # none where a rollout pool of its own generates
             self.agent.tracer.at(global_step)
         try:
@@ -420,12 +447,16 @@ class TrainingWorker(RankWorker):
             with phases("pf_ppo"):
                 pf, seed = cfg.algorithm.pf_ppo, cfg.trainer.seed * 1_000_003 + plan.global_step
                 batch = pf_ppo_resample(batch, pf.reweight_method, pf.weight_pow, seed, self.tok.pad_token_id)
+        if self._keeping:  # the samples as the update takes them, as verl hands its curriculum sampler the batch
+            self._kept = batch
         with forked_rngs(self.device):  # the update's draws (dropout) leave the engine's streams as they were
             stats, actor_logp = self._update(phases, batch, plan)
         if plan.update_actor and self.engine is not None:
             with phases("update_weights"):
                 self._sync_engine()  # the next rollout samples from the new policy
         actor_logp = actor_logp if actor_logp is not None else batch.old_logp
+        if self._kept is not None and self._kept.old_logp is None:  # verl's batch always holds old_log_probs
+            self._kept = self._kept.replace(old_logp=actor_logp)
         compared = not self._engine_logp_is_old()  # in verl's old-log-prob pass, which bypass skips
         if batch.engine_logp is not None and actor_logp is not None and compared:
             out.update(probs_diff(batch.engine_logp, actor_logp, written))  # verl's: the tokens the engine wrote
@@ -433,6 +464,16 @@ class TrainingWorker(RankWorker):
             args = (batch.mask, batch.is_weights, stats.get("actor/grad_norm"), self._batch_sum)
             out.update(variance_proxy_metrics(batch.advantages, batch.old_logp, batch.sum_pi_squared, *args))
         return {**out, **stats, **self._metrics(batch, written), **self.turns, **phases.metrics()}
+
+    def kept_batch(self) -> dict | None:
+        """The last step's samples (step's keep) on the CPU in verl's names, with each one's prompt number in the
+        step's batch (`group`) and the prompt columns (`prompt_len`); None on the ranks of a sequence-parallel group
+        after its first, which hold the same samples."""
+        b, self._kept = self._kept, None
+        sp = self.sp["actor"]
+        if b is None or (sp is not None and sp.rank != 0):
+            return None
+        return {"prompt_len": b.prompt_len, **{k: v.cpu() for k, v in verl_fields(b).items()}}
 
     def _batch_sum(self, t: torch.Tensor) -> torch.Tensor:
         """The sum over the whole batch of every worker's share (batch statistics): the ranks of a sequence-parallel

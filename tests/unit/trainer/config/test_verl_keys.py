@@ -121,7 +121,7 @@ def test_external_lib_is_imported_or_refused(tmp_path, monkeypatch):
         ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "does not divide the 1 workers"),
         ("actor_rollout_ref.rollout.mode=agent", "verl's modes are async (its default) and sync"),
         ("trainer.logger=['console','clearml']", "clearml is not in rlrig"),
-        ("data.sampler.class_name=Curriculum", "custom samplers are not in rlrig"),
+        ("data.sampler.class_name=Curriculum", "class_path is not; name the file or pkg:// module"),
         ("actor_rollout_ref.ref.strategy=ddp", "shards the reference as it does the actor"),  # the actor: fsdp
         ("actor_rollout_ref.rollout.multi_turn.use_inference_chat_template=True", "nor in verl's agent loop"),
         ("actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts=3", "CollabLLM is not in rlrig"),

@@ -1,0 +1,99 @@
+"""verl's curriculum samplers (data.sampler.class_path naming a sampler with update(batch)): after each step the
+driver gathers the step's samples from the training workers and hands them to the sampler, as verl's trainer hands
+its batch. The batch is verl's DataProto where verl is installed (a sampler built on verl's
+AbstractCurriculumSampler needs it anyway), else StepData, which reads alike: `batch` (the tensors by verl's names),
+`non_tensor_batch` (each sample's row fields and `uid`, as numpy object arrays) and `meta_info`.
+
+The fully async mode draws its prompts one at a time ahead of the updates and has no step batch to hand over: it
+refuses a curriculum sampler at start-up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+
+LEFT = ("input_ids", "attention_mask", "prompts")  # left-padded: prompt columns first
+
+
+@dataclass
+class StepData:
+    """The step's batch as verl's DataProto holds it, for reading (update's argument where verl is not installed)."""
+
+    batch: dict[str, torch.Tensor]
+    non_tensor_batch: dict[str, np.ndarray]
+    meta_info: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.batch["input_ids"])
+
+
+def check(cfg, sampler) -> None:
+    if getattr(sampler, "curriculum", False) and cfg.trainer.async_mode == "fully_async_policy":
+        raise ConfigError(
+            f"data.sampler.class_path/class_name: {sampler.name} is a curriculum sampler (it has update(batch)); the "
+            "fully async mode draws prompts ahead of its updates and has no step batch to hand it: use one step off-"
+            "policy or the synchronous mode, or a sampler without update"
+        )
+
+
+def _padded(t: torch.Tensor, width: int, left: bool, value) -> torch.Tensor:
+    extra = width - t.shape[1]
+    if extra == 0:
+        return t
+    pad = torch.full((t.shape[0], extra), value, dtype=t.dtype)
+    return torch.cat([pad, t] if left else [t, pad], dim=1)
+
+
+def step_data(parts: list[dict | None], rows: list[dict], step: int, pad_id: int) -> StepData:
+    """The workers' kept samples (TrainingWorker.kept_batch) as one batch: prompts left-padded and responses
+    right-padded to the widest, each sample with the fields of its prompt's row (`rows`: the step's prompts in the
+    order the workers' shares were cut from)."""
+    parts = [p for p in parts if p is not None]
+    prompt = max(p["prompt_len"] for p in parts)
+    response = max(p["responses"].shape[1] for p in parts)
+    tensors = {}
+    for key in parts[0]:
+        if key == "prompt_len":
+            continue
+        pieces = []
+        for p in parts:
+            t = p[key]
+            if t.dim() == 2 and key in ("input_ids", "attention_mask"):  # prompt, then response, columns
+                cut = p["prompt_len"]
+                value = pad_id if key == "input_ids" else 0
+                t = torch.cat(
+                    [_padded(t[:, :cut], prompt, True, value), _padded(t[:, cut:], response, False, value)], dim=1
+                )
+            elif t.dim() == 2:
+                width = prompt if key in LEFT else response
+                t = _padded(t, width, key in LEFT, pad_id if key in ("prompts", "responses") else 0)
+            pieces.append(t)
+        tensors[key] = torch.cat(pieces)
+    group = tensors.pop("group").tolist()
+    non_tensor = {"uid": np.array([f"{step}-{g}" for g in group], dtype=object)}
+    for key in sorted({k for r in rows for k in r}):
+        values = np.empty(len(group), dtype=object)
+        values[:] = [rows[g].get(key) for g in group]
+        non_tensor[key] = values
+    return StepData(tensors, non_tensor, {"global_steps": step})
+
+
+def as_verls(data: StepData):
+    """verl's DataProto of the same batch where verl is installed, else the StepData itself."""
+    try:
+        from verl import DataProto
+    except ImportError:
+        return data
+    return DataProto.from_dict(tensors=data.batch, non_tensors=data.non_tensor_batch, meta_info=data.meta_info)
+
+
+def hand_over(run, rows: list[dict]) -> None:
+    """After a step trained with keep: its samples to the curriculum sampler's update, as verl calls it."""
+    import ray
+
+    parts = ray.get([w.kept_batch.remote() for w in run.workers.training])
+    run.sampler.user.update(batch=as_verls(step_data(parts, rows, run.step, run.pad_id)))
