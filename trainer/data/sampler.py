@@ -9,6 +9,8 @@ import random
 class Sampler:
     """Epoch-shuffled prompt order with a position that checkpoints can restore."""
 
+    curriculum = False  # it takes no step's batch (data/custom_sampler.py's may)
+
     def __init__(self, n: int, batch: int, seed: int, shuffle: bool):
         self.n, self.batch, self.seed, self.shuffle = n, batch, seed, shuffle
         self.epoch, self.pos = 0, 0

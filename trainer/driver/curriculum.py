@@ -15,8 +15,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-
-LEFT = ("input_ids", "attention_mask", "prompts")  # left-padded: prompt columns first
+from ..rollout.engines.base import left_pad_to
 
 
 @dataclass
@@ -32,7 +31,7 @@ class StepData:
 
 
 def check(cfg, sampler) -> None:
-    if getattr(sampler, "curriculum", False) and cfg.trainer.async_mode == "fully_async_policy":
+    if sampler.curriculum and cfg.trainer.async_mode == "fully_async_policy":
         raise ConfigError(
             f"data.sampler.class_path/class_name: {sampler.name} is a curriculum sampler (it has update(batch)); the "
             "fully async mode draws prompts ahead of its updates and has no step batch to hand it: use one step off-"
@@ -40,12 +39,17 @@ def check(cfg, sampler) -> None:
         )
 
 
-def _padded(t: torch.Tensor, width: int, left: bool, value) -> torch.Tensor:
-    extra = width - t.shape[1]
-    if extra == 0:
+def _widened(p: dict, key: str, prompt: int, response: int, pad_id: int) -> torch.Tensor:
+    """A worker's field widened to the batch's widest prompt (more padding on the left) and response (on the right);
+    token ids padded with pad_id, the rest with 0."""
+    t, fill = p[key], pad_id if key in ("input_ids", "prompts", "responses") else 0
+    if t.dim() == 1:
         return t
-    pad = torch.full((t.shape[0], extra), value, dtype=t.dtype)
-    return torch.cat([pad, t] if left else [t, pad], dim=1)
+    right = lambda r: torch.nn.functional.pad(r, (0, response - r.shape[1]), value=fill)
+    if key in ("input_ids", "attention_mask"):  # prompt, then response, columns
+        cut = p["prompt_len"]
+        return torch.cat([left_pad_to(t[:, :cut], prompt, fill), right(t[:, cut:])], dim=1)
+    return left_pad_to(t, prompt, fill) if key == "prompts" else right(t)
 
 
 def step_data(parts: list[dict | None], rows: list[dict], step: int, pad_id: int) -> StepData:
@@ -55,24 +59,11 @@ def step_data(parts: list[dict | None], rows: list[dict], step: int, pad_id: int
     parts = [p for p in parts if p is not None]
     prompt = max(p["prompt_len"] for p in parts)
     response = max(p["responses"].shape[1] for p in parts)
-    tensors = {}
-    for key in parts[0]:
-        if key == "prompt_len":
-            continue
-        pieces = []
-        for p in parts:
-            t = p[key]
-            if t.dim() == 2 and key in ("input_ids", "attention_mask"):  # prompt, then response, columns
-                cut = p["prompt_len"]
-                value = pad_id if key == "input_ids" else 0
-                t = torch.cat(
-                    [_padded(t[:, :cut], prompt, True, value), _padded(t[:, cut:], response, False, value)], dim=1
-                )
-            elif t.dim() == 2:
-                width = prompt if key in LEFT else response
-                t = _padded(t, width, key in LEFT, pad_id if key in ("prompts", "responses") else 0)
-            pieces.append(t)
-        tensors[key] = torch.cat(pieces)
+    tensors = {
+        key: torch.cat([_widened(p, key, prompt, response, pad_id) for p in parts])
+        for key in parts[0]
+        if key != "prompt_len"
+    }
     group = tensors.pop("group").tolist()
     non_tensor = {"uid": np.array([f"{step}-{g}" for g in group], dtype=object)}
     for key in sorted({k for r in rows for k in r}):

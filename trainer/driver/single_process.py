@@ -26,7 +26,7 @@ def single_worker(overrides: list[str], model_path: str | None = None):
         cfg, cfg.trainer.total_training_steps or len(rows) // cfg.data.train_batch_size, cfg.trainer.device
     )
     sampler = make_sampler(cfg.data, rows, cfg.data.train_batch_size)
-    if getattr(sampler, "curriculum", False):  # its update needs the driver's step (driver/curriculum.py)
+    if sampler.curriculum:  # its update needs the driver's step (driver/curriculum.py)
         raise ConfigError("data.sampler: a curriculum sampler runs under rlrig train, not the single worker")
     from ..reward.reward_model import resolve_path
 

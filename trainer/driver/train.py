@@ -383,7 +383,7 @@ def batch_step(run: Run) -> dict:
         pooled_rollout(run, batch, len(workers)) if pool is not None else ([(None, None)] * len(workers), {})
     )
     arm_training_faults(run)
-    keep = getattr(run.sampler, "curriculum", False)
+    keep = run.sampler.curriculum
     steps = [
         w.step.remote(p, run.kl_ctrl.value, run.step, g, turns=t, keep=keep)
         for w, p, (g, t) in zip(workers, shares, generated)
