@@ -8,11 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-python3 -m venv "$work/venv"
-site=$("$work/venv/bin/python" -c "import site; print(site.getsitepackages()[0])")
-echo "import site; site.addsitedir('$(.venv/bin/python -c "import site; print(site.getsitepackages()[0])")')" >"$site/main.pth"
-"$work/venv/bin/pip" install -q --no-deps verl tensordict pyvers torchdata codetiming hydra-core omegaconf \
-  antlr4-python3-runtime==4.9.3 dill pylatexenc cloudpickle datasets multiprocess xxhash
+. tests/e2e/verl_venv.sh
+make_verl_venv "$work" verl tensordict
 "$work/venv/bin/python" - "$work" <<'PY'
 import pathlib
 import sys

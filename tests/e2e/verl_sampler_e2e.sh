@@ -9,13 +9,10 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-python3 -m venv "$work/venv"
-site=$("$work/venv/bin/python" -c "import site; print(site.getsitepackages()[0])")
-echo "import site; site.addsitedir('$(.venv/bin/python -c "import site; print(site.getsitepackages()[0])")')" >"$site/main.pth"
+. tests/e2e/verl_venv.sh
 # verl 0.7.0: the last release with data.sampler and AbstractCurriculumSampler (0.8.0 dropped them), as at the commit
 # rlrig follows (b178a3cd), with the tensordict it allows
-"$work/venv/bin/pip" install -q --no-deps verl==0.7.0 tensordict==0.10.0 pyvers torchdata codetiming hydra-core omegaconf \
-  antlr4-python3-runtime==4.9.3 dill pylatexenc cloudpickle datasets multiprocess xxhash
+make_verl_venv "$work" verl==0.7.0 tensordict==0.10.0
 cat >"$work/curriculum.py" <<'PY'
 import json
 from pathlib import Path
