@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the e2e scripts that run against verl itself (verl_dataset_e2e.sh, verl_sampler_e2e.sh).
 # make_verl_venv WORK VERL TENSORDICT: WORK/venv layered over .venv (its site packages added), with verl (a pip
 # requirement, such as verl==0.7.0) and what verl's data set and DataProto import, none with its own dependencies.
