@@ -100,3 +100,37 @@ def test_a_rollout_worker_that_hangs_is_named_by_the_watchdog(tmp_path):
     said = r.stderr
     assert "hang: rollout 0 on node" in said and "did not finish rollout_gen at step 3" in said, said[-3000:]
     assert [m["training/global_step"] for m in metrics(run)] == [1, 2]
+
+
+def test_a_batch_shared_by_sample_over_two_trainers_gets_the_whole_batchs_advantages(tmp_path):
+    # 3 prompts x 8 samples over 2 training workers, 12 samples each (verl's dispatch): prompt 1's samples on both.
+    # Against one training worker, on the same samples (the first step's, from the same initial weights), GRPO's
+    # advantages are the same: each group's statistics over all of its samples, wherever they sit
+    reward = tmp_path / "reward.py"  # scores that differ within every group, so each group's statistics count
+    reward.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return float(sum(map(ord, solution_str)) % 5)\n"
+    )
+
+    def first_step(workers: int) -> dict:
+        run = tmp_path / f"trainers_{workers}"
+        # a worker a CPU on this machine's 2 cores: the trainer's driver on a Ray of its own, which it sizes
+        r = subprocess.run(
+            [sys.executable, "-m", "rlrig.trainer.driver.main", "--", f"ray_kwargs.ray_init.num_cpus={workers + 1}"]
+            + [o for o in POOL if not o.startswith("trainer.n_gpus_per_node=")]
+            + [f"trainer.n_gpus_per_node={workers}", "data.train_batch_size=3"]
+            + ["actor_rollout_ref.actor.ppo_mini_batch_size=3", "trainer.total_training_steps=1"]
+            + ["trainer.test_freq=0", "trainer.save_freq=0", f"trainer.default_local_dir={run}"]
+            + [f"custom_reward_function.path={reward}", "custom_reward_function.name=compute_score"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        return metrics(run)[0]
+
+    one, two = first_step(1), first_step(2)
+    assert two["critic/score/mean"] == pytest.approx(one["critic/score/mean"])  # the same samples
+    # the update follows the advantages: each worker's groups alone would give other ones, and another gradient
+    assert two["actor/grad_norm"] == pytest.approx(one["actor/grad_norm"], rel=1e-4)
+    assert two["actor/pg_loss"] == pytest.approx(one["actor/pg_loss"], abs=1e-6)

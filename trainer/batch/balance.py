@@ -7,6 +7,8 @@ Whole groups move (a prompt's n samples stay together, as in verl's balancing un
 each worker computes its own groups' advantages; each worker keeps equally many groups, so mini batches and the
 per-sequence metrics keep their sizes. verl's plain balancing may split a group across ranks because its driver
 computes advantages for the whole batch; here a group of n = 1 (GAE, REINFORCE++) is one sample, the same thing.
+Where a rollout pool's batch is shared by sample and groups are split anyway, the workers compute the advantages over
+the whole batch too (batch/split_groups.py), and single samples move (the caller's n = 1).
 
 Work per sequence is verl's estimate of a transformer's forward cost (`workload`), and the parts come from a
 greedy assignment: heaviest group first, each into the lightest part that still has room (kept as sampled where

@@ -1,7 +1,8 @@
 """One training step's samples on one worker, as one typed batch (OpenRLHF's `Experience`, verl's `DataProto`
 with its fields named): every phase of a step takes it and returns it with the fields that phase fills.
 
-Rows are samples: prompt i's n samples sit at rows i*n .. i*n+n-1 as the engine returned them. Prompts are
+Rows are samples: prompt i's n samples sit at rows i*n .. i*n+n-1 as the engine returned them (where a rollout
+pool's batch is shared by sample, a worker's first and last prompts may have only some of theirs). Prompts are
 left-padded and responses right-padded to one width each, so every [B, R] tensor lines up with the
 response columns of `input_ids`.
 """
@@ -37,9 +38,10 @@ class StepBatch:
     is_weights: torch.Tensor | None = None  # [B, R]: rollout correction's importance weights
 
     @classmethod
-    def from_rollout(cls, ro: Rollout, n: int, first_group: int = 0) -> StepBatch:
-        """A fresh batch from what an engine sampled, n samples a prompt; prompts numbered from `first_group`."""
-        group = first_group + torch.arange(len(ro.input_ids), device=ro.input_ids.device) // n
+    def from_rollout(cls, ro: Rollout, n: int, first_sample: int = 0) -> StepBatch:
+        """A fresh batch from what an engine sampled, n samples a prompt, its first row the step's sample number
+        `first_sample` (a share may start inside a prompt's samples, batch/split_groups.py)."""
+        group = (first_sample + torch.arange(len(ro.input_ids), device=ro.input_ids.device)) // n
         return cls(ro.input_ids, ro.attention_mask, ro.response_mask, ro.prompt_len, group, ro.engine_logp)
 
     @property

@@ -3,6 +3,8 @@ naming the key, its value and the fix; nothing here changes the config."""
 
 from __future__ import annotations
 
+import math
+
 from ..agent.sanity import MODES as SANITY_MODES
 from ..algos import rollout_correction
 from ..algos.bypass_loss import LOSS_TYPES
@@ -10,7 +12,7 @@ from ..algos.estimators import ESTIMATORS
 from ..algos.policy_losses import POLICY_LOSSES
 from ..driver.watchdog_limits import MARGIN_S as WATCHDOG_MARGIN_S
 from ..errors import ConfigError
-from ..model.micro_batches import per_worker_mini_batch, sequence_parallel, token_budgets
+from ..model.micro_batches import mini_batch_prompts, per_worker_mini_batch, sequence_parallel, token_budgets
 from ..reward.managers import overlong
 from ..rollout.engines import ENGINES
 from ..rollout.engines import NAMES as ENGINE_NAMES
@@ -311,23 +313,23 @@ def _batch_sizes(cfg: Config) -> None:
                 f"data.max_response_length = {longest}); raise it"
             )
     groups = workers // sequence_parallel(cfg)["actor"]
-    minis = {"actor_rollout_ref.actor.ppo_mini_batch_size": a.ppo_mini_batch_size}
-    if cfg.critic_in_use and cfg.critic.ppo_mini_batch_size is not None:
-        minis["critic.ppo_mini_batch_size"] = cfg.critic.ppo_mini_batch_size
-    for key, mini in minis.items():
+    # colocated engines generate each worker's own prompts, so batches split by prompt; a rollout pool's samples
+    # are shared by sample, as verl dispatches them, so there only the samples need to divide
+    n = 1 if cfg.actor_rollout_ref.hybrid_engine else cfg.actor_rollout_ref.rollout.n
+    what = "prompts" if n == 1 else f"prompts x actor_rollout_ref.rollout.n={n} samples"
+    for key, mini in mini_batch_prompts(cfg).items():
         if d.train_batch_size % mini:
             raise ConfigError(f"data.train_batch_size={d.train_batch_size} is not a multiple of {key}={mini}")
-        if mini % groups:
+        if mini * n % groups:
             over = f"{workers} workers" if groups == workers else f"{groups} sequence-parallel groups of workers"
             raise ConfigError(
-                f"{key}={mini} prompts cannot be split over {over} (trainer.nnodes x trainer.n_gpus_per_node); make "
-                f"it a multiple of {groups}"
+                f"{key}={mini} {what} cannot be split over {over} (trainer.nnodes x trainer.n_gpus_per_node); make "
+                f"it a multiple of {groups // math.gcd(n, groups)}"
             )
-    if d.train_batch_size % workers:  # each worker samples its own share of the prompts
+    if d.train_batch_size * n % workers:
         raise ConfigError(
-            f"data.train_batch_size={d.train_batch_size} prompts cannot be shared by {workers} workers "
-            "(trainer.nnodes x trainer.n_gpus_per_node); make it a multiple of "
-            f"{workers}"
+            f"data.train_batch_size={d.train_batch_size} {what} cannot be shared by {workers} workers "
+            f"(trainer.nnodes x trainer.n_gpus_per_node); make it a multiple of {workers // math.gcd(n, workers)}"
         )
     if t.device == "cuda":
         why = micro_batch_refusal(cfg)

@@ -26,6 +26,17 @@ STOP_WAIT_S = 30.0  # within rlrig's default --grace-period after a stop signal'
 
 
 @dataclass
+class Share:
+    """A training worker's part of a step (TrainingWorker.step's arguments): its samples, their agent-loop fields,
+    each one's prompt row (the same dict for a prompt's samples, which pickles once), and where it starts."""
+
+    samples: Rollout
+    turns: list[dict]
+    rows: list[dict]
+    first_sample: int
+
+
+@dataclass
 class InFlight:
     step: int
     rows: list[dict]
@@ -119,11 +130,14 @@ class RolloutPool:
             },
         )
 
-    def shares(self, ro: Rollout, turns: list[dict], workers: int) -> list[tuple[Rollout, list[dict]]]:
-        """Each training worker's samples and their agent-loop fields: equal consecutive shares, prompt groups whole
-        (the driver gave each training worker as many consecutive prompts)."""
-        size = ro.input_ids.shape[0] // workers
-        return [(ro.rows(slice(i * size, (i + 1) * size)), turns[i * size : (i + 1) * size]) for i in range(workers)]
+    def shares(self, ro: Rollout, turns: list[dict], rows: list[dict], workers: int) -> list[Share]:
+        """Each training worker's samples, equal consecutive shares cut by sample as verl dispatches its batch (a
+        prompt's samples may fall in two shares where the prompts do not divide evenly, model/micro_batches.py's
+        splits_groups), with each sample's prompt row and agent-loop fields. `rows`: the prompts `ro` answers, n
+        samples each, in order."""
+        size, prompt_of = ro.input_ids.shape[0] // workers, [rows[s // self.n] for s in range(len(ro.input_ids))]
+        cut = lambda i: slice(i * size, (i + 1) * size)
+        return [Share(ro.rows(cut(i)), turns[cut(i)], prompt_of[cut(i)], i * size) for i in range(workers)]
 
     def stop(self) -> None:
         """The engines hold nothing to save, but shut down they release what they hold beyond their process (vLLM's

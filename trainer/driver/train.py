@@ -21,7 +21,7 @@ from . import checkpoint, curriculum, faults, preemption, stacks
 from .fully_async import Stream, total_versions, version_step
 from .launch import Workers, describe_placement, start_workers, uses_gpu
 from .reporting import MetricsLog, progress, rss_gb, say
-from .rollout_pool import RolloutPool
+from .rollout_pool import RolloutPool, Share
 from .validation import validate_rows
 from .watchdog import Watchdog
 
@@ -342,7 +342,7 @@ def arm_rollout_faults(run: Run, step: int) -> None:
         run.pool.workers[fault.rank].arm_fault.remote(fault.phase)
 
 
-def pooled_rollout(run: Run, batch: list[dict], workers: int) -> tuple[list, dict]:
+def pooled_rollout(run: Run, batch: list[dict], workers: int) -> tuple[list[Share], dict]:
     """The rollout pool's samples of this step's batch, a share per training worker, and its metrics. One step
     off-policy, the next batch is drawn and starts generating before this one trains; run.data_at keeps where the
     data stood before it, which is what a checkpoint of this step records."""
@@ -359,7 +359,7 @@ def pooled_rollout(run: Run, batch: list[dict], workers: int) -> tuple[list, dic
         run.data_at = (run.sampler.epoch, run.sampler.pos)
         arm_rollout_faults(run, run.step + 1)
         pool.launch(run.step + 1, [run.train_rows[i] for i in run.sampler.next()])
-    return pool.shares(ro, turns, workers), pooled
+    return pool.shares(ro, turns, batch, workers), pooled
 
 
 def arm_training_faults(run: Run) -> None:
@@ -367,6 +367,11 @@ def arm_training_faults(run: Run) -> None:
     for fault in faults.due([f for f in run.faults if f.phase != "rollout_gen"], run.step, run.out):
         say(f"{faults.ENV}: rank {fault.rank} hangs in {fault.phase} at step {run.step}")
         run.workers.training[fault.rank].arm_fault.remote(fault.phase)
+
+
+def step_on(worker, share: Share, kl: float, step: int, local: int | None = None, keep: bool = False):
+    """A training worker's step on its share of a rollout pool's samples."""
+    return worker.step.remote(share.rows, kl, step, share.samples, local, share.turns, keep, share.first_sample)
 
 
 def batch_step(run: Run) -> dict:
@@ -378,15 +383,14 @@ def batch_step(run: Run) -> dict:
         batch = pool.in_flight.rows  # drawn and generating since the step before (one step off-policy)
     else:
         batch = [run.train_rows[i] for i in run.sampler.next()]
-    shares = equal_shares(batch, len(workers))
-    generated, pooled = (
-        pooled_rollout(run, batch, len(workers)) if pool is not None else ([(None, None)] * len(workers), {})
+    shares, pooled = (
+        pooled_rollout(run, batch, len(workers)) if pool is not None else (equal_shares(batch, len(workers)), {})
     )
     arm_training_faults(run)
-    keep = run.sampler.curriculum
+    kl, keep = run.kl_ctrl.value, run.sampler.curriculum
     steps = [
-        w.step.remote(p, run.kl_ctrl.value, run.step, g, turns=t, keep=keep)
-        for w, p, (g, t) in zip(workers, shares, generated)
+        step_on(w, s, kl, run.step, keep=keep) if pool is not None else w.step.remote(s, kl, run.step, keep=keep)
+        for w, s in zip(workers, shares)
     ]
     m = M.reduce(ray.get(steps))
     if keep:
@@ -407,12 +411,8 @@ def stream_step(run: Run) -> dict | None:
         if local == 1:
             arm_training_faults(run)
             arm_rollout_faults(run, run.step)
-        shares, generated = equal_shares(rows, len(workers)), run.pool.shares(ro, turns, len(workers))
-        u = run.stream.updates
-        return [
-            w.step.remote(p, run.kl_ctrl.value, u, g, local, turns=t)
-            for w, p, (g, t) in zip(workers, shares, generated)
-        ]
+        shares = run.pool.shares(ro, turns, rows, len(workers))
+        return [step_on(w, s, run.kl_ctrl.value, run.stream.updates, local) for w, s in zip(workers, shares)]
 
     return version_step(run, start_update, lambda m: update_kl_controller(run.kl_ctrl, m, run.cfg))
 

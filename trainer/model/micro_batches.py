@@ -85,6 +85,28 @@ def sequence_parallel(cfg) -> dict[str, int]:
     return {"actor": sp, "ref": sp if ref is None else ref, "critic": cfg.critic.ulysses_sequence_parallel_size}
 
 
+def mini_batch_prompts(cfg) -> dict[str, int]:
+    """Each update's mini batch in prompts, by key: the actor's, and the critic's own where it trains with one."""
+    minis = {"actor_rollout_ref.actor.ppo_mini_batch_size": cfg.actor_rollout_ref.actor.ppo_mini_batch_size}
+    if cfg.critic_in_use and cfg.critic.ppo_mini_batch_size is not None:
+        minis["critic.ppo_mini_batch_size"] = cfg.critic.ppo_mini_batch_size
+    return minis
+
+
+def splits_groups(cfg) -> bool:
+    """Whether a prompt's samples may sit on several data-parallel groups of workers. A rollout pool's batch is
+    shared by sample, as verl dispatches it, so where its prompts, or a mini batch's, do not divide evenly over the
+    workers a prompt's samples are cut apart, and its advantages are then computed over the whole batch
+    (batch/split_groups.py). Colocated engines generate each worker's own prompts, whole (validation keeps those
+    even)."""
+    a, t = cfg.actor_rollout_ref, cfg.trainer
+    if a.hybrid_engine:
+        return False
+    workers = t.nnodes * t.n_gpus_per_node
+    groups = workers // sequence_parallel(cfg)["actor"]
+    return cfg.data.train_batch_size % workers != 0 or any(m % groups for m in mini_batch_prompts(cfg).values())
+
+
 def per_worker_mini_batch(cfg, world: int, role: str = "actor") -> int:
     """Sequences in each worker's share of a mini batch: ppo_mini_batch_size prompts x n samples over the
     data-parallel groups (the ranks of one sequence-parallel group share their samples, as in verl). The critic's

@@ -1,7 +1,8 @@
 """The training worker, one per device: actor, rollout engine and (unless in pools of their own) reference and
 critic colocated, as verl's hybrid engine.
 
-Workers train data parallel: each holds a shard of the prompts, and DDP or FSDP (actor.strategy) averages
+Workers train data parallel: each holds a shard of the step's samples (its own prompts' where its engine generates
+them), and DDP or FSDP (actor.strategy) averages
 gradients over all of them with torch.distributed (Gloo on CPU, NCCL on GPU), across nodes. A step is a list
 of named phases (timing_s/<phase>), each taking the step's StepBatch and returning it with its fields filled:
 rollout (generate, score), balance, forward passes (old log-probs, reference, values), advantages, PF-PPO,
@@ -23,10 +24,11 @@ from ..algos import estimators, rollout_correction
 from ..algos.variance_proxy import variance_proxy_metrics
 from ..batch.balance import balance
 from ..batch.exchange import pf_ppo_resample, sequence_parallel_share
+from ..batch.split_groups import peer_group, whole_batch_advantages
 from ..batch.step_batch import StepBatch
 from ..model import build, lora, lr_schedule, offload, parallel, ulysses
 from ..model.forward import in_micro_batches, token_outputs
-from ..model.micro_batches import sequence_parallel
+from ..model.micro_batches import sequence_parallel, splits_groups
 from ..reward.managers import overlong
 from ..reward.rules import reward_fn
 from ..reward.scoring import RewardSource, score, score_batch
@@ -189,6 +191,8 @@ class TrainingWorker(RankWorker):
         cfg, a = self.cfg, self.cfg.actor_rollout_ref
         group = ulysses.make_groups(rank, world, a.actor.ulysses_sequence_parallel_size)
         self.sp = {role: group if size > 1 else None for role, size in sequence_parallel(cfg).items()}
+        self.split_groups = splits_groups(cfg)
+        self.dp_peers = peer_group(rank, world, a.actor.ulysses_sequence_parallel_size) if self.split_groups else None
         self.estimator = estimators.get(cfg.algorithm.adv_estimator)
         self.tok = build.load_tokenizer(cfg, model_path)
         self.tok.padding_side = "left"
@@ -375,35 +379,41 @@ class TrainingWorker(RankWorker):
         local_step: int | None = None,
         turns: list[dict] | None = None,
         keep: bool = False,
+        first_sample: int = 0,
     ) -> dict:
         """One PPO step on this worker's shard of prompts; `global_step` counts from 1. generated: the rollout pool's
-        samples of these prompts (hybrid_engine=False), with each sample's agent-loop fields (`turns`, for the reward
-        function), else this worker's engine generates them. local_step: the fully async mode's place of this update
-        in its weight version. keep: hold the step's samples for kept_batch (a curriculum sampler's update)."""
+        samples (hybrid_engine=False), a share cut by sample: then `rows` holds each sample's prompt row and
+        `first_sample` its first sample's number in the step, with each sample's agent-loop fields (`turns`, for the
+        reward function); else this worker's engine generates n samples of each of its prompts. local_step: the fully
+        async mode's place of this update in its weight version. keep: hold the step's samples for kept_batch (a
+        curriculum sampler's update)."""
         self.global_step = global_step
         self._keeping, self._kept = keep, None
         if self.agent is not None:  # none where a rollout pool of its own generates
             self.agent.tracer.at(global_step)
         try:
-            return self._step(rows, kl_coef, global_step, generated, local_step, turns)
+            return self._step(rows, kl_coef, global_step, generated, local_step, turns, first_sample)
         finally:
             self.report.leave()
 
-    def _step(self, rows, kl_coef: float, global_step: int, generated: Rollout | None, local_step, turns) -> dict:
+    def _step(
+        self, rows, kl_coef: float, global_step: int, generated: Rollout | None, local_step, turns, first_sample: int
+    ) -> dict:
         cfg, m = self.cfg, self.models
+        n = cfg.actor_rollout_ref.rollout.n
         plan = StepPlan(global_step, kl_coef, global_step >= cfg.trainer.critic_warmup, local_step)
         phases = Phases(self._sync_device, self.profiler.phase, lambda name: self.report.enter(name, global_step))
         if generated is None:
             batch = self._rollout(phases, rows, plan)
         else:
-            n, self.turns = cfg.actor_rollout_ref.rollout.n, {}
-            with phases("reward"):
-                ro = StepBatch.from_rollout(generated.to(self.device), n, self.rank * len(rows))
-                batch = score_batch(self.tok, self.reward, rows, ro, n, turns)
+            self.turns = {}
+            with phases("reward"):  # a row per sample: scored one to one
+                ro = StepBatch.from_rollout(generated.to(self.device), n, first_sample)
+                batch = score_batch(self.tok, self.reward, rows, ro, 1, turns)
         balanced = {}
         if cfg.trainer.balance_batch:
-            with phases("balance"):
-                batch, balanced = balance(batch, cfg.actor_rollout_ref.rollout.n, self.tok.pad_token_id)
+            with phases("balance"):  # whole prompt groups move, or single samples where groups are split anyway
+                batch, balanced = balance(batch, 1 if self.split_groups else n, self.tok.pad_token_id)
         if self.sp["actor"] is not None:
             with phases("sp_share"):  # the group's ranks then train on the same samples, each on its columns
                 batch = sequence_parallel_share(batch, self.sp["actor"], self.tok.pad_token_id)
@@ -426,7 +436,7 @@ class TrainingWorker(RankWorker):
             ro, turns = self.agent.generate(rows, n, sync_follows=syncs and not greedy_too)
         self.turns = turns.metrics()
         with phases("reward"):
-            batch = StepBatch.from_rollout(ro.to(self.device), n, self.rank * len(rows))
+            batch = StepBatch.from_rollout(ro.to(self.device), n, self.rank * len(rows) * n)
             batch = score_batch(self.tok, self.reward, rows, batch, n, turns.extra_info())
         if greedy_too:  # verl's ReMax: each prompt's greedy response (through the same loop), scored
             with phases("gen_max"):
@@ -643,7 +653,10 @@ class TrainingWorker(RankWorker):
             batch.sum_pi_squared,
             batch.is_weights,
         )
-        advantages, returns = self.estimator.fn(adv_in)
+        if self.split_groups:  # a prompt's samples may be on other workers: the estimator sees the whole batch
+            advantages, returns = whole_batch_advantages(self.estimator.fn, adv_in, self.dp_peers)
+        else:
+            advantages, returns = self.estimator.fn(adv_in)
         return batch.replace(rewards=rewards, advantages=advantages, returns=returns), out
 
     def _rollout_correction(self, batch: StepBatch) -> tuple[StepBatch, dict]:

@@ -10,6 +10,7 @@ from rlrig.trainer.config.literals import parse_literal
 from rlrig.trainer.config.overrides import parse_overrides
 from rlrig.trainer.config.presets import EMBEDDED, with_preset
 from rlrig.trainer.errors import ConfigError
+from rlrig.trainer.model.micro_batches import splits_groups
 
 MODEL = "actor_rollout_ref.model.path=/m"
 
@@ -399,6 +400,38 @@ FULLY_ASYNC = [*POOL, "data.train_batch_size=0", "async_training.staleness_thres
 def test_rollout_pool_refusals(overrides, message):
     with pytest.raises(ConfigError, match=message):
         parse_overrides(overrides)
+
+
+def sizes(workers: int, batch: int, mini: int, n: int) -> list[str]:
+    return [f"trainer.n_gpus_per_node={workers}", f"data.train_batch_size={batch}"] + [
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
+        f"actor_rollout_ref.rollout.n={n}",
+    ]
+
+
+@pytest.mark.parametrize(
+    "overrides, refusal, split",
+    [
+        # colocated, each worker's engine generates its own prompts' samples: the prompts must divide
+        (sizes(2, 6, 3, 2), "ppo_mini_batch_size=3 prompts cannot be split over 2 workers .* multiple of 2", None),
+        ([*POOL, *sizes(2, 4, 2, 2)], None, False),  # a pool's batch whose prompts divide: groups whole
+        # a pool's batch is shared by sample (verl's dispatch): only the samples must divide
+        ([*POOL, *sizes(2, 6, 3, 2)], None, True),
+        ([*POOL, *sizes(4, 6, 2, 2)], None, True),
+        (
+            [*POOL, *sizes(4, 3, 3, 2)],
+            r"ppo_mini_batch_size=3 prompts x actor_rollout_ref.rollout.n=2 samples cannot be split over 4 workers "
+            r"\(trainer.nnodes x trainer.n_gpus_per_node\); make it a multiple of 2",
+            None,
+        ),
+    ],
+)
+def test_a_batch_is_shared_by_prompt_where_workers_generate_and_by_sample_from_a_pool(overrides, refusal, split):
+    if refusal is not None:
+        with pytest.raises(ConfigError, match=refusal):
+            parse_overrides(overrides)
+        return
+    assert splits_groups(parse_overrides(overrides)) is split
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ import pytest
 
 from rlrig.trainer.config.overrides import parse_overrides
 from rlrig.trainer.errors import ConfigError
+from rlrig.trainer.model.micro_batches import splits_groups
 
 HERE = Path(__file__).parent / "verl_scripts"
 DATA = json.loads((HERE / "overrides.json").read_text())
@@ -131,12 +132,15 @@ def test_print_config_of_a_verl_example_through_the_cli():
 # overrides taken as extract.py takes the examples' (bash with every command a stub, paths replaced); verl picks the
 # mode by its entry point, rlrig by trainer.async_mode
 ONE_STEP = json.loads((Path(__file__).parent / "verl_scripts" / "one_step_off_policy.json").read_text())
-ONE_STEP_EXPECTED = {
-    "dapo_7b_math_fsdp2_64_64": "accepted",
-    "dapo_7b_math_fsdp2_64_64_ris": "accepted",
-    # rlrig splits a mini batch by prompt over the sequence-parallel groups (12 workers / sp 4), verl by sample
-    "dapo_7b_math_fsdp2_4_12": "actor_rollout_ref.actor.ppo_mini_batch_size=32 prompts cannot be split over 3 "
-    "sequence-parallel groups of workers (trainer.nnodes x trainer.n_gpus_per_node); make it a multiple of 3",
+ONE_STEP_EXPECTED = dict.fromkeys(
+    ["dapo_7b_math_fsdp2_64_64", "dapo_7b_math_fsdp2_64_64_ris", "dapo_7b_math_fsdp2_4_12"], "accepted"
+)
+# the batch shared by sample, as verl dispatches it: 4_12's 512 prompts do not divide over its 12 training workers,
+# nor its 32-prompt mini batch over their 3 sequence-parallel groups, but their samples (x 12) do
+SPLITS_GROUPS = {
+    "dapo_7b_math_fsdp2_64_64": False,
+    "dapo_7b_math_fsdp2_64_64_ris": False,
+    "dapo_7b_math_fsdp2_4_12": True,
 }
 
 
@@ -146,6 +150,8 @@ def test_verls_one_step_off_policy_scripts(name):
     overrides = ONE_STEP["scripts"][name]
     assert "actor_rollout_ref.hybrid_engine=False" in overrides and any(o.startswith("rollout.") for o in overrides)
     assert outcome([*overrides, "trainer.async_mode=one_step_off_policy"]) == ONE_STEP_EXPECTED[name]
+    cfg = parse_overrides([*overrides, "trainer.async_mode=one_step_off_policy"])
+    assert splits_groups(cfg) == SPLITS_GROUPS[name]
 
 
 # verl's fully async recipe scripts (verl/experimental/fully_async_policy/shell, the same commit), taken as the one-step
@@ -160,11 +166,11 @@ FULLY_ASYNC_EXPECTED = {
         + ["dapo_7b_async_retool"],
         "accepted",
     ),
-    # rlrig splits a mini batch by prompt over the 12 training workers; verl, by sample, fails at its first step: its
-    # 2,048 samples (require_batches 4 x 32 prompts x n 16) do not split into 12 equal parts (karmarkar_karp's and
-    # DataProto.chunk's asserts)
-    "dapo_7b_math_fsdp2_4_12": "actor_rollout_ref.actor.ppo_mini_batch_size=32 prompts cannot be split over 12 "
-    "workers (trainer.nnodes x trainer.n_gpus_per_node); make it a multiple of 12",
+    # verl fails at its first step: its 2,048 samples (require_batches 4 x 32 prompts x n 16) do not split into 12
+    # equal parts (karmarkar_karp's and DataProto.chunk's asserts); rlrig says so at start-up, of a mini batch's
+    "dapo_7b_math_fsdp2_4_12": "actor_rollout_ref.actor.ppo_mini_batch_size=32 prompts x "
+    "actor_rollout_ref.rollout.n=16 samples cannot be split over 12 workers (trainer.nnodes x "
+    "trainer.n_gpus_per_node); make it a multiple of 3",
 }
 
 

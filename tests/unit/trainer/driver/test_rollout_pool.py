@@ -1,7 +1,10 @@
-"""The driver's side of a rollout pool: the engines' batches joined in order, their prompts' padding widened."""
+"""The driver's side of a rollout pool: the engines' batches joined in order, their prompts' padding widened, and
+cut into the training workers' shares by sample."""
 
+import pytest
 import torch
 
+from rlrig.trainer.batch.step_batch import StepBatch
 from rlrig.trainer.driver.rollout_pool import RolloutPool, merge
 from rlrig.trainer.rollout.engines.base import pack_responses
 
@@ -24,9 +27,26 @@ def test_batches_of_different_prompt_widths_join_left_padded_in_order():
     assert torch.allclose(ro.engine_logp[2:, 0], torch.tensor([-0.5, -0.6]))
 
 
-def test_each_training_worker_gets_its_prompts_samples():
-    ro = pack_responses([[1], [2], [3], [4]], 2, [[i] for i in range(8)], None, 1, PAD, EOS)
+@pytest.mark.parametrize(
+    "prompts, workers, firsts, samples",
+    [
+        (4, 2, [0, 4], [[1, 1, 2, 2], [3, 3, 4, 4]]),  # the prompts divide: each worker's groups whole
+        # they do not (verl's dispatch by sample): prompt 2's samples on both workers, scored with its row on each
+        (3, 2, [0, 3], [[1, 1, 2], [2, 3, 3]]),
+    ],
+)
+def test_each_training_worker_gets_an_equal_share_cut_by_sample(prompts, workers, firsts, samples):
+    ro = pack_responses([[p + 1] for p in range(prompts)], 2, [[i] for i in range(prompts * 2)], None, 1, PAD, EOS)
+    rows = [{"prompt": p + 1} for p in range(prompts)]
     pool = RolloutPool([], [], 2, PAD, one_step=False)
-    shares = pool.shares(ro, [{"num_turns": i} for i in range(8)], 2)  # each sample's agent-loop fields go with it
-    assert [s.input_ids[:, 0].tolist() for s, _ in shares] == [[1, 1, 2, 2], [3, 3, 4, 4]]
-    assert [[t["num_turns"] for t in turns] for _, turns in shares] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    shares = pool.shares(ro, [{"num_turns": i} for i in range(prompts * 2)], rows, workers)
+    assert [s.samples.input_ids[:, 0].tolist() for s in shares] == samples
+    assert [[r["prompt"] for r in s.rows] for s in shares] == samples
+    assert [s.first_sample for s in shares] == firsts
+    # each sample's agent-loop fields go with it
+    assert [[t["num_turns"] for t in s.turns] for s in shares] == [
+        list(range(f, f + len(s.rows))) for f, s in zip(firsts, shares)
+    ]
+    # and the groups each share's samples answer count from the step's first prompt
+    groups = [StepBatch.from_rollout(s.samples, 2, s.first_sample).group.tolist() for s in shares]
+    assert groups == [[p - 1 for p in share] for share in samples]
