@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=9, help="pushes timed at 0.5B (the median is reported)")
     ap.add_argument(
-        "--runs-small", type=int, default=100, help="pushes timed at the embedded model (a millisecond each)"
+        "--runs-small", type=int, default=1000, help="pushes timed at the embedded model (a millisecond each)"
     )
     ap.add_argument(
         "--breakdown",

@@ -37,6 +37,7 @@ def _module() -> torch.nn.Module:
     m[1].weight.data = m[1].weight.data.to(torch.bfloat16)  # two dtypes, as an engine in bf16 beside fp32 norms
     m.register_parameter("big", torch.nn.Parameter(torch.zeros(512, 600)))  # 1.2 MB: a transfer of its own
     m.register_parameter("tied", m[0].weight)  # a second name for one parameter, as tied embeddings
+    m[2].register_parameter("alias", m[2].weight)  # another, in its first name's bucket: its slot copied from there
     return m
 
 
@@ -51,8 +52,17 @@ def _sent(m: torch.nn.Module) -> dict:
     return dict(m.state_dict()) | {"tied": m.tied.detach()}  # the trainer's parameters, as full_tensors gives them
 
 
+def _step(m: torch.nn.Module) -> None:
+    with torch.no_grad():  # an optimizer step: every parameter changed where it lives (a tied one once)
+        for p in m.parameters():
+            p.add_(0.5)
+
+
 def _model() -> dict:
-    return _sent(_trainer())
+    """What the receivers hold after the third sync: the trainer's weights after a step."""
+    m = _trainer()
+    _step(m)
+    return _sent(m)
 
 
 @pytest.mark.parametrize(
@@ -86,18 +96,23 @@ def _rank(rank: int, world: int, port: int, out) -> None:
         entries = group.agree_layout(layout(_sent(m).items()))
         own = Landing(m)
         group.send(_sent(m).items(), bucket_bytes=2048, own=own)
-        sent = group.send(_sent(m).items(), bucket_bytes=2048, own=own)  # the second sends them from there
+        group.send(_sent(m).items(), bucket_bytes=2048, own=own)  # the second sends them from there
+        _step(m)  # the third, after a step, sends what the step wrote there (the tied slot copied anew)
+        sent = group.send(_sent(m).items(), bucket_bytes=2048, own=own)
         packed = [tuple(e.name for e in b) for b in buckets(entries, 2048) if not direct(b)]
         laid = {k for k in packed if own.laid.get(k) is not None and group.staging[k] is own.laid[k]}
         assert laid == set(packed) - {("0.weight",)}  # the tied parameter's second name: it lives in the first's
         assert m[2].bias.data_ptr() == m[2].weight.data_ptr() + 16 * 4
+        # every tensor of that bucket found in its buffer: later syncs only copy the alias's slot
+        (ties,) = [t for k, (_, t) in group._in_place.items() if "2.alias" in k]
+        assert len(ties) == 1
         out.put((rank, sent))
     elif rank == 1:  # an engine's module: every bucket lands in its parameters
         entries = group.agree_layout(None)
         torch.manual_seed(1)
         m = _module()
         landing = Landing(m)
-        for _ in range(2):  # the second sync lands in the buffers the first laid out
+        for _ in range(3):  # the later syncs land in the buffers the first laid out
             assert list(group.receive(landing, bucket_bytes=2048)) == []
         packed = [b for b in buckets(entries, 2048) if not direct(b)]
         assert all(landing.laid[tuple(e.name for e in b)] is not None for b in packed)
@@ -107,7 +122,7 @@ def _rank(rank: int, world: int, port: int, out) -> None:
     else:  # no module: the large tensor lands in place, the rest is handed over
         group.agree_layout(None)
         own = {"big": torch.zeros(512, 600)}
-        for _ in range(2):
+        for _ in range(3):
             got = {
                 name: t.clone()
                 for name, t in group.receive(lambda b: in_place_target(own, b[0]) if direct(b) else None, 2048)
