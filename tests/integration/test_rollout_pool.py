@@ -1,7 +1,7 @@
 """Rollout on a pool of its own (actor_rollout_ref.hybrid_engine=False) for real on one node: a rollout worker and a
 training worker, one CPU each, the weights crossing between them over Gloo after every step. Synchronous, every batch
-on-policy, validated on the pool; one step off-policy, every batch but the first a step behind, stopped by SIGTERM
-with a batch in flight and resumed, every prompt trained once."""
+on-policy, validated on the pool, and its batch shared by sample over two training workers; one step off-policy, every
+batch but the first a step behind, stopped by SIGTERM with a batch in flight and resumed, every prompt trained once."""
 
 import os
 import signal
@@ -24,22 +24,6 @@ POOL = [
     "actor_rollout_ref.rollout.name=hf",
 ]
 BATCH = 8  # TINY's data.train_batch_size
-
-
-def test_synchronous_on_a_pool_of_its_own_trains_on_policy_and_validates_there(tmp_path):
-    run = tmp_path / "sync"
-    r = rlrig("train", *POOL, "trainer.total_training_steps=2", f"trainer.default_local_dir={run}")
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "rollout pool: 1 engine(s), sync" in r.stderr and "rollout on " in r.stderr, r.stderr[-3000:]
-    got = metrics(run)
-    assert [m["training/off_policy_steps"] for m in got] == [0.0, 0.0]
-    assert all(m["perf/weight_sync_bytes"] > 0 for m in got)  # pushed before each batch: the engine had the old
-    # and what landed in the engine's parameters is the trainer's weights: its log-probs of its samples are the
-    # trainer's, after an update too
-    assert all(m["training/rollout_probs_diff_max"] < 1e-5 for m in got), [
-        m["training/rollout_probs_diff_max"] for m in got
-    ]
-    assert any(k.startswith("val-core/") for k in got[-1]), got[-1].keys()  # trainer.test_freq=2, on the pool
 
 
 def stopped_by_sigterm(args: list[str], run) -> str:
@@ -102,35 +86,54 @@ def test_a_rollout_worker_that_hangs_is_named_by_the_watchdog(tmp_path):
     assert [m["training/global_step"] for m in metrics(run)] == [1, 2]
 
 
-def test_a_batch_shared_by_sample_over_two_trainers_gets_the_whole_batchs_advantages(tmp_path):
-    # 3 prompts x 8 samples over 2 training workers, 12 samples each (verl's dispatch): prompt 1's samples on both.
-    # Against one training worker, on the same samples (the first step's, from the same initial weights), GRPO's
-    # advantages are the same: each group's statistics over all of its samples, wherever they sit
+def test_synchronous_on_a_pool_trains_on_policy_validates_there_and_shares_its_batch_by_sample(tmp_path):
     reward = tmp_path / "reward.py"  # scores that differ within every group, so each group's statistics count
     reward.write_text(
         "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
         "    return float(sum(map(ord, solution_str)) % 5)\n"
     )
+    # 3 prompts x 8 samples a step
+    batch = ["data.train_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=3"]
+    batch += [f"custom_reward_function.path={reward}", "custom_reward_function.name=compute_score"]
+    pool = [o for o in POOL if not o.startswith("trainer.n_gpus_per_node=")]
 
-    def first_step(workers: int) -> dict:
-        run = tmp_path / f"trainers_{workers}"
-        # a worker a CPU on this machine's 2 cores: the trainer's driver on a Ray of its own, which it sizes
-        r = subprocess.run(
-            [sys.executable, "-m", "rlrig.trainer.driver.main", "--", f"ray_kwargs.ray_init.num_cpus={workers + 1}"]
-            + [o for o in POOL if not o.startswith("trainer.n_gpus_per_node=")]
-            + [f"trainer.n_gpus_per_node={workers}", "data.train_batch_size=3"]
-            + ["actor_rollout_ref.actor.ppo_mini_batch_size=3", "trainer.total_training_steps=1"]
-            + ["trainer.test_freq=0", "trainer.save_freq=0", f"trainer.default_local_dir={run}"]
-            + [f"custom_reward_function.path={reward}", "custom_reward_function.name=compute_score"],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert r.returncode == 0, r.stderr[-3000:]
-        return metrics(run)[0]
+    run = tmp_path / "sync"
+    r = rlrig(
+        "train",
+        *POOL,
+        *batch,
+        "trainer.total_training_steps=2",
+        "trainer.test_freq=2",
+        f"trainer.default_local_dir={run}",
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "rollout pool: 1 engine(s), sync" in r.stderr and "rollout on " in r.stderr, r.stderr[-3000:]
+    got = metrics(run)
+    assert [m["training/off_policy_steps"] for m in got] == [0.0, 0.0]
+    assert all(m["perf/weight_sync_bytes"] > 0 for m in got)  # pushed before each batch: the engine had the old
+    # and what landed in the engine's parameters is the trainer's weights: its log-probs of its samples are the
+    # trainer's, after an update too
+    assert all(m["training/rollout_probs_diff_max"] < 1e-5 for m in got), [
+        m["training/rollout_probs_diff_max"] for m in got
+    ]
+    assert any(k.startswith("val-core/") for k in got[-1]), got[-1].keys()  # trainer.test_freq=2, on the pool
 
-    one, two = first_step(1), first_step(2)
+    # the same first step over 2 training workers, 12 samples each (verl's dispatch): prompt 1's samples on both.
+    # On the same samples (the first step's, from the same initial weights) GRPO's advantages are the same: each
+    # group's statistics over all of its samples, wherever they sit; and the update follows them, so its loss and
+    # gradient norm are the same too (each worker's part of a group alone would give other ones)
+    split = tmp_path / "two_trainers"
+    # a worker a CPU on this machine's 2 cores: the trainer's driver on a Ray of its own, which it sizes
+    r = subprocess.run(
+        [sys.executable, "-m", "rlrig.trainer.driver.main", "--", "ray_kwargs.ray_init.num_cpus=3", *pool, *batch]
+        + ["trainer.n_gpus_per_node=2", "trainer.total_training_steps=1", "trainer.test_freq=0"]
+        + ["trainer.save_freq=0", f"trainer.default_local_dir={split}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    one, two = got[0], metrics(split)[0]
     assert two["critic/score/mean"] == pytest.approx(one["critic/score/mean"])  # the same samples
-    # the update follows the advantages: each worker's groups alone would give other ones, and another gradient
     assert two["actor/grad_norm"] == pytest.approx(one["actor/grad_norm"], rel=1e-4)
     assert two["actor/pg_loss"] == pytest.approx(one["actor/pg_loss"], abs=1e-6)

@@ -186,6 +186,8 @@ def test_val_only_with_several_samples_and_logged_generations(tmp_path):
     assert not list(run.glob("global_step_*"))  # nothing trained, nothing saved
 
 
+# long: the rollout pool's one-step and fully async tests stop by SIGTERM and resume through the same driver
+@pytest.mark.long
 @pytest.mark.parametrize("sig", ["SIGTERM"])
 def test_a_stop_signal_checkpoints_the_step_in_flight_and_a_relaunch_continues(tmp_path, sig):
     """Preemption: SIGTERM (a pod's, docker stop) to `rlrig train` mid-run -> passed on to the trainer, which

@@ -3,6 +3,7 @@
 out in the packing buffers, into a module's own parameters with no copy (Landing) on one receiver, handed over tensor
 by tensor on the other."""
 
+import hashlib
 import multiprocessing as mp
 
 import pytest
@@ -86,7 +87,8 @@ def test_the_sender_lays_out_only_the_parameters_it_sends_as_they_are(sent, laid
 
 
 def _summary(t: torch.Tensor) -> tuple:
-    return t.dtype, t.shape, t.float().sum().item(), t.float().square().sum().item()
+    # the bytes themselves: a float sum's rounding depends on how many threads summed it
+    return t.dtype, t.shape, hashlib.sha256(t.detach().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
 def _rank(rank: int, world: int, port: int, out) -> None:
