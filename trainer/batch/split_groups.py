@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from ..algos.core_algos import local
 from ..algos.estimators.registry import AdvantageInput
-from ..model.parallel import gather_rows
+from ..model.parallel import gather_rows, group_holding
 
 TENSORS = ("token_rewards", "mask", "values", "baselines", "old_logp", "sum_pi_squared", "is_weights")
 
@@ -27,12 +27,7 @@ def peer_group(rank: int, world: int, sp_size: int):
     Every rank creates every group, in order, as torch.distributed requires."""
     if sp_size <= 1:
         return None
-    mine = None
-    for place in range(sp_size):
-        g = dist.new_group(list(range(place, world, sp_size)))
-        if rank % sp_size == place:
-            mine = g
-    return mine
+    return group_holding(rank, [list(range(place, world, sp_size)) for place in range(sp_size)])[0]
 
 
 def whole_batch_advantages(fn, x: AdvantageInput, peers=None) -> tuple[torch.Tensor, torch.Tensor]:

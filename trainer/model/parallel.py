@@ -24,6 +24,17 @@ _GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)  # rank 0 get
 _SCATTER = StateDictOptions(full_state_dict=True)  # every rank passes the full state; each keeps its shard
 
 
+def group_holding(rank: int, partition: list[list[int]]) -> tuple[object, list[int]]:
+    """Every group of `partition` (lists of ranks) created, in order, as torch.distributed requires of every rank;
+    the one holding `rank`, with its ranks."""
+    mine = None
+    for ranks in partition:
+        g = dist.new_group(ranks)
+        if rank in ranks:
+            mine = g, ranks
+    return mine
+
+
 def gather_rows(t: torch.Tensor, group=None) -> torch.Tensor:
     """Every rank's rows in rank order (each rank holds as many); of `group`'s ranks (None: all)."""
     flag = t.dtype == torch.bool  # not every backend gathers bool

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .parallel import group_holding
+
 
 @dataclass(frozen=True)
 class SeqParallel:
@@ -41,12 +43,8 @@ def make_groups(rank: int, world: int, size: int) -> SeqParallel | None:
     rank creates every group, in order, as torch.distributed requires."""
     if size <= 1:
         return None
-    mine = None
-    for first in range(0, world, size):
-        g = dist.new_group(list(range(first, first + size)))
-        if first <= rank < first + size:
-            mine = SeqParallel(g, size, rank - first)
-    return mine
+    g, ranks = group_holding(rank, [list(range(first, first + size)) for first in range(0, world, size)])
+    return SeqParallel(g, size, rank - ranks[0])
 
 
 def head_refusal(config, size: int) -> str | None:

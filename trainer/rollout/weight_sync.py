@@ -221,11 +221,14 @@ class SyncGroup:
         # (with unified addressing no host and device memory share one), since a small model's sync is mostly this:
         # as the last sync found them, in as few Python steps as there can be
         known = self._in_place.get(key)
-        if known is not None and list(map(torch.Tensor.data_ptr, parts)) == known[0]:
-            if all(map(torch.Tensor.is_contiguous, parts)):
-                for copy in known[1]:
-                    copy()
-                return out
+        if (
+            known is not None
+            and list(map(torch.Tensor.data_ptr, parts)) == known[0]
+            and all(map(torch.Tensor.is_contiguous, parts))
+        ):
+            for copy in known[1]:
+                copy()
+            return out
         return self._pack(key, parts, out)
 
     @torch.no_grad()  # the trainer's own parameters among them: packing them builds no graph

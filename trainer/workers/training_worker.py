@@ -381,7 +381,7 @@ class TrainingWorker(RankWorker):
         keep: bool = False,
         first_sample: int = 0,
     ) -> dict:
-        """One PPO step on this worker's shard of prompts; `global_step` counts from 1. generated: the rollout pool's
+        """One PPO step on this worker's share of the step; `global_step` counts from 1. generated: the rollout pool's
         samples (hybrid_engine=False), a share cut by sample: then `rows` holds each sample's prompt row and
         `first_sample` its first sample's number in the step, with each sample's agent-loop fields (`turns`, for the
         reward function); else this worker's engine generates n samples of each of its prompts. local_step: the fully
