@@ -1,7 +1,9 @@
 """Test hosts in network namespaces on one bridge: several "nodes" with their own addresses.
 
 Everything is named with a per-run prefix and removed by name; nothing is killed by pattern.
-The subnet 10.213.<n>.0/24 stays on this machine: the bridge has no uplink and no route out.
+The subnet 10.<n>.0.0/24 stays on this machine: the bridge has no uplink and no route out. A subnet
+already routed here (another suite on the same kernel, or a bridge a killed run left behind) is
+stepped over: two bridges on one subnet would send the host's replies out of the wrong one.
 """
 
 from __future__ import annotations
@@ -15,6 +17,21 @@ from dataclasses import dataclass, field
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
+
+
+def _routed_subnets() -> set[int]:
+    """The n of every 10.n.0.0/24 this host already routes."""
+    out = _ip("-4", "route", "show").stdout
+    return {int(w.split(".")[1]) for w in out.split() if w.startswith("10.") and w.endswith(".0.0/24")}
+
+
+def free_subnet(wanted: int) -> int:
+    """`wanted`, or the next n up to 254 with no route here."""
+    taken = _routed_subnets()
+    for n in range(wanted, 255):
+        if n not in taken:
+            return n
+    raise RuntimeError(f"no free 10.n.0.0/24 from n={wanted} to 254 for test hosts (`ip -4 route` lists them all)")
 
 
 def available() -> str | None:
@@ -50,6 +67,7 @@ class Netns:
         return f"10.{self.subnet}.0.254"
 
     def __enter__(self) -> Netns:
+        self.subnet = free_subnet(self.subnet)
         _ip("link", "add", self.bridge, "type", "bridge")
         _ip("addr", "add", f"{self.bridge_ip}/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
@@ -102,6 +120,9 @@ class Netns:
         )
 
     def __exit__(self, *exc) -> None:
-        for name in self.names:
+        for i, name in enumerate(self.names):
+            # the pair goes with its host end at once; a namespace the kernel keeps alive a while
+            # (a socket closing) would otherwise keep its veth, and the host end, with it
+            _ip("link", "del", f"rlv{self.tag}{i}", check=False)
             _ip("netns", "del", name, check=False)
         _ip("link", "del", self.bridge, check=False)

@@ -35,6 +35,14 @@ def available() -> str | None:
     return None
 
 
+def _free_port() -> int:
+    """A port no one on the host listens on now: slurmctld listens in the root namespace, where another
+    suite's slurmctld may hold the usual 6817."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
 def _munge_running() -> bool:
     return subprocess.run(["munge", "-n"], capture_output=True).returncode == 0
 
@@ -72,7 +80,7 @@ SlurmctldHost={socket.gethostname()}({self.ns.bridge_ip})
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-SlurmctldPort=16817
+SlurmctldPort={_free_port()}
 SlurmdPort=16818
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
