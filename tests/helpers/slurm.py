@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from rlrig.trainer.workers.base import free_port
 from tests.helpers import netns
 
 DAEMONS = ("slurmctld", "slurmd", "munged", "srun", "sbatch", "nsenter")
@@ -33,14 +34,6 @@ def available() -> str | None:
     if not Path("/etc/munge/munge.key").exists():
         return "/etc/munge/munge.key is missing (the munge package creates it)"
     return None
-
-
-def _free_port() -> int:
-    """A port no one on the host listens on now: slurmctld listens in the root namespace, where another
-    suite's slurmctld may hold the usual 6817."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def _munge_running() -> bool:
@@ -75,12 +68,13 @@ class Slurm:
             f"NodeName={name} NodeAddr={self.ns.ip(i)} CPUs={self.cpus} RealMemory=2000 State=UNKNOWN"
             for i, name in enumerate(self.names)
         )
+        # slurmctld listens in the root namespace, where another suite's controller may hold any fixed port
         (d / "slurm.conf").write_text(f"""ClusterName=rlrig{self.ns.tag}
 SlurmctldHost={socket.gethostname()}({self.ns.bridge_ip})
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-SlurmctldPort={_free_port()}
+SlurmctldPort={free_port()}
 SlurmdPort=16818
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none

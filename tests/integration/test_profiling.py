@@ -4,19 +4,14 @@ window of steps, and no other rank or step writes one (about 30 s)."""
 import gzip
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
+from rlrig.trainer.workers.base import free_port
+
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def test_the_chosen_rank_writes_one_trace_for_its_window_of_steps(tmp_path):
