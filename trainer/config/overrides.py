@@ -75,8 +75,8 @@ def set_key(cfg: Config, key: str, raw: str) -> None:
     if why:
         raise ConfigError(why)
     known = all_keys(cfg)
-    if key not in known and (key in verl_keys.ACCEPTED_DEFAULTS or verl_keys.inert(key)):
-        return  # verl's default of a feature rlrig does not have, or a setting of one that is off: nothing to do
+    if key not in known and (key in verl_keys.ACCEPTED_DEFAULTS or key in verl_keys.NO_EFFECT):
+        return  # verl's default of a feature rlrig does not have, or a key that changes nothing for rlrig
     if key not in known and (item := _dict_item(cfg, key)):
         item[0][item[1]] = parse_literal(raw)
         return

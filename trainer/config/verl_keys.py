@@ -3,6 +3,12 @@ change nothing for rlrig (said in `--print-config`), and rlrig's own additions.
 
 The rule: every key rlrig accepts does what verl does with it; a verl key rlrig does not implement is
 refused at start-up, never accepted and ignored.
+
+The tables, top to bottom: ALIASES; REFUSED_PREFIXES, families refused by prefix; _AT_DEFAULT_ONLY, keys taken at
+verl's default only, grouped by reason, and _TARGETS, the `_target_` dataclass names taken at verl's own, which
+REFUSED and ACCEPTED_DEFAULTS draw on; REFUSED, single keys refused; ACCEPTED_DEFAULTS, the values a refused key is
+accepted at; NO_EFFECT, keys accepted at any value; DEFAULTS_DIFFER and RLRIG_ONLY. `--print-config` lists the last
+three.
 """
 
 from __future__ import annotations
@@ -23,11 +29,20 @@ ALIASES = {
     "critic.grad_clip": "critic.optim.clip_grad",
 }
 
+
+def _each(prefixes: tuple[str, ...], defaults: dict) -> dict:
+    return {f"{p}{k}": v for p in prefixes for k, v in defaults.items()}
+
+
+_TRAINED = ("actor_rollout_ref.actor.", "critic.")
+_FSDP = ("actor_rollout_ref.actor.fsdp_config.", "actor_rollout_ref.ref.fsdp_config.", "critic.model.fsdp_config.")
+_PROFILED = ("actor_rollout_ref.actor.", "actor_rollout_ref.ref.", "critic.")  # the roles with a profiler.tool_config
+
 _RM_TOOL_CONFIG = (
     "the reward model's profiler takes the actor's tool_config (verl's default); set "
     "actor_rollout_ref.actor.profiler.tool_config"
 )
-# Whole families of verl keys, by prefix, and single keys: what they are and what rlrig offers instead.
+# Whole families of verl keys, by prefix: what they are and what rlrig offers instead.
 REFUSED_PREFIXES = {
     "reward_model.sandbox_fusion.": "verl's sandbox-fusion code execution is not in rlrig; score code with "
     "custom_reward_function.path/name",
@@ -56,111 +71,6 @@ REFUSED_PREFIXES = {
     "reward_model.reward_manager=dapo with reward_model.reward_kwargs.overlong_buffer_cfg.*",
     "trainer.spo.": "the spo recipe's offline values are not in rlrig",
 }
-REFUSED = {
-    "reward_model.profiler.tool_config": _RM_TOOL_CONFIG,
-    "critic.model.lora_rank": "LoRA on the critic is not in rlrig; the critic trains all its weights (the actor's "
-    "LoRA is actor_rollout_ref.model.lora_rank)",
-    "critic.model.lora_alpha": "LoRA on the critic is not in rlrig (see critic.model.lora_rank)",
-    "critic.model.target_modules": "LoRA on the critic is not in rlrig (see critic.model.lora_rank)",
-    "critic.model.lora_adapter_path": "LoRA on the critic is not in rlrig (see critic.model.lora_rank)",
-    "reward_model.micro_batch_size": "verl's deprecated global micro batch; set reward_model.micro_batch_size_per_gpu",
-    "reward_model.launch_reward_fn_async": "rlrig scores in the step, not asynchronously during the log-prob pass",
-    "reward_model.ulysses_sequence_parallel_size": "sequence parallelism for the reward model is not in rlrig (the "
-    "actor's, reference's and critic's are)",
-    "reward_model.reward_loop_source": "a reward-loop class of your own is not in rlrig; its reward loop scores "
-    "with vLLM in pooling mode",
-    "reward_model.reward_loop_module_path": "a reward-loop class of your own is not in rlrig; its reward loop scores "
-    "with vLLM in pooling mode",
-    "reward_model.reward_loop_class_name": "a reward-loop class of your own is not in rlrig; its reward loop scores "
-    "with vLLM in pooling mode",
-    "async_training.parallel_validate_and_rollout": "rlrig validates on the rollout pool between weight versions, "
-    "not beside generation",
-    "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": "re-rendering each turn's context with the "
-    "inference chat template (past reasoning dropped) is not in rlrig, nor in verl's agent loop, which reads it "
-    "nowhere (only its retired SGLang rollout did); the engine continues from the sample's own tokens",
-    "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": "verl declares it for the CollabLLM recipe's "
-    "simulated conversations and its agent loop reads it nowhere; CollabLLM is not in rlrig",
-    # verl's fully async config declares it (4) and none of verl's code reads it: its default is accepted
-    "rollout.n": "not read by verl (its fully async config declares it); the samples per prompt are "
-    "actor_rollout_ref.rollout.n",
-}
-# A value rlrig accepts for a key it otherwise refuses: verl's default, which asks for nothing.
-ACCEPTED_DEFAULTS = {
-    "actor_rollout_ref.rollout.logprobs_mode": ("processed_logprobs",),
-    # verl's critic defaults: LoRA off
-    "critic.model.lora_rank": ("0",),
-    "critic.model.lora_alpha": ("16",),
-    "critic.model.target_modules": ("all-linear",),
-    "critic.model.lora_adapter_path": ("null", "None"),
-    "reward_model.micro_batch_size": ("null", "None"),
-    "reward_model.launch_reward_fn_async": ("False", "false"),
-    "reward_model.ulysses_sequence_parallel_size": ("1",),
-    "reward_model.reward_loop_source": ("register",),
-    "reward_model.reward_loop_module_path": ("null", "None"),
-    "reward_model.reward_loop_class_name": ("null", "None"),
-    "reward_model.sandbox_fusion.url": ("null", "None"),
-    "rollout.n": ("4",),
-    "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": ("False", "false"),
-    "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": ("null", "None"),
-    "async_training.parallel_validate_and_rollout": ("False", "false"),
-}
-
-# Keys of a verl feature that is off: verl reads them only when the feature is on, which rlrig refuses (above),
-# so for rlrig as for verl they change nothing. Accepted and not stored.
-INERT_PREFIXES: dict[str, str] = {}
-
-# Keys accepted because, for rlrig, they change nothing; `--print-config` lists them with the reason.
-NO_EFFECT = {
-    "actor_rollout_ref.rollout.mode": "verl runs every rollout through its async agent loop (sync is removed from "
-    "verl); rlrig's rollouts run through its agent loop (single_turn_agent or tool_agent, by a row's agent_name or "
-    "rollout.agent.default_agent_loop) in either mode",
-    "actor_rollout_ref.rollout.multi_turn.enable": "verl's trainer stores it and picks no loop by it: a row's "
-    "agent_name, else rollout.agent.default_agent_loop, picks single_turn_agent or tool_agent (rlrig says so at "
-    "start when enable=True runs no tool_agent)",
-    "actor_rollout_ref.rollout.agent.num_workers": "the number of verl's agent-loop actors; rlrig runs the loop in "
-    "each engine's own worker",
-    # verl's RolloutConfig declares them; nothing in verl reads them (b178a3cd)
-    "actor_rollout_ref.rollout.over_sample_rate": "declared by verl and read by nothing: every sample is generated",
-    "actor_rollout_ref.rollout.multi_stage_wake_up": "declared by verl and read by nothing: engines wake in one stage",
-    "data.return_raw_chat": "rlrig applies the chat template itself on the driver; raw or templated, the engine gets "
-    "the same tokens",
-    "data.dataloader_num_workers": "rlrig reads the data set in the driver process",
-    "data.filter_overlong_prompts_workers": "rlrig filters over-long prompts in the driver process",
-    "actor_rollout_ref.rollout.layered_summon": "rlrig always hands the engine one gathered tensor at a time",
-    "actor_rollout_ref.rollout.calculate_log_probs": "rlrig's vLLM and SGLang engines always return them "
-    "(training/rollout_probs_diff_*); hf computes none",
-    "actor_rollout_ref.model.use_shm": "rlrig loads the model from its path as it is",
-    "actor_rollout_ref.model.use_fused_kernels": "rlrig computes logits only at the response positions and log-probs "
-    "by logsumexp, with no separate kernel",
-    "actor_rollout_ref.model.fused_kernel_options": "see use_fused_kernels",
-    "actor_rollout_ref.model.fused_kernel_options.impl_backend": "see use_fused_kernels",
-    "critic.model.use_shm": "rlrig loads the model from its path as it is",
-    "reward_model.strategy": "each of rlrig's reward-model workers holds the whole model (forward passes only, no "
-    "gradients or optimizer state to shard)",
-    "reward_model.model.use_remove_padding": "rlrig's reward model pads each micro batch to its longest sequence; the "
-    "scores are the same",
-    "reward_model.model.use_shm": "rlrig loads the model from its path as it is",
-    "reward_model.model.use_fused_kernels": "the reward model computes no log-probs",
-    "reward_model.num_workers": "verl's reward-loop workers render and send requests to reward servers; rlrig "
-    "renders in the workers that score, with no servers between",
-    **{
-        f"{p}checkpoint_engine.{k}": "tunes verl's checkpoint-engine transport of fully async weight syncs; rlrig's "
-        "weight sync is its own bucketed broadcast (rollout/weight_sync.py), and the weights that arrive are the same"
-        for p in ("async_training.", "actor_rollout_ref.")
-        for k in ("enable", "device_buffer_size_M", "overlap_broadcast_and_consume")
-    },
-    "actor_rollout_ref.checkpoint_engine": "verl's fully async config copies async_training.checkpoint_engine into "
-    "it, which tunes verl's checkpoint-engine transport; rlrig's weight sync is its own bucketed broadcast",
-}
-
-
-def _each(prefixes: tuple[str, ...], defaults: dict[str, str]) -> dict[str, str]:
-    return {f"{p}{k}": v for p in prefixes for k, v in defaults.items()}
-
-
-_TRAINED = ("actor_rollout_ref.actor.", "critic.")
-_FSDP = ("actor_rollout_ref.actor.fsdp_config.", "actor_rollout_ref.ref.fsdp_config.", "critic.model.fsdp_config.")
-_OFF = "a verl feature rlrig does not have; its default (off) is accepted"
 
 # verl keys rlrig takes only at verl's default, which asks for what rlrig does anyway; any other value is refused
 # with the reason, which names what rlrig offers. Grouped by reason: {key: verl's default}.
@@ -407,7 +317,7 @@ _AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
     ("verl's transfer queue is not in rlrig", {"transfer_queue.enable": "False"}),
 ]
 
-# The dataclasses verl builds its sections into (`_target_`): accepted at verl's own.
+# The dataclasses verl builds its sections into (`_target_`): accepted at verl's own (refusal() refuses any other).
 _TARGETS = {
     **_each(tuple(f"{p}optim." for p in _TRAINED), {"_target_": "verl.workers.config.FSDPOptimizerConfig"}),
     **_each(_FSDP + ("reward_model.model.fsdp_config.",), {"_target_": "verl.workers.config.FSDPEngineConfig"}),
@@ -435,180 +345,268 @@ _TARGETS = {
     "critic.model._target_": "verl.workers.config.FSDPCriticModelCfg",
     "algorithm._target_": "verl.trainer.config.AlgoConfig",
     "algorithm.kl_ctrl._target_": "verl.trainer.config.KLControlConfig",
+    # the profilers
+    **_each(
+        (*_PROFILED, "actor_rollout_ref.rollout.", "reward_model.", "global_"),
+        {"profiler._target_": "verl.utils.profiler.ProfilerConfig"},
+    ),
+    **_each(
+        tuple(f"{p}profiler.tool_config." for p in _PROFILED),
+        {
+            "nsys._target_": "verl.utils.profiler.config.NsightToolConfig",
+            "npu._target_": "verl.utils.profiler.config.NPUToolConfig",
+            "torch._target_": "verl.utils.profiler.config.TorchProfilerToolConfig",
+            "torch_memory._target_": "verl.utils.profiler.config.TorchMemoryToolConfig",
+        },
+    ),
+    "global_profiler.global_tool_config.nsys._target_": "verl.utils.profiler.config.NsightToolConfig",
 }
 
-# verl's profiler defaults for the parts rlrig does not have (REFUSED_PREFIXES): the rollout's own profiler as
-# verl's interpolations leave it, the driver's Nsight options, NPU settings
-_PROFILED = ("actor_rollout_ref.actor.", "actor_rollout_ref.ref.", "critic.")
-ACCEPTED_DEFAULTS.update(
-    {
-        **{
-            f"actor_rollout_ref.rollout.profiler.{k}": v
-            for k, v in {
-                "tool": ("null",),
-                "enable": ("False",),
-                "all_ranks": ("False",),
-                "ranks": ("[]",),
-                "save_path": ("null", "outputs/profile"),
-                "tool_config": ("null",),
-            }.items()
-        },
-        "reward_model.profiler.tool_config": ("null",),
-        **{
-            f"global_profiler.global_tool_config.nsys.controller_nsight_options.{k}": (v,)
-            for k, v in {
-                "trace": "cuda,nvtx,cublas,ucx",
-                "cuda-memory-usage": "true",
-                "cuda-graph-trace": "graph",
-            }.items()
-        },
-        **_each(
-            tuple(f"{p}profiler.tool_config.npu." for p in _PROFILED),
-            {"contents": ("[]",), "level": ("level0",), "analysis": ("True",), "discrete": ("False",)},
-        ),
-    }
-)
-_TARGETS.update(
-    {
-        **_each(
-            (*_PROFILED, "actor_rollout_ref.rollout.", "reward_model.", "global_"),
-            {"profiler._target_": "verl.utils.profiler.ProfilerConfig"},
-        ),
-        **_each(
-            tuple(f"{p}profiler.tool_config." for p in _PROFILED),
-            {
-                "nsys._target_": "verl.utils.profiler.config.NsightToolConfig",
-                "npu._target_": "verl.utils.profiler.config.NPUToolConfig",
-                "torch._target_": "verl.utils.profiler.config.TorchProfilerToolConfig",
-                "torch_memory._target_": "verl.utils.profiler.config.TorchMemoryToolConfig",
-            },
-        ),
-        "global_profiler.global_tool_config.nsys._target_": "verl.utils.profiler.config.NsightToolConfig",
-    }
-)
+# Single verl keys refused (a value ACCEPTED_DEFAULTS lists aside): the _AT_DEFAULT_ONLY groups, then by section what
+# verl fills from another key, which rlrig takes, what a recipe built on verl's trainer adds, and what rlrig lacks.
+REFUSED = {
+    **{key: why for why, keys in _AT_DEFAULT_ONLY for key in keys},
+    # data
+    **{
+        f"data.{k}": "the prime recipe's accuracy filter is not in rlrig"
+        for k in ("accuracy_lower_bound", "accuracy_upper_bound", "filter_accuracy")
+    },
+    "data.oversample_factor": "oversampling prompts is not in rlrig; each step samples data.train_batch_size",
+    # actor_rollout_ref
+    **{
+        f"{p}rollout_n": "verl fills it from actor_rollout_ref.rollout.n; set that"
+        for p in ("actor_rollout_ref.actor.", "actor_rollout_ref.ref.", "critic.")
+    },
+    "actor_rollout_ref.actor.use_remove_padding": "verl fills it from actor_rollout_ref.model.use_remove_padding; "
+    "set that",
+    **{
+        f"actor_rollout_ref.actor.{k}": f"not a key of verl's actor; rlrig and verl read "
+        f"actor_rollout_ref.actor.policy_loss.{k}"
+        for k in ("clip_cov_lb", "clip_cov_ratio", "clip_cov_ub", "loss_mode")
+    },
+    "actor_rollout_ref.actor.max_token_len": "not a key of verl's actor; set "
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+    "actor_rollout_ref.actor.optim.lr_decay_style": "Megatron's optimizer key; rlrig's is "
+    "actor_rollout_ref.actor.optim.lr_scheduler_type (constant|cosine)",
+    "actor_rollout_ref.rollout.prompt_length": "verl fills it from data.max_prompt_length; set that",
+    "actor_rollout_ref.rollout.response_length": "verl fills it from data.max_response_length; set that",
+    "actor_rollout_ref.rollout.logprobs_mode": "rlrig's vLLM engine returns processed log-probs (verl's default, "
+    "the distribution each token was drawn from); raw log-probs or logits are not in rlrig",
+    "actor_rollout_ref.rollout.enable_spec_decoding": "speculative decoding is not in rlrig",
+    # verl's SGLang server mode became its only one; its RolloutConfig no longer has the key and refuses it too
+    "actor_rollout_ref.rollout.sglang_rollout_mode": "not a key of verl's RolloutConfig any more (verl refuses it "
+    "as well); drop it",
+    "actor_rollout_ref.rollout.nnodes": "verl's standalone rollout replicas are not in rlrig; a rollout pool of "
+    "its own is actor_rollout_ref.hybrid_engine=False with the top-level rollout.nnodes",
+    "actor_rollout_ref.rollout.n_gpus_per_node": "verl's standalone rollout replicas are not in rlrig; a rollout "
+    "pool of its own is actor_rollout_ref.hybrid_engine=False with the top-level rollout.n_gpus_per_node",
+    "actor_rollout_ref.rollout.total_rollout_steps": "verl's fully async recipe reads the top-level "
+    "rollout.total_rollout_steps; set that",
+    "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": "re-rendering each turn's context with the "
+    "inference chat template (past reasoning dropped) is not in rlrig, nor in verl's agent loop, which reads it "
+    "nowhere (only its retired SGLang rollout did); the engine continues from the sample's own tokens",
+    "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": "verl declares it for the CollabLLM recipe's "
+    "simulated conversations and its agent loop reads it nowhere; CollabLLM is not in rlrig",
+    # critic
+    "critic.model.lora_rank": "LoRA on the critic is not in rlrig; the critic trains all its weights (the actor's "
+    "LoRA is actor_rollout_ref.model.lora_rank)",
+    "critic.model.lora_alpha": "LoRA on the critic is not in rlrig (see critic.model.lora_rank)",
+    "critic.model.target_modules": "LoRA on the critic is not in rlrig (see critic.model.lora_rank)",
+    "critic.model.lora_adapter_path": "LoRA on the critic is not in rlrig (see critic.model.lora_rank)",
+    "critic.model.tokenizer_path": "rlrig's critic reads the actor's tokens (verl's default for this key)",
+    # algorithm
+    "algorithm.rollout_correction.rollout_rs_threshold_lower": "not a key of verl's rollout correction (verl "
+    "b178a3c); both bounds go in algorithm.rollout_correction.rollout_rs_threshold (lower_upper for a k1 option)",
+    "algorithm.rollout_correction.rollout_token_veto_threshold": "verl's token veto is not in its rollout "
+    "correction (verl b178a3c); bound each token with algorithm.rollout_correction.rollout_rs=token_k1 (or "
+    "token_k2, token_k3) and rollout_rs_threshold",
+    # reward_model, reward_manager
+    "reward_model.profiler.tool_config": _RM_TOOL_CONFIG,
+    "reward_model.micro_batch_size": "verl's deprecated global micro batch; set reward_model.micro_batch_size_per_gpu",
+    "reward_model.launch_reward_fn_async": "rlrig scores in the step, not asynchronously during the log-prob pass",
+    "reward_model.ulysses_sequence_parallel_size": "sequence parallelism for the reward model is not in rlrig (the "
+    "actor's, reference's and critic's are)",
+    "reward_model.reward_loop_source": "a reward-loop class of your own is not in rlrig; its reward loop scores "
+    "with vLLM in pooling mode",
+    "reward_model.reward_loop_module_path": "a reward-loop class of your own is not in rlrig; its reward loop scores "
+    "with vLLM in pooling mode",
+    "reward_model.reward_loop_class_name": "a reward-loop class of your own is not in rlrig; its reward loop scores "
+    "with vLLM in pooling mode",
+    **{
+        f"reward_model.{k}": "the prime recipe's implicit reward model, trained with the policy, is not in rlrig"
+        for k in ("mini_batch_size", "model.beta_train", "model.optim.grad_clip", "model.optim.lr", "model.update")
+    },
+    "reward_manager.name": "rlrig's is reward_model.reward_manager (naive|dapo), which verl's default for this "
+    "key follows; set that",
+    # trainer
+    **{
+        f"trainer.{k}": "a key of one of verl's recipes, not of its PPO trainer"
+        for k in (
+            "debug",
+            "dump_high_diff_dir",
+            "dump_high_diff_tokens",
+            "log_freq",
+            "ref_update_freq",
+            "rl_logging_board_dir",
+            "scheduler",
+        )
+    },
+    "trainer.tensorboard_dir": "rlrig's loggers are trainer.logger; TensorBoard is not among them",
+    # rollout (the rollout pool), async_training
+    # verl's fully async config declares it (4) and none of verl's code reads it: its default is accepted
+    "rollout.n": "not read by verl (its fully async config declares it); the samples per prompt are "
+    "actor_rollout_ref.rollout.n",
+    "async_training.parallel_validate_and_rollout": "rlrig validates on the rollout pool between weight versions, "
+    "not beside generation",
+}
 
-for _why, _keys in _AT_DEFAULT_ONLY:
-    for _k, _v in _keys.items():
-        REFUSED.setdefault(_k, _why)
-        ACCEPTED_DEFAULTS.setdefault(_k, (_v,))
-for _k, _v in _TARGETS.items():
-    ACCEPTED_DEFAULTS.setdefault(_k, (_v,))
+# The values rlrig accepts for a key it otherwise refuses (REFUSED, REFUSED_PREFIXES, a `_target_`): verl's
+# default, which asks for nothing; each spelling verl's configs and scripts write.
+ACCEPTED_DEFAULTS = {
+    **{key: (default,) for _, keys in _AT_DEFAULT_ONLY for key, default in keys.items()},
+    **{key: (target,) for key, target in _TARGETS.items()},
+    # actor_rollout_ref
+    "actor_rollout_ref.rollout.logprobs_mode": ("processed_logprobs",),
+    "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": ("False", "false"),
+    "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": ("null", "None"),
+    # critic: verl's defaults, LoRA off
+    "critic.model.lora_rank": ("0",),
+    "critic.model.lora_alpha": ("16",),
+    "critic.model.target_modules": ("all-linear",),
+    "critic.model.lora_adapter_path": ("null", "None"),
+    # reward_model
+    "reward_model.micro_batch_size": ("null", "None"),
+    "reward_model.launch_reward_fn_async": ("False", "false"),
+    "reward_model.ulysses_sequence_parallel_size": ("1",),
+    "reward_model.reward_loop_source": ("register",),
+    "reward_model.reward_loop_module_path": ("null", "None"),
+    "reward_model.reward_loop_class_name": ("null", "None"),
+    "reward_model.sandbox_fusion.url": ("null", "None"),
+    # rollout (the rollout pool), async_training
+    "rollout.n": ("4",),
+    "async_training.parallel_validate_and_rollout": ("False", "false"),
+    # the profilers' parts rlrig does not have (REFUSED_PREFIXES): the rollout's own profiler as verl's interpolations
+    # leave it, the driver's Nsight options, NPU settings
+    **{
+        f"actor_rollout_ref.rollout.profiler.{k}": v
+        for k, v in {
+            "tool": ("null",),
+            "enable": ("False",),
+            "all_ranks": ("False",),
+            "ranks": ("[]",),
+            "save_path": ("null", "outputs/profile"),
+            "tool_config": ("null",),
+        }.items()
+    },
+    "reward_model.profiler.tool_config": ("null",),
+    **{
+        f"global_profiler.global_tool_config.nsys.controller_nsight_options.{k}": (v,)
+        for k, v in {
+            "trace": "cuda,nvtx,cublas,ucx",
+            "cuda-memory-usage": "true",
+            "cuda-graph-trace": "graph",
+        }.items()
+    },
+    **_each(
+        tuple(f"{p}profiler.tool_config.npu." for p in _PROFILED),
+        {"contents": ("[]",), "level": ("level0",), "analysis": ("True",), "discrete": ("False",)},
+    ),
+}
 
-# verl keys refused at every value: verl fills them from another key, which rlrig takes, or they belong to a recipe
-# built on verl's trainer rather than to the trainer.
-REFUSED.update(
-    {
-        **{
-            f"{p}rollout_n": "verl fills it from actor_rollout_ref.rollout.n; set that"
-            for p in ("actor_rollout_ref.actor.", "actor_rollout_ref.ref.", "critic.")
-        },
-        "actor_rollout_ref.actor.use_remove_padding": "verl fills it from actor_rollout_ref.model.use_remove_padding; "
-        "set that",
-        "actor_rollout_ref.rollout.prompt_length": "verl fills it from data.max_prompt_length; set that",
-        "actor_rollout_ref.rollout.response_length": "verl fills it from data.max_response_length; set that",
-        "critic.model.tokenizer_path": "rlrig's critic reads the actor's tokens (verl's default for this key)",
-        "reward_manager.name": "rlrig's is reward_model.reward_manager (naive|dapo), which verl's default for this "
-        "key follows; set that",
-        "actor_rollout_ref.rollout.logprobs_mode": "rlrig's vLLM engine returns processed log-probs (verl's default, "
-        "the distribution each token was drawn from); raw log-probs or logits are not in rlrig",
-        "actor_rollout_ref.rollout.enable_spec_decoding": "speculative decoding is not in rlrig",
-        # verl's SGLang server mode became its only one; its RolloutConfig no longer has the key and refuses it too
-        "actor_rollout_ref.rollout.sglang_rollout_mode": "not a key of verl's RolloutConfig any more (verl refuses it "
-        "as well); drop it",
-        "actor_rollout_ref.rollout.nnodes": "verl's standalone rollout replicas are not in rlrig; a rollout pool of "
-        "its own is actor_rollout_ref.hybrid_engine=False with the top-level rollout.nnodes",
-        "actor_rollout_ref.rollout.n_gpus_per_node": "verl's standalone rollout replicas are not in rlrig; a rollout "
-        "pool of its own is actor_rollout_ref.hybrid_engine=False with the top-level rollout.n_gpus_per_node",
-        "actor_rollout_ref.rollout.total_rollout_steps": "verl's fully async recipe reads the top-level "
-        "rollout.total_rollout_steps; set that",
-        **{
-            f"actor_rollout_ref.actor.{k}": f"not a key of verl's actor; rlrig and verl read "
-            f"actor_rollout_ref.actor.policy_loss.{k}"
-            for k in ("clip_cov_lb", "clip_cov_ratio", "clip_cov_ub", "loss_mode")
-        },
-        "actor_rollout_ref.actor.max_token_len": "not a key of verl's actor; set "
-        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-        "actor_rollout_ref.actor.optim.lr_decay_style": "Megatron's optimizer key; rlrig's is "
-        "actor_rollout_ref.actor.optim.lr_scheduler_type (constant|cosine)",
-        "algorithm.rollout_correction.rollout_rs_threshold_lower": "not a key of verl's rollout correction (verl "
-        "b178a3c); both bounds go in algorithm.rollout_correction.rollout_rs_threshold (lower_upper for a k1 option)",
-        "algorithm.rollout_correction.rollout_token_veto_threshold": "verl's token veto is not in its rollout "
-        "correction (verl b178a3c); bound each token with algorithm.rollout_correction.rollout_rs=token_k1 (or "
-        "token_k2, token_k3) and rollout_rs_threshold",
-        **{
-            f"data.{k}": "the prime recipe's accuracy filter is not in rlrig"
-            for k in ("accuracy_lower_bound", "accuracy_upper_bound", "filter_accuracy")
-        },
-        "data.oversample_factor": "oversampling prompts is not in rlrig; each step samples data.train_batch_size",
-        **{
-            f"reward_model.{k}": "the prime recipe's implicit reward model, trained with the policy, is not in rlrig"
-            for k in ("mini_batch_size", "model.beta_train", "model.optim.grad_clip", "model.optim.lr", "model.update")
-        },
-        **{
-            f"trainer.{k}": "a key of one of verl's recipes, not of its PPO trainer"
-            for k in (
-                "debug",
-                "dump_high_diff_dir",
-                "dump_high_diff_tokens",
-                "log_freq",
-                "ref_update_freq",
-                "rl_logging_board_dir",
-                "scheduler",
-            )
-        },
-        "trainer.tensorboard_dir": "rlrig's loggers are trainer.logger; TensorBoard is not among them",
-    }
-)
-
-# Keys accepted because, for rlrig, they change nothing at any value; `--print-config` lists them with the reason.
-NO_EFFECT.update(
-    {
-        **{
-            f"{p}{k}": "rlrig computes log-probs and entropy a chunk of tokens at a time with a backward of its own, "
-            "keeping no fp32 copy of the logits and no softmax (trainer/model/chunked_logprobs.py): the memory verl's "
-            "entropy checkpointing and chunking save, with the same values"
-            for p in (*_FSDP, "actor_rollout_ref.actor.", "actor_rollout_ref.ref.")
-            for k in ("entropy_from_logits_with_chunking", "entropy_checkpointing")
-        },
-        "actor_rollout_ref.actor.calculate_entropy": "rlrig computes the actor's entropy in every update "
-        "(actor/entropy), as verl does with calculate_entropy=True",
-        **{
-            k: "verl compiles its entropy function with it; rlrig computes the same entropy uncompiled"
-            for k in (
-                "actor_rollout_ref.actor.use_torch_compile",
-                "actor_rollout_ref.ref.use_torch_compile",
-                *(f"{p}use_torch_compile" for p in _FSDP),
-            )
-        },
-        "actor_rollout_ref.actor.use_fused_kernels": "see actor_rollout_ref.model.use_fused_kernels",
-        "actor_rollout_ref.actor.sum_pi_squared_checkpointing": "verl recomputes sum_pi_squared in the backward "
-        "pass instead of keeping its activations, which saves memory only where a gradient flows through it (verl's "
-        "update pass, which computes it unused); rlrig computes it only in the no-grad old-log-prob pass, a chunk of "
-        "tokens at a time",
-        "actor_rollout_ref.rollout.disable_log_stats": "vLLM's own statistics log; rlrig's metrics are the same",
-        "reward_model.rollout.disable_log_stats": "vLLM's own statistics log; rlrig's metrics are the same",
-        "actor_rollout_ref.rollout.skip_dump_dir": "read by verl only with rollout.skip_rollout=True, which rlrig "
-        "refuses",
-        **{
-            f"actor_rollout_ref.rollout.prometheus.{k}": "read by verl only with rollout.prometheus.enable=True, "
-            "which rlrig refuses"
-            for k in ("port", "file", "served_model_name")
-        },
-        "data.use_shm": "rlrig reads the data files from their path as they are",
-        **{
-            f"reward_model.model.fsdp_config.{k}": "each of rlrig's reward-model workers holds the whole model "
-            "(reward_model.strategy)"
-            for k in ("wrap_policy.min_num_params", "reshard_after_forward", "fsdp_size", "forward_prefetch")
-        },
-        "trainer.ray_wait_register_center_timeout": "rlrig has no register-center actor to wait for; "
-        "trainer.placement_timeout_s bounds the wait for its workers",
-        **{
-            f"global_profiler.global_tool_config.torch_memory.{k}": "verl reads it nowhere (its torch_memory profiler "
-            "records context='all', stacks='all' with trace_alloc_max_entries and stack_depth), nor does rlrig"
-            for k in ("context", "stacks", "kw_args")
-        },
-    }
-)
+# Keys accepted because, for rlrig, they change nothing at any value; accepted and not stored, and `--print-config`
+# lists them with the reason.
+NO_EFFECT = {
+    # data
+    "data.return_raw_chat": "rlrig applies the chat template itself on the driver; raw or templated, the engine gets "
+    "the same tokens",
+    "data.dataloader_num_workers": "rlrig reads the data set in the driver process",
+    "data.filter_overlong_prompts_workers": "rlrig filters over-long prompts in the driver process",
+    "data.use_shm": "rlrig reads the data files from their path as they are",
+    # actor_rollout_ref
+    "actor_rollout_ref.model.use_shm": "rlrig loads the model from its path as it is",
+    "actor_rollout_ref.model.use_fused_kernels": "rlrig computes logits only at the response positions and log-probs "
+    "by logsumexp, with no separate kernel",
+    "actor_rollout_ref.model.fused_kernel_options": "see use_fused_kernels",
+    "actor_rollout_ref.model.fused_kernel_options.impl_backend": "see use_fused_kernels",
+    **{
+        f"{p}{k}": "rlrig computes log-probs and entropy a chunk of tokens at a time with a backward of its own, "
+        "keeping no fp32 copy of the logits and no softmax (trainer/model/chunked_logprobs.py): the memory verl's "
+        "entropy checkpointing and chunking save, with the same values"
+        for p in (*_FSDP, "actor_rollout_ref.actor.", "actor_rollout_ref.ref.")
+        for k in ("entropy_from_logits_with_chunking", "entropy_checkpointing")
+    },
+    "actor_rollout_ref.actor.calculate_entropy": "rlrig computes the actor's entropy in every update "
+    "(actor/entropy), as verl does with calculate_entropy=True",
+    **{
+        k: "verl compiles its entropy function with it; rlrig computes the same entropy uncompiled"
+        for k in (
+            "actor_rollout_ref.actor.use_torch_compile",
+            "actor_rollout_ref.ref.use_torch_compile",
+            *(f"{p}use_torch_compile" for p in _FSDP),
+        )
+    },
+    "actor_rollout_ref.actor.use_fused_kernels": "see actor_rollout_ref.model.use_fused_kernels",
+    "actor_rollout_ref.actor.sum_pi_squared_checkpointing": "verl recomputes sum_pi_squared in the backward "
+    "pass instead of keeping its activations, which saves memory only where a gradient flows through it (verl's "
+    "update pass, which computes it unused); rlrig computes it only in the no-grad old-log-prob pass, a chunk of "
+    "tokens at a time",
+    "actor_rollout_ref.rollout.mode": "verl runs every rollout through its async agent loop (sync is removed from "
+    "verl); rlrig's rollouts run through its agent loop (single_turn_agent or tool_agent, by a row's agent_name or "
+    "rollout.agent.default_agent_loop) in either mode",
+    "actor_rollout_ref.rollout.multi_turn.enable": "verl's trainer stores it and picks no loop by it: a row's "
+    "agent_name, else rollout.agent.default_agent_loop, picks single_turn_agent or tool_agent (rlrig says so at "
+    "start when enable=True runs no tool_agent)",
+    "actor_rollout_ref.rollout.agent.num_workers": "the number of verl's agent-loop actors; rlrig runs the loop in "
+    "each engine's own worker",
+    # verl's RolloutConfig declares them; nothing in verl reads them (b178a3cd)
+    "actor_rollout_ref.rollout.over_sample_rate": "declared by verl and read by nothing: every sample is generated",
+    "actor_rollout_ref.rollout.multi_stage_wake_up": "declared by verl and read by nothing: engines wake in one stage",
+    "actor_rollout_ref.rollout.layered_summon": "rlrig always hands the engine one gathered tensor at a time",
+    "actor_rollout_ref.rollout.calculate_log_probs": "rlrig's vLLM and SGLang engines always return them "
+    "(training/rollout_probs_diff_*); hf computes none",
+    "actor_rollout_ref.rollout.disable_log_stats": "vLLM's own statistics log; rlrig's metrics are the same",
+    "actor_rollout_ref.rollout.skip_dump_dir": "read by verl only with rollout.skip_rollout=True, which rlrig refuses",
+    **{
+        f"actor_rollout_ref.rollout.prometheus.{k}": "read by verl only with rollout.prometheus.enable=True, "
+        "which rlrig refuses"
+        for k in ("port", "file", "served_model_name")
+    },
+    # critic
+    "critic.model.use_shm": "rlrig loads the model from its path as it is",
+    # reward_model
+    "reward_model.strategy": "each of rlrig's reward-model workers holds the whole model (forward passes only, no "
+    "gradients or optimizer state to shard)",
+    "reward_model.model.use_remove_padding": "rlrig's reward model pads each micro batch to its longest sequence; the "
+    "scores are the same",
+    "reward_model.model.use_shm": "rlrig loads the model from its path as it is",
+    "reward_model.model.use_fused_kernels": "the reward model computes no log-probs",
+    **{
+        f"reward_model.model.fsdp_config.{k}": "each of rlrig's reward-model workers holds the whole model "
+        "(reward_model.strategy)"
+        for k in ("wrap_policy.min_num_params", "reshard_after_forward", "fsdp_size", "forward_prefetch")
+    },
+    "reward_model.num_workers": "verl's reward-loop workers render and send requests to reward servers; rlrig "
+    "renders in the workers that score, with no servers between",
+    "reward_model.rollout.disable_log_stats": "vLLM's own statistics log; rlrig's metrics are the same",
+    # trainer
+    "trainer.ray_wait_register_center_timeout": "rlrig has no register-center actor to wait for; "
+    "trainer.placement_timeout_s bounds the wait for its workers",
+    # async_training and the copy verl's fully async config makes of its checkpoint engine
+    **{
+        f"{p}checkpoint_engine.{k}": "tunes verl's checkpoint-engine transport of fully async weight syncs; rlrig's "
+        "weight sync is its own bucketed broadcast (rollout/weight_sync.py), and the weights that arrive are the same"
+        for p in ("async_training.", "actor_rollout_ref.")
+        for k in ("enable", "device_buffer_size_M", "overlap_broadcast_and_consume")
+    },
+    "actor_rollout_ref.checkpoint_engine": "verl's fully async config copies async_training.checkpoint_engine into "
+    "it, which tunes verl's checkpoint-engine transport; rlrig's weight sync is its own bucketed broadcast",
+    # the profilers
+    **{
+        f"global_profiler.global_tool_config.torch_memory.{k}": "verl reads it nowhere (its torch_memory profiler "
+        "records context='all', stacks='all' with trace_alloc_max_entries and stack_depth), nor does rlrig"
+        for k in ("context", "stacks", "kw_args")
+    },
+}
 
 
 # Where rlrig's default is not verl's, and why.
@@ -647,11 +645,6 @@ RLRIG_ONLY = (
     "critic.nnodes",
     "critic.n_gpus_per_node",
 )
-
-
-def inert(key: str) -> bool:
-    """Accepted and not stored: a setting of a verl feature that is off, or a NO_EFFECT key rlrig does not keep."""
-    return (any(key.startswith(p) for p in INERT_PREFIXES) or key in NO_EFFECT) and key not in REFUSED
 
 
 def accepted_default(key: str, value: str) -> bool:

@@ -78,7 +78,7 @@ def outcome(key: str, value: str) -> str:
         return "refused"
     if known(key):
         return "implemented"
-    if key in verl_keys.NO_EFFECT or verl_keys.inert(key):
+    if key in verl_keys.NO_EFFECT:
         return "no-effect"
     assert verl_keys.accepted_default(key, value), f"{key}={value} accepted for no reason"
     return "accepted-at-default"
