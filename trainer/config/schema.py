@@ -502,6 +502,12 @@ class AsyncTrainingConfig:
     use_trainer_do_validate: bool = False
 
 
+# the watchdog (driver/watchdog.py) names the stuck rank this long before a rank waiting for it in a collective
+# would time out (the process groups' timeout is actor_rollout_ref.nccl_timeout) and end the run with a bare
+# traceback instead: a phase's limit stays below nccl_timeout - WATCHDOG_MARGIN_S, and so must watchdog_min_s
+WATCHDOG_MARGIN_S = 30.0
+
+
 @dataclass
 class TrainerConfig:
     project_name: str = "rlrig"

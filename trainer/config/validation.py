@@ -10,15 +10,21 @@ from ..algos import rollout_correction
 from ..algos.bypass_loss import LOSS_TYPES
 from ..algos.estimators import ESTIMATORS
 from ..algos.policy_losses import POLICY_LOSSES
-from ..driver.watchdog_limits import MARGIN_S as WATCHDOG_MARGIN_S
 from ..errors import ConfigError
 from ..model.micro_batches import mini_batch_prompts, per_worker_mini_batch, sequence_parallel, token_budgets
+from ..profiler_settings import ROLE_KEYS, TOOL_RECORDS_CPU, TORCH_CONTENTS, role_profile
 from ..reward.managers import overlong
 from ..rollout.engines import ENGINES
 from ..rollout.engines import NAMES as ENGINE_NAMES
-from ..workers.profiling import ROLE_KEYS, TOOLS, TORCH_CONTENTS, role_profile
 from .domains import DOMAINS, value_at
-from .schema import CHECKPOINT_CONTENTS, Config, FsdpConfig, RewardModelRolloutConfig, canonical_strategy
+from .schema import (
+    CHECKPOINT_CONTENTS,
+    WATCHDOG_MARGIN_S,
+    Config,
+    FsdpConfig,
+    RewardModelRolloutConfig,
+    canonical_strategy,
+)
 
 LOGGERS = ("console", "tensorboard", "wandb", "mlflow")
 _KL = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
@@ -614,8 +620,8 @@ def validate_profiler(cfg: Config) -> None:
         raise ConfigError(
             "global_profiler.tool=npu: Ascend NPU profiling is not in rlrig; choose nsys, torch or torch_memory"
         )
-    if g.tool is not None and g.tool not in TOOLS:
-        raise ConfigError(f"global_profiler.tool={g.tool!r}: choose one of {', '.join(TOOLS)} (or null)")
+    if g.tool is not None and g.tool not in TOOL_RECORDS_CPU:
+        raise ConfigError(f"global_profiler.tool={g.tool!r}: choose one of {', '.join(TOOL_RECORDS_CPU)} (or null)")
     whole = lambda xs, low: all(isinstance(x, int) and not isinstance(x, bool) and x >= low for x in xs)
     if g.steps is not None and not whole(g.steps, 1):
         raise ConfigError(f"global_profiler.steps={g.steps}: give a list of step numbers, counting from 1 (or null)")
@@ -650,7 +656,7 @@ def profiler_device_refusal(cfg: Config) -> str | None:
     """A profiler tool that records CUDA (nsys, torch_memory) on a CPU run: trainer.device=cpu, or auto once the
     driver resolved it."""
     tool = cfg.global_profiler.tool
-    if cfg.trainer.device != "cpu" or tool not in TOOLS or TOOLS[tool].runs_on_cpu:
+    if cfg.trainer.device != "cpu" or tool not in TOOL_RECORDS_CPU or TOOL_RECORDS_CPU[tool]:
         return None
     return (
         f"global_profiler.tool={tool} records CUDA work and this run is on CPU (trainer.device="

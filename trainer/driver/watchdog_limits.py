@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import statistics
 
+from ..config.schema import WATCHDOG_MARGIN_S as MARGIN_S
+
 FIRST_RUN = 3  # a phase's first run (allocator and caches warming, an engine's first batch) gets 3 x the floor
-# the watchdog names the stuck rank this long before a rank waiting for it in a collective would time out (the
-# process groups' timeout is actor_rollout_ref.nccl_timeout) and end the run with a bare traceback instead
-MARGIN_S = 30.0
 
 
 def phase_limit(durations: list[float], factor: float, floor: float, nccl_timeout: float) -> float:

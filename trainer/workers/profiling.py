@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from ..profiler_settings import TOOL_RECORDS_CPU, RoleProfile, role_profile
+
 # rlrig's phases that verl records as worker calls of their own (DistProfiler.annotate's role, verl
 # fsdp_workers.py:892, 938, 988, 1040, 1539, 1559, 1927): the role whose profiler records the phase, and the
 # folder of its trace in discrete mode. ReMax's greedy generation is a second generate call of the step.
@@ -40,54 +42,6 @@ PHASES = {
     "update_critic": ("critic", "critic_update"),
     "reward": ("reward_model", "compute_rm_score"),
 }
-# each role's profiler section, in the order verl starts them (ray_trainer.py:1054-1063)
-ROLE_KEYS = {
-    "actor": "actor_rollout_ref.actor",
-    "ref": "actor_rollout_ref.ref",
-    "critic": "critic",
-    "reward_model": "reward_model",
-}
-TORCH_CONTENTS = ("cuda", "cpu", "memory", "shapes", "stack", "profile-by-stage", "merge-profiles")  # verl config.py:48
-
-
-@dataclass(frozen=True)
-class RoleProfile:
-    """A role's profiler settings with verl's ${oc.select:global_profiler...} defaults resolved."""
-
-    enable: bool
-    all_ranks: bool
-    ranks: tuple[int, ...]
-    save_path: str
-    discrete: bool  # of the run's tool
-    contents: tuple[str, ...]  # torch's
-    max_entries: int  # torch_memory's
-    stack_depth: int
-
-    def chooses(self, rank: int) -> bool:
-        """verl's DistProfiler (profile.py:100-108): when enabled, every rank, the listed ones, or rank 0."""
-        return self.enable and (self.all_ranks or (rank in self.ranks if self.ranks else rank == 0))
-
-
-def role_profile(cfg, role: str) -> RoleProfile:
-    g, section = cfg.global_profiler, cfg
-    for part in f"{ROLE_KEYS[role]}.profiler".split("."):
-        section = getattr(section, part)
-    # the reward model's tool_config is the actor's (verl's default, and the only one rlrig takes)
-    tc = (cfg.actor_rollout_ref.actor.profiler if role == "reward_model" else section).tool_config
-    nsys_discrete = g.global_tool_config.nsys.discrete if tc.nsys.discrete is None else tc.nsys.discrete
-    mem = g.global_tool_config.torch_memory
-    return RoleProfile(
-        enable=section.enable,
-        all_ranks=section.all_ranks,
-        ranks=tuple(section.ranks),
-        save_path=section.save_path or g.save_path,
-        discrete={"torch": tc.torch.discrete, "nsys": nsys_discrete}.get(g.tool, False),
-        contents=tuple(tc.torch.contents),
-        max_entries=tc.torch_memory.trace_alloc_max_entries or mem.trace_alloc_max_entries,
-        stack_depth=tc.torch_memory.stack_depth or mem.stack_depth,
-    )
-
-
 # --- the tools ---
 
 
@@ -96,7 +50,6 @@ class Tool:
     discrete mode) and mark a named range inside one. `first`: the settings of the first role the process holds."""
 
     name = ""
-    runs_on_cpu = True
     records_phases = True  # discrete mode records each phase alone; False: windows only
 
     def __init__(self, rank: int, device: torch.device, first: RoleProfile):
@@ -116,6 +69,11 @@ TOOLS: dict[str, type[Tool]] = {}
 
 
 def register_tool(name: str):
+    """Registers a Tool class as global_profiler.tool=`name`, one of profiler_settings.TOOL_RECORDS_CPU, the names
+    config validation accepts and the devices it allows them on."""
+    if name not in TOOL_RECORDS_CPU:
+        raise ValueError(f"profiler tool {name!r}: add it to profiler_settings.TOOL_RECORDS_CPU first")
+
     def add(cls: type[Tool]) -> type[Tool]:
         cls.name = name
         TOOLS[name] = cls
@@ -161,8 +119,6 @@ class NsysTool(Tool):
     """Nsight Systems, which Ray's runtime_env wraps around the worker (nsight_runtime_env): it captures between
     torch.cuda.profiler.start and stop, phases as NVTX ranges (verl nvtx_profile.py:114-182)."""
 
-    runs_on_cpu = False
-
     def begin(self, profile: RoleProfile, folder: str, stem: str) -> None:
         torch.cuda.profiler.start()
 
@@ -178,7 +134,6 @@ class TorchMemoryTool(Tool):
     """CUDA memory history, recorded from the worker's start and dumped as a snapshot (memory_viz's pickle) when a
     recording ends (verl profile.py:200-272, memory_utils.py:146-290). It has no discrete mode."""
 
-    runs_on_cpu = False
     records_phases = False
     dest: Path | None = None
 

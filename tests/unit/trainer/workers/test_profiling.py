@@ -12,8 +12,9 @@ import pytest
 from rlrig.trainer.config.overrides import parse_overrides
 from rlrig.trainer.config.validation import profiler_device_refusal
 from rlrig.trainer.errors import ConfigError
+from rlrig.trainer.profiler_settings import RoleProfile, role_profile
 from rlrig.trainer.workers import profiling
-from rlrig.trainer.workers.profiling import RoleProfile, StepWindows, WorkerProfiler, role_profile
+from rlrig.trainer.workers.profiling import StepWindows, WorkerProfiler
 
 MODEL = "actor_rollout_ref.model.path=/m"
 SCRIPTS = Path(__file__).parents[1] / "config" / "verl_scripts" / "overrides.json"

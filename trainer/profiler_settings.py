@@ -1,0 +1,57 @@
+"""The profiler settings each role gets from the config (verl's global_profiler.*, each role's profiler.*), with
+verl's ${oc.select:global_profiler...} defaults resolved, and the tools global_profiler.tool names: what config
+validation checks and what workers/profiling.py records with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# each role's profiler section, in the order verl starts them (ray_trainer.py:1054-1063)
+ROLE_KEYS = {
+    "actor": "actor_rollout_ref.actor",
+    "ref": "actor_rollout_ref.ref",
+    "critic": "critic",
+    "reward_model": "reward_model",
+}
+TORCH_CONTENTS = ("cuda", "cpu", "memory", "shapes", "stack", "profile-by-stage", "merge-profiles")  # verl config.py:48
+# global_profiler.tool's choices, in the order rlrig lists them, and whether each records a run on CPU (nsys and
+# torch_memory record CUDA work only); workers/profiling.py implements one Tool class per name
+TOOL_RECORDS_CPU = {"torch": True, "nsys": False, "torch_memory": False}
+
+
+@dataclass(frozen=True)
+class RoleProfile:
+    """A role's profiler settings with verl's ${oc.select:global_profiler...} defaults resolved."""
+
+    enable: bool
+    all_ranks: bool
+    ranks: tuple[int, ...]
+    save_path: str
+    discrete: bool  # of the run's tool
+    contents: tuple[str, ...]  # torch's
+    max_entries: int  # torch_memory's
+    stack_depth: int
+
+    def chooses(self, rank: int) -> bool:
+        """verl's DistProfiler (profile.py:100-108): when enabled, every rank, the listed ones, or rank 0."""
+        return self.enable and (self.all_ranks or (rank in self.ranks if self.ranks else rank == 0))
+
+
+def role_profile(cfg, role: str) -> RoleProfile:
+    g, section = cfg.global_profiler, cfg
+    for part in f"{ROLE_KEYS[role]}.profiler".split("."):
+        section = getattr(section, part)
+    # the reward model's tool_config is the actor's (verl's default, and the only one rlrig takes)
+    tc = (cfg.actor_rollout_ref.actor.profiler if role == "reward_model" else section).tool_config
+    nsys_discrete = g.global_tool_config.nsys.discrete if tc.nsys.discrete is None else tc.nsys.discrete
+    mem = g.global_tool_config.torch_memory
+    return RoleProfile(
+        enable=section.enable,
+        all_ranks=section.all_ranks,
+        ranks=tuple(section.ranks),
+        save_path=section.save_path or g.save_path,
+        discrete={"torch": tc.torch.discrete, "nsys": nsys_discrete}.get(g.tool, False),
+        contents=tuple(tc.torch.contents),
+        max_entries=tc.torch_memory.trace_alloc_max_entries or mem.trace_alloc_max_entries,
+        stack_depth=tc.torch_memory.stack_depth or mem.stack_depth,
+    )
