@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..core_algos import AllReduce, local
-from .grpo import group_centred
+from .groups import group_centred
 from .registry import AdvantageInput, register
 
 

@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import torch
 
-from .grpo import EPS, group_ids
+from .groups import prompt_groups
+from .grpo import EPS
 from .registry import AdvantageInput, register
 
 
 def grpo_passk_advantages(scores, mask, index, norm_by_std: bool = True):
     # A_best = (s_max - s_second) [/ (std(s_group) + eps)]; every other sample 0
-    ids = group_ids(index)
     adv = torch.zeros_like(scores)
-    for g in set(ids):
-        sel = [i for i, x in enumerate(ids) if x == g]
-        if len(sel) < 2:
-            raise ValueError(f"grpo_passk needs at least 2 samples per prompt; prompt {g} has {len(sel)}")
-        top, at = torch.topk(scores[sel], 2)
+    for g, rows in prompt_groups(index, scores.device):
+        if len(rows) < 2:
+            raise ValueError(f"grpo_passk needs at least 2 samples per prompt; prompt {g} has {len(rows)}")
+        top, at = torch.topk(scores[rows], 2)
         margin = top[0] - top[1]
-        adv[sel[int(at[0])]] = margin / (scores[sel].std() + EPS) if norm_by_std else margin
+        adv[rows[at[0]]] = margin / (scores[rows].std() + EPS) if norm_by_std else margin
     return adv.unsqueeze(-1) * mask, adv.unsqueeze(-1) * mask
 
 

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from .grpo import group_ids
+from .groups import prompt_groups
 from .registry import AdvantageInput, register
 
 
 def opo_advantages(scores, mask, index):
     # b_group = sum_j |y_j| s_j / sum_j |y_j| ; A_i = s_i - b_group (0 baseline for a group of one)
-    ids = group_ids(index)
     lengths = mask.sum(-1)
     adv = scores.clone()
-    for g in set(ids):
-        sel = [i for i, x in enumerate(ids) if x == g]
-        if len(sel) > 1:
-            adv[sel] = scores[sel] - (lengths[sel] * scores[sel]).sum() / lengths[sel].sum()
+    for _, rows in prompt_groups(index, scores.device):
+        if len(rows) > 1:
+            adv[rows] = scores[rows] - (lengths[rows] * scores[rows]).sum() / lengths[rows].sum()
     return adv.unsqueeze(-1) * mask, adv.unsqueeze(-1) * mask
 
 

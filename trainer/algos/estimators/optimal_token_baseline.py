@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .grpo import group_ids
+from .groups import group_ids, prompt_groups
 from .registry import AdvantageInput, register
 
 EPS = 1e-8
@@ -34,17 +34,16 @@ def path_variance(old_logp, sum_pi_squared, mask, is_weights=None):
 def group_baselines(returns, path_w, mask, ids: list, zero_tail: bool) -> torch.Tensor:
     """B_t [B, R] of each sample's prompt group; rows whose id is None belong to no group (baseline 0)."""
     baselines = torch.zeros_like(returns)
-    for g in dict.fromkeys(i for i in ids if i is not None):
-        sel = [i for i, x in enumerate(ids) if x == g]
-        if len(sel) < 2:
+    for g, rows in prompt_groups(ids, returns.device):
+        if g is None or len(rows) < 2:
             continue
-        w = path_w[sel] * mask[sel]
-        baselines[sel] = ((returns[sel] * w).sum(0) / (w.sum(0) + EPS)).to(baselines.dtype)
+        w = path_w[rows] * mask[rows]
+        baselines[rows] = ((returns[rows] * w).sum(0) / (w.sum(0) + EPS)).to(baselines.dtype)
         if zero_tail:
-            lengths = mask[sel].sum(-1)
+            lengths = mask[rows].sum(-1)
             second, top = torch.sort(lengths).values[-2:].tolist()
             if top > second and int((lengths == top).sum()) == 1:
-                baselines[sel[int(lengths.argmax())], int(second) :] = 0.0
+                baselines[rows[lengths.argmax()], int(second) :] = 0.0
     return baselines
 
 

@@ -4,7 +4,7 @@ mean, then whitened over the whole batch."""
 from __future__ import annotations
 
 from ..core_algos import AllReduce, local, masked_whiten
-from .grpo import group_centred
+from .groups import group_centred
 from .registry import AdvantageInput, register
 
 
