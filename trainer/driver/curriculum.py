@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..config.overrides import FULLY_ASYNC
 from ..errors import ConfigError
 from ..rollout.engines.base import left_pad_to
 
@@ -31,7 +32,7 @@ class StepData:
 
 
 def check(cfg, sampler) -> None:
-    if sampler.curriculum and cfg.trainer.async_mode == "fully_async_policy":
+    if sampler.curriculum and cfg.trainer.async_mode == FULLY_ASYNC:
         raise ConfigError(
             f"data.sampler.class_path/class_name: {sampler.name} is a curriculum sampler (it has update(batch)); the "
             "fully async mode draws prompts ahead of its updates and has no step batch to hand it: use one step off-"
@@ -82,9 +83,10 @@ def as_verls(data: StepData):
     return DataProto.from_dict(tensors=data.batch, non_tensors=data.non_tensor_batch, meta_info=data.meta_info)
 
 
-def hand_over(run, rows: list[dict]) -> None:
-    """After a step trained with keep: its samples to the curriculum sampler's update, as verl calls it."""
+def hand_over(sampler, training: list, rows: list[dict], step: int, pad_id: int) -> None:
+    """After step `step` trained with keep: its samples, kept by the training workers, to the curriculum sampler's
+    update, as verl calls it (`rows`: the step's prompts)."""
     import ray
 
-    parts = ray.get([w.kept_batch.remote() for w in run.workers.training])
-    run.sampler.user.update(batch=as_verls(step_data(parts, rows, run.step, run.pad_id)))
+    parts = ray.get([w.kept_batch.remote() for w in training])
+    sampler.user.update(batch=as_verls(step_data(parts, rows, step, pad_id)))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..workers.timing import PHASES
+from .reporting import say
 
 ENV = "RLRIG_FAULT_HANG"
 KINDS = (*PHASES, "collective")
@@ -53,3 +54,24 @@ def due(faults: list[FaultHang], step: int, out: Path) -> list[FaultHang]:
     for f in fire:
         f.marker(out).touch()
     return fire
+
+
+@dataclass(frozen=True)
+class Injected:
+    """A run's faults and the run directory whose markers record which fired. The driver arms a step's training
+    faults before its update starts, and a batch's rollout_gen faults before the rollout pool starts generating it."""
+
+    hangs: tuple[FaultHang, ...]
+    out: Path
+
+    def arm_training(self, step: int, training: list) -> None:
+        """The training ranks' faults due at `step`, armed on their workers (Ray handles, by rank)."""
+        for fault in due([f for f in self.hangs if f.phase != "rollout_gen"], step, self.out):
+            say(f"{ENV}: rank {fault.rank} hangs in {fault.phase} at step {step}")
+            training[fault.rank].arm_fault.remote(fault.phase)
+
+    def arm_rollout(self, step: int, rollout: list) -> None:
+        """The rollout_gen faults of the batch of `step`, armed on the rollout pool's workers (Ray handles)."""
+        for fault in due([f for f in self.hangs if f.phase == "rollout_gen"], step, self.out):
+            say(f"{ENV}: rollout {fault.rank} hangs in rollout_gen at step {step}")
+            rollout[fault.rank].arm_fault.remote(fault.phase)

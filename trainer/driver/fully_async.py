@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import metrics as M
@@ -26,6 +27,7 @@ from ..agent.partial import AgentPartial
 from ..agent.rollout import turn_metrics
 from ..agent.setup import agent_of
 from ..data.sampler import Sampler
+from ..rollout.engines.base import Rollout
 from ..rollout.partial import Partial, Progress
 from .rollout_pool import merge
 from .sample_queue import Freshness, Group, SampleQueue, stale_bound
@@ -268,16 +270,18 @@ class Stream:
         return idle / (seconds * len(self.idle_s)) if seconds > 0 else 0.0
 
 
-def version_step(run, start_update, after_update) -> dict | None:
-    """One weight version: up to trigger_parameter_sync_step updates, each on the next required prompts as soon as
-    the queue holds them, then the weights to the engines; None when not one update could be made (the prompts ran
+def version_step(
+    s: Stream, step: int, start_update: Callable[[list, Rollout, list, int], list], after_update: Callable[[dict], None]
+) -> dict | None:
+    """Weight version `step`: up to trigger_parameter_sync_step updates, each on the next required prompts as soon
+    as the queue holds them, then the weights to the engines; None when not one update could be made (the prompts ran
     out). start_update(rows, rollout, turns, local_step) starts an update on the training workers (turns: each
     sample's agent-loop fields, for the reward) and returns its futures; after_update(metrics) follows each update
     (the KL controller)."""
     import ray
 
-    s, pool = run.stream, run.pool
-    version, t0 = run.step - 1, time.perf_counter()  # the weights the engines were last sent
+    pool = s.pool
+    version, t0 = step - 1, time.perf_counter()  # the weights the engines were last sent
     s.rollouter_idle(1.0)  # what the engines idled through before this version (validation, a checkpoint) counts not
     m = {}
     if pool.version != version:  # the first version of a run (or of a resumed one): the engines start from these
@@ -288,7 +292,7 @@ def version_step(run, start_update, after_update) -> dict | None:
     for local in range(1, s.trigger + 1):
         if s.updates >= s.planned:
             break
-        groups, w = s.take(version, run.step)
+        groups, w = s.take(version, step)
         waited += w
         if groups is None:
             break
@@ -297,12 +301,12 @@ def version_step(run, start_update, after_update) -> dict | None:
         m.update(s.staleness(groups, version))
         lag = max(lag, *(version - g.version for g in groups))
         taken += groups
-        rows = [run.train_rows[g.index] for g in groups]
+        rows = [s.rows[g.index] for g in groups]
         turns = [t for g in groups for t in (g.turns or [{}] * s.n)]
-        futures = start_update(rows, merge([g.rollout for g in groups], run.pad_id), turns, local)
+        futures = start_update(rows, merge([g.rollout for g in groups], pool.pad_id), turns, local)
         left = list(futures)
         while left:
-            done = s.wait(left, run.step)
+            done = s.wait(left, step)
             left = [f for f in left if f not in done]
         got = ray.get(futures)
         after_update(M.reduce(got))
@@ -312,7 +316,7 @@ def version_step(run, start_update, after_update) -> dict | None:
     if s.partial:
         s.interrupt()
     s.settle()
-    pool.trained = run.step
+    pool.trained = step
     m.update(pool.push())
     s.freshness.new_version(s.in_flight(), len(s.queue))
     elapsed = time.perf_counter() - t0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..config.overrides import FULLY_ASYNC
 from ..errors import ConfigError
 from . import placement
 
@@ -132,7 +133,7 @@ def start_workers(cfg, model_path: str, rm_path: str | None) -> Workers:
         n = pools[engines].nnodes * pools[engines].per_node
         master = ray.get(ray.remote(node_address).options(**opts(engines, 0)).remote())
         actor = ray.remote(RolloutWorker)
-        if cfg.trainer.async_mode == "fully_async_policy" and cfg.async_training.partial_rollout:
+        if cfg.trainer.async_mode == FULLY_ASYNC and cfg.async_training.partial_rollout:
             from .fully_async import CONTROL
 
             # a weight sync's interrupt runs beside the generation it stops; every other call keeps its turn

@@ -14,12 +14,14 @@ that batch was drawn, so a resumed run draws and generates it again and trains e
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from ..agent.rollout import turn_metrics
 from ..rollout.engines.base import Rollout, left_pad_to
+from .faults import Injected
 from .validation import spread
 
 STOP_WAIT_S = 30.0  # within rlrig's default --grace-period after a stop signal's checkpoint
@@ -61,8 +63,12 @@ def merge(parts: list[Rollout], pad_id: int) -> Rollout:
 
 
 class RolloutPool:
-    def __init__(self, workers: list, training: list, n: int, pad_id: int, one_step: bool):
-        self.workers, self.training, self.n, self.pad_id, self.one_step = workers, training, n, pad_id, one_step
+    """The rollout pool's engines as the driver schedules them: at most one batch generating at a time (`in_flight`),
+    and the weight version the engines hold (`version`) against the trainer's (`trained`, which the driver sets after
+    each update); push() sends the trainer's weights when the engines lag."""
+
+    def __init__(self, workers: list, training: list, n: int, pad_id: int):
+        self.workers, self.training, self.n, self.pad_id = workers, training, n, pad_id
         self.trained = 0  # the trainer's weight version: updates made (the step it resumed at, then one per step)
         self.version = -1  # the engines': none synced yet (vLLM's dummy load starts them from random weights)
         self.in_flight: InFlight | None = None
@@ -129,6 +135,26 @@ class RolloutPool:
                 **turn_metrics([rec for r in results for rec in r[4]]),
             },
         )
+
+    def rollout(
+        self, step: int, batch: list[dict], workers: int, faults: Injected, ahead: Callable[[], list[dict]] | None
+    ) -> tuple[list[Share], dict]:
+        """Step `step`'s samples of `batch`, a share per training worker (of `workers`), and the metrics. A batch not
+        generating yet starts now, with the trainer's weights. `ahead` (one step off-policy, but for the last step)
+        draws the next step's batch, which starts generating with this step's weights before this batch trains. A
+        batch's rollout_gen faults are armed before it starts."""
+        pooled = {}
+        if self.in_flight is None:
+            pooled.update(self.push())
+            faults.arm_rollout(step, self.workers)
+            self.launch(step, batch)
+        ro, turns, waited = self.take(step)
+        pooled.update(waited)
+        if ahead is not None:
+            pooled.update(self.push())
+            faults.arm_rollout(step + 1, self.workers)
+            self.launch(step + 1, ahead())
+        return self.shares(ro, turns, batch, workers), pooled
 
     def shares(self, ro: Rollout, turns: list[dict], rows: list[dict], workers: int) -> list[Share]:
         """Each training worker's samples, equal consecutive shares cut by sample as verl dispatches its batch (a

@@ -17,7 +17,7 @@ def single_worker(overrides: list[str], model_path: str | None = None):
     from ..model.build import load_tokenizer
     from ..workers.base import free_port
     from ..workers.training_worker import TrainingWorker
-    from .train import with_runtime
+    from .prepare import with_runtime
 
     cfg = parse_overrides([*overrides, "trainer.n_gpus_per_node=1", "trainer.nnodes=1"])
     path = model_path or cfg.actor_rollout_ref.model.path or ensure_tiny_model()

@@ -98,7 +98,7 @@ def test_a_metric_only_some_workers_report():
     ],
 )
 def test_sharding_of_prompts_over_workers(rows, parts, shards, spread):
-    from rlrig.trainer.driver.train import equal_shares
+    from rlrig.trainer.driver.modes import equal_shares
     from rlrig.trainer.driver.validation import spread as spread_rows
 
     assert equal_shares(rows, parts) == shards and spread_rows(rows, parts) == spread

@@ -8,7 +8,6 @@ import torch
 from rlrig.trainer.config.overrides import parse_overrides
 from rlrig.trainer.driver import checkpoint
 from rlrig.trainer.driver.single_process import single_worker
-from rlrig.trainer.driver.train import hf_models
 from rlrig.trainer.errors import ConfigError
 
 FAST = ["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.device=cpu",
@@ -32,7 +31,7 @@ def test_hf_model_writes_a_hugging_face_directory_with_the_trained_weights(tmp_p
     from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
 
     run = SimpleNamespace(cfg=parse_overrides(FAST), model_path=ensure_tiny_model(), adapter=None)
-    hf_models(run, st, {"actor": ["hf_model"]})(tmp_path)
+    checkpoint.hf_models(run, st, {"actor": ["hf_model"]})(tmp_path)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "actor" / "huggingface").state_dict()
     assert all(torch.equal(loaded[k], v) for k, v in st["model"].items() if k in loaded)
     assert (tmp_path / "actor" / "huggingface" / "tokenizer_config.json").is_file()

@@ -38,7 +38,7 @@ def test_batches_of_different_prompt_widths_join_left_padded_in_order():
 def test_each_training_worker_gets_an_equal_share_cut_by_sample(prompts, workers, firsts, samples):
     ro = pack_responses([[p + 1] for p in range(prompts)], 2, [[i] for i in range(prompts * 2)], None, 1, PAD, EOS)
     rows = [{"prompt": p + 1} for p in range(prompts)]
-    pool = RolloutPool([], [], 2, PAD, one_step=False)
+    pool = RolloutPool([], [], 2, PAD)
     shares = pool.shares(ro, [{"num_turns": i} for i in range(prompts * 2)], rows, workers)
     assert [s.samples.input_ids[:, 0].tolist() for s in shares] == samples
     assert [[r["prompt"] for r in s.rows] for s in shares] == samples

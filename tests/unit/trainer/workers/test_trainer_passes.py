@@ -170,7 +170,7 @@ def test_phases_time_named_blocks():
 
 def test_kl_controller_adapts_by_samples_not_prompts():
     from rlrig.trainer.algos.core_algos import AdaptiveKLController
-    from rlrig.trainer.driver.train import update_kl_controller
+    from rlrig.trainer.driver.modes import update_kl_controller
 
     cfg = SimpleNamespace(
         data=SimpleNamespace(train_batch_size=4), actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(n=5))

@@ -1,0 +1,150 @@
+"""The driver's first stage: Ray, the tokenizer, the data and every check that needs no worker, so that a bad input
+stops here, before any worker is placed. Its stages run in this order; a refusal names the first thing to fix."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from .. import mlflow_store
+from ..config.validation import micro_batch_refusal, profiler_device_refusal
+from ..data.custom_sampler import make_sampler
+from ..errors import ConfigError
+from ..model import lora
+from . import checkpoint, curriculum, faults, preemption
+from .launch import uses_gpu
+from .modes import Mode
+from .reporting import say
+from .stages import Prepared
+
+
+def with_runtime(cfg, total_steps: int, device: str):
+    """The config the workers get: the total number of steps (the learning-rate schedules need it; verl injects
+    it the same way) and the device trainer.device=auto resolved to."""
+    t = dataclasses.replace(cfg.trainer, total_training_steps=total_steps, device=device)
+    return dataclasses.replace(cfg, trainer=t)
+
+
+def prepare(cfg, mode: type[Mode]) -> Prepared:
+    """The run ready for its workers, in `mode` (modes.mode_of), or a ConfigError."""
+    from ..algos import core_algos
+    from ..data.datasets import load_rows
+    from ..embedded.tiny_model import ensure_tiny_model
+
+    model_path = cfg.actor_rollout_ref.model.path or ensure_tiny_model()
+    start_ray(cfg)
+    tokenizer, adapter = load_model_side(cfg, model_path)
+    train_rows, val_rows = load_rows(cfg, tokenizer)
+    rm_path = check_inputs(cfg, train_rows + val_rows)
+    sampler = make_sampler(cfg.data, train_rows, cfg.data.train_batch_size)
+    curriculum.check(cfg, sampler)
+    if sampler.steps_per_epoch() < 1:
+        raise ConfigError(
+            f"data.train_batch_size={cfg.data.train_batch_size} is larger than the {len(train_rows)} training prompts"
+        )
+    updates, total = mode.plan(cfg, sampler, len(train_rows))
+    cfg = resolved(cfg, updates)
+    out = run_dir(cfg)
+    t = cfg.trainer
+    say(
+        f"model {model_path}; {len(train_rows)} prompts; {total} steps; {t.nnodes}x{t.n_gpus_per_node} workers; "
+        f"rollout {cfg.actor_rollout_ref.rollout.name}"
+    )
+    resume_from = resume_point(cfg, out, adapter)
+    kl_ctrl = core_algos.kl_controller(cfg.algorithm.kl_ctrl)
+    rollout_world = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node if not cfg.actor_rollout_ref.hybrid_engine else 0
+    injected = faults.Injected(tuple(faults.from_env(t.nnodes * t.n_gpus_per_node, rollout_world)), out)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return Prepared(
+        cfg=cfg,
+        model_path=model_path,
+        rm_path=rm_path,
+        adapter=adapter,
+        train_rows=train_rows,
+        val_rows=val_rows,
+        sampler=sampler,
+        kl_ctrl=kl_ctrl,
+        out=out,
+        resume_from=resume_from,
+        faults=injected,
+        pad_id=pad_id,
+        total=total,
+        updates=updates,
+    )
+
+
+def start_ray(cfg) -> None:
+    import ray
+
+    if cfg.ray_kwargs.ray_init.num_cpus is not None and not os.environ.get("RAY_ADDRESS"):
+        ray.init(num_cpus=cfg.ray_kwargs.ray_init.num_cpus)
+    else:
+        ray.init(log_to_driver=True)
+
+
+def load_model_side(cfg, model_path: str) -> tuple[object, dict | None]:
+    """The tokenizer, and the LoRA adapter's shape (None without LoRA), after the checks that read the model."""
+    from ..model.build import import_external_lib, load_kwargs, load_tokenizer
+
+    model_cfg = cfg.actor_rollout_ref.model
+    import_external_lib(model_cfg)
+    tokenizer = load_tokenizer(cfg, model_path)
+    if cfg.actor_rollout_ref.actor.use_prefix_grouper:
+        from ..model import prefix_grouper
+
+        prefix_grouper.check(model_path, load_kwargs(model_cfg))
+    adapter = lora.check(model_cfg, model_path, load_kwargs(model_cfg)) if model_cfg.uses_lora else None
+    return tokenizer, adapter
+
+
+def check_inputs(cfg, rows: list[dict]) -> str | None:
+    """The checks on the logger, the agent loop and the rewards the rows need; the reward model's path (None:
+    none)."""
+    from ..agent import setup as agent_setup
+    from ..reward.reward_model import check_installed, resolve_path
+    from ..reward.rules import check_reward_setup
+
+    mlflow_store.require(cfg)
+    notice = agent_setup.check(cfg, rows)
+    if notice:
+        say(notice)
+    check_reward_setup(cfg, {r["data_source"] for r in rows})
+    check_installed(cfg.reward_model)
+    return resolve_path(cfg.reward_model) if cfg.reward_model.enable else None
+
+
+def resolved(cfg, updates: int):
+    """The config with the workers' runtime (the learning-rate schedules count updates; trainer.device=auto chose
+    GPUs or CPUs), and the checks that needed that choice."""
+    cfg = with_runtime(cfg, updates, "cuda" if uses_gpu(cfg) else "cpu")
+    why = micro_batch_refusal(cfg) if cfg.trainer.device == "cuda" else profiler_device_refusal(cfg)
+    if why:
+        raise ConfigError(why)
+    return cfg
+
+
+def run_dir(cfg) -> Path:
+    """trainer.default_local_dir, made, with a killed save's temporaries removed and the fabric report kept."""
+    out = Path(cfg.trainer.default_local_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint.clean_partial(str(out))
+    preemption.keep_fabric_report(out)
+    return out
+
+
+def resume_point(cfg, out: Path, adapter: dict | None) -> Path | None:
+    """The checkpoint the run resumes from (trainer.resume_mode), checked against the model and load_contents;
+    None: a fresh run."""
+    t, resume_from = cfg.trainer, None
+    if t.resume_mode == "resume_path":
+        resume_from = Path(t.resume_from_path)
+    elif t.resume_mode == "auto":
+        resume_from = checkpoint.latest(str(out))
+    if resume_from is not None:
+        ts = checkpoint.trainer_state(resume_from)
+        lora.check_resume(ts.get("lora"), adapter, resume_from)
+        why = checkpoint.load_refusal(resume_from, ts.get("contents", {}), checkpoint.loads(cfg))
+        if why:
+            raise ConfigError(why)
+    return resume_from
