@@ -110,9 +110,19 @@ def ensure_tiny_model(path: Path | None = None) -> str:
 
 
 def save_atomically(path: Path, model, tok) -> str:
+    from transformers.utils import logging
+
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
+    # save_pretrained draws a "Writing model shards" bar (transformers' logging.tqdm) and takes no argument to leave
+    # it out; for one small shard written at a run's start it is noise, so the bar is off while it writes
+    shown = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        model.save_pretrained(tmp)
+    finally:
+        if shown:
+            logging.enable_progress_bar()
     tok.save_pretrained(tmp)
     try:
         tmp.rename(path)  # atomic: a concurrent builder's copy is just as good

@@ -35,5 +35,5 @@ def write_hf_model(
         model = model.merge_and_unload()
     else:
         model.load_state_dict(model_sd)
-    model.save_pretrained(out, safe_serialization=True)
+    model.save_pretrained(out)  # safetensors, transformers' default
     AutoTokenizer.from_pretrained(base, **kw).save_pretrained(out)

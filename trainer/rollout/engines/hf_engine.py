@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, GenerationMixin
 from transformers.cache_utils import CacheLayerMixin, DynamicLayer
 
 from .base import (
@@ -16,6 +17,11 @@ from .base import (
     left_pad,
     response_mask_from,
 )
+
+# transformers renamed generate's and the models' key/value cache argument from past_key_values to cache (the old
+# name warns until its removal, on every call): the name this transformers takes (rlrig supports both sides)
+_PREPARE = inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
+CACHE_ARG = "cache" if "cache" in _PREPARE else "past_key_values"
 
 
 def repeatable(cache) -> bool:
@@ -100,7 +106,7 @@ class HFRollout(RolloutEngine):
             out = self.model.generate(
                 input_ids=ids,
                 attention_mask=mask,
-                past_key_values=cache,
+                **{CACHE_ARG: cache},
                 max_new_tokens=max_new,
                 do_sample=sample,
                 temperature=sampling.temperature if sample else None,
@@ -138,7 +144,7 @@ class HFRollout(RolloutEngine):
             input_ids=ids[:, :-1],
             attention_mask=mask[:, :-1],
             position_ids=pos[:, :-1],
-            past_key_values=cache,
+            **{CACHE_ARG: cache},
             use_cache=True,
             logits_to_keep=1,
         )

@@ -459,7 +459,7 @@ def test_hf_under_autocast_caches_keys_and_values_in_the_compute_dtype_and_draws
     model, tok = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path)
     caches = []
     generate = model.generate
-    monkeypatch.setattr(model, "generate", lambda **kw: caches.append(kw["past_key_values"]) or generate(**kw))
+    monkeypatch.setattr(model, "generate", lambda **kw: caches.append(kw[hf_engine.CACHE_ARG]) or generate(**kw))
     prompts, outs = [[5, 6, 7, 8, 9, 10], [11], [12, 13, 14]], []
     for cast in (True, False):
         if (
