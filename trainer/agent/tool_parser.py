@@ -15,6 +15,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class FunctionCall:
+    """One call a parser found in the model's turn: the tool's name and its arguments. A parser is a function
+    (the turn's text) -> [FunctionCall], in order, leaving out what it cannot read; PARSERS names each."""
+
     name: str
     arguments: str  # JSON, as the model wrote it (re-serialised)
 

@@ -32,6 +32,8 @@ class CustomSampler:
         self._it, self._at = None, None  # the epoch's iterator, and the (epoch, pos) it stands at
 
     def next(self) -> list[int]:
+        """The user's sampler's next batch of indices; a ConfigError where it yields fewer than a batch in an epoch
+        or something that is not a row index."""
         if self._at != (self.epoch, self.pos):  # the first draw, or a checkpoint's position restored
             self._it = islice(iter(self.user), self.pos, None)
         out = list(islice(self._it, self.batch))
@@ -49,6 +51,7 @@ class CustomSampler:
         return out
 
     def steps_per_epoch(self) -> int:
+        """Whole batches in an epoch of the user's sampler (its len)."""
         return len(self.user) // self.batch
 
     def state(self):
@@ -57,6 +60,8 @@ class CustomSampler:
 
     @staticmethod
     def save(state, step_dir: Path) -> None:
+        """Writes a state() taken at the step into the checkpoint's step directory, which the checkpoint names only
+        when it writes."""
         import torch
 
         torch.save(state, step_dir / STATE_FILE)

@@ -7,7 +7,10 @@ import random
 
 
 class Sampler:
-    """Epoch-shuffled prompt order with a position that checkpoints can restore."""
+    """Epoch-shuffled prompt order with a position that checkpoints can restore. Also the interface the driver draws
+    through (CustomSampler has it too): next() gives each step's row indices, steps_per_epoch() the whole batches of
+    an epoch, `epoch` and `pos` (indices drawn in the epoch) are what a checkpoint saves and sets back, and
+    `curriculum` says whether the sampler takes each step's batch after the step."""
 
     curriculum = False  # it takes no step's batch (data/custom_sampler.py's may)
 
@@ -16,12 +19,14 @@ class Sampler:
         self.epoch, self.pos = 0, 0
 
     def order(self) -> list[int]:
+        """This epoch's order of the n rows: shuffled from data.seed + the epoch, or as they are."""
         idx = list(range(self.n))
         if self.shuffle:
             random.Random(self.seed + self.epoch).shuffle(idx)
         return idx
 
     def next(self) -> list[int]:
+        """The next batch's row indices; an epoch's last rows that do not fill a batch are skipped (drop_last)."""
         if self.pos + self.batch > self.n:
             self.epoch, self.pos = self.epoch + 1, 0
         out = self.order()[self.pos : self.pos + self.batch]
@@ -29,4 +34,5 @@ class Sampler:
         return out
 
     def steps_per_epoch(self) -> int:
+        """Whole batches in an epoch."""
         return self.n // self.batch

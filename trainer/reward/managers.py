@@ -15,11 +15,15 @@ OVERLONG_KEYS = {"enable", "len", "penalty_factor", "log"}
 
 @dataclass(frozen=True)
 class Overlong:
+    """DAPO's soft overlong penalty, the dapo manager's: 0 up to max_resp_len - length tokens, then falling linearly
+    to -penalty_factor at max_resp_len."""
+
     length: int  # the buffer: the last `length` tokens before max_resp_len
     penalty_factor: float
     max_resp_len: int
 
     def penalty(self, response_len: int) -> float:
+        """The amount (<= 0) added to the score of a response this many tokens long."""
         # expected = max_resp_len - length ;  penalty = min(-(response_len - expected) / length * factor, 0)
         expected = self.max_resp_len - self.length
         return min(-(response_len - expected) / self.length * self.penalty_factor, 0.0)

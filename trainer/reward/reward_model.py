@@ -18,6 +18,7 @@ from ..model.build import import_external_lib, model_kwargs
 
 
 def resolve_path(rm_cfg) -> str:
+    """The reward model's directory: reward_model.model.path, else the embedded tiny reward model (built once)."""
     from ..embedded.tiny_reward_model import ensure_tiny_reward_model
 
     return rm_cfg.model.path or ensure_tiny_reward_model()
@@ -32,7 +33,9 @@ def scorer_settings(cfg) -> tuple[int, int | None]:
 
 
 class ChatScorer:
-    """What every reward-model scorer shares: the reward model's tokenizer and its rendering of a conversation."""
+    """What every reward-model scorer shares: the reward model's tokenizer and its rendering of a conversation. A
+    scorer implements score_ids (token lists -> one float each, in order) and close, if it holds anything beyond
+    itself; score_chats renders and scores conversations through it."""
 
     def __init__(self, m, path: str, max_length: int):
         from transformers import AutoTokenizer
@@ -48,10 +51,11 @@ class ChatScorer:
         return self.tok(text, add_special_tokens=False)["input_ids"][: self.max_length]
 
     def score_chats(self, chats: list[list[dict]]) -> list[float]:
+        """Each conversation's score, rendered in the reward model's template (render)."""
         return self.score_ids([self.render(c) for c in chats])
 
     def close(self) -> None:
-        pass
+        """Release what the scorer holds beyond this object (an engine, a process)."""
 
 
 class RewardScorer(ChatScorer):
@@ -138,6 +142,8 @@ class LoopScorer(ChatScorer):
         dist.barrier(group=self.group)
 
     def score_ids(self, seqs: list[list[int]]) -> list[float]:
+        """Each sequence's score, cut to max_length; under tensor parallelism the group's first rank scores every
+        member's share and each member gets its own."""
         seqs = [s[: self.max_length] for s in seqs]  # vLLM refuses what exceeds max_model_len
         if self.group is None:
             return self.engine.score_ids(seqs)
@@ -149,11 +155,14 @@ class LoopScorer(ChatScorer):
         return result[0][mine]
 
     def close(self) -> None:
+        """Stops the engine's process, where this rank runs it."""
         if self.engine is not None:
             self.engine.close()
 
 
 def make_scorer(rm_cfg, path: str, device: torch.device, default_max_length: int, budget: int | None) -> ChatScorer:
+    """The scorer reward_model.use_reward_loop chooses: the vLLM reward loop (LoopScorer) or transformers
+    (RewardScorer)."""
     cls = LoopScorer if rm_cfg.use_reward_loop else RewardScorer
     return cls(rm_cfg, path, device, default_max_length, budget)
 

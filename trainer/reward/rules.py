@@ -29,6 +29,8 @@ def extract_solution(text: str, method: str = "strict") -> str | None:
 def gsm8k_score(
     solution: str, ground_truth: str, method: str = "strict", format_score: float = 0.0, score: float = 1.0
 ) -> float:
+    """verl's GSM8K reward: `score` when the extracted answer equals the ground truth, `format_score` when an answer
+    is there but wrong, 0 when none is."""
     answer = extract_solution(solution, method)
     if answer is None:
         return 0.0
@@ -36,6 +38,7 @@ def gsm8k_score(
 
 
 def default_compute_score(data_source: str, solution: str, ground_truth: str, extra_info=None) -> float:
+    """The rule-based reward of RULE_SOURCES' rows (the GSM8K check, strict); a ValueError for another source."""
     if data_source in RULE_SOURCES:
         return gsm8k_score(solution, ground_truth)
     raise ValueError(f"no rule-based reward for data_source {data_source!r}; set custom_reward_function.path and .name")
@@ -59,6 +62,7 @@ def check_sources(sources: set[str], custom_path: str | None) -> None:
 
 
 def takes_rm_score(fn: Callable) -> bool:
+    """Whether a reward function accepts the reward model's score (an `rm_score` parameter, or **kwargs)."""
     params = inspect.signature(fn).parameters.values()
     return any(p.name == "rm_score" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 

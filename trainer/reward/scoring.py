@@ -15,6 +15,12 @@ from .managers import Overlong
 
 @dataclass
 class RewardSource:
+    """Where a sample's reward comes from, chosen once when a worker is built, so that the step never asks: score()
+    reads it for every batch. `fn(data_source, solution_str, ground_truth, extra_info[, rm_score=...])` returns a
+    number or verl's dict with "score" and fields of its own; it gets rm_score when a reward model scores too.
+    `model(kind, inputs)` scores model_inputs()'s conversations or token lists, one float each. At least one of
+    them is set; the dapo manager's overlong penalty is added to whatever they give."""
+
     fn: Callable | None  # the rule or custom function; None: the reward model's score is the reward
     model: Callable[[str, list], list[float]] | None  # ("chats" | "ids", inputs) -> the reward model's scores
     # decodes responses for the model to read in its own chat template; None: it reads the policy's tokens as they are

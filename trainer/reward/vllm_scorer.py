@@ -140,6 +140,7 @@ class VLLMEngineScorer:
             return "error", f"its process exited with code {self.proc.exitcode}"
 
     def score_ids(self, seqs: list[list[int]]) -> list[float]:
+        """Each sequence's score (the pooled output at its last token); a RuntimeError where the engine failed."""
         self.conn.send(("score", seqs))
         kind, value = self._recv()
         if kind != "scores":
@@ -147,6 +148,7 @@ class VLLMEngineScorer:
         return value
 
     def close(self) -> None:
+        """Ends the child process: it exits when the pipe closes, and is killed after 30 s."""
         self.conn.close()
         self.proc.join(30)
         if self.proc.is_alive():

@@ -21,6 +21,7 @@ VERL_PORTS = {
 
 
 def load_interactions(path: str) -> dict[str, BaseInteraction]:
+    """The file's interactions by name, each built once; a ConfigError names the entry that is wrong."""
     out: dict[str, BaseInteraction] = {}
     for i, entry in enumerate(read_entries(path, "interaction")):
         where = f"multi_turn.interaction_config_path={path}: interaction[{i}]"

@@ -11,24 +11,31 @@ INCORRECT = "Your response is incorrect! You need to reflect on your answer and 
 
 
 class Gsm8kInteraction(BaseInteraction):
+    """The GSM8K user: start_interaction takes the row's ground_truth."""
+
     def __init__(self, config: dict):
         super().__init__(config)
         self._instances: dict[str, dict] = {}
 
     async def start_interaction(self, instance_id=None, ground_truth=None, **kwargs) -> str:
+        """A conversation about the problem whose answer is `ground_truth`."""
         instance_id = await super().start_interaction(instance_id)
         self._instances[instance_id] = {"response": "", "ground_truth": ground_truth, "reward": 0.0}
         return instance_id
 
     async def generate_response(self, instance_id, messages, **kwargs):
+        """Ends the conversation with CORRECT and score 1.0 when the model's last turn is right, else asks it to try
+        again (INCORRECT, 0.0)."""
         content = next((m.get("content") for m in reversed(messages) if m.get("role") == "assistant"), "")
         self._instances[instance_id]["response"] = content
         reward = await self.calculate_score(instance_id)
         return (True, CORRECT, reward, {}) if reward == 1.0 else (False, INCORRECT, reward, {})
 
     async def calculate_score(self, instance_id, **kwargs) -> float:
+        """1.0 when the model's last turn gives the answer as `#### N`, else 0.0 (verl's strict check)."""
         state = self._instances[instance_id]
         return gsm8k_score(state["response"], state["ground_truth"], method="strict", format_score=0.0, score=1.0)
 
     async def finalize_interaction(self, instance_id, **kwargs) -> None:
+        """Forgets the conversation."""
         self._instances.pop(instance_id, None)

@@ -51,8 +51,12 @@ def function_schema(schema: Any, where: str) -> dict:
 
 
 class BaseTool:
-    """verl's tool interface. The loop makes a fresh instance for every call (create with the row's
-    tools_kwargs[name].create_kwargs, execute with the parsed arguments, release), so no state spans calls."""
+    """verl's tool interface. A subclass is named by its module path in the tool config and built once per worker
+    with its entry's config and tool_schema (else get_openai_tool_schema's); the schema's function name is the
+    tool's name, the one the model calls. The loop opens a fresh instance for every call (create with the row's
+    tools_kwargs[name].create_kwargs, execute with the parsed arguments, release, each awaited under
+    multi_turn.tool_timeout), so no state spans calls; what a call raises is text the model reads, not an error of
+    the run."""
 
     def __init__(self, config: dict, tool_schema: dict | None = None):
         self.config = config
@@ -65,14 +69,17 @@ class BaseTool:
         return None
 
     async def create(self, instance_id: str | None = None, **kwargs) -> tuple[str, ToolResponse]:
+        """Open an instance for one call: (its id, a response the loop does not show). kwargs: create_kwargs."""
         return instance_id or str(uuid.uuid4()), ToolResponse()
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
-        """(the response the model reads, this call's reward, metrics)."""
+        """Run the call with its JSON arguments: (the response the model reads, this call's reward or None, metrics).
+        A reward is kept with the sample (extra_info's tool_rewards, for the reward function)."""
         return ToolResponse(text="Updated the tool state."), 0.0, {}
 
     async def calc_reward(self, instance_id: str, **kwargs) -> float:
+        """The instance's reward so far: verl's interface, for the tool's own use (the loop does not call it)."""
         return 0.0
 
     async def release(self, instance_id: str, **kwargs) -> None:
-        pass
+        """The call is over (also after execute failed or timed out): free what the instance holds."""

@@ -45,12 +45,15 @@ def evaluate(expression: str) -> int | float:
 
 
 def shown(v: int | float) -> str:
-    # 12.0 reads as 12: the model copies integers as it would write them
+    """A value as the model reads it: 12.0 as 12, since the model copies integers as it would write them."""
     return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
 
 
 class CalculatorTool(BaseTool):
+    """`calculator(expression)`: the value of an arithmetic expression (evaluate); reward 0."""
+
     def get_openai_tool_schema(self) -> dict:
+        """The calculator's schema, for a tool config that gives none."""
         return {
             "type": "function",
             "function": {
@@ -65,4 +68,5 @@ class CalculatorTool(BaseTool):
         }
 
     async def execute(self, instance_id, parameters, **kwargs):
+        """The expression's value as text; a ValueError (not arithmetic) is what the model reads back."""
         return ToolResponse(text=shown(evaluate(str(parameters.get("expression", ""))))), 0.0, {}

@@ -9,6 +9,7 @@ from .registry import AdvantageInput, register
 
 
 def gae_advantages(rewards, values, mask, gamma: float, lam: float, allreduce: AllReduce = local):
+    """(advantages, returns), both [B, R], from token rewards and the critic's values."""
     # delta_t = r_t + gamma * V_{t+1} - V_t ;  A_t = delta_t + gamma * lam * A_{t+1} ;  returns = A + V ;
     # A whitened over the whole batch (every worker's shard)
     T = rewards.shape[1]
@@ -29,4 +30,5 @@ def gae_advantages(rewards, values, mask, gamma: float, lam: float, allreduce: A
 
 @register("gae", needs_critic=True)
 def compute(x: AdvantageInput):
+    """`gae`: the critic's values, algorithm.gamma and lam."""
     return gae_advantages(x.token_rewards, x.values, x.mask, x.gamma, x.lam, x.allreduce)

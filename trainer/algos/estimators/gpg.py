@@ -10,6 +10,8 @@ from .registry import AdvantageInput, register
 
 
 def gpg_advantages(scores, mask, index, allreduce: AllReduce = local, f_norm: float = 1.0):
+    """(advantages, the same as returns), both [B, R]: each sample's score [B] against its group (index), scaled
+    by the whole batch's count of non-zero scores."""
     # alpha = B / max(1, #{i: s_i != 0}) over the whole batch ; A_i = alpha (s_i - mean(s_group)) / f_norm
     counts = allreduce(
         torch.stack(
@@ -26,4 +28,5 @@ def gpg_advantages(scores, mask, index, allreduce: AllReduce = local, f_norm: fl
 
 @register("gpg")
 def compute(x: AdvantageInput):
+    """`gpg`: each response's summed token rewards as its score."""
     return gpg_advantages(x.token_rewards.sum(-1), x.mask, x.index, x.allreduce)

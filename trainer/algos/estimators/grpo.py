@@ -11,6 +11,7 @@ EPS = 1e-6
 
 
 def grpo_advantages(scores, mask, index, norm_by_std: bool = True):
+    """(advantages, the same as returns), both [B, R]: each sample's score [B] against its group (index)."""
     # A_i = (s_i - mean(s_group)) / (std(s_group) + eps); Dr.GRPO (norm_by_std=False): A_i = s_i - mean(s_group)
     adv = torch.zeros_like(scores)
     for _, rows in prompt_groups(index, scores.device):
@@ -25,4 +26,5 @@ def grpo_advantages(scores, mask, index, norm_by_std: bool = True):
 
 @register("grpo")
 def compute(x: AdvantageInput):
+    """`grpo`: each response's summed token rewards as its score; algorithm.norm_adv_by_std_in_grpo."""
     return grpo_advantages(x.token_rewards.sum(-1), x.mask, x.index, x.norm_adv_by_std_in_grpo)

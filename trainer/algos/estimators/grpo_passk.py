@@ -10,6 +10,8 @@ from .registry import AdvantageInput, register
 
 
 def grpo_passk_advantages(scores, mask, index, norm_by_std: bool = True):
+    """(advantages, the same as returns), both [B, R]: each group's (index) best score [B] by its margin; a
+    ValueError for a group of fewer than 2 samples."""
     # A_best = (s_max - s_second) [/ (std(s_group) + eps)]; every other sample 0
     adv = torch.zeros_like(scores)
     for g, rows in prompt_groups(index, scores.device):
@@ -23,4 +25,5 @@ def grpo_passk_advantages(scores, mask, index, norm_by_std: bool = True):
 
 @register("grpo_passk", needs_groups=True)
 def compute(x: AdvantageInput):
+    """`grpo_passk`: each response's summed token rewards as its score; algorithm.norm_adv_by_std_in_grpo."""
     return grpo_passk_advantages(x.token_rewards.sum(-1), x.mask, x.index, x.norm_adv_by_std_in_grpo)

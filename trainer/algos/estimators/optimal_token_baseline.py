@@ -77,9 +77,11 @@ def _inputs(x: AdvantageInput) -> tuple:
 
 @register("optimal_token_baseline", needs_sum_pi_squared=True)
 def compute(x: AdvantageInput):
+    """`optimal_token_baseline`: the old log-probs, sum_pi_squared and rollout_is weights the worker computed."""
     return otb_advantages(*_inputs(x))
 
 
 @register("tir_optimal_token_baseline", needs_sum_pi_squared=True)
 def compute_tir(x: AdvantageInput):
+    """`tir_optimal_token_baseline`: as optimal_token_baseline, on each response's own tokens packed left."""
     return tir_otb_advantages(*_inputs(x))

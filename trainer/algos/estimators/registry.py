@@ -16,6 +16,9 @@ from ..core_algos import AllReduce
 
 @dataclass
 class AdvantageInput:
+    """What an estimator reads, for one worker's share of the step's samples (B rows, R response tokens). The
+    optional fields are set where the estimator declares it needs them (Estimator's needs_*)."""
+
     token_rewards: torch.Tensor  # [B, R]: the outcome score on the last response token, minus any KL in the reward
     mask: torch.Tensor  # [B, R]
     index: list  # [B]: the prompt each sample answers (samples of one prompt share it)
@@ -32,6 +35,8 @@ class AdvantageInput:
 
 @dataclass(frozen=True)
 class Estimator:
+    """A registered estimator: its function and what it needs, which config validation and the worker read."""
+
     name: str
     fn: Callable[[AdvantageInput], tuple[torch.Tensor, torch.Tensor]]  # -> (advantages, returns), both [B, R]
     needs_critic: bool = False  # a value model is built and trained
@@ -56,6 +61,11 @@ def register(
     needs_greedy_baseline: bool = False,
     needs_sum_pi_squared: bool = False,
 ):
+    """Registers `fn(x: AdvantageInput) -> (advantages, returns)`, both [B, R] and 0 outside the mask, as
+    algorithm.adv_estimator=`name`. The needs_* flags declare what it reads (Estimator's fields say what each
+    builds); batch-wide statistics go through x.allreduce, so that every worker's shard sees the whole batch's.
+    A name registered twice is a ValueError."""
+
     def deco(fn):
         if name in ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is registered twice")

@@ -9,6 +9,7 @@ from .registry import AdvantageInput, register
 
 
 def reinforce_pp_advantages(token_rewards, mask, gamma: float, allreduce: AllReduce = local):
+    """(advantages, returns), both [B, R]."""
     # G_t = r_t + gamma * G_{t+1} ; A = whiten(G) over the whole batch (every worker's shard)
     T = token_rewards.shape[1]
     ret = torch.zeros_like(token_rewards)
@@ -22,4 +23,5 @@ def reinforce_pp_advantages(token_rewards, mask, gamma: float, allreduce: AllRed
 
 @register("reinforce_plus_plus")
 def compute(x: AdvantageInput):
+    """`reinforce_plus_plus`: the token rewards discounted by algorithm.gamma."""
     return reinforce_pp_advantages(x.token_rewards, x.mask, x.gamma, x.allreduce)

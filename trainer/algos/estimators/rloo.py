@@ -9,6 +9,7 @@ from .registry import AdvantageInput, register
 
 
 def rloo_advantages(scores, mask, index):
+    """(advantages, the same as returns), both [B, R]: each sample's score [B] against its group (index)."""
     # A_i = s_i * n/(n-1) - mean(s_group) * n/(n-1)  ==  s_i - mean of the other n-1 samples
     adv = torch.zeros_like(scores)
     for _, rows in prompt_groups(index, scores.device):
@@ -20,4 +21,5 @@ def rloo_advantages(scores, mask, index):
 
 @register("rloo")
 def compute(x: AdvantageInput):
+    """`rloo`: each response's summed token rewards as its score."""
     return rloo_advantages(x.token_rewards.sum(-1), x.mask, x.index)

@@ -7,4 +7,5 @@ __all__ = ["POLICY_LOSSES", "PolicyLoss", "register", "get"]
 
 
 def get(name: str) -> PolicyLoss:
+    """The loss called `name`; config validation has already refused unknown names."""
     return POLICY_LOSSES[name]

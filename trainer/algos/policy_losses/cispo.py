@@ -8,6 +8,7 @@ from .vanilla import clip_range
 
 
 def cispo_loss(old_logp, logp, adv, mask, clip_low, clip_high, agg, is_weights=None):
+    """(loss, the share of tokens whose ratio was clipped, ppo_kl)."""
     # r = exp(clamp(logp - old, +-20)) ; L = -sg[clip(r, 1-lo, 1+hi)] A logp
     diff = (logp - old_logp).clamp(-20.0, 20.0)
     ratio = diff.exp()
@@ -18,5 +19,6 @@ def cispo_loss(old_logp, logp, adv, mask, clip_low, clip_high, agg, is_weights=N
 
 @register("cispo")
 def cispo(old_logp, logp, adv, mask, actor_cfg, agg: str, is_weights=None):
+    """`cispo`: actor.clip_ratio_low and _high bound the weight."""
     loss, clipfrac, ppo_kl = cispo_loss(old_logp, logp, adv, mask, *clip_range(actor_cfg), agg, is_weights)
     return loss, {"actor/pg_clipfrac": clipfrac, "actor/ppo_kl": ppo_kl}

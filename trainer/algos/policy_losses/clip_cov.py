@@ -11,6 +11,7 @@ from .vanilla import clip_range
 
 
 def clip_cov_loss(old_logp, logp, adv, mask, clip_low, clip_high, ratio_k, lb, ub, agg, is_weights=None):
+    """(loss, the share of tokens cut out, ppo_kl)."""
     # r = exp(logp - old); L = max(-A r, -A clip(r)); cov_t = (A - mean A)(logp - mean sg[logp]) over tokens not
     # already clipped; max(1, ratio_k * #tokens) tokens drawn at random among lb < cov < ub get L = 0
     diff = logp - old_logp
@@ -30,6 +31,7 @@ def clip_cov_loss(old_logp, logp, adv, mask, clip_low, clip_high, ratio_k, lb, u
 
 @register("clip_cov")
 def clip_cov(old_logp, logp, adv, mask, actor_cfg, agg: str, is_weights=None):
+    """`clip_cov`: policy_loss.clip_cov_ratio, clip_cov_lb and clip_cov_ub."""
     p = actor_cfg.policy_loss
     loss, clipfrac, ppo_kl = clip_cov_loss(
         old_logp,

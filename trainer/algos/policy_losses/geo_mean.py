@@ -10,6 +10,8 @@ from .vanilla import clip_range
 
 
 def geo_mean_loss(old_logp, logp, adv, mask, clip_low, clip_high, is_weights=None):
+    """(loss, the share of tokens clipped with A > 0, with A < 0, ppo_kl); the loss is a mean over sequences, so
+    loss_agg_mode does not apply."""
     # d = logp - old ; d' = sgn(A) min(sgn(A) d, sgn(A) clip(d, -lo, hi)) ;
     # r_i = exp(mean_t d') ; A_i = mean_t A ; L = mean_i(-A_i r_i)
     d = logp - old_logp
@@ -32,5 +34,6 @@ def geo_mean_loss(old_logp, logp, adv, mask, clip_low, clip_high, is_weights=Non
 
 @register("geo_mean")
 def geo_mean(old_logp, logp, adv, mask, actor_cfg, agg: str, is_weights=None):
+    """`geo_mean`: actor.clip_ratio_low and _high, in log space."""
     loss, upper, lower, ppo_kl = geo_mean_loss(old_logp, logp, adv, mask, *clip_range(actor_cfg), is_weights)
     return loss, {"actor/pg_clipfrac": upper, "actor/pg_clipfrac_lower": lower, "actor/ppo_kl": ppo_kl}

@@ -10,6 +10,7 @@ from .vanilla import clip_range
 
 
 def gspo_loss(old_logp, logp, adv, mask, clip_low, clip_high, is_weights=None, agg: str | Agg = "seq-mean-token-mean"):
+    """(loss, the share of tokens clipped, ppo_kl)."""
     # log s_i = mean_t (logp - old) ; token ratio s_it = exp(sg[log s_i] + logp - sg[logp]) (<= e^10) ;
     # L = max(-A s_it, -A clip(s_it, 1-lo, 1+hi)), aggregated seq-mean-token-mean as GSPO defines it
     diff = logp - old_logp
@@ -22,5 +23,6 @@ def gspo_loss(old_logp, logp, adv, mask, clip_low, clip_high, is_weights=None, a
 
 @register("gspo")
 def gspo(old_logp, logp, adv, mask, actor_cfg, agg: str | Agg, is_weights=None):
+    """`gspo`: actor.clip_ratio_low and _high; loss_agg_mode's mode is replaced by seq-mean-token-mean."""
     loss, clipfrac, ppo_kl = gspo_loss(old_logp, logp, adv, mask, *clip_range(actor_cfg), is_weights, agg)
     return loss, {"actor/pg_clipfrac": clipfrac, "actor/ppo_kl": ppo_kl}

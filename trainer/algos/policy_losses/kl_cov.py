@@ -9,6 +9,7 @@ from .registry import register, weighted
 
 
 def kl_cov_loss(old_logp, logp, adv, mask, ratio_k, kl_coef, agg, is_weights=None):
+    """(loss, ppo_kl as the mean |logp - old|)."""
     # r = exp(logp - old); L = -A r, and on the top max(1, ratio_k * #tokens) tokens by (A - mean A)(logp - mean logp):
     # L = -A r + kl_coef |logp - old|
     diff = logp - old_logp
@@ -27,6 +28,7 @@ def kl_cov_loss(old_logp, logp, adv, mask, ratio_k, kl_coef, agg, is_weights=Non
 
 @register("kl_cov")
 def kl_cov(old_logp, logp, adv, mask, actor_cfg, agg: str, is_weights=None):
+    """`kl_cov`: policy_loss.kl_cov_ratio and ppo_kl_coef."""
     p = actor_cfg.policy_loss
     loss, ppo_kl = kl_cov_loss(old_logp, logp, adv, mask, p.kl_cov_ratio, p.ppo_kl_coef, agg, is_weights)
     return loss, {"actor/ppo_kl": ppo_kl}

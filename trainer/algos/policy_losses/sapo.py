@@ -11,6 +11,7 @@ from .registry import register, weighted
 def sapo_loss(
     old_logp, logp, adv, mask, tau_pos: float, tau_neg: float, is_weights=None, agg: str | Agg = "seq-mean-token-mean"
 ):
+    """(loss, ppo_kl)."""
     # r = exp(clamp(logp - old, +-20)) ; f(r) = sigmoid(tau (r - 1)) * 4 / tau ; L = -f(r) A, seq-mean-token-mean
     diff = (logp - old_logp).clamp(-20.0, 20.0)
     tau = torch.where(adv > 0, torch.as_tensor(tau_pos, dtype=adv.dtype), torch.as_tensor(tau_neg, dtype=adv.dtype))
@@ -21,5 +22,6 @@ def sapo_loss(
 
 @register("sapo")
 def sapo(old_logp, logp, adv, mask, actor_cfg, agg: str | Agg, is_weights=None):
+    """`sapo`: actor.tau_pos and tau_neg; loss_agg_mode's mode is replaced by seq-mean-token-mean."""
     loss, ppo_kl = sapo_loss(old_logp, logp, adv, mask, actor_cfg.tau_pos, actor_cfg.tau_neg, is_weights, agg)
     return loss, {"actor/ppo_kl": ppo_kl}

@@ -52,6 +52,7 @@ def engine_class(name: str) -> type[RolloutEngine]:
 
 
 def make_engine(cls: type[RolloutEngine], ctx: EngineContext) -> RolloutEngine:
+    """The engine built from `ctx`; its EngineUnavailable, with the fix, where it cannot run on ctx.device."""
     why = cls.unavailable(ctx.device)
     if why:
         raise why

@@ -21,10 +21,12 @@ class Rollout:
     engine_logp: torch.Tensor | None = None  # [B, R] log-probs the engine reported, when it does
 
     def rows(self, sl: slice) -> Rollout:
+        """The rows `sl` of every tensor (the prompt width unchanged)."""
         logp = self.engine_logp[sl] if self.engine_logp is not None else None
         return Rollout(self.input_ids[sl], self.attention_mask[sl], self.response_mask[sl], self.prompt_len, logp)
 
     def to(self, device) -> Rollout:
+        """The same batch with its tensors on `device`."""
         logp = self.engine_logp.to(device) if self.engine_logp is not None else None
         return Rollout(
             self.input_ids.to(device),
@@ -46,10 +48,12 @@ class Sampling:
 
     @classmethod
     def of(cls, cfg) -> Sampling:
+        """The sampling a rollout section (actor_rollout_ref.rollout or its val_kwargs) asks for."""
         return cls(cfg.temperature, cfg.top_p, cfg.top_k, cfg.do_sample)
 
     @property
     def greedy(self) -> bool:
+        """Whether every draw is the most likely token: do_sample off, or temperature 0."""
         return not self.do_sample or self.temperature == 0
 
 
@@ -72,10 +76,10 @@ class EngineContext:
 
 
 class RolloutEngine:
-    """What a rollout backend implements. `sync_weights` is called after every optimizer step and
-    after a checkpoint is loaded with the actor's (name, full tensor) pairs; it must hand the engine
-    the weights in memory, never via disk, and consume the whole iterator (under FSDP each item is
-    a collective all ranks take part in).
+    """What a rollout backend implements: a subclass built from an EngineContext (constructors raise
+    EngineUnavailable, with the fix, where the engine cannot run), listed in engines/__init__.py ENGINES under its
+    `name`. It must implement generate and sync_weights; the other methods have defaults that suit an engine which
+    keeps no memory between rollouts and spans one worker.
 
     The class attributes declare what the engine needs, so callers never test its name."""
 
@@ -134,6 +138,11 @@ class RolloutEngine:
         calls it before its own teardown)."""
 
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Take the actor's weights: called after every optimizer step and after a checkpoint is loaded, with the
+        actor's (name, full tensor) pairs under transformers' names. The engine must hand them to its model in
+        memory, never via disk, and consume the whole iterator (under FSDP each item is a collective that all ranks
+        take part in). A tensor that already is the engine's own (in_place, or the actor's module itself) needs no
+        copy. The next generate samples from these weights."""
         raise NotImplementedError
 
     def in_place(self, bucket) -> torch.Tensor | None:
@@ -147,7 +156,7 @@ class RolloutEngine:
 
 
 def response_mask_from(responses: torch.Tensor, eos_id: int) -> torch.Tensor:
-    # 1 on every token up to and including the first EOS
+    """[B, R] 1 on every token up to and including each row's first EOS, 0 after it."""
     is_eos = (responses == eos_id).int()
     after_eos = (is_eos.cumsum(-1) - is_eos) > 0
     return (~after_eos).long()
@@ -184,6 +193,7 @@ def pack_responses(
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask), both [B, longest prompt]: each prompt right-aligned, padded on the left."""
     width = max((len(p) for p in prompts), default=0)  # none: a tensor-parallel rank with no share of the prompts
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)

@@ -25,6 +25,8 @@ CACHE_ARG = "cache" if "cache" in _PREPARE else "past_key_values"
 
 
 def repeatable(cache) -> bool:
+    """Whether every layer of the cache can be repeated for a prompt's samples (keys and values, not a recurrent
+    state)."""
     return all(hasattr(layer, "batch_repeat_interleave") for layer in cache.layers)
 
 
@@ -70,6 +72,7 @@ class HFRollout(RolloutEngine):
 
     @torch.no_grad()
     def generate(self, prompts, n, sampling=None, sync_follows=False, max_new=None, hold=False):
+        """RolloutEngine.generate with transformers' generate; the engine reports no log-probs."""
         # sync_follows and hold change nothing: the module is the actor's own (or, under FSDP, its copy), never freed
         return self._generate(prompts, n, sampling or Sampling.of(self.cfg), max_new or self.max_new, None)
 
@@ -152,6 +155,7 @@ class HFRollout(RolloutEngine):
         return cache
 
     def in_place(self, bucket):
+        """The module's own parameters, which a transfer can land in (rollout/weight_sync.py Landing)."""
         from ..weight_sync import Landing
 
         if self._landing is None:
@@ -160,6 +164,8 @@ class HFRollout(RolloutEngine):
 
     @torch.no_grad()
     def sync_weights(self, weights):
+        """Copies each tensor into the module's own, skipping those that already are the module's (DDP generates
+        with the actor's module itself; a transfer may have landed in place)."""
         own = self.model.state_dict()
         for name, t in weights:
             if own[name].data_ptr() != t.data_ptr():  # the same storage when generating with the actor itself

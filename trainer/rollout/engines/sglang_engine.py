@@ -49,10 +49,12 @@ def buckets(weights, dtype, limit: int = BUCKET_BYTES):
 
 
 def engine_dtype(cfg) -> str:
+    """rollout.dtype as SGLang takes it: auto is bfloat16."""
     return "bfloat16" if cfg.dtype == "auto" else cfg.dtype
 
 
 def engine_kwargs(cfg, model_path: str, max_model_len: int, seed: int) -> dict:
+    """sglang.Engine arguments from actor_rollout_ref.rollout.*, rollout.engine_kwargs.sglang last."""
     kw = dict(
         model_path=model_path,
         skip_tokenizer_init=True,
@@ -71,7 +73,7 @@ def engine_kwargs(cfg, model_path: str, max_model_len: int, seed: int) -> dict:
 
 
 def sampling_params(s: Sampling, max_new: int, eos_id: int) -> dict:
-    # do_sample=False (or temperature 0) decodes greedily, as verl does
+    """SGLang's sampling parameters; do_sample=False (or temperature 0) decodes greedily, as verl does."""
     out = {
         "temperature": 0.0 if s.greedy else s.temperature,
         "top_p": 1.0 if s.greedy else s.top_p,
@@ -104,6 +106,9 @@ def tp_engine_kwargs(layout: tp_groups.NodeLayout, tp: int, dist_init_addr: str,
 
 
 class SGLangRollout(RolloutEngine):
+    """SGLang's offline Engine on GPUs, run by the first worker of its tensor-parallel group, which asks it for
+    every member's prompts; it reports each token's log-prob."""
+
     name = "sglang"
     devices = ("cuda",)
     tensor_parallel = True
@@ -145,6 +150,7 @@ class SGLangRollout(RolloutEngine):
         dist.barrier(group=self.group)  # every node's schedulers are up before the first request
 
     def describe(self) -> str:
+        """The name, and the tensor-parallel span where there is one."""
         return self.name if self.group is None else f"{self.name}, tensor parallel over {len(self.members)} workers"
 
     def _resume(self, tag: str):
@@ -153,6 +159,8 @@ class SGLangRollout(RolloutEngine):
             self.released.remove(tag)
 
     def generate(self, prompts, n, sampling=None, sync_follows=False, max_new=None, hold=False):
+        """RolloutEngine.generate; every member of a tensor-parallel group calls it together, each with its own
+        prompts, and gets its own rows."""
         asked, mine = prompts, slice(0, len(prompts) * n)
         if self.group is not None:  # the group's prompts in rank order; the lead asks the engine for all of them
             asked, share = tp_groups.gather_share(self.group, self.me, len(self.members), prompts)
@@ -178,6 +186,7 @@ class SGLangRollout(RolloutEngine):
         return pack_responses(prompts, n, tokens, logps, max_new, self.tok.pad_token_id, self.tok.eos_token_id)
 
     def rest(self, sync_follows=False) -> None:
+        """With rollout.free_cache_engine, the KV cache's memory released (the weights' too when a sync follows)."""
         if self.leads and self.cfg.free_cache_engine and not self.released:
             self.released = [KV, WEIGHTS] if sync_follows else [KV]
             self.engine.release_memory_occupation(tags=list(self.released))
@@ -191,9 +200,12 @@ class SGLangRollout(RolloutEngine):
         return int(t.item())
 
     def agree(self, more: bool) -> bool:
+        """Whether any member of the group has more to generate."""
         return bool(self._most(int(more)))
 
     def sync_weights(self, weights) -> None:
+        """The weights in buckets into the engine (update_weights_from_tensor); in a group, each member's tensors as
+        handles its lead hands over."""
         # released weights come back (their contents stale) to be overwritten; the cache is flushed once, at the end
         if self.leads:
             self._resume(WEIGHTS)

@@ -82,6 +82,7 @@ def compiled_passes(cfg, device: str, pass_fields) -> dict:
 
 
 def pass_config_fields() -> frozenset[str]:
+    """The fields of the installed vLLM's compilation PassConfig (they differ between its versions)."""
     from vllm.config import PassConfig
 
     return frozenset(getattr(PassConfig, "__dataclass_fields__", ()))
@@ -156,6 +157,10 @@ def sampled_logprobs(token_ids, logprobs) -> list[float]:
 
 
 class VLLMRollout(RolloutEngine):
+    """vLLM's LLM in the worker's own process (its engine core in-process), on GPU or CPU; a tensor-parallel
+    engine spans the workers of its group, each rank asking it the same requests. It reports each token's
+    log-prob."""
+
     name = "vllm"
     tensor_parallel = True
     interruptible = True  # generate_until steps the engine by hand
@@ -163,6 +168,7 @@ class VLLMRollout(RolloutEngine):
 
     @classmethod
     def unavailable(cls, device: str) -> EngineUnavailable | None:
+        """RolloutEngine.unavailable, and a vLLM too old to take weights in memory."""
         why = super().unavailable(device)
         if why:
             return why
@@ -213,6 +219,7 @@ class VLLMRollout(RolloutEngine):
         self.asleep = self.weights_dropped = False
 
     def describe(self) -> str:
+        """The name, and the tensor-parallel span where there is one."""
         if self.tp_group is None:
             return self.name
         return f"{self.name}, tensor parallel over {self.tp_group.world_size} workers"
@@ -223,6 +230,8 @@ class VLLMRollout(RolloutEngine):
             self.asleep = tags is not None and "kv_cache" not in tags
 
     def generate(self, prompts, n, sampling=None, sync_follows=False, max_new=None, hold=False):
+        """RolloutEngine.generate; every rank of a tensor-parallel engine calls it together, each with its own
+        prompts, and gets its own rows."""
         if self.weights_dropped:
             raise RuntimeError("the vLLM engine dropped its weights for a sync that never came; sync_weights first")
         self._wake()
@@ -243,6 +252,7 @@ class VLLMRollout(RolloutEngine):
         return pack_responses(prompts, n, responses, logps, max_new, self.tok.pad_token_id, self.tok.eos_token_id)
 
     def rest(self, sync_follows=False) -> None:
+        """On GPU with rollout.free_cache_engine, the engine asleep until the next rollout."""
         if self.device == "cuda" and self.cfg.free_cache_engine:
             # the KV cache goes back to training until the next rollout; level 2 drops the weights too where the
             # sync that follows overwrites them anyway (as verl's hybrid engine), level 1 keeps them in host memory
@@ -250,6 +260,7 @@ class VLLMRollout(RolloutEngine):
             self.asleep, self.weights_dropped = True, sync_follows
 
     def agree(self, more: bool) -> bool:
+        """Whether any rank of the engine has more to generate."""
         return bool(self._most(int(more)))
 
     def _asked(self, prompts) -> tuple[list, slice]:
@@ -303,11 +314,13 @@ class VLLMRollout(RolloutEngine):
         return pack_responses(prompts, 1, responses, logps, max_new, pad, eos), ended
 
     def close(self) -> None:
+        """Shuts the engine core down while the process groups are still there."""
         # vLLM's in-process client otherwise shuts its engine core down from a finalizer at exit, after the worker has
         # destroyed the process group that teardown destroys too, and prints a traceback after a clean run
         self.llm.llm_engine.engine_core.shutdown()
 
     def sync_weights(self, weights) -> None:
+        """The weights into the engine's model through vLLM's reload_weights, then its prefix cache dropped."""
         self._wake(tags=["weights"])
         # the engine core is in this process: the iterator hands over the actor's tensors themselves.
         # reload_weights (not the model's bare load_weights) redoes vLLM's post-load processing, e.g.
