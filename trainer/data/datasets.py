@@ -177,14 +177,13 @@ def tokenize_prompts(
     return out
 
 
-def load_rows(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
+def load_rows(cfg, tokenizer, tools: list[dict] | None) -> tuple[list[dict], list[dict]]:
     """The training and validation prompts, tokenized: data.train_files and data.val_files, or without them the
-    offline arithmetic task."""
-    from ..agent.setup import tool_schemas
+    offline arithmetic task. `tools`: the schemas the chat template renders into every prompt, those of
+    data.tool_config_path's tools (agent.setup.tool_schemas), or None."""
     from .custom_dataset import custom_rows
 
     d = cfg.data
-    tools = tool_schemas(d.tool_config_path)
     read = (lambda files: custom_rows(d, files, tokenizer)) if d.custom_cls.path else load_dataset
     train = read(d.train_files) if d.train_files else arithmetic_rows(2048, "train", seed=d.seed)
     embedded_val = arithmetic_rows(128, "test", seed=d.seed + 1) if not d.train_files else []

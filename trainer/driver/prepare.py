@@ -28,6 +28,7 @@ def with_runtime(cfg, total_steps: int, device: str):
 
 def prepare(cfg, mode: type[Mode]) -> Prepared:
     """The run ready for its workers, in `mode` (modes.mode_of), or a ConfigError."""
+    from ..agent.setup import tool_schemas
     from ..algos import core_algos
     from ..data.datasets import load_rows
     from ..embedded.tiny_model import ensure_tiny_model
@@ -35,7 +36,7 @@ def prepare(cfg, mode: type[Mode]) -> Prepared:
     model_path = cfg.actor_rollout_ref.model.path or ensure_tiny_model()
     start_ray(cfg)
     tokenizer, adapter = load_model_side(cfg, model_path)
-    train_rows, val_rows = load_rows(cfg, tokenizer)
+    train_rows, val_rows = load_rows(cfg, tokenizer, tool_schemas(cfg.data.tool_config_path))
     rm_path = check_inputs(cfg, train_rows + val_rows)
     sampler = make_sampler(cfg.data, train_rows, cfg.data.train_batch_size)
     curriculum.check(cfg, sampler)

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 @contextmanager
 def single_worker(overrides: list[str], model_path: str | None = None):
     """(worker, batches): `batches()` yields each step's prompt rows as the driver's sampler would."""
+    from ..agent.setup import tool_schemas
     from ..config.overrides import parse_overrides
     from ..data.custom_sampler import make_sampler
     from ..data.datasets import load_rows
@@ -21,7 +22,7 @@ def single_worker(overrides: list[str], model_path: str | None = None):
 
     cfg = parse_overrides([*overrides, "trainer.n_gpus_per_node=1", "trainer.nnodes=1"])
     path = model_path or cfg.actor_rollout_ref.model.path or ensure_tiny_model()
-    rows, _ = load_rows(cfg, load_tokenizer(cfg, path))
+    rows, _ = load_rows(cfg, load_tokenizer(cfg, path), tool_schemas(cfg.data.tool_config_path))
     cfg = with_runtime(
         cfg, cfg.trainer.total_training_steps or len(rows) // cfg.data.train_batch_size, cfg.trainer.device
     )

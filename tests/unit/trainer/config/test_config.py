@@ -513,6 +513,7 @@ def test_train_files_as_a_list_read_every_file(tmp_path):
 def test_a_tool_config_puts_its_tools_into_every_prompt_as_verl_does(tmp_path, tools):
     """verl's data.tool_config_path follows multi_turn.tool_config_path, and its data set renders the tools' schemas
     into every prompt, single-turn rows' too (the embedded tool model's template marks them with <tools>)."""
+    from rlrig.trainer.agent.setup import tool_schemas
     from rlrig.trainer.data.datasets import load_rows, write_parquet
     from rlrig.trainer.embedded.tool_model import build_tool_tokenizer, calculator_rows
 
@@ -531,7 +532,7 @@ def test_a_tool_config_puts_its_tools_into_every_prompt_as_verl_does(tmp_path, t
     )
     assert cfg.data.tool_config_path == (str(config) if tools else None)
     tok = build_tool_tokenizer()
-    train, _ = load_rows(cfg, tok)
+    train, _ = load_rows(cfg, tok, tool_schemas(cfg.data.tool_config_path))
     assert [tok.decode(r["input_ids"]).startswith("<tools>") for r in train] == [tools] * 3
 
 

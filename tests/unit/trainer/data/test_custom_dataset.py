@@ -67,7 +67,7 @@ def cfg_for(tmp_path, *extra):
 def test_a_verl_style_class_gives_the_rows_their_prompts_and_fields(files, path):
     cfg = cfg_for(files, f"data.custom_cls.path={path.format(dir=files)}", "data.custom_cls.name=AdditionSet")
     tok = build_tokenizer()
-    train, val = load_rows(cfg, tok)
+    train, val = load_rows(cfg, tok, None)
     assert [r["prompt"][0]["content"] for r in train] == ["1+2 =", "2+2 ="]
     assert all(r["prompt"][0]["role"] == "user" and len(r["prompt"]) == 1 for r in train)
     assert [r["reward_model"]["ground_truth"] for r in train + val] == ["3", "4", "6"]
@@ -80,7 +80,7 @@ def test_a_verl_style_class_gives_the_rows_their_prompts_and_fields(files, path)
 def test_an_installed_module_is_named_with_pkg(files, monkeypatch):
     monkeypatch.syspath_prepend(str(files))
     cfg = cfg_for(files, "data.custom_cls.path=pkg://my_data", "data.custom_cls.name=AdditionSet")
-    train, _ = load_rows(cfg, build_tokenizer())
+    train, _ = load_rows(cfg, build_tokenizer(), None)
     assert len(train) == 2
 
 
@@ -116,5 +116,5 @@ def test_what_cannot_be_used_is_named_in_one_line(files, path, name, source, say
         (files / "bad.py").write_text(textwrap.dedent(source))
     cfg = cfg_for(files, f"data.custom_cls.path={path.format(dir=files)}", f"data.custom_cls.name={name}")
     with pytest.raises(ConfigError) as e:
-        load_rows(cfg, build_tokenizer())
+        load_rows(cfg, build_tokenizer(), None)
     assert says.format(dir=files) in str(e.value) and "\n" not in str(e.value)
