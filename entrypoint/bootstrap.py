@@ -12,24 +12,14 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from . import (
-    addresses,
-    auth,
-    clusterenv,
-    debugmode,
-    detection,
-    inventory,
-    preflight,
-    prestart,
-    raystart,
-    rayversion,
-    resources,
-)
+from .cluster import auth, debugmode, prestart, raystart
 from .console import say
+from .detect import addresses, clusterenv, detection
+from .detect.nodespec import NodeSpec
 from .errors import RigError
-from .nodespec import NodeSpec
 from .plan import Plan
-from .preflight import FAIL, PASS, Preflight
+from .preflight import checks, inventory, rayversion, resources
+from .preflight.checks import FAIL, PASS, Preflight
 
 
 @dataclass
@@ -80,7 +70,7 @@ def inspect(
             pf.add("head address", FAIL, str(e))
             if not keep_going:
                 return found
-    preflight.run(spec, env, inv, found.temp_dir, pf)
+    checks.run(spec, env, inv, found.temp_dir, pf)
     found.checked = True
     # the head's own .env and RLRIG_ENV_* (a worker gets the head's when it joins)
     cluster = clusterenv.cluster_env(env, clusterenv.default_env_file() if spec.is_head else None)
@@ -103,57 +93,57 @@ def dashboard_url(host: str, port: int = 8265) -> str:
     return f"http://[{local}]:{port}" if ":" in local else f"http://{local}:{port}"
 
 
-def plan(
-    command: list[str],
-    env: Mapping[str, str] | None = None,
-    launcher: str | None = None,
-    temp_override: str | None = None,
-    env_file: str | None = None,
-    dashboard_host: str = "127.0.0.1",
-    wait_timeout: float | None = None,
-    standing: bool = False,
-    debug: str | None = None,
-    metrics_on_node_ip: bool = False,
-    grace_period: float = 120.0,
-    fabric_check: bool = False,
-    fabric_min_ratio: float = 0.5,
-    max_restarts: int = 0,
-    rejoin_timeout: float = 300.0,
-) -> Plan:
-    """`wait_timeout` None: RLRIG_WAIT_TIMEOUT, else 300 s. `standing`: `rlrig up` (no command).
-    `fabric_check`: the head checks the network before the command (multi-node only; see fabric.py)."""
+@dataclass(frozen=True)
+class PlanOptions:
+    """What the command line asks of this node's plan (cli.make_plan builds it from run, train or up's options)."""
+
+    command: list[str]  # empty for a standing cluster (`rlrig up`)
+    launcher: str | None = None  # --launcher: forced by name instead of detected
+    temp_override: str | None = None  # --temp-dir
+    env_file: str | None = None  # --env-file (default ./.env when present)
+    dashboard_host: str = "127.0.0.1"
+    wait_timeout: float | None = None  # --timeout; None: RLRIG_WAIT_TIMEOUT, else 300 s
+    standing: bool = False  # `rlrig up`: no command, serve submitted jobs
+    debug: str | None = None  # --debug: post-mortem or legacy
+    metrics_on_node_ip: bool = False
+    grace_period: float = 120.0
+    fabric_check: bool = False  # the head checks the network before the command (multi-node only; fabric/driver.py)
+    fabric_min_ratio: float = 0.5
+    max_restarts: int = 0
+    rejoin_timeout: float = 300.0
+
+
+def plan(options: PlanOptions, env: Mapping[str, str] | None = None) -> Plan:
+    """This node's Plan from `options` and the environment (the process's unless given); raises the first failed
+    stage's RigError (the other failures said on stderr) before anything starts."""
+    o = options
     env = dict(os.environ if env is None else env)
-    if wait_timeout is None:
-        wait_timeout = wait_timeout_from_env(env)
-    found = inspect(env, launcher, temp_override, keep_going=False, env_file=env_file)
+    wait_timeout = wait_timeout_from_env(env) if o.wait_timeout is None else o.wait_timeout
+    found = inspect(env, o.launcher, o.temp_override, keep_going=False, env_file=o.env_file)
     pf = found.preflight
-    failed = pf.failed
-    for c in pf.checks:
-        if c.status != PASS and not (failed and c is failed[0]):  # the first failure is the error itself
-            say(f"{c.status}: {c.name}: {c.message}")
-    if failed:
-        more = f" (and {len(failed) - 1} more: run `rlrig doctor`)" if len(failed) > 1 else ""
-        raise RigError(failed[0].message + more)
+    refuse_failures(pf)
     spec = found.spec
     if spec.existing_ray:
-        if standing:
+        if o.standing:
             raise RigError(
                 f"Ray already runs here (RAY_ADDRESS={spec.existing_ray}): there is nothing to bring up; "
                 "submit to that cluster with `rlrig submit`, or unset RAY_ADDRESS"
             )
-        return Plan(spec=spec, command=command, base_env=env)
-    token, source = auth.resolve_token(env, spec.nnodes, shared=standing)
-    node_debug = debugmode.debug_env(debug)
+        return Plan(spec=spec, command=o.command, base_env=env)
+    token, source = auth.resolve_token(env, spec.nnodes, shared=o.standing)
+    node_debug = debugmode.debug_env(o.debug)
     # the head sends its --debug with the cluster environment, so every node starts Ray with it
     cluster = (
-        {**clusterenv.cluster_env(env, env_file or clusterenv.default_env_file()), **node_debug} if spec.is_head else {}
+        {**clusterenv.cluster_env(env, o.env_file or clusterenv.default_env_file()), **node_debug}
+        if spec.is_head
+        else {}
     )
-    metrics_host = spec.node_ip if metrics_on_node_ip else "127.0.0.1"
+    metrics_host = spec.node_ip if o.metrics_on_node_ip else "127.0.0.1"
     ray_env = raystart.start_env(env, cluster, pf, auth.ray_auth_env(token), found.temp_dir, node_debug, metrics_host)
     debugmode.check(ray_env)
     return Plan(
         spec=spec,
-        command=command,
+        command=o.command,
         base_env=env,
         preflight=pf,
         temp_dir=found.temp_dir,
@@ -162,16 +152,27 @@ def plan(
         cluster_env=cluster,
         ray_env=ray_env,
         start_command=raystart.start_command(
-            spec, pf, found.temp_dir, dashboard_host, debugmode.debugger_external(ray_env)
+            spec, pf, found.temp_dir, o.dashboard_host, debugmode.debugger_external(ray_env)
         ),
         wait_timeout=wait_timeout,
-        grace_period=grace_period,
-        max_restarts=max_restarts,
-        rejoin_timeout=rejoin_timeout,
-        fabric_check=fabric_check,
-        fabric_min_ratio=fabric_min_ratio,
-        standing=standing,
+        grace_period=o.grace_period,
+        max_restarts=o.max_restarts,
+        rejoin_timeout=o.rejoin_timeout,
+        fabric_check=o.fabric_check,
+        fabric_min_ratio=o.fabric_min_ratio,
+        standing=o.standing,
         debug_env=node_debug,
         metrics_host=metrics_host,
-        dashboard_url=dashboard_url(dashboard_host),
+        dashboard_url=dashboard_url(o.dashboard_host),
     )
+
+
+def refuse_failures(pf: Preflight) -> None:
+    """Say every check that did not pass, and raise the first failure (naming how many more `rlrig doctor` shows)."""
+    failed = pf.failed
+    for c in pf.checks:
+        if c.status != PASS and not (failed and c is failed[0]):  # the first failure is the error itself
+            say(f"{c.status}: {c.name}: {c.message}")
+    if failed:
+        more = f" (and {len(failed) - 1} more: run `rlrig doctor`)" if len(failed) > 1 else ""
+        raise RigError(failed[0].message + more)

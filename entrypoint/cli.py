@@ -7,8 +7,8 @@ import os
 import sys
 import time
 
+from .detect.launchers import BY_NAME
 from .errors import RigError
-from .launchers import BY_NAME
 
 CLUSTER_OPTS_HELP = "options shared by run, train and up"
 LAUNCHER_HELP = "force a launcher instead of detecting it (also RLRIG_LAUNCHER)"
@@ -115,7 +115,9 @@ def _client_parser() -> argparse.ArgumentParser:
 
 
 def _client(args) -> tuple[str, str]:
-    from . import auth, rayversion, submit
+    from .cluster import auth
+    from .jobs import submit
+    from .preflight import rayversion
 
     rayversion.refuse_old(rayversion.installed())  # the job API's token errors need Ray's AuthenticationError
     url = submit.address(args.address, os.environ)
@@ -139,7 +141,7 @@ def make_plan(args, cmd: list[str], standing: bool = False):
         raise RigError(
             "no command given; usage: rlrig run [options] -- CMD [ARGS...] (or rlrig up for a standing cluster)"
         )
-    return bootstrap.plan(
+    options = bootstrap.PlanOptions(
         cmd,
         launcher=args.launcher,
         temp_override=args.temp_dir,
@@ -153,9 +155,10 @@ def make_plan(args, cmd: list[str], standing: bool = False):
         # the standing cluster (`rlrig up`) runs no command of its own to check the network for
         fabric_check=not standing and not args.no_fabric_check,
         fabric_min_ratio=args.fabric_min_ratio,
-        # a standing cluster outlives lost nodes by itself (standing.py): no restarts to count
+        # a standing cluster outlives lost nodes by itself (jobs/standing.py): no restarts to count
         **({} if standing else {"max_restarts": args.max_restarts, "rejoin_timeout": args.rejoin_timeout}),
     )
+    return bootstrap.plan(options)
 
 
 def launch(args, cmd: list[str]) -> int:
@@ -172,7 +175,8 @@ def cmd_up(args) -> int:
 
 
 def cmd_submit(args) -> int:
-    from . import bootstrap, submit
+    from . import bootstrap
+    from .jobs import submit
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     url, token = _client(args)
@@ -182,9 +186,9 @@ def cmd_submit(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from . import status
     from .errors import Unreachable
-    from .jobs import JobApi
+    from .jobs import status
+    from .jobs.api import JobApi
 
     url, token = _client(args)
     try:
@@ -195,7 +199,7 @@ def cmd_status(args) -> int:
             [api.log_files(n, status.PHASES_GLOB) for n in status.driver_nodes(raw)], time.time()
         )
     except Unreachable:
-        from .submit import HOW_TO_REACH
+        from .jobs.submit import HOW_TO_REACH
 
         raise RigError(f"no cluster answers at {url}; {HOW_TO_REACH}") from None
     print(status.as_json(nodes, jobs, url, boards) if args.json else status.render(nodes, jobs, url, boards))
@@ -203,7 +207,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_down(args) -> int:
-    from . import down
+    from .jobs import down
 
     if args.in_job:
         return down.in_job()
@@ -249,10 +253,45 @@ def cmd_train(args) -> int:
 
 
 def cmd_token(args) -> int:
-    from .auth import new_token
+    from .cluster.auth import new_token
 
     print(f"RLRIG_CLUSTER_TOKEN={new_token()}" if args.env else new_token())
     return 0
+
+
+def _add_client_commands(sub) -> None:
+    """submit, status and down (through a cluster's job API, from anywhere), and token."""
+    client = _client_parser()
+    s = sub.add_parser(
+        "submit", parents=[client], help="submit a job to a standing cluster and follow it: rlrig submit -- CMD"
+    )
+    s.add_argument("--no-wait", action="store_true", help="print the submission id and return at once")
+    s.add_argument("--working-dir", help="a local directory uploaded as the job's working directory")
+    envs = s.add_mutually_exclusive_group()
+    envs.add_argument("--runtime-env", help="a YAML file with Ray's runtime_env (env_vars, pip, working_dir, ...)")
+    envs.add_argument("--runtime-env-json", help="Ray's runtime_env as JSON")
+    s.add_argument("--submission-id", help="the job's id (default: Ray makes one)")
+    s.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds to wait for the cluster to answer with all its nodes; default 300 or RLRIG_WAIT_TIMEOUT",
+    )
+    s.add_argument("cmd", nargs=argparse.REMAINDER)
+    s.set_defaults(func=cmd_submit)
+
+    st = sub.add_parser("status", parents=[client], help="a cluster's nodes and jobs, and each running trainer's ranks")
+    st.add_argument("--json", action="store_true", help="as one JSON object")
+    st.set_defaults(func=cmd_status)
+
+    dn = sub.add_parser("down", parents=[client], help="stop a standing cluster (every node's rlrig up exits)")
+    dn.add_argument("--timeout", type=float, default=120, help="seconds to wait for the cluster to go (default 120)")
+    dn.add_argument("--in-job", action="store_true", help=argparse.SUPPRESS)  # what the job rlrig down submits runs
+    dn.set_defaults(func=cmd_down)
+
+    k = sub.add_parser("token", help="print a new random cluster token")
+    k.add_argument("--env", action="store_true", help="as a RLRIG_CLUSTER_TOKEN=... line for a .env file")
+    k.set_defaults(func=cmd_token)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -300,37 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     u.set_defaults(func=cmd_up)
 
-    client = _client_parser()
-    s = sub.add_parser(
-        "submit", parents=[client], help="submit a job to a standing cluster and follow it: rlrig submit -- CMD"
-    )
-    s.add_argument("--no-wait", action="store_true", help="print the submission id and return at once")
-    s.add_argument("--working-dir", help="a local directory uploaded as the job's working directory")
-    envs = s.add_mutually_exclusive_group()
-    envs.add_argument("--runtime-env", help="a YAML file with Ray's runtime_env (env_vars, pip, working_dir, ...)")
-    envs.add_argument("--runtime-env-json", help="Ray's runtime_env as JSON")
-    s.add_argument("--submission-id", help="the job's id (default: Ray makes one)")
-    s.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        help="seconds to wait for the cluster to answer with all its nodes; default 300 or RLRIG_WAIT_TIMEOUT",
-    )
-    s.add_argument("cmd", nargs=argparse.REMAINDER)
-    s.set_defaults(func=cmd_submit)
-
-    st = sub.add_parser("status", parents=[client], help="a cluster's nodes and jobs, and each running trainer's ranks")
-    st.add_argument("--json", action="store_true", help="as one JSON object")
-    st.set_defaults(func=cmd_status)
-
-    dn = sub.add_parser("down", parents=[client], help="stop a standing cluster (every node's rlrig up exits)")
-    dn.add_argument("--timeout", type=float, default=120, help="seconds to wait for the cluster to go (default 120)")
-    dn.add_argument("--in-job", action="store_true", help=argparse.SUPPRESS)  # what the job rlrig down submits runs
-    dn.set_defaults(func=cmd_down)
-
-    k = sub.add_parser("token", help="print a new random cluster token")
-    k.add_argument("--env", action="store_true", help="as a RLRIG_CLUSTER_TOKEN=... line for a .env file")
-    k.set_defaults(func=cmd_token)
+    _add_client_commands(sub)
 
     try:
         from rlrig.trainer.commands import add_subcommands

@@ -6,8 +6,10 @@ import json
 import os
 from collections.abc import Mapping
 
-from . import fabric, raystart, resources
 from .bootstrap import Inspection
+from .cluster import raystart
+from .fabric import report
+from .preflight import resources
 
 
 def fabric_check(env: Mapping[str, str]) -> dict | None:
@@ -15,7 +17,7 @@ def fabric_check(env: Mapping[str, str]) -> dict | None:
     None elsewhere."""
     try:
         with open(env.get("RLRIG_FABRIC_REPORT") or os.devnull) as f:
-            return fabric.brief(json.load(f))
+            return report.brief(json.load(f))
     except (OSError, ValueError):
         return None
 

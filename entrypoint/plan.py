@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import auth, debugmode, raystart
-from .addresses import format_hostport
-from .nodespec import NodeSpec
-from .preflight import Preflight
+from .cluster import auth, debugmode, raystart
+from .detect.addresses import format_hostport
+from .detect.nodespec import NodeSpec
+from .preflight.checks import Preflight
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Plan:
     grace_period: float = 120.0  # on a stop signal: how long the command (head) and Ray (workers) may take to finish
     max_restarts: int = 0  # head: run the command again this many times after a node's loss; workers: rejoin
     rejoin_timeout: float = 300.0  # how long a restart waits for the lost ranks (head) or a new head (worker)
-    fabric_check: bool = False  # head of a multi-node run/train: measure the network before the command (fabric.py)
+    fabric_check: bool = False  # head of a multi-node run/train: measure the network before the command (fabric/)
     fabric_min_ratio: float = 0.5  # a node below this x the median bandwidth fails the fabric check
     standing: bool = False  # `rlrig up`: serve submitted jobs until told to stop
     debug_env: dict[str, str] = field(default_factory=dict)  # --debug on this node's own line

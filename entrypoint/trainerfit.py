@@ -39,7 +39,7 @@ def check_mig(mig_devices: int, n_gpus_per_node: int, device: str) -> None:
 def check_nnodes(address: str, nnodes: int, pool_nodes: int = 0) -> None:
     if not is_gcs_address(address):
         return
-    from .gcs import GcsStore
+    from .cluster.gcs import GcsStore
 
     ranks = [r for r, n in GcsStore.open(address).nodes().items() if n["alive"]]
     problem = mismatch(nnodes, ranks, address, pool_nodes)

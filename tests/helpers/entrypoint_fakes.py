@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import threading
 
-from rlrig.entrypoint.addresses import Interface
+from rlrig.entrypoint.detect.addresses import Interface
 from rlrig.entrypoint.errors import Unreachable
-from rlrig.entrypoint.inventory import Gpu, Inventory
+from rlrig.entrypoint.preflight.inventory import Gpu, Inventory
 
 GiB = 1024**3
 UUIDS = ["GPU-11111111-2222-3333-4444-555555555555", "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"]

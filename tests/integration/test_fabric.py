@@ -1,5 +1,5 @@
 """The fabric check on real namespace nodes: before `rlrig run` runs the command on several nodes, the head measures
-the network between them (entrypoint/fabric.py) and stops with exit 2 naming a node that is clearly slower (with
+the network between them (entrypoint/fabric/) and stops with exit 2 naming a node that is clearly slower (with
 restarts left: at that node's second failure)."""
 
 import json

@@ -33,7 +33,7 @@ class StopRequest:
         return 128 + (self.signum or 0)
 
 
-RESTARTS_ENV = "RLRIG_RESTARTS"  # set by the entrypoint (lifecycle.RESTARTS_ENV) on each run of the command
+RESTARTS_ENV = "RLRIG_RESTARTS"  # set by the entrypoint (restarts.RESTARTS_ENV) on each run of the command
 
 
 def restarts() -> int:

@@ -26,10 +26,11 @@ from .watchdog_limits import explain, phase_limit
 HANG_EXIT = 5  # the same as entrypoint/errors.HANG_EXIT, which the entrypoint restarts on
 POLL_S = 1.0
 # each rank's phase, rewritten every poll into the head's Ray log folder, where `rlrig status` reads it through the
-# dashboard's log API (entrypoint/status.py PHASES_GLOB)
+# dashboard's log API (entrypoint/jobs/status.py PHASES_GLOB)
 BOARD_PREFIX = "rlrig-phases-"
-# which node hung, in the cluster's key-value store where rlrig's entrypoint keeps its own (entrypoint/gcs.py): the
-# head counts it against that node (entrypoint/node_failures.py), in a restarted run and on a standing cluster
+# which node hung, in the cluster's key-value store where rlrig's entrypoint keeps its own
+# (entrypoint/cluster/gcs.py): the head counts it against that node (entrypoint/cluster/node_failures.py), in a
+# restarted run and on a standing cluster
 HANG_KEY_PREFIX = "hang/"
 KV_NAMESPACE = b"rlrig"
 

@@ -1,8 +1,8 @@
 import pytest
 
-from rlrig.entrypoint.addresses import Interface, format_hostport, resolve_host, resolve_spec
+from rlrig.entrypoint.detect.addresses import Interface, format_hostport, resolve_host, resolve_spec
+from rlrig.entrypoint.detect.nodespec import NodeSpec
 from rlrig.entrypoint.errors import RigError
-from rlrig.entrypoint.nodespec import NodeSpec
 
 IFACES = [Interface("lo", [("127.0.0.1", 8), ("::1", 128)]), Interface("eth0", [("10.0.0.2", 24)])]
 

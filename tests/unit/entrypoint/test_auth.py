@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlrig.entrypoint.auth import ray_auth_env, resolve_token
+from rlrig.entrypoint.cluster.auth import ray_auth_env, resolve_token
 from rlrig.entrypoint.errors import RigError
 
 A, B, C, D = "a" * 64, "b" * 64, "c" * 64, "d" * 64

@@ -2,9 +2,11 @@
 
 import pytest
 
-from rlrig.entrypoint import bootstrap, inventory, raystart
+from rlrig.entrypoint import bootstrap
+from rlrig.entrypoint.cluster import raystart
 from rlrig.entrypoint.errors import RigError
-from rlrig.entrypoint.preflight import Preflight
+from rlrig.entrypoint.preflight import inventory
+from rlrig.entrypoint.preflight.checks import Preflight
 from tests.helpers.entrypoint_fakes import collector
 
 TOKEN = "t" * 64
@@ -35,7 +37,7 @@ def made_up_machine(monkeypatch, tmp_path):
 
 
 def plan(env, **kw):
-    return bootstrap.plan(["true"], env=env, **kw)
+    return bootstrap.plan(bootstrap.PlanOptions(["true"], **kw), env=env)
 
 
 def test_head_plan_holds_everything_the_node_needs():

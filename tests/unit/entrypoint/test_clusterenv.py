@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlrig.entrypoint.clusterenv import cluster_env, default_env_file
+from rlrig.entrypoint.detect.clusterenv import cluster_env, default_env_file
 from rlrig.entrypoint.errors import RigError
 
 ROWS = [

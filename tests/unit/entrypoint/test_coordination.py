@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from rlrig.entrypoint import coordination as co
+from rlrig.entrypoint.cluster import coordination as co
 from rlrig.entrypoint.errors import NodeLost, RigError, Unreachable
 from tests.helpers.entrypoint_fakes import MemoryStore
 
@@ -307,7 +307,7 @@ class FakeClient:
 
 
 def test_gcs_store_round_trip_and_node_table():
-    from rlrig.entrypoint.gcs import GcsStore
+    from rlrig.entrypoint.cluster.gcs import GcsStore
 
     store = GcsStore(FakeClient(), ADDRESS)
     store.put("node/1", facts(1))
@@ -318,7 +318,7 @@ def test_gcs_store_round_trip_and_node_table():
         1: (True, "10.0.0.2"),
         2: (False, "10.0.0.3"),
     }
-    # what the head's log shows per node once the cluster formed (resources.node_lines)
+    # what the head's log shows per node once the cluster formed (lifecycle.node_lines)
     assert store.nodes()[1]["id"] == "01"  # Ray's node id: a rank restarted on a new node gets a new one
     assert store.nodes()[1]["host"] == "gpu1" and store.nodes()[1]["resources"] == {"CPU": 8.0, "node:10.0.0.2": 1.0}
 
@@ -335,7 +335,7 @@ def ray_connection_errors():
 
 @pytest.mark.parametrize("call", ["put", "get", "keys", "nodes"])
 def test_gcs_store_turns_connection_errors_into_unreachable(call):
-    from rlrig.entrypoint.gcs import GcsStore
+    from rlrig.entrypoint.cluster.gcs import GcsStore
 
     args = {"put": ("k", 1), "get": ("k",), "keys": ("node/",), "nodes": ()}[call]
     for error in ray_connection_errors():
@@ -346,7 +346,7 @@ def test_gcs_store_turns_connection_errors_into_unreachable(call):
 
 
 def test_gcs_open_on_a_closed_port_is_unreachable_at_once():
-    from rlrig.entrypoint.gcs import GcsStore
+    from rlrig.entrypoint.cluster.gcs import GcsStore
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

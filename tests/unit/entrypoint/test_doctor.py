@@ -8,9 +8,11 @@ import sys
 
 import pytest
 
-from rlrig.entrypoint import addresses, cli, doctor, inventory
+from rlrig.entrypoint import cli, doctor
 from rlrig.entrypoint.bootstrap import inspect
-from rlrig.entrypoint.launchers import BY_NAME
+from rlrig.entrypoint.detect import addresses
+from rlrig.entrypoint.detect.launchers import BY_NAME
+from rlrig.entrypoint.preflight import inventory
 from tests.helpers.entrypoint_fakes import collector
 
 HOST = "node2"

@@ -1,4 +1,4 @@
-"""The fabric check's transports (entrypoint/fabric_links.py) on loopback: TCP pairs of real sockets in threads, the
+"""The fabric check's transports (entrypoint/fabric/links.py) on loopback: TCP pairs of real sockets in threads, the
 ring all-reduce's transfers among three ranks, a silent peer timing out as the check reports it; and the torch path
 (NCCL's code) over Gloo in two processes."""
 
@@ -7,14 +7,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from rlrig.entrypoint import fabric, fabric_links
+from rlrig.entrypoint.fabric import links, protocol
+from rlrig.entrypoint.fabric.probe import Probe
 
 IP = "127.0.0.1"
 
 
 def test_a_pair_over_tcp_measures_both_directions_and_the_round_trip():
-    head, peer = fabric.Probe(torch_now=False), fabric.Probe(torch_now=False)
-    head.server, peer.server = fabric_links.listener(IP), fabric_links.listener(IP)
+    head, peer = Probe(torch_now=False), Probe(torch_now=False)
+    head.server, peer.server = links.listener(IP), links.listener(IP)
     peers = [(IP, head.server.getsockname()[1]), (IP, peer.server.getsockname()[1])]
     assert head.join(None, 0, 2, "tcp", peers) and peer.join(None, 1, 2, "tcp", peers)
     with ThreadPoolExecutor(2) as pool:
@@ -28,14 +29,14 @@ def test_a_pair_over_tcp_measures_both_directions_and_the_round_trip():
 
 
 def test_the_ring_moves_two_n_minus_one_chunks_on_every_rank():
-    servers = [fabric_links.listener(IP) for _ in range(3)]
+    servers = [links.listener(IP) for _ in range(3)]
     addrs = [(IP, s.getsockname()[1]) for s in servers]
     with ThreadPoolExecutor(3) as pool:
         runs = [
             pool.submit(
-                fabric_links.ring_allreduce,
-                lambda t, i=i: fabric_links.accept(servers[i], t),
-                lambda t, i=i: fabric_links.connect(addrs[(i + 1) % 3], t),
+                links.ring_allreduce,
+                lambda t, i=i: links.accept(servers[i], t),
+                lambda t, i=i: links.connect(addrs[(i + 1) % 3], t),
                 *(3, 3 << 20, 3, 10.0, 10.0),
             )
             for i in range(3)
@@ -44,13 +45,13 @@ def test_the_ring_moves_two_n_minus_one_chunks_on_every_rank():
 
 
 def test_a_silent_peer_times_out_and_is_reported_as_such():
-    server = fabric_links.listener(IP)
-    quiet = fabric_links.connect((IP, server.getsockname()[1]), 5.0)  # connects, then never sends
-    link = fabric_links.TcpLink(fabric_links.accept(server, 5.0), 1 << 20)
+    server = links.listener(IP)
+    quiet = links.connect((IP, server.getsockname()[1]), 5.0)  # connects, then never sends
+    link = links.TcpLink(links.accept(server, 5.0), 1 << 20)
     with pytest.raises(TimeoutError) as e:
         link.recv_payload(1 << 20, 0.3)
     assert (
-        fabric._transfer_error(e.value, "the transfer to rank 0", 0.3) == "the transfer to rank 0 timed out after 0.3s"
+        protocol.transfer_error(e.value, "the transfer to rank 0", 0.3) == "the transfer to rank 0 timed out after 0.3s"
     )
     quiet.close()
     with pytest.raises(ConnectionError):  # and a peer that went away is an error, not a hang
@@ -60,7 +61,7 @@ def test_a_silent_peer_times_out_and_is_reported_as_such():
 def _torch_worker(rank: int, port: int, queue) -> None:
     import torch.distributed as dist
 
-    probe = fabric.Probe(torch_now=True)
+    probe = Probe(torch_now=True)
     probe.join((IP, port), rank, 2, "gloo")  # the NCCL path's code, driven over Gloo on the CPU
     queue.put((rank, (probe.pair(1 - rank, 1 << 20, rank == 0), probe.allreduce(1 << 20, 2))))
     dist.destroy_process_group()

@@ -1,10 +1,11 @@
-"""The in-process fabric check (entrypoint/fabric_tcp.py) on loopback: three nodes' probe servers in this process, the
+"""The in-process fabric check (entrypoint/fabric/tcp.py) on loopback: three nodes' probe servers in this process, the
 head's side measuring them; a connection without the cluster's token measured nothing; and the transfer sizes that
-grow until a transfer is long enough to be sure of (fabric.timed_receive), on a link with a simulated clock."""
+grow until a transfer is long enough to be sure of (protocol.timed_receive), on a link with a simulated clock."""
 
 import pytest
 
-from rlrig.entrypoint import fabric, fabric_tcp
+from rlrig.entrypoint.fabric import protocol
+from rlrig.entrypoint.fabric import tcp as fabric_tcp
 
 IP = "127.0.0.1"
 TOKEN = "t" * 64
@@ -82,9 +83,9 @@ class ClockLink:
 )
 def test_transfers_grow_until_one_is_long_enough_to_be_sure_of(monkeypatch, mb_s, asked):
     clock = [0.0]
-    monkeypatch.setattr(fabric.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(protocol.time, "perf_counter", lambda: clock[0])
     link = ClockLink(mb_s, clock)
-    assert fabric.timed_receive(link) == pytest.approx(mb_s)
+    assert protocol.timed_receive(link) == pytest.approx(mb_s)
     assert link.asked == asked
 
 

@@ -8,8 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlrig.entrypoint import bootstrap, cli, fabric, inventory, lifecycle
+from rlrig.entrypoint import bootstrap, cli, command
 from rlrig.entrypoint.errors import RigError
+from rlrig.entrypoint.fabric import protocol, verdict
+from rlrig.entrypoint.fabric import report as fabric_report
+from rlrig.entrypoint.preflight import inventory
 from tests.helpers.entrypoint_fakes import collector
 
 
@@ -61,20 +64,20 @@ HEAD = node(0)  # the other end of every pair: no figure of its own
 )
 def test_which_node_fails_on_bandwidth(figures, min_ratio, failing, message):
     nodes = [HEAD] + [node(r, f) for r, f in enumerate(figures, start=1)]
-    v = fabric.judge(nodes, min_ratio)
+    v = verdict.judge(nodes, min_ratio)
     assert [f["rank"] for f in v["failed"]] == failing
     assert v["message"] == message and v["ok"] is (not failing)
 
 
 def test_a_failed_pair_fails_its_node_and_stays_out_of_the_median():
     nodes = [HEAD, node(1, 1000), node(2, error="the transfer from rank 0 timed out after 10s"), node(3, 990)]
-    v = fabric.judge(nodes, 0.5)
+    v = verdict.judge(nodes, 0.5)
     assert v["median_mb_s"] == 995
     assert v["message"] == "rank 2 (h2, 10.0.0.3): the transfer from rank 0 timed out after 10s"
 
 
 def test_the_head_fails_on_its_own_error_or_gpu_only():
-    v = fabric.judge([node(0, error="its probe did not start within 30s"), node(1, 1000)], 0.5)
+    v = verdict.judge([node(0, error="its probe did not start within 30s"), node(1, 1000)], 0.5)
     assert [f["rank"] for f in v["failed"]] == [0] and v["message"].startswith("rank 0 (h0, 10.0.0.1): its probe")
 
 
@@ -84,7 +87,7 @@ def test_a_gpu_failure_fails_its_node_and_a_warning_does_not():
         node(1, 1000, gpus=[gpu(), gpu(ecc_uncorrected=1)]),
         node(2, 1000),
     ]
-    v = fabric.judge(nodes, 0.5)
+    v = verdict.judge(nodes, 0.5)
     assert (
         v["message"] == "rank 1 (h1, 10.0.0.2): GPU 3 (NVIDIA H100): 1 uncorrected ECC error(s) since the driver loaded"
     )
@@ -93,28 +96,31 @@ def test_a_gpu_failure_fails_its_node_and_a_warning_does_not():
 
 def test_node_lines_name_rank_host_ip_bandwidth_and_latency():
     n = {**node(2, 2.4), "to_mb_s": 2.4, "from_mb_s": 1100.0, "rtt_ms": 0.42}
-    assert fabric.node_line(n) == (
+    assert fabric_report.node_line(n) == (
         "rank 2 (h2, 10.0.0.3): 2.4 MB/s (from the head 2.4, to it 1100.0), round trip 0.42 ms; GPUs: none"
     )
     assert (
-        fabric.node_line(node(0, gpus=[gpu()])) == "rank 0 (h0, 10.0.0.1): head (the other end of every pair); GPUs: 1"
+        fabric_report.node_line(node(0, gpus=[gpu()]))
+        == "rank 0 (h0, 10.0.0.1): head (the other end of every pair); GPUs: 1"
     )
-    assert "FAILED: the round trip" in fabric.node_line(node(1, error="the round trip with rank 0 timed out after 10s"))
-    assert "not measured" in fabric.node_line(node(1))  # the group never formed: no figures, no error of its own
+    assert "FAILED: the round trip" in fabric_report.node_line(
+        node(1, error="the round trip with rank 0 timed out after 10s")
+    )
+    assert "not measured" in fabric_report.node_line(node(1))  # the group never formed: no figures, no error of its own
 
 
 def test_failure_message(tmp_path):
     report = tmp_path / "fabric.json"
     report.write_text(json.dumps({"message": "rank 2 (h2, 10.0.0.3): 2.4 MB/s, below 0.5 x the median 1000.0 MB/s"}))
-    assert fabric.failure_message(str(report), 2) == (
+    assert fabric_report.failure_message(str(report), 2) == (
         f"fabric check failed: rank 2 (h2, 10.0.0.3): 2.4 MB/s, below 0.5 x the median 1000.0 MB/s; report {report}; "
         "rerun with --no-fabric-check to skip it"
     )
     # any other exit is the check breaking, not a verdict
-    assert fabric.failure_message(str(report), 1).startswith(
+    assert fabric_report.failure_message(str(report), 1).startswith(
         "fabric check could not run (exit 1); see its output above"
     )
-    assert "could not run (exit 2)" in fabric.failure_message(str(tmp_path / "none.json"), 2)
+    assert "could not run (exit 2)" in fabric_report.failure_message(str(tmp_path / "none.json"), 2)
 
 
 # --- how the head runs it -------------------------------------------------------------------------------------
@@ -123,7 +129,7 @@ def test_failure_message(tmp_path):
 def fake_check(tmp_path, code: int, message: str = "", sleep: float = 0) -> list[str]:
     script = (
         f"import json, time; time.sleep({sleep}); "
-        f"json.dump({{'message': {message!r}}}, open({str(tmp_path / fabric.REPORT_NAME)!r}, 'w')); "
+        f"json.dump({{'message': {message!r}}}, open({str(tmp_path / fabric_report.REPORT_NAME)!r}, 'w')); "
         f"raise SystemExit({code})"
     )
     return [sys.executable, "-c", script]
@@ -134,12 +140,12 @@ def head_plan(tmp_path):
 
 
 def test_the_head_goes_on_after_a_pass(tmp_path):
-    lifecycle.check_fabric(head_plan(tmp_path), {}, lambda: None, command=fake_check(tmp_path, 0))
+    command.check_fabric(head_plan(tmp_path), {}, lambda: None, command=fake_check(tmp_path, 0))
 
 
 def test_the_head_stops_on_a_failed_check_naming_the_node(tmp_path):
     with pytest.raises(RigError) as e:
-        lifecycle.check_fabric(
+        command.check_fabric(
             head_plan(tmp_path), {}, lambda: None, command=fake_check(tmp_path, 2, "rank 2 (h2, 10.0.0.3): timed out")
         )
     assert e.value.exit_code == 2 and str(e.value).startswith("fabric check failed: rank 2 (h2, 10.0.0.3): timed out;")
@@ -148,7 +154,7 @@ def test_the_head_stops_on_a_failed_check_naming_the_node(tmp_path):
 def test_a_check_that_hangs_is_stopped_in_time(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(RigError, match="no verdict within 1s"):
-        lifecycle.check_fabric(
+        command.check_fabric(
             head_plan(tmp_path), {}, lambda: None, timeout=1, command=fake_check(tmp_path, 0, sleep=60)
         )
     assert time.monotonic() - t0 < 10
@@ -168,11 +174,11 @@ def test_a_check_that_hangs_is_stopped_in_time(tmp_path):
     ],
 )
 def test_options_reach_the_plan(monkeypatch, argv, check, ratio):
-    seen = {}
-    monkeypatch.setattr(bootstrap, "plan", lambda cmd, **kw: seen.update(kw))
+    seen = []
+    monkeypatch.setattr(bootstrap, "plan", lambda options, env=None: seen.append(options))
     args = cli.build_parser().parse_args(argv)
     cli.make_plan(args, ["true"], standing=args.command == "up")
-    assert (seen["fabric_check"], seen["fabric_min_ratio"]) == (check, ratio)
+    assert (seen[0].fabric_check, seen[0].fabric_min_ratio) == (check, ratio)
 
 
 def test_a_ratio_outside_0_to_1_is_refused(capsys):
@@ -192,9 +198,11 @@ def test_the_plan_carries_them(monkeypatch, tmp_path):
         "DSTACK_RUN_NAME": "r1",
         "RLRIG_CLUSTER_TOKEN": "t" * 64,
     }
-    p = bootstrap.plan(["true"], env=env, fabric_check=True, fabric_min_ratio=0.25)
+    p = bootstrap.plan(bootstrap.PlanOptions(["true"], fabric_check=True, fabric_min_ratio=0.25), env=env)
     assert (p.fabric_check, p.fabric_min_ratio) == (True, 0.25)
-    assert bootstrap.plan(["true"], env=env).fabric_check is False  # off unless run/train asks for it
+    assert (
+        bootstrap.plan(bootstrap.PlanOptions(["true"]), env=env).fabric_check is False
+    )  # off unless run/train asks for it
 
 
 def measured(rank, to, back):
@@ -224,7 +232,7 @@ def test_a_node_below_the_bar_is_measured_again_before_it_fails(again, mb_s, tri
         figures = again[len(calls) - 1]
         n.update({"error": "the transfer to rank 0 timed out after 10s"} if figures is None else measured(2, *figures))
 
-    fabric.measure_again(nodes, 0.5, time.monotonic() + 60, measure)
-    assert calls == [2] * len(again) and fabric.AGAIN == 2
+    protocol.measure_again(nodes, 0.5, time.monotonic() + 60, measure)
+    assert calls == [2] * len(again) and protocol.AGAIN == 2
     assert nodes[2]["mb_s"] == mb_s and nodes[2].get("measured", 1) == tries, nodes[2]
-    assert [f["rank"] for f in fabric.judge(nodes, 0.5)["failed"]] == failing
+    assert [f["rank"] for f in verdict.judge(nodes, 0.5)["failed"]] == failing

@@ -8,7 +8,7 @@ import sys
 import pynvml
 import pytest
 
-from rlrig.entrypoint import gpu_health
+from rlrig.entrypoint.preflight import gpu_health
 
 GIB = 1 << 30
 

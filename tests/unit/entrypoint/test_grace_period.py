@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from rlrig.entrypoint import lifecycle
-from rlrig.entrypoint.processes import STOP_SIGNALS, Stop, install_stop_handlers
+from rlrig.entrypoint import command, lifecycle
+from rlrig.entrypoint.cluster.processes import STOP_SIGNALS, Stop, install_stop_handlers
 from tests.helpers.entrypoint_fakes import MemoryStore
 
 # traps the signal, takes 6 s "to checkpoint" (longer than the 5 s a plain stop gives), then leaves a mark and
@@ -47,7 +47,7 @@ def test_a_stop_signal_is_passed_on_and_waited_for(stop_handlers, tmp_path, sig,
     started = time.monotonic()
     try:
         with pytest.raises(Stop) as e:
-            lifecycle.run_command(
+            command.run_command(
                 ["bash", "-c", COMMAND.format(mark=mark), "cmd", "done"],
                 dict(os.environ),
                 MemoryStore(),
@@ -70,8 +70,8 @@ def test_grace_period_is_an_option_of_run_and_train():
 
 @pytest.mark.parametrize("head_exits_after, waited", [(1.0, True), (None, False)])
 def test_a_worker_keeps_ray_up_until_the_head_is_done_or_the_grace_is_over(head_exits_after, waited):
-    from rlrig.entrypoint import coordination
-    from rlrig.entrypoint.nodespec import NodeSpec
+    from rlrig.entrypoint.cluster import coordination
+    from rlrig.entrypoint.detect.nodespec import NodeSpec
     from rlrig.entrypoint.plan import Plan
 
     store = MemoryStore()

@@ -1,6 +1,6 @@
 import pytest
 
-from rlrig.entrypoint.hostlist import HostlistError, expand_hostlist
+from rlrig.entrypoint.detect.hostlist import HostlistError, expand_hostlist
 
 CASES = [
     ("node1", ["node1"]),

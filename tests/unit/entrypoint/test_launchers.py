@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlrig.entrypoint.detection import detect
+from rlrig.entrypoint.detect.detection import detect
 from rlrig.entrypoint.errors import RigError
 
 HOST = "node2"

@@ -3,10 +3,10 @@ run stops naming it and both failures, and names it in RLRIG_EXCLUDE_FILE for a 
 
 import pytest
 
-from rlrig.entrypoint import lifecycle
+from rlrig.entrypoint import command, restarts
+from rlrig.entrypoint.cluster.gcs import NS
+from rlrig.entrypoint.cluster.node_failures import HANG_KEY_PREFIX, NodeFailures
 from rlrig.entrypoint.errors import HANG_EXIT, FabricFailed, NodeLost
-from rlrig.entrypoint.gcs import NS
-from rlrig.entrypoint.node_failures import HANG_KEY_PREFIX, NodeFailures
 from rlrig.trainer.driver import watchdog
 
 NODES = {
@@ -63,7 +63,7 @@ def test_a_lost_node_is_named_in_the_error(monkeypatch):
     store = MemoryStore()
     store.join(0, "10.0.0.1")
     store.join(1, "10.0.0.2")
-    before = lifecycle.coordination.members(store)
+    before = command.coordination.members(store)
     store.die(1)
 
     class Alive:
@@ -71,16 +71,16 @@ def test_a_lost_node_is_named_in_the_error(monkeypatch):
             return None
 
     with pytest.raises(NodeLost) as e:
-        lifecycle._check_members(store, Alive(), before)
+        command._check_members(store, Alive(), before)
     assert e.value.ranks == [1] and "lost node rank 1 (10.0.0.2) while the command ran" in str(e.value)
 
 
 @pytest.mark.parametrize("error", [NodeLost, FabricFailed])
 def test_a_second_failure_ends_the_run_as_the_first_would_have(error):
     f = NodeFailures()
-    lifecycle._stop_at_a_second_failure(f, [1, 2], NODES, "failed the fabric check", error)  # once each: goes on
+    restarts.stop_at_a_second_failure(f, [1, 2], NODES, "failed the fabric check", error)  # once each: goes on
     with pytest.raises(error) as e:
-        lifecycle._stop_at_a_second_failure(f, [2], NODES, "lost while the command ran", error)
+        restarts.stop_at_a_second_failure(f, [2], NODES, "lost while the command ran", error)
     assert str(e.value).startswith(
         "rank 2 (node3, 10.0.0.3) failed twice in this run (failed the fabric check; lost while the command ran)"
     )

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from rlrig.entrypoint import preflight
-from rlrig.entrypoint.addresses import Interface
-from rlrig.entrypoint.inventory import in_container, infiniband_devices
-from rlrig.entrypoint.nodespec import NodeSpec
+from rlrig.entrypoint.detect.addresses import Interface
+from rlrig.entrypoint.detect.nodespec import NodeSpec
+from rlrig.entrypoint.preflight import checks as preflight
+from rlrig.entrypoint.preflight.inventory import in_container, infiniband_devices
 from tests.helpers.entrypoint_fakes import UUIDS, GiB, machine
 
 
@@ -311,7 +311,7 @@ def test_driver_against_torchs_cuda_build(driver, cuda, expect, words):
 def test_torch_cuda_build_is_read_without_importing_torch(tmp_path, monkeypatch, text, expect):
     import importlib.util
 
-    from rlrig.entrypoint import inventory
+    from rlrig.entrypoint.preflight import inventory
 
     (tmp_path / "torch").mkdir()
     (tmp_path / "torch" / "version.py").write_text(text)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rlrig.entrypoint import bootstrap, cli, doctor, inventory, lifecycle, rayversion
+from rlrig.entrypoint import bootstrap, cli, doctor, lifecycle
+from rlrig.entrypoint.preflight import inventory, rayversion
 from tests.helpers.entrypoint_fakes import collector
 
 PYPROJECT = Path(__file__).resolve().parents[3] / "pyproject.toml"

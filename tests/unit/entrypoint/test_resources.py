@@ -6,10 +6,11 @@ import sys
 
 import pytest
 
-from rlrig.entrypoint import bootstrap, cli, doctor, inventory, resources
-from rlrig.entrypoint.coordination import GPU_MODEL_LABEL, HOST_LABEL, LAUNCHER_LABEL, NNODES_LABEL, RANK_LABEL
+from rlrig.entrypoint import bootstrap, cli, doctor, lifecycle
+from rlrig.entrypoint.cluster.coordination import GPU_MODEL_LABEL, HOST_LABEL, LAUNCHER_LABEL, NNODES_LABEL, RANK_LABEL
 from rlrig.entrypoint.errors import RigError
-from rlrig.entrypoint.preflight import Preflight
+from rlrig.entrypoint.preflight import inventory, resources
+from rlrig.entrypoint.preflight.checks import Preflight
 from tests.helpers.entrypoint_fakes import MemoryStore, collector
 
 VAR = resources.VAR
@@ -37,7 +38,7 @@ def made_up_machine(monkeypatch, tmp_path):
 
 
 def plan(env, **kw):
-    return bootstrap.plan(["true"], env=env, **kw)
+    return bootstrap.plan(bootstrap.PlanOptions(["true"], **kw), env=env)
 
 
 def flag(cmd: list[str], name: str) -> str | None:
@@ -275,7 +276,7 @@ def test_head_log_has_one_line_per_node_from_rays_node_table():
     store.join(0, "10.0.0.1", "big", {"CPU": 32.0, "GPU": 8.0, "h100": 1.0})
     store.join(2, "10.0.0.3", "cpuonly", {"CPU": 4.0})  # Ray leaves GPU out of a node without any
     store.join(3, "10.0.0.4")  # a record without host or resources still gets its line
-    assert resources.node_lines(store.nodes()) == [
+    assert lifecycle.node_lines(store.nodes()) == [
         "node rank 0 (big, 10.0.0.1): CPU 32, GPU 8, h100 1",
         "node rank 1 (small, 10.0.0.2): CPU 8, GPU 1, v100 1",
         "node rank 2 (cpuonly, 10.0.0.3): CPU 4, GPU 0",

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from rlrig.entrypoint import lifecycle
+from rlrig.entrypoint import command, restarts
+from rlrig.entrypoint.detect.nodespec import NodeSpec
 from rlrig.entrypoint.errors import NodeLost
-from rlrig.entrypoint.nodespec import NodeSpec
 from rlrig.entrypoint.plan import Plan
 from tests.helpers.entrypoint_fakes import MemoryStore
 
@@ -44,10 +44,10 @@ def test_a_failed_command_is_a_lost_node_when_one_goes_within_the_settle_time(ra
         threading.Timer(0.5, store.die, (1,)).start()
     if outcome is NodeLost:
         with pytest.raises(NodeLost, match=r"lost node rank 1 \(10.0.0.2\)"):
-            lifecycle.run_command(["false"], {}, store, ray_stand_in, settle=settle)
+            command.run_command(["false"], {}, store, ray_stand_in, settle=settle)
     else:
         started = time.monotonic()
-        assert lifecycle.run_command(["false"], {}, store, ray_stand_in, settle=settle) == outcome
+        assert command.run_command(["false"], {}, store, ray_stand_in, settle=settle) == outcome
         assert time.monotonic() - started >= settle
 
 
@@ -56,7 +56,7 @@ def test_a_node_restarted_faster_than_ray_notices_still_stops_the_command(ray_st
     threading.Timer(0.3, store.join, (1, "10.0.0.2")).start()  # same rank, new Ray node, the old never seen dead
     started = time.monotonic()
     with pytest.raises(NodeLost, match="rank 1"):
-        lifecycle.run_command(["sleep", "30"], {}, store, ray_stand_in)
+        command.run_command(["sleep", "30"], {}, store, ray_stand_in)
     assert time.monotonic() - started < 5
 
 
@@ -76,11 +76,11 @@ def test_the_head_waits_for_the_lost_rank_within_the_rejoin_timeout(comes_back):
     store.die(1)
     if comes_back:
         threading.Timer(0.3, store.join, (1, "10.0.0.2")).start()
-        nodes, waited = lifecycle.rejoin(plan(0), store, lambda: None, NodeLost("lost node rank 1"), 1)
+        nodes, waited = restarts.rejoin(plan(0), store, lambda: None, NodeLost("lost node rank 1"), 1)
         assert sorted(nodes) == [0, 1] and 0.2 < waited < 2
     else:
         with pytest.raises(NodeLost, match=r"missing rank\(s\): 1.*--rejoin-timeout") as e:
-            lifecycle.rejoin(plan(0), store, lambda: None, NodeLost("lost node rank 1"), 1)
+            restarts.rejoin(plan(0), store, lambda: None, NodeLost("lost node rank 1"), 1)
         assert e.value.exit_code == 3
 
 
@@ -93,7 +93,7 @@ def test_the_head_waits_for_the_lost_rank_within_the_rejoin_timeout(comes_back):
         (1, 2, NodeLost),  # more losses than restarts
     ],
 )
-def test_a_worker_joins_the_next_head_up_to_max_restarts(monkeypatch, max_restarts, losses, result):
+def test_a_worker_joins_the_next_head_up_to_max_restarts(max_restarts, losses, result):
     calls = []
 
     def serve(p, deadline):
@@ -102,13 +102,12 @@ def test_a_worker_joins_the_next_head_up_to_max_restarts(monkeypatch, max_restar
             raise NodeLost("lost the head 10.0.0.1:6379: no answer for 30s")
         return 0
 
-    monkeypatch.setattr(lifecycle, "serve_as_worker", serve)
     p = plan(1, max_restarts, rejoin_timeout=7)
     if result is NodeLost:
         with pytest.raises(NodeLost):
-            lifecycle.run_worker(p)
+            restarts.run_worker(p, serve)
     else:
-        assert lifecycle.run_worker(p) == result
+        assert restarts.run_worker(p, serve) == result
     assert len(calls) == (max_restarts + 1 if result is NodeLost else losses + 1)
     assert calls[0] > 200 and all(6 < left <= 7 for left in calls[1:])  # --timeout first, then --rejoin-timeout
 

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from rlrig.entrypoint import coordination, standing
+from rlrig.entrypoint.cluster import coordination
+from rlrig.entrypoint.jobs import standing
 from tests.helpers.entrypoint_fakes import MemoryStore
 
 

@@ -8,21 +8,12 @@ import textwrap
 
 import pytest
 
-from rlrig.entrypoint import (
-    auth,
-    bootstrap,
-    coordination,
-    debugmode,
-    metricsbind,
-    prestart,
-    raystart,
-    status,
-    submit,
-    trainerfit,
-)
+from rlrig.entrypoint import bootstrap, trainerfit
+from rlrig.entrypoint.cluster import auth, coordination, debugmode, metricsbind, prestart, raystart
 from rlrig.entrypoint.errors import RigError
-from rlrig.entrypoint.jobs import Job
-from rlrig.entrypoint.standing import LOST_PREFIX
+from rlrig.entrypoint.jobs import status, submit
+from rlrig.entrypoint.jobs.api import Job
+from rlrig.entrypoint.jobs.standing import LOST_PREFIX
 
 
 def alive(*ranks, dead=()):
@@ -335,7 +326,7 @@ def test_the_shim_binds_a_wildcard_server_to_loopback_and_runs_the_sitecustomize
 
 
 def test_ray_start_gets_the_hook_the_interpreters_bin_and_the_metrics_host():
-    from rlrig.entrypoint.preflight import Preflight
+    from rlrig.entrypoint.preflight.checks import Preflight
 
     env = raystart.start_env(
         {"PATH": "/usr/bin", "PYTHONPATH": "/mine"}, {}, Preflight(), {}, "/tmp/t", None, "10.0.0.2"

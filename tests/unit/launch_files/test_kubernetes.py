@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from rlrig.entrypoint.detection import detect
+from rlrig.entrypoint.detect.detection import detect
 
 REPO = Path(__file__).resolve().parents[3]
 SCHEMAS = Path(__file__).parent / "k8s_schemas"

@@ -53,7 +53,7 @@ def test_hadolint_clean_at_error_level():
 
 def test_cuda_image_driver_label_is_what_doctor_checks():
     """The CUDA image's driver minimum (a build.sh literal) and preflight's table for torch's CUDA 13 must agree."""
-    from rlrig.entrypoint.preflight import MIN_DRIVER_FOR_CUDA
+    from rlrig.entrypoint.preflight.checks import MIN_DRIVER_FOR_CUDA
 
     label = re.search(r"CUDA_DRIVER_MIN=([\d.]+)", (REPO / "docker/build.sh").read_text()).group(1)
     assert label == MIN_DRIVER_FOR_CUDA[13]

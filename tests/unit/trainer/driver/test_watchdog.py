@@ -157,7 +157,7 @@ def test_a_fault_fires_once_per_run_directory(tmp_path):
 
 
 def test_a_hang_tells_the_entrypoint_which_node_hung(tmp_path, monkeypatch):
-    from rlrig.entrypoint.node_failures import NodeFailures
+    from rlrig.entrypoint.cluster.node_failures import NodeFailures
     from tests.helpers.entrypoint_fakes import MemoryStore
 
     store = MemoryStore()  # the cluster's key-value store, where the entrypoint reads what the trainer put

@@ -4,7 +4,7 @@ Adding a launcher means adding a class here and a row to tests/unit/entrypoint/t
 Each class reads only the environment (and the files it names). `spec` reads what is there and
 refuses only values it cannot parse; `check` refuses a way of starting rlrig that cannot work, after
 the spec is known, so that `rlrig doctor` can still show what was read. Explicit RLRIG_* overrides,
-range checks, address resolution and preflight happen later (detection.py, addresses.py, preflight.py).
+range checks, address resolution and preflight happen later (detection.py, addresses.py, preflight/checks.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from .errors import RigError
+from ..errors import RigError
 from .hostlist import HostlistError, expand_hostlist
 from .nodespec import NodeSpec
 
@@ -53,6 +53,29 @@ def _host_index(hosts: list[str], hostname: str, source: str) -> int:
 
 
 class Launcher:
+    """A way rlrig can be started on each node (Slurm, torchrun, dstack, ...): how to recognise it in the environment
+    and what it says about this node. Every member is a class attribute or classmethod; nothing is instantiated.
+
+    To add one: subclass, set the attributes, implement `spec` (and `check` where a way of starting cannot work),
+    put the class in LAUNCHERS (most specific first: the first whose detect() claims the environment wins) and add a
+    row to tests/unit/entrypoint/test_launchers.py. The CLI's --launcher choices and docs/reference/launchers.md
+    come from LAUNCHERS.
+
+    - `name`: what --launcher and RLRIG_LAUNCHER take, and NodeSpec.launcher.
+    - `markers` / `any_markers`: the variables detect() looks for: every one of `markers` set (non-empty) and,
+      when listed, at least one of `any_markers`. describe_markers() says them in an error.
+    - `rank_vars`, `nnodes_vars`, `head_vars`: the variables `spec` reads for this node's rank, the node count and
+      the head's address, in the order it prefers them; detection names the first one set when a value is wrong
+      (unless `spec` records its own choice in NodeSpec.sources), and errors name them when none is.
+    - detect(env) -> bool: whether this launcher started the process; reads `env` only.
+    - spec(env, hostname) -> NodeSpec: what the launcher says (rank, node count, head host, GPUs and CPUs allotted,
+      job id, this node's address hint); reads only `env` and the files it names, refuses only a value it cannot
+      parse (RigError). RLRIG_* overrides, range checks and address resolution come later (detection.py).
+    - check(env, spec) -> None: raises RigError when this launcher started rlrig in a way that cannot form a
+      cluster (two ranks on one node, a batch script without srun); runs after `spec`, so that `rlrig doctor`
+      still shows what was read.
+    """
+
     name = ""
     markers: tuple[str, ...] = ()  # all of these must be set for detect() to claim the env
     any_markers: tuple[str, ...] = ()  # and, when listed, at least one of these
@@ -258,7 +281,7 @@ class Slurm(Launcher):
             gpus_allotted=int_var(env, "SLURM_GPUS_ON_NODE"),
             cpus_allotted=cpus,
             job_id=env["SLURM_JOB_ID"] + (f".{env['SLURM_STEP_ID']}" if in_step else ""),
-            node_name=env.get("SLURMD_NODENAME", ""),  # what srun --exclude takes (node_failures.py)
+            node_name=env.get("SLURMD_NODENAME", ""),  # what srun --exclude takes (cluster/node_failures.py)
             # which of the candidates was read depends on being in a step: say it here, not by declaration order
             sources={"nnodes": nnodes_var, "head_host": var},
         )

@@ -2,7 +2,7 @@
 watchdog found hung there, a node the fabric check failed. In a `rlrig run|train --max-restarts` run, the node's
 second failure stops the run, naming it and what it did, and names it in RLRIG_EXCLUDE_FILE when the launcher set
 one: the Slurm recipes then relaunch the step without it on a spare node of the allocation
-(slurm/rlrig-baremetal.sbatch). A standing cluster drains it instead (standing.py)."""
+(slurm/rlrig-baremetal.sbatch). A standing cluster drains it instead (jobs/standing.py)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .errors import RigError
+from ..errors import RigError
 
 MODES = ("post-mortem", "legacy")
 POST_MORTEM, LEGACY = MODES

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import Protocol
 
-from .errors import NodeLost, RigError, Unreachable
+from ..errors import NodeLost, RigError, Unreachable
 
 RANK_LABEL = "rlrig.io/node-rank"  # the Ray node label that maps Ray nodes to rlrig ranks
 NNODES_LABEL = "rlrig.io/nnodes"  # how many nodes the cluster was started with
@@ -36,11 +36,18 @@ STANDING = "up"  # the MODE of a cluster brought up by `rlrig up`
 
 
 class Store(Protocol):
-    def put(self, key: str, value) -> None: ...
+    """The head's key-value store and Ray's node table, as every function here reads them: gcs.GcsStore in
+    production, tests/helpers/entrypoint_fakes.MemoryStore in tests. Each method raises errors.Unreachable, and only
+    that, when the head does not answer (within `timeout` where one is taken); any other error is a bug."""
 
-    def get(self, key: str, timeout: float = 2.0): ...
+    def put(self, key: str, value) -> None:
+        """Store `value` (anything JSON can hold) under `key`, replacing what was there."""
 
-    def keys(self, prefix: str) -> list[str]: ...
+    def get(self, key: str, timeout: float = 2.0):
+        """The value stored under `key`, or None when there is none."""
+
+    def keys(self, prefix: str) -> list[str]:
+        """Every key that starts with `prefix`."""
 
     def drain(self, node_id: str, message: str) -> None:
         """Ask Ray to drain the node (`nodes()`' "id"): nothing new is scheduled there, and it stops once idle."""
@@ -61,7 +68,7 @@ def ack_key(rank: int) -> str:
 
 
 def drained_key(ip: str) -> str:
-    """Why a standing cluster's head drained the node at `ip` (standing.py); by address, not rank, so that another
+    """Why a standing cluster's head drained the node at `ip` (jobs/standing.py); by address, not rank, so that another
     machine joining as that rank is not turned away."""
     return f"drained/{ip}"
 

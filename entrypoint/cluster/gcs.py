@@ -10,8 +10,8 @@ import json
 import socket
 from contextlib import contextmanager
 
+from ..errors import RigError, Unreachable
 from .coordination import HOST_LABEL, RANK_LABEL
-from .errors import RigError, Unreachable
 
 NS = b"rlrig"
 ALIVE = 0  # GcsNodeInfo.state

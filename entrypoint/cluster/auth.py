@@ -6,7 +6,7 @@ import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
-from .errors import RigError
+from ..errors import RigError
 
 MAKE_ONE = "export RLRIG_CLUSTER_TOKEN=$(rlrig token) and pass the same value to every node"
 

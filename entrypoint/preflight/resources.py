@@ -11,10 +11,9 @@ import json
 import math
 from collections.abc import Mapping
 
-from . import clusterenv
-from .coordination import describe
-from .errors import RigError
-from .preflight import FAIL, PASS, Preflight
+from ..detect import clusterenv
+from ..errors import RigError
+from .checks import FAIL, PASS, Preflight
 
 VAR = "RLRIG_RESOURCES"
 EXAMPLE = f"""{VAR}='{{"v100": 1}}'"""
@@ -117,14 +116,3 @@ def summary(resources: Mapping[str, float]) -> str:
     }
     order = sorted(shown, key=lambda k: (k not in ("CPU", "GPU"), k != "CPU", k))
     return ", ".join(f"{k} {shown[k]:g}" for k in order)
-
-
-def node_lines(nodes: Mapping[int, dict]) -> list[str]:
-    """`node rank 1 (gpu7, 10.0.0.2): CPU 16, GPU 8, v100 1`, one per node of a Store's node table:
-    what Ray registered, so a mistyped RLRIG_RESOURCES or a missing GPU shows before a job asks for it."""
-    # Ray leaves a resource it has none of out of the table; GPU 0 is said, since it is what one looks for
-    return [
-        f"node {describe(r, {r: {'hostname': n.get('host', '')}}, n['ip'])}: "
-        f"{summary({'GPU': 0, **n.get('resources', {})})}"
-        for r, n in sorted(nodes.items())
-    ]

@@ -27,7 +27,7 @@ RAY_SERVERS = (
 WILDCARDS = ("", "0.0.0.0", "::")
 
 # Shadows any other sitecustomize on the path, so it runs that one too.
-SHIM = """# Written by rlrig (entrypoint/metricsbind.py): binds Ray's metrics endpoints to $RLRIG_METRICS_HOST.
+SHIM = """# Written by rlrig (entrypoint/cluster/metricsbind.py): binds Ray's metrics endpoints to $RLRIG_METRICS_HOST.
 import importlib.machinery as _m
 import importlib.util as _u
 import os as _os
@@ -35,7 +35,7 @@ import sys as _sys
 
 if _sys.argv and _sys.argv[0].replace(_os.sep, "/").endswith({servers!r}):
     try:
-        from rlrig.entrypoint.metricsbind import install as _install
+        from rlrig.entrypoint.cluster.metricsbind import install as _install
     except ImportError:  # rlrig is not importable by this interpreter: Ray keeps its own binding
         _install = None
     if _install is not None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import time
 
-from .coordination import HOST_LABEL, RANK_LABEL
-from .jobs import Job
+from ..cluster.coordination import HOST_LABEL, RANK_LABEL
+from .api import Job
 
 ENTRYPOINT_WIDTH = 70
 # the trainer's watchdog rewrites each training worker's phase every second into its node's Ray log folder

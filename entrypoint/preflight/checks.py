@@ -2,6 +2,12 @@
 
 Every check reads an Inventory (what the machine has), the spec and the environment, never the
 machine itself, so each branch is unit tested with a made-up inventory.
+
+Adding a check: a function `check_<what>(...)` that takes what it needs of (spec, env, inv, temp_dir) and a
+Preflight, adds one Check per finding (pf.add(name, PASS|WARN|FAIL, message); a FAIL message says the variable
+and the fix, since it becomes the one-line error), may fill the Preflight's fields that `ray start` uses, and
+raises nothing; then a call in `run`, in the order the findings should read, and its cases in
+tests/unit/entrypoint/test_preflight.py.
 """
 
 from __future__ import annotations
@@ -11,8 +17,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ..detect.nodespec import NodeSpec
 from .inventory import INFINIBAND_DIR, Gpu, Inventory
-from .nodespec import NodeSpec
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 GiB = 1024**3
@@ -31,6 +37,9 @@ UUID_RE = re.compile(r"^(GPU-|MIG-(GPU-)?)[0-9a-fA-F-]+(/\d+/\d+)?$|^[0-9a-fA-F]
 
 @dataclass
 class Check:
+    """One finding: `name` (what was checked, often the variable), `status` (PASS, WARN or FAIL) and `message`
+    (for a FAIL: what is wrong and how to fix it, as the user will read it)."""
+
     name: str
     status: str
     message: str
@@ -41,6 +50,10 @@ class Check:
 
 @dataclass
 class Preflight:
+    """Every finding in order, and what the checks decided for `ray start` (GPUs, CPUs, object store, variables
+    set before it starts, the GPU model, custom resources). Any FAIL stops `rlrig run|train|up` before Ray starts;
+    `rlrig doctor` shows them all."""
+
     checks: list[Check] = field(default_factory=list)
     num_gpus: int = 0
     num_cpus: int = 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from .errors import RigError, Unreachable
+from ..errors import RigError, Unreachable
 
 DEFAULT_URL = "http://127.0.0.1:8265"
 ACTIVE = ("PENDING", "RUNNING")

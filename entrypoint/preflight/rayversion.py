@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from importlib import metadata
 
-from .errors import RigError
-from .preflight import FAIL, PASS, WARN, Preflight
+from ..errors import RigError
+from .checks import FAIL, PASS, WARN, Preflight
 
 MINIMUM = (2, 52)
 TESTED = (2, 60)  # the newest release line tested: every 2.60.x

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from .errors import RigError
+from ..errors import RigError
 
 PREFIX = "RLRIG_ENV_"
-# Each node reads these from its own environment and .env (resources.py); the head's sent to every
+# Each node reads these from its own environment and .env (preflight/resources.py); the head's sent to every
 # node would show on each worker as if they were its own.
 NODE_ONLY = ("RLRIG_RESOURCES",)
 

@@ -11,11 +11,11 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..detect.addresses import format_hostport
+from ..detect.nodespec import NodeSpec
+from ..preflight.checks import Preflight
 from . import metricsbind
-from .addresses import format_hostport
 from .coordination import GPU_MODEL_LABEL, HOST_LABEL, LAUNCHER_LABEL, NNODES_LABEL, NO_GPU, RANK_LABEL
-from .nodespec import NodeSpec
-from .preflight import Preflight
 
 # Faster dead-node detection than Ray's defaults (~15-25 s), so a lost worker stops the job in
 # seconds instead of leaving NCCL to time out. Users may override any of them in the environment.

@@ -14,10 +14,10 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from .console import say
-from .coordination import NNODES_LABEL, RANK_LABEL
-from .errors import NodeLost, RigError, Unreachable
-from .jobs import DEFAULT_URL, TERMINAL, Job, JobApi
+from ..cluster.coordination import NNODES_LABEL, RANK_LABEL
+from ..console import say
+from ..errors import NodeLost, RigError, Unreachable
+from .api import DEFAULT_URL, TERMINAL, Job, JobApi
 from .standing import LOST_PREFIX
 
 STOPPED_EXIT = 4

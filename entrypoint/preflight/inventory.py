@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..detect.addresses import Interface, local_interfaces
 from . import gpu_libraries
-from .addresses import Interface, local_interfaces
 
 
 @dataclass

@@ -5,10 +5,10 @@ Every node's rlrig answers probes on a port of its own (ProbeServer, a thread st
 address in the facts it tells the head), so once the nodes formed the head measures at once: no Ray driver, no probe
 actor per node, no `import ray` or worker process to wait for on a busy node. Each connection proves it holds the
 cluster's token (an HMAC of a fresh challenge: a stranger cannot set a node sending), then asks for one thing:
-  pair     the node's side of a pair with the head (fabric.pair_side), then its figures and GPU readings;
-  ring     its leg of the ring all-reduce (fabric_links.ring_allreduce), its seconds back on the same connection;
+  pair     the node's side of a pair with the head (protocol.pair_side), then its figures and GPU readings;
+  ring     its leg of the ring all-reduce (links.ring_allreduce), its seconds back on the same connection;
   ring-in  the previous rank's ring connection, handed to that leg.
-The verdict, the report and its lines are fabric.py's, as on the Ray path (NCCL, or a GPU head).
+The pair protocol, the verdict, the report and its lines are the Ray path's (protocol.py, verdict.py, report.py).
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ import socket
 import threading
 import time
 
-from . import fabric, fabric_links, gpu_health
-from .console import say
+from ..console import say
+from ..preflight import gpu_health
+from . import links, protocol, verdict
+from .report import publish, report_of
 
 CHALLENGE = 32
 MAX_MESSAGE = 1 << 20  # a request or an answer: one JSON message, GPU readings included
@@ -51,13 +53,13 @@ def recv_message(sock: socket.socket, timeout: float) -> dict:
 
 def _recv_bytes(sock: socket.socket, n: int, timeout: float) -> bytes:
     buf = memoryview(bytearray(n))
-    fabric_links.recv_exactly(sock, buf, timeout)
+    links.recv_exactly(sock, buf, timeout)
     return bytes(buf)
 
 
 def dial(address, key: bytes, request: dict, timeout: float) -> socket.socket:
     """A connection to a node's ProbeServer that proved the token and asked for `request`."""
-    sock = fabric_links.connect(tuple(address), timeout)
+    sock = links.connect(tuple(address), timeout)
     try:
         nonce = _recv_bytes(sock, CHALLENGE, timeout)
         sock.settimeout(timeout)
@@ -75,7 +77,7 @@ class ProbeServer:
     def __init__(self, ip: str, token: str):
         self.key = key_of(token)
         # the node's own address only (Ray's raylet listens there too), not every interface the host has
-        self.sock = fabric_links.listener(ip, only_ip=True)
+        self.sock = links.listener(ip, only_ip=True)
         self.address = [ip, self.sock.getsockname()[1]]
         self.ring_in: queue.Queue[tuple[str, socket.socket]] = queue.Queue()  # (the ring's id, the connection)
         self._gpus: tuple[list[dict], str] | None = None
@@ -108,21 +110,21 @@ class ProbeServer:
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             nonce = os.urandom(CHALLENGE)
-            conn.settimeout(fabric.TRANSFER_TIMEOUT)
+            conn.settimeout(protocol.TRANSFER_TIMEOUT)
             conn.sendall(nonce)
-            proof = _recv_bytes(conn, CHALLENGE, fabric.TRANSFER_TIMEOUT)
+            proof = _recv_bytes(conn, CHALLENGE, protocol.TRANSFER_TIMEOUT)
             if not hmac.compare_digest(proof, hmac.new(self.key, nonce, hashlib.sha256).digest()):
                 return  # not the cluster's: said nothing, measured nothing
-            request = recv_message(conn, fabric.TRANSFER_TIMEOUT)
+            request = recv_message(conn, protocol.TRANSFER_TIMEOUT)
             if request.get("op") == "pair":
-                result = fabric.pair_side(fabric_links.TcpLink(conn, fabric.PAIR_BYTES), lead=False)
-                send_message(conn, {**result, **self.health()}, fabric.TRANSFER_TIMEOUT)
+                result = protocol.pair_side(links.TcpLink(conn, protocol.PAIR_BYTES), lead=False)
+                send_message(conn, {**result, **self.health()}, protocol.TRANSFER_TIMEOUT)
             elif request.get("op") == "ring-in":
                 self.ring_in.put((str(request.get("ring", "")), conn))
                 kept = True
             elif request.get("op") == "ring":
                 leg = self.ring(request["ring"], request["next"], request["n"])
-                send_message(conn, leg, fabric.TRANSFER_TIMEOUT)
+                send_message(conn, leg, protocol.TRANSFER_TIMEOUT)
         except (OSError, ValueError, KeyError):
             pass  # the head's side of this connection fails too, and says which node and step
         finally:
@@ -148,30 +150,36 @@ class ProbeServer:
             return dial(nxt, self.key, {"op": "ring-in", "ring": ring}, timeout)
 
         try:
-            args = (n, fabric.ALLREDUCE_BYTES, fabric.ALLREDUCE_ITERS, fabric.WARMUP_TIMEOUT, fabric.TRANSFER_TIMEOUT)
-            return {"seconds": fabric.median(fabric_links.ring_allreduce(take, give, *args))}
+            args = (
+                n,
+                protocol.ALLREDUCE_BYTES,
+                protocol.ALLREDUCE_ITERS,
+                protocol.WARMUP_TIMEOUT,
+                protocol.TRANSFER_TIMEOUT,
+            )
+            return {"seconds": verdict.median(links.ring_allreduce(take, give, *args))}
         except Exception as e:  # a broken link is what is measured here, not a bug
-            return {"error": fabric.error_text(e)}
+            return {"error": protocol.error_text(e)}
 
 
 def _pair(node: dict, key: bytes) -> None:
     """The head's side of one pair, in this process; the figures (or the error) and the node's GPUs into `node`."""
     head, peer, sock = None, None, None
     try:
-        sock = dial(node["probe"], key, {"op": "pair"}, fabric.WARMUP_TIMEOUT)
+        sock = dial(node["probe"], key, {"op": "pair"}, protocol.WARMUP_TIMEOUT)
     except (OSError, ValueError) as e:
         where = f"{node['probe'][0]}:{node['probe'][1]}"
-        node["error"] = f"its fabric probe at {where} did not answer ({fabric.error_text(e)})"
+        node["error"] = f"its fabric probe at {where} did not answer ({protocol.error_text(e)})"
         return
     try:
-        head = fabric.pair_side(fabric_links.TcpLink(sock, fabric.PAIR_BYTES), lead=True)
+        head = protocol.pair_side(links.TcpLink(sock, protocol.PAIR_BYTES), lead=True)
         # the node's own result (its side's error says which direction broke); soon, where this side already failed
-        peer = recv_message(sock, 1.0 if head.get("error") else fabric.TRANSFER_TIMEOUT)
+        peer = recv_message(sock, 1.0 if head.get("error") else protocol.TRANSFER_TIMEOUT)
     except (OSError, ValueError):
         pass
     finally:
         sock.close()
-    fabric.pair_figures(node, head, peer, fabric.TRANSFER_TIMEOUT)
+    protocol.pair_figures(node, head, peer, protocol.TRANSFER_TIMEOUT)
     if peer and "gpus" in peer:
         node.update(gpus=peer["gpus"], gpu_probe=peer["gpu_probe"])
     else:
@@ -185,17 +193,17 @@ def _allreduce(nodes: list[dict], own: ProbeServer, key: bytes) -> dict:
         for k in range(1, n):
             request = {"op": "ring", "ring": ring, "next": nodes[(k + 1) % n]["probe"], "n": n}
             try:
-                asked[k] = dial(nodes[k]["probe"], key, request, fabric.WARMUP_TIMEOUT)
+                asked[k] = dial(nodes[k]["probe"], key, request, protocol.WARMUP_TIMEOUT)
             except (OSError, ValueError) as e:
-                why = f"rank {k}: its leg could not be asked for ({fabric.error_text(e)})"
-                return {"bytes": fabric.ALLREDUCE_BYTES, "iterations": fabric.ALLREDUCE_ITERS, "error": why}
+                why = f"rank {k}: its leg could not be asked for ({protocol.error_text(e)})"
+                return {"bytes": protocol.ALLREDUCE_BYTES, "iterations": protocol.ALLREDUCE_ITERS, "error": why}
         results: list[dict | None] = [own.ring(ring, nodes[1]["probe"], n)]
         for k in range(1, n):
             try:
-                results.append(recv_message(asked[k], fabric.WARMUP_TIMEOUT + fabric.TRANSFER_TIMEOUT))
+                results.append(recv_message(asked[k], protocol.WARMUP_TIMEOUT + protocol.TRANSFER_TIMEOUT))
             except (OSError, ValueError):
                 results.append(None)
-        return fabric.allreduce_figures(results)
+        return protocol.allreduce_figures(results)
     finally:
         for sock in asked.values():
             sock.close()
@@ -204,7 +212,7 @@ def _allreduce(nodes: list[dict], own: ProbeServer, key: bytes) -> dict:
 def check(nodes: list[dict], own: ProbeServer, token: str, min_ratio: float) -> dict:
     """The check on the formed cluster: `nodes` by rank, each {rank, host, ip, probe}; rank 0 is this node. Pairs
     one at a time (each has the head at one end: in parallel they would share its link and read low), then the
-    all-reduce once they passed. The report, as fabric.check's, with `seconds` from the call."""
+    all-reduce once they passed. The report, as driver.check's, with `seconds` from the call."""
     t0, phases, key = time.monotonic(), {}, key_of(token)
 
     def lap(phase: str) -> None:
@@ -212,23 +220,23 @@ def check(nodes: list[dict], own: ProbeServer, token: str, min_ratio: float) -> 
 
     nodes[0].update(own.health())
     lap("start")  # nothing left to start: every probe has listened since its node's rlrig began
-    deadline = t0 + fabric.BUDGET
+    deadline = t0 + protocol.BUDGET
     for node in nodes[1:]:
         if time.monotonic() > deadline:
-            node["error"] = f"not measured: the check's {fabric.BUDGET:g}s ran out on slower pairs before it"
+            node["error"] = f"not measured: the check's {protocol.BUDGET:g}s ran out on slower pairs before it"
             continue
         _pair(node, key)
-    fabric.measure_again(nodes, min_ratio, deadline, lambda node: _pair(node, key))
+    protocol.measure_again(nodes, min_ratio, deadline, lambda node: _pair(node, key))
     lap("pairs")
     allreduce: dict = {"skipped": "a node failed the pairwise check"}
-    if fabric.judge(nodes, min_ratio)["ok"]:
+    if verdict.judge(nodes, min_ratio)["ok"]:
         allreduce = _allreduce(nodes, own, key)
         lap("allreduce")
-    report = fabric.report_of(nodes, allreduce, "tcp", phases, min_ratio)
+    report = report_of(nodes, allreduce, "tcp", phases, min_ratio)
     return {**report, "seconds": time.monotonic() - t0}
 
 
 def run(nodes: list[dict], own: ProbeServer, token: str, min_ratio: float, path: str) -> int:
-    """Check, say the lines, write the report to `path`: fabric.main's exit code (0 passed, fabric.FAILED)."""
+    """Check, say the lines, write the report to `path`: driver.main's exit code (0 passed, report.FAILED)."""
     say("checking the fabric between the nodes before the command (skip with --no-fabric-check)")
-    return fabric.publish(check(nodes, own, token, min_ratio), path)
+    return publish(check(nodes, own, token, min_ratio), path)

@@ -11,7 +11,7 @@ import socket
 from collections.abc import Mapping
 from difflib import get_close_matches
 
-from .errors import RigError
+from ..errors import RigError
 from .launchers import BY_NAME, LAUNCHERS, Launcher, int_var
 from .nodespec import NodeSpec
 

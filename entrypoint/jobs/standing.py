@@ -14,11 +14,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from . import coordination
-from .console import say
-from .errors import RigError, Unreachable
-from .jobs import ACTIVE, TERMINAL, JobApi
-from .node_failures import NodeFailures
+from ..cluster import coordination
+from ..cluster.node_failures import NodeFailures
+from ..console import say
+from ..errors import RigError, Unreachable
+from .api import ACTIVE, TERMINAL, JobApi
 
 POLL = 1.0
 STOP_WAIT = 20.0  # Ray's job stop sends SIGTERM, then SIGKILL after RAY_JOB_STOP_WAIT_TIME_S (3 s)

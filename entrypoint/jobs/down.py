@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 import time
 
-from . import coordination
-from .console import say
-from .errors import RigError, Unreachable
-from .jobs import JobApi
+from ..cluster import coordination
+from ..console import say
+from ..errors import RigError, Unreachable
+from .api import JobApi
 
 IN_JOB = "rlrig down --in-job"
 
@@ -41,7 +41,7 @@ def request(url: str, token: str, timeout: float) -> int:
 
 def in_job(env=os.environ) -> int:
     """Runs as the job `request` submits, on the head."""
-    from .gcs import GcsStore
+    from ..cluster.gcs import GcsStore
 
     address = env.get("RAY_ADDRESS", "")
     if not address:

@@ -1,5 +1,5 @@
-"""The fabric check's two ways of moving bytes between two probes (fabric.py), behind one small interface: a small
-message (one number) and a payload, each sent or received within a timeout.
+"""The fabric check's two ways of moving bytes between two probes (probe.py, tcp.py), behind one small interface: a
+small message (one number) and a payload, each sent or received within a timeout.
 
 - TorchLink: torch.distributed point-to-point in the check's group: NCCL where every node has a GPU, so the check
   measures the path training's collectives take (NVLink, InfiniBand, RoCE).
@@ -17,6 +17,28 @@ import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
+
+
+class Link(Protocol):
+    """One end of a connected pair, as protocol.pair_side drives it (TorchLink, TcpLink; a new transport is one more
+    class with these methods). Each call returns within `timeout` seconds or raises, and a raise is what the check
+    reports for that node (a message with "timed out" or "timeout" in it reads as a timeout)."""
+
+    def send_small(self, value: int, timeout: float) -> None:
+        """Send one small number (0 to 255) to the peer."""
+
+    def recv_small(self, timeout: float) -> int:
+        """The next small number the peer sent."""
+
+    def send_payload(self, nbytes: int, timeout: float) -> None:
+        """Send `nbytes` bytes (at most what the link was made for)."""
+
+    def recv_payload(self, nbytes: int, timeout: float) -> None:
+        """Receive `nbytes` bytes, all of them, before returning."""
+
+    def close(self) -> None:
+        """Release the connection (the pair is done, or broke)."""
 
 
 def torch_wait(work, device, timeout: float) -> None:

@@ -6,7 +6,7 @@ import ipaddress
 import socket
 from dataclasses import dataclass
 
-from .errors import RigError
+from ..errors import RigError
 from .nodespec import NodeSpec
 
 

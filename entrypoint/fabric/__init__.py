@@ -1,0 +1,1 @@
+"""The fabric check: the network between the nodes and their GPUs' health, measured before the command."""

@@ -1,0 +1,1 @@
+"""What this machine has, and the checks on it before Ray starts (GPUs, driver, network, Ray, RLRIG_RESOURCES)."""
