@@ -1,7 +1,8 @@
 """The fabric check's report: built from the verdict and the figures, said as one line per node, written as JSON
 to the head's temp dir, and read back by the head (failure_message, failed_ranks) and by `rlrig doctor` (brief).
 
-The check's exit code: 0 passed (or nothing to check), FAILED failed, anything else: the check itself broke.
+The check's exit code: 0 passed (or nothing to check), FAILED (2) a node failed, anything else: the check itself
+broke.
 """
 
 from __future__ import annotations
