@@ -1,10 +1,12 @@
 """The advantage estimators. A new one is a module in this package that calls `register`, plus its
 import below."""
 
-from . import (  # noqa: E402,F401  (each registers itself)
-    gae,
+# each module registers itself, in this order, which config errors list the names in: gae and grpo first
+from . import gae, grpo  # noqa: F401
+
+# isort: split
+from . import (  # noqa: E402,F401
     gpg,
-    grpo,
     grpo_passk,
     opo,
     optimal_token_baseline,
