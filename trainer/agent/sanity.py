@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 from .chat import template_ids
 
-MODES = ("strict", "ignore_strippable", "disable")
 CONTEXT = 10  # characters either side of a difference, verl's diff_surrounding_chars
 
 

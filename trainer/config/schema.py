@@ -121,6 +121,9 @@ class PolicyLossConfig:
     ppo_kl_coef: float = 0.1
 
 
+# multi_turn.tokenization_sanity_check_mode: how the agent loop (agent/sanity.py) treats a sample whose tokens differ
+# from its whole conversation through the chat template
+SANITY_CHECK_MODES = ("strict", "ignore_strippable", "disable")
 CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")  # verl's choices (trainer/config/config.py)
 
 
@@ -238,7 +241,7 @@ class MultiTurnConfig:
     max_tool_response_length: int = 256  # characters of a tool's text the model reads
     tool_response_truncate_side: str = "middle"  # left keeps the start, right keeps the end, middle both ends
     interaction_config_path: str | None = None
-    tokenization_sanity_check_mode: str = "strict"  # strict | ignore_strippable | disable (agent/sanity.py)
+    tokenization_sanity_check_mode: str = "strict"  # SANITY_CHECK_MODES (agent/sanity.py)
     format: str = "hermes"  # the tool-call format the parser reads (agent/tool_parser.py)
     tool_timeout: float = 60.0  # rlrig: seconds a tool's create or execute may take before the model reads an error
 

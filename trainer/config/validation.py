@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 
-from ..agent.sanity import MODES as SANITY_MODES
 from ..algos import rollout_correction
 from ..algos.bypass_loss import LOSS_TYPES
 from ..algos.estimators import ESTIMATORS
@@ -19,6 +18,7 @@ from ..rollout.engines import NAMES as ENGINE_NAMES
 from .domains import DOMAINS, value_at
 from .schema import (
     CHECKPOINT_CONTENTS,
+    SANITY_CHECK_MODES,
     WATCHDOG_MARGIN_S,
     Config,
     FsdpConfig,
@@ -90,7 +90,7 @@ def _choices(cfg: Config) -> None:
         # verl's TokenizationSanityCheckModeEnum
         "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": (
             r.multi_turn.tokenization_sanity_check_mode,
-            SANITY_MODES,
+            SANITY_CHECK_MODES,
         ),
         "trainer.resume_mode": (t.resume_mode, ("auto", "disable", "resume_path")),
         # verl's main_ppo.py: raise ValueError(f"Invalid use_legacy_worker_impl: ...") for any other value
