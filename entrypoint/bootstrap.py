@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from .cluster import auth, debugmode, prestart, raystart
+from .cluster import auth, debugmode, identity, ports, prestart, raystart, runs
 from .console import say
 from .detect import addresses, clusterenv, detection
 from .detect.nodespec import NodeSpec
@@ -111,11 +111,41 @@ class PlanOptions:
     fabric_min_ratio: float = 0.5
     max_restarts: int = 0
     rejoin_timeout: float = 300.0
+    output: str = ""  # where the command writes (the trainer's default_local_dir): recorded with the run
+
+
+def reserve_ports(spec: NodeSpec, o: PlanOptions, env: Mapping[str, str], pf: Preflight) -> tuple[dict, runs.Record]:
+    """This run's identity, and this node's ports chosen (cluster/ports.py) and recorded in the host's runs folder
+    (cluster/runs.py) in one step, so that no other rlrig run here picks them; spec.port becomes the GCS's."""
+    key = ports.identity_key(spec.launcher, spec.job_id, spec.head_host)
+    run = identity.make(spec.launcher, spec.job_id, key, spec.nnodes, o.output)
+
+    def choose(taken: set[int]) -> dict[str, int]:
+        gcs = spec.port if spec.port_given else None
+        return ports.choose(
+            is_head=spec.is_head, nnodes=spec.nnodes, standing=o.standing, key=key, gcs_port=gcs, taken=taken
+        )
+
+    fields = {
+        "run": run["id"],
+        "launcher": spec.launcher,
+        "job": spec.job_id,
+        "rank": spec.node_rank,
+        "nnodes": spec.nnodes,
+        "host": spec.node_ip,
+        "gpus": f"{runs.visible_gpus(env)} ({pf.num_gpus})",
+        "output": o.output,
+        "standing": o.standing,
+    }
+    record = runs.reserve(runs.runs_dir(env), choose, fields)
+    spec.port = record.fields["ports"]["gcs"]
+    return run, record
 
 
 def plan(options: PlanOptions, env: Mapping[str, str] | None = None) -> Plan:
     """This node's Plan from `options` and the environment (the process's unless given); raises the first failed
-    stage's RigError (the other failures said on stderr) before anything starts."""
+    stage's RigError (the other failures said on stderr) before anything starts. Reserves this node's ports on the
+    host (reserve_ports): the record it writes is removed by lifecycle.main, or by whoever finds this process gone."""
     o = options
     env = dict(os.environ if env is None else env)
     wait_timeout = wait_timeout_from_env(env) if o.wait_timeout is None else o.wait_timeout
@@ -139,7 +169,11 @@ def plan(options: PlanOptions, env: Mapping[str, str] | None = None) -> Plan:
         else {}
     )
     metrics_host = spec.node_ip if o.metrics_on_node_ip else "127.0.0.1"
-    ray_env = raystart.start_env(env, cluster, pf, auth.ray_auth_env(token), found.temp_dir, node_debug, metrics_host)
+    run, record = reserve_ports(spec, o, env, pf)
+    node_ports = record.fields["ports"]
+    ray_env = raystart.start_env(
+        env, cluster, pf, auth.ray_auth_env(token), found.temp_dir, node_debug, metrics_host, node_ports
+    )
     debugmode.check(ray_env)
     return Plan(
         spec=spec,
@@ -152,7 +186,7 @@ def plan(options: PlanOptions, env: Mapping[str, str] | None = None) -> Plan:
         cluster_env=cluster,
         ray_env=ray_env,
         start_command=raystart.start_command(
-            spec, pf, found.temp_dir, o.dashboard_host, debugmode.debugger_external(ray_env)
+            spec, pf, found.temp_dir, o.dashboard_host, debugmode.debugger_external(ray_env), node_ports
         ),
         wait_timeout=wait_timeout,
         grace_period=o.grace_period,
@@ -163,7 +197,10 @@ def plan(options: PlanOptions, env: Mapping[str, str] | None = None) -> Plan:
         standing=o.standing,
         debug_env=node_debug,
         metrics_host=metrics_host,
-        dashboard_url=dashboard_url(o.dashboard_host),
+        dashboard_url=dashboard_url(o.dashboard_host, node_ports.get("dashboard", 8265)),
+        ports=node_ports,
+        run=run,
+        record=record,
     )
 
 

@@ -134,7 +134,8 @@ def cmd_doctor(args) -> int:
     return doctor.exit_code(found)
 
 
-def make_plan(args, cmd: list[str], standing: bool = False):
+def make_plan(args, cmd: list[str], standing: bool = False, output: str | None = None):
+    """`output`: where the command writes, recorded with the run (default: the folder it runs in)."""
     from . import bootstrap
 
     if not cmd and not standing:
@@ -157,6 +158,7 @@ def make_plan(args, cmd: list[str], standing: bool = False):
         fabric_min_ratio=args.fabric_min_ratio,
         # a standing cluster outlives lost nodes by itself (jobs/standing.py): no restarts to count
         **({} if standing else {"max_restarts": args.max_restarts, "rejoin_timeout": args.rejoin_timeout}),
+        output=os.path.abspath(output or os.getcwd()),
     )
     return bootstrap.plan(options)
 
@@ -190,6 +192,8 @@ def cmd_status(args) -> int:
     from .jobs import status
     from .jobs.api import JobApi
 
+    if args.runs:
+        return host_runs(args.json)
     url, token = _client(args)
     try:
         api = JobApi(url, token)
@@ -201,8 +205,21 @@ def cmd_status(args) -> int:
     except Unreachable:
         from .jobs.submit import HOW_TO_REACH
 
-        raise RigError(f"no cluster answers at {url}; {HOW_TO_REACH}") from None
+        here = "`rlrig status --runs` lists this host's runs"
+        raise RigError(f"no cluster answers at {url}; {HOW_TO_REACH} ({here})") from None
     print(status.as_json(nodes, jobs, url, boards) if args.json else status.render(nodes, jobs, url, boards))
+    return 0
+
+
+def host_runs(as_json: bool) -> int:
+    """`rlrig status --runs`: every rlrig run on this host, from the records they keep (cluster/runs.py)."""
+    import json
+
+    from .cluster import runs
+
+    folder = runs.runs_dir(os.environ)
+    records = runs.read_all(folder)
+    print(json.dumps({"runs": records}) if as_json else runs.render(records, folder))
     return 0
 
 
@@ -243,7 +260,7 @@ def cmd_train(args) -> int:
         raise RigError(str(e)) from None
     from . import lifecycle, trainerfit
 
-    plan = make_plan(args, cmd)
+    plan = make_plan(args, cmd, output=str(cfg.trainer.default_local_dir))
     trainerfit.check_mig(plan.preflight.mig_devices, cfg.trainer.n_gpus_per_node, cfg.trainer.device)
     if plan.spec.existing_ray:  # a submitted job, or nested under rlrig run: the cluster is already formed
         trainerfit.check_nnodes(
@@ -282,6 +299,12 @@ def _add_client_commands(sub) -> None:
 
     st = sub.add_parser("status", parents=[client], help="a cluster's nodes and jobs, and each running trainer's ranks")
     st.add_argument("--json", action="store_true", help="as one JSON object")
+    st.add_argument(
+        "--runs",
+        action="store_true",
+        help="instead: every rlrig run on this host (run, rank, phase, ports, GPUs, output folder), from the "
+        "records the runs keep; needs no cluster or token",
+    )
     st.set_defaults(func=cmd_status)
 
     dn = sub.add_parser("down", parents=[client], help="stop a standing cluster (every node's rlrig up exits)")

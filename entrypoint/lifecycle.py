@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from . import command, restarts
-from .cluster import coordination, metricsbind, prestart, raystart
+from .cluster import coordination, identity, metricsbind, ports, prestart, raystart
 from .cluster.gcs import GcsStore
 from .cluster.processes import Stop, become_subreaper, install_stop_handlers, sweep_descendants, terminate_group
 from .console import say
@@ -77,6 +77,7 @@ def run_head(plan: Plan) -> int:
         f"head of {spec.nnodes} node(s) at {address} ({spec.launcher}), "
         f"{pf.num_cpus} CPU, {pf.num_gpus} GPU, temp {plan.temp_dir}"
     )
+    ports.refuse_taken(plan.ports)  # before `ray start`: its GCS would fail, and this head would reach another's
     ray_proc = start_ray(plan, plan.start_command, plan.ray_env, plan.cluster_env)
     alive = _head_ray_alive(ray_proc)
     store = None
@@ -89,7 +90,9 @@ def run_head(plan: Plan) -> int:
     try:
         deadline = t0 + plan.wait_timeout
         store = coordination.connect(lambda: GcsStore.open(address), deadline, "head", address, alive)
+        identity.claim(store, plan.run, address)
         coordination.publish_head(store, plan.cluster_env, my_facts(plan, probe))
+        phase(plan, "waiting for nodes")
         if command.fabric_wanted(plan) and probe is None:  # its driver attaches to this node's raylet: once it is up
             coordination.wait_for_rank(store, 0, deadline, alive)
             early = command.start_fabric(plan, command_env)
@@ -97,6 +100,7 @@ def run_head(plan: Plan) -> int:
         coordination.check_versions(store)
         for line in node_lines(nodes):
             say(line)
+        phase(plan, "running")
         if plan.standing:
             store.put(coordination.MODE, coordination.STANDING)
             say(
@@ -115,6 +119,7 @@ def run_head(plan: Plan) -> int:
         code = e.exit_code
         raise
     finally:
+        phase(plan, "stopping")
         if early is not None:  # the job may have ended before the fabric check was waited for (a no-op if it was)
             terminate_group(early[0])
         if probe is not None:
@@ -141,6 +146,7 @@ def serve_as_worker(plan: Plan, deadline: float) -> int:
     say(f"worker rank {spec.node_rank}/{spec.nnodes} at {spec.node_ip} joining {address} ({spec.launcher})")
     store = coordination.connect(lambda: GcsStore.open(address), deadline, f"worker {spec.node_rank}", address)
     cluster = coordination.wait_for_env(store, deadline, address)
+    identity.check(store, plan.run, address, spec.node_rank)
     probe = probe_server(plan, True)  # the head decides whether it measures from here (fabric_tcp) or over Ray
     try:
         coordination.announce(store, spec.node_rank, my_facts(plan, probe))
@@ -154,6 +160,7 @@ def _serve_as_worker(plan: Plan, store: coordination.Store, cluster: dict[str, s
     spec, address = plan.spec, plan.gcs_address
     env = plan.worker_ray_env(cluster)
     ray_proc = start_ray(plan, plan.worker_start_command(env), env, cluster)
+    phase(plan, "running")
 
     def alive() -> None:
         if ray_proc.poll() is not None:
@@ -166,6 +173,7 @@ def _serve_as_worker(plan: Plan, store: coordination.Store, cluster: dict[str, s
         say(f"head finished with code {code}; stopping")
         return code
     except Stop as s:
+        phase(plan, "stopping")
         # the whole job is being stopped: the head's command may still be finishing its step (and writing a
         # checkpoint) with this node's workers, so Ray stays up here until the head is done or the grace is over
         wait_out_the_head(plan, store, s, alive)
@@ -204,6 +212,12 @@ def run_existing(plan: Plan) -> int:
         terminate_group(child)
 
 
+def phase(plan: Plan, what: str) -> None:
+    """What `rlrig status --runs` shows this node doing (cluster/runs.py)."""
+    if plan.record is not None:
+        plan.record.phase(what)
+
+
 def main(plan: Plan) -> int:
     if plan.spec.existing_ray:
         return run_existing(plan)
@@ -217,3 +231,6 @@ def main(plan: Plan) -> int:
     except Stop as s:
         say(f"stopped by {s}; everything rlrig started is stopped")
         return s.code
+    finally:
+        if plan.record is not None:
+            plan.record.remove()

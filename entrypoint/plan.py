@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .cluster import auth, debugmode, raystart
+from .cluster.runs import Record
 from .detect.addresses import format_hostport
 from .detect.nodespec import NodeSpec
 from .preflight.checks import Preflight
@@ -35,6 +36,9 @@ class Plan:
     debug_env: dict[str, str] = field(default_factory=dict)  # --debug on this node's own line
     metrics_host: str = "127.0.0.1"  # where Ray's Prometheus endpoints listen
     dashboard_url: str = ""  # head: how this node reaches its own job API
+    ports: dict[str, int] = field(default_factory=dict)  # every port this node's Ray takes, by name (cluster/ports.py)
+    run: dict = field(default_factory=dict)  # the run's identity (cluster/identity.py): the head records, nodes check
+    record: Record | None = None  # this process's entry in the host's runs folder (cluster/runs.py)
 
     @property
     def gcs_address(self) -> str:
@@ -53,6 +57,7 @@ class Plan:
             self.temp_dir,
             self.debug_env,
             self.metrics_host,
+            self.ports,
         )
         debugmode.check(env)
         return env
@@ -60,5 +65,5 @@ class Plan:
     def worker_start_command(self, ray_env: dict[str, str]) -> list[str]:
         """A worker learns from the head's environment whether the legacy debugger needs its flag."""
         return raystart.start_command(
-            self.spec, self.preflight, self.temp_dir, "", debugmode.debugger_external(ray_env)
+            self.spec, self.preflight, self.temp_dir, "", debugmode.debugger_external(ray_env), self.ports
         )

@@ -14,7 +14,7 @@ from pathlib import Path
 from ..detect.addresses import format_hostport
 from ..detect.nodespec import NodeSpec
 from ..preflight.checks import Preflight
-from . import metricsbind
+from . import metricsbind, ports
 from .coordination import GPU_MODEL_LABEL, HOST_LABEL, LAUNCHER_LABEL, NNODES_LABEL, NO_GPU, RANK_LABEL
 
 # Faster dead-node detection than Ray's defaults (~15-25 s), so a lost worker stops the job in
@@ -69,8 +69,14 @@ def node_labels(spec: NodeSpec, pf: Preflight) -> dict[str, str]:
 
 
 def start_command(
-    spec: NodeSpec, pf: Preflight, temp: str, dashboard_host: str, debugger_external: bool = False
+    spec: NodeSpec,
+    pf: Preflight,
+    temp: str,
+    dashboard_host: str,
+    debugger_external: bool = False,
+    port_map: Mapping[str, int] | None = None,
 ) -> list[str]:
+    """`port_map`: every port this node's Ray takes but the GCS's (cluster/ports.py); spec.port is the GCS's."""
     cmd = [
         ray_executable(),
         "start",
@@ -90,6 +96,7 @@ def start_command(
         cmd += ["--head", f"--port={spec.port}", f"--dashboard-host={dashboard_host}"]
     else:
         cmd.append(f"--address={format_hostport(spec.head_address, spec.port)}")
+    cmd += ports.start_flags(port_map or {})
     if debugger_external:
         cmd.append("--ray-debugger-external")
     return cmd + spec.ray_start_args
@@ -107,9 +114,12 @@ def start_env(
     temp: str,
     node: Mapping[str, str] | None = None,
     metrics_host: str = "127.0.0.1",
+    port_map: Mapping[str, int] | None = None,
 ) -> dict[str, str]:
-    """`node`: this node's own additions (--debug), over the cluster's."""
+    """`node`: this node's own additions (--debug), over the cluster's; `port_map`: the ports Ray reads from the
+    environment (cluster/ports.py), which no layer below replaces."""
     env = {**HEALTH_DEFAULTS, **SHUTDOWN_DEFAULTS, **base, **cluster, **(node or {}), **pf.env_updates, **auth}
+    env.update(ports.start_env(port_map or {}))
     env["RAY_TMPDIR"] = temp
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     env.pop("RAY_ADDRESS", None)

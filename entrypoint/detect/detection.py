@@ -115,6 +115,7 @@ def _apply_explicit(spec: NodeSpec, env: Mapping[str, str]) -> None:
         value = int_var(env, var) if is_int else (env.get(var) or "").strip() or None
         if value is not None:
             setattr(spec, attr, value)
+            spec.port_given = spec.port_given or attr == "port"
             if attr in DECLARED:
                 spec.sources[attr] = var
 
@@ -136,3 +137,4 @@ def _split_port(spec: NodeSpec) -> None:
                 "use host:port or [v6]:port"
             )
         spec.port = int(port)
+        spec.port_given = True

@@ -146,9 +146,8 @@ class SkyPilot(Launcher):
             head_host=ips[0] if ips else "",
             gpus_allotted=int_var(env, "SKYPILOT_NUM_GPUS_PER_NODE"),
             job_id=env.get("SKYPILOT_TASK_ID", ""),
+            # SkyPilot's own Ray holds 6380/8266/52365: ours takes free or job-derived ports (cluster/ports.py)
             node_ip_hint=ips[rank] if 0 <= rank < len(ips) else "",
-            # SkyPilot's own Ray holds 6380/8266/52365; ours must not collide or `ray stop` it.
-            ray_start_args=["--dashboard-agent-listen-port=52366"],
         )
 
 

@@ -13,7 +13,8 @@ class NodeSpec:
     node_rank: int
     nnodes: int
     head_host: str  # as the launcher gave it: a name or an address
-    port: int = DEFAULT_RAY_PORT
+    port: int = DEFAULT_RAY_PORT  # the head's GCS: chosen by cluster/ports.py unless port_given
+    port_given: bool = False  # set by RLRIG_RAY_PORT or the head address's :port, which win over any choice
     head_address: str = ""  # resolved IP, filled by addresses.resolve_spec
     node_ip: str = ""  # source address of the route to the head
     interface: str = ""  # interface that carries node_ip

@@ -3,7 +3,7 @@
 import pytest
 
 from rlrig.entrypoint import bootstrap
-from rlrig.entrypoint.cluster import raystart
+from rlrig.entrypoint.cluster import ports, raystart, runs
 from rlrig.entrypoint.errors import RigError
 from rlrig.entrypoint.preflight import inventory
 from rlrig.entrypoint.preflight.checks import Preflight
@@ -28,11 +28,13 @@ WORKER = {
     "DSTACK_RUN_NAME": "r1",
     "RLRIG_CLUSTER_TOKEN": TOKEN,
 }
+GCS = ports.derived_head_ports("dstack/r1")["gcs"]  # both nodes of dstack run r1 derive the head's port alike
 
 
 @pytest.fixture(autouse=True)
 def made_up_machine(monkeypatch, tmp_path):
     monkeypatch.setattr(inventory, "collect", collector())
+    monkeypatch.setattr(runs, "runs_dir", lambda env: tmp_path / "runs")
     monkeypatch.chdir(tmp_path)  # no ./.env unless a test writes one
 
 
@@ -48,7 +50,7 @@ def test_head_plan_holds_everything_the_node_needs():
     assert p.ray_env["FOO"] == "bar" and p.ray_env["RAY_AUTH_TOKEN"] == TOKEN and p.ray_env["RAY_TMPDIR"] == p.temp_dir
     assert p.temp_dir.endswith("/r1-n0")
     assert "--head" in p.start_command and "--dashboard-host=0.0.0.0" in p.start_command
-    assert p.gcs_address == "10.0.0.2:6379" and p.wait_timeout == 12 and p.command == ["true"]
+    assert p.gcs_address == f"10.0.0.2:{GCS}" and p.wait_timeout == 12 and p.command == ["true"]
     assert not p.preflight.failed
 
 
@@ -56,8 +58,8 @@ def test_worker_plan_waits_for_the_heads_environment():
     p = plan({**WORKER, "RLRIG_ENV_FOO": "mine"})
     assert p.cluster_env == {}  # only the head's .env and RLRIG_ENV_* reach the cluster
     assert "FOO" not in p.ray_env
-    assert "--address=10.0.0.1:6379" in p.start_command and "--head" not in p.start_command
-    assert p.gcs_address == "10.0.0.1:6379"
+    assert f"--address=10.0.0.1:{GCS}" in p.start_command and "--head" not in p.start_command
+    assert p.gcs_address == f"10.0.0.1:{GCS}"
     assert p.preflight.env_updates == {"NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"}
 
 

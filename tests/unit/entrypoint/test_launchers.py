@@ -88,7 +88,7 @@ ROWS = [
             nnodes=2,
             head_host="10.1.0.5",
             gpus_allotted=1,
-            ray_start_args=["--dashboard-agent-listen-port=52366"],
+            ray_start_args=[],
         ),
     ),
     (
