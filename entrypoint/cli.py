@@ -128,8 +128,10 @@ def _client(args) -> tuple[str, str]:
 def cmd_doctor(args) -> int:
     from . import doctor
     from .bootstrap import inspect
+    from .preflight import gpu_users
 
     found = inspect(os.environ, launcher=args.launcher, temp_override=args.temp_dir)
+    gpu_users.check(os.environ, found.preflight)  # for doctor alone: a run beside another picks its GPUs by it
     print(doctor.render(found, args.json))
     return doctor.exit_code(found)
 
