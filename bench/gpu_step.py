@@ -40,6 +40,7 @@ def run(precision: str, path: str, args) -> dict:
     import torch
 
     from rlrig.trainer.driver.single_process import single_worker
+    from rlrig.trainer.workers.step.request import StepRequest
 
     dtype = "fp32" if precision == "fp32" else "bf16"
     overrides = [
@@ -70,7 +71,7 @@ def run(precision: str, path: str, args) -> dict:
             if args.device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             t0 = time.perf_counter()
-            m = w.step(next(batches), 0.001, s + 1)
+            m = w.step(StepRequest(next(batches), global_step=s + 1, kl_coef=0.001))
             m["step_s"] = time.perf_counter() - t0
             rows.append(m)
         epochs = w.cfg.actor_rollout_ref.actor.ppo_epochs

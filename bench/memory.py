@@ -141,6 +141,7 @@ def status_kb(field: str) -> int:
 def child(shape: dict, overrides: list[str]) -> None:
     from rlrig.trainer.driver.single_process import single_worker
     from rlrig.trainer.embedded.synthetic import Shape, ensure_model
+    from rlrig.trainer.workers.step.request import StepRequest
 
     path = ensure_model(Shape(**shape))
     with single_worker([f"actor_rollout_ref.model.path={path}", *overrides], path) as (w, batches):
@@ -148,7 +149,7 @@ def child(shape: dict, overrides: list[str]) -> None:
         before = status_kb("VmRSS")
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # resets VmHWM, the resident high-water mark, to the current size
-        out = w.step(rows, 0.001, 1)
+        out = w.step(StepRequest(rows, global_step=1, kl_coef=0.001))
         peak = status_kb("VmHWM")
     print(
         json.dumps(

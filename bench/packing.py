@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from rlrig.trainer.model.forward import token_logprobs
+    from rlrig.trainer.model.forward import ForwardOptions, token_logprobs
 
     torch.manual_seed(0)
     dev = torch.device(args.device)
@@ -61,7 +61,7 @@ def main(argv=None) -> int:
         if dev.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        logp, _ = token_logprobs(model, ids, mask, P, remove_padding=packed)
+        logp, _ = token_logprobs(model, ids, mask, P, ForwardOptions(remove_padding=packed))
         logp.sum().backward()
         if dev.type == "cuda":
             torch.cuda.synchronize()

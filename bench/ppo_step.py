@@ -92,7 +92,7 @@ def run_floor(a) -> list[tuple[float, float]]:
     from rlrig.trainer.config.schema import RolloutConfig
     from rlrig.trainer.data.datasets import tokenize_prompts
     from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
-    from rlrig.trainer.model.forward import token_logprobs
+    from rlrig.trainer.model.forward import ForwardOptions, token_logprobs
     from rlrig.trainer.reward.rules import default_compute_score
     from rlrig.trainer.rollout.engines import EngineContext
     from rlrig.trainer.rollout.engines.hf_engine import HFRollout
@@ -126,7 +126,9 @@ def run_floor(a) -> list[tuple[float, float]]:
         mask = ro.response_mask.float()
         t_reward = time.perf_counter()
         with torch.no_grad():
-            ref_logp = token_logprobs(ref, ro.input_ids, ro.attention_mask, ro.prompt_len, share_prompts=True)[0]
+            ref_logp = token_logprobs(
+                ref, ro.input_ids, ro.attention_mask, ro.prompt_len, ForwardOptions(share_prompts=True)
+            )[0]
         t_ref = time.perf_counter()
         adv, _ = grpo_advantages(scores, mask, [i // a.n for i in range(len(scores))], True)
         t_adv = time.perf_counter()
@@ -136,9 +138,7 @@ def run_floor(a) -> list[tuple[float, float]]:
             ro.input_ids,
             ro.attention_mask,
             ro.prompt_len,
-            with_entropy=True,
-            entropy_grad=False,
-            share_prompts=True,
+            ForwardOptions(with_entropy=True, entropy_grad=False, share_prompts=True),
         )
         # one optimizer step over the whole batch: on-policy, the old log-probs are these (as in rlrig and TRL)
         pg, _, _ = clipped_surrogate(logp.detach(), logp, adv, mask, 0.2, 0.2, 3.0, "token-mean")

@@ -17,6 +17,8 @@ import sys
 import pytest
 import torch
 
+from rlrig.trainer.workers.step.request import StepRequest
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 
 
@@ -63,7 +65,10 @@ def run_worker(
         if not tf32:
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
         steps = steps or w.cfg.trainer.total_training_steps
-        return [w.step(next(batches), w.cfg.algorithm.kl_ctrl.kl_coef, s + 1) for s in range(steps)]
+        return [
+            w.step(StepRequest(next(batches), global_step=s + 1, kl_coef=w.cfg.algorithm.kl_ctrl.kl_coef))
+            for s in range(steps)
+        ]
 
 
 def test_fsdp_packed_and_grouped_forwards_match_ddp_on_cuda():
@@ -196,7 +201,7 @@ def test_bf16_mixed_precision_on_cuda(strategy):
             assert all(p.dtype == torch.bfloat16 for p in m.gen_module.parameters())
         out = {}
         ref_dtypes: set = set()
-        step = lambda: out.update(w.step(next(batches), 0.001, 1))  # noqa: E731
+        step = lambda: out.update(w.step(StepRequest(next(batches), global_step=1, kl_coef=0.001)))  # noqa: E731
         dtypes = _linear_dtypes(w, lambda: ref_dtypes.update(_linear_dtypes(w, step, m.ref)))
         assert dtypes == {torch.bfloat16} and ref_dtypes == {torch.bfloat16}, (dtypes, ref_dtypes)
         assert all(v.dtype == torch.float32 for st in m.actor.opt.state.values() for k, v in st.items() if k != "step")
@@ -225,7 +230,9 @@ def test_lora_in_bf16_on_cuda_trains_adapters_only_with_less_optimizer_memory(st
         m = w.models
         assert m.ref is None and m.ref_in_actor
         frozen = {n: p.detach().clone() for n, p in m.actor.module.named_parameters() if not p.requires_grad}
-        dtypes = _linear_dtypes(w, lambda: [w.step(next(batches), 0.001, s + 1) for s in range(2)])
+        dtypes = _linear_dtypes(
+            w, lambda: [w.step(StepRequest(next(batches), global_step=s + 1, kl_coef=0.001)) for s in range(2)]
+        )
         assert dtypes == {torch.bfloat16}, dtypes
         for n, p in m.actor.module.named_parameters():
             if not p.requires_grad:
@@ -245,7 +252,7 @@ def _layer_calls(w, steps, batches) -> int:
     )
     try:
         for s in range(steps):
-            w.step(next(batches), 0.001, s + 1)
+            w.step(StepRequest(next(batches), global_step=s + 1, kl_coef=0.001))
     finally:
         h.remove()
     return calls[0]
@@ -328,7 +335,7 @@ def test_activation_offload_moves_what_the_update_saves_to_host_memory_on_cuda(c
             grad_norm = parallel.grad_norm(t.module, 1e9)
             t.opt.zero_grad(set_to_none=True)
             moved = t.activation_offload.moved_bytes if offload else 0
-            steps = [w.step(next(batches), 0.001, s + 1) for s in range(2)]
+            steps = [w.step(StepRequest(next(batches), global_step=s + 1, kl_coef=0.001)) for s in range(2)]
         res[offload] = (peak, loss.item(), grad_norm, moved, steps)
     (plain, loss, gn, _, steps), (off, off_loss, off_gn, moved, off_steps) = res[False], res[True]
     print(
@@ -363,7 +370,7 @@ def test_offload_keeps_optimizer_state_and_reference_in_host_memory_on_cuda():
                 f"actor_rollout_ref.ref.fsdp_config.param_offload={flag}",
             ]
         ) as (w, batches):
-            res[flag] = [w.step(next(batches), 0.001, s + 1) for s in range(2)]
+            res[flag] = [w.step(StepRequest(next(batches), global_step=s + 1, kl_coef=0.001)) for s in range(2)]
             m = w.models
             devices = {v.device.type for st in m.actor.opt.state.values() for k, v in st.items() if k != "step"}
             assert devices == ({"cpu"} if flag else {"cuda"}), devices
@@ -392,7 +399,7 @@ def test_param_offload_keeps_fsdp_shards_in_host_memory_between_steps_on_cuda():
                 f"critic.model.fsdp_config.param_offload={flag}",
             ]
         ) as (w, batches):
-            res[flag] = [w.step(next(batches), 0.001, s + 1) for s in range(2)]
+            res[flag] = [w.step(StepRequest(next(batches), global_step=s + 1, kl_coef=0.001)) for s in range(2)]
             for t in (w.models.actor, w.models.critic):
                 assert {p.device.type for p in t.module.parameters()} == ({"cpu"} if flag else {"cuda"})
     for a, b in zip(res[False], res[True]):
@@ -452,7 +459,7 @@ def test_reward_model_scores_in_bf16_on_cuda_colocated_and_offloaded():
                 f"reward_model.model.fsdp_config.param_offload={offload}",
             ]
         ) as (w, batches):
-            m = w.step(next(batches), 0.0, 1)
+            m = w.step(StepRequest(next(batches), global_step=1, kl_coef=0.0))
             scorer_params = list(w.rm_scorer.model.parameters())
             assert {p.dtype for p in scorer_params} == {torch.bfloat16}
             assert {p.device.type for p in scorer_params} == {"cpu" if offload else "cuda"}
@@ -508,9 +515,9 @@ def test_vllm_on_cuda_drops_its_weights_only_before_a_sync_and_samples_the_synce
     with single_worker(overrides) as (w, batches):
         levels, sleep = [], w.engine.llm.sleep
         w.engine.llm.sleep = lambda level=1, **kw: levels.append(level) or sleep(level=level, **kw)
-        first = w.step(next(batches), 0.0, 1)
+        first = w.step(StepRequest(next(batches), global_step=1, kl_coef=0.0))
         w.evaluate(next(batches))
-        second = w.step(next(batches), 0.0, 2)
+        second = w.step(StepRequest(next(batches), global_step=2, kl_coef=0.0))
         assert levels == [2, 1, 2]
         assert torch.cuda.current_device() == 0
         # a bfloat16 engine against the actor's own scores: garbage weights would differ by ~0.5 on average

@@ -85,7 +85,8 @@ def start_workers(cfg, model_path: str, rm_path: str | None) -> Workers:
     from ..workers.critic_worker import CriticWorker
     from ..workers.ref_worker import RefWorker
     from ..workers.reward_worker import RewardModelWorker
-    from ..workers.training_worker import Peers, TrainingWorker, start_refusal
+    from ..workers.start_checks import start_refusal
+    from ..workers.training_worker import Peers, TrainingWorker
 
     t, use_gpu, cfg_dict = cfg.trainer, cfg.trainer.device == "cuda", cfg.to_dict()
     pools = plan_pools(cfg)

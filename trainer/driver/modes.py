@@ -15,6 +15,7 @@ from collections.abc import Callable
 from .. import metrics as M
 from ..config.overrides import FULLY_ASYNC
 from ..errors import ConfigError
+from ..workers.step.request import StepRequest
 from . import curriculum
 from .fully_async import Stream, total_versions, version_step
 from .launch import Workers
@@ -41,7 +42,10 @@ def update_kl_controller(kl_ctrl, m: dict, cfg) -> None:
 
 def step_on(worker, share: Share, kl: float, step: int, local: int | None = None, keep: bool = False):
     """A training worker's step on its share of a rollout pool's samples."""
-    return worker.step.remote(share.rows, kl, step, share.samples, local, share.turns, keep, share.first_sample)
+    req = StepRequest(
+        share.rows, step, kl, share.samples, share.turns, first_sample=share.first_sample, keep=keep, local_step=local
+    )
+    return worker.step.remote(req)
 
 
 class Mode:
@@ -72,12 +76,15 @@ class Mode:
         return self.prep.cfg.trainer.test_freq
 
     def step(self, progress: Progress) -> dict | None:
+        """Step progress.step generated and trained: its metrics, or None where the prompts ran out before it. A
+        mode that draws the next batch ahead records where the data stood before it in progress.ahead_from."""
         raise NotImplementedError
 
     def resume(self, step: int, trainer: dict) -> None:
         """Resumed at `step` from a checkpoint whose trainer.json is `trainer`."""
 
     def validate(self, step: int) -> dict:
+        """The validation metrics with the weights of `step`."""
         p = self.prep
         return validate_rows(self.workers.training, p.val_rows, p.cfg, step, p.out)
 
@@ -115,7 +122,7 @@ class Colocated(Mode):
         shares = equal_shares(batch, len(workers))
         p.faults.arm_training(step, workers)
         kl, keep = p.kl_ctrl.value, p.sampler.curriculum
-        steps = [w.step.remote(s, kl, step, keep=keep) for w, s in zip(workers, shares)]
+        steps = [w.step.remote(StepRequest(s, step, kl, keep=keep)) for w, s in zip(workers, shares)]
         return self.trained(ray.get(steps), batch, step, {})
 
 

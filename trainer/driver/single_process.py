@@ -47,13 +47,14 @@ def single_worker(overrides: list[str], model_path: str | None = None):
 def run_steps(overrides: list[str], steps: int, model_path: str | None = None) -> list[dict]:
     """The metrics of `steps` steps, the steps of global_profiler.steps recorded as the driver records them."""
     from ..workers.profiling import StepWindows
+    from ..workers.step.request import StepRequest
 
     with single_worker(overrides, model_path) as (w, batches):
         kl, windows, out = w.cfg.algorithm.kl_ctrl.kl_coef, StepWindows.of(w.cfg), []
         for step in range(1, steps + 1):
             if windows.starts(step):
                 w.start_profile(step)
-            out.append(w.step(next(batches), kl, step))
+            out.append(w.step(StepRequest(next(batches), global_step=step, kl_coef=kl)))
             if windows.stops(step) or step == steps and windows.left_open(step):
                 w.stop_profile()
         return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -79,51 +80,66 @@ def from_group(x: torch.Tensor | None, mine: torch.Tensor, filled: torch.Tensor,
     return packing.unpack(ulysses.group_sum(x.new_zeros(mine.shape).masked_scatter(mine, x), sp), filled)
 
 
-def token_logprobs(model, input_ids, attention_mask, prompt_len, **options):
+@dataclass(frozen=True)
+class ForwardOptions:
+    """How a log-prob pass reads a model, the same for every micro batch of it: built once per pass (the worker's
+    from the config, `ForwardOptions.of`), not spelled out at each call.
+
+    remove_padding: packed rows (model/packing.py). share_prompts: each distinct prompt computed once
+    (model/prefix_grouper.py). sp: the sequence-parallel group (needs remove_padding); every rank of it passes the
+    same rows and gets the same result. temperature: the rollout's sampling temperature, which divides the logits
+    (verl's actor and reference). with_entropy: the entropy too; with entropy_coeff 0 it is only a metric, and
+    `entropy_grad=False` keeps it out of the backward pass. with_sum_pi_squared: sum_v pi(v)^2 too (the optimal
+    token baseline's)."""
+
+    remove_padding: bool = False
+    share_prompts: bool = False
+    sp: ulysses.SeqParallel | None = None
+    temperature: float = 1.0
+    with_entropy: bool = False
+    entropy_grad: bool = True
+    with_sum_pi_squared: bool = False
+
+    @classmethod
+    def of(cls, cfg, sp: ulysses.SeqParallel | None = None, **more) -> ForwardOptions:
+        """The actor's and reference's passes as the config sets them (`more`: what a pass adds)."""
+        a = cfg.actor_rollout_ref
+        shared = dict(remove_padding=a.model.use_remove_padding, share_prompts=a.actor.use_prefix_grouper)
+        return cls(**shared, sp=sp, temperature=a.rollout.temperature, **more)
+
+
+PLAIN = ForwardOptions()
+
+
+def token_logprobs(model, input_ids, attention_mask, prompt_len, opts: ForwardOptions = PLAIN):
     """(log-probs [B, R], entropy [B, R] or None) of the response tokens: token_outputs' first two."""
-    return token_outputs(model, input_ids, attention_mask, prompt_len, **options)[:2]
+    return token_outputs(model, input_ids, attention_mask, prompt_len, opts)[:2]
 
 
-def token_outputs(
-    model,
-    input_ids,
-    attention_mask,
-    prompt_len,
-    *,
-    with_entropy=False,
-    entropy_grad=True,
-    remove_padding=False,
-    share_prompts=False,
-    sp: ulysses.SeqParallel | None = None,
-    with_sum_pi_squared=False,
-    temperature: float = 1.0,
-):
-    """Log-probs [B, R] of the response tokens under the model, the entropy [B, R] (None unless with_entropy) and
-    sum_v pi(v)^2 [B, R] (None unless with_sum_pi_squared, the optimal token baseline's). With entropy_coeff 0 the
-    entropy is only a metric: `entropy_grad=False` keeps it out of the backward pass. share_prompts: each distinct
-    prompt computed once (model/prefix_grouper.py). sp: the sequence-parallel group (needs remove_padding); every
-    rank of it passes the same rows and gets the same result. temperature: the rollout's sampling temperature, which
-    divides the logits (verl's actor and reference)."""
-    t = temperature if temperature > 0 else 1.0  # greedy sampling (0) has no distribution to divide towards
+def token_outputs(model, input_ids, attention_mask, prompt_len, opts: ForwardOptions = PLAIN):
+    """Log-probs [B, R] of the response tokens under the model, the entropy [B, R] (None unless opts.with_entropy)
+    and sum_v pi(v)^2 [B, R] (None unless opts.with_sum_pi_squared); `opts`: see ForwardOptions."""
+    sp = opts.sp
+    t = opts.temperature if opts.temperature > 0 else 1.0  # greedy sampling (0) has no distribution to divide towards
 
     def from_logits(logits, targets):
-        logp, ent = token_logprobs_and_entropy(logits, targets, with_entropy, entropy_grad, t)
-        return logp, ent, token_sum_pi_squared(logits, t) if with_sum_pi_squared else None
+        logp, ent = token_logprobs_and_entropy(logits, targets, opts.with_entropy, opts.entropy_grad, t)
+        return logp, ent, token_sum_pi_squared(logits, t) if opts.with_sum_pi_squared else None
 
     if sp is not None:
         pk = packing.pack(input_ids, attention_mask, prompt_len, multiple=sp.size)
         logits, mine = group_outputs(model, pk, sp, causal_lm=True)
         outs = from_logits(logits, pk.input_ids.flatten()[pk.at][mine])
         return tuple(from_group(x, mine, pk.filled, sp) for x in outs)
-    if share_prompts:
-        if with_sum_pi_squared:
+    if opts.share_prompts:
+        if opts.with_sum_pi_squared:
             raise ValueError("sum_pi_squared is not computed with shared prompts (actor.use_prefix_grouper)")
         pieces = [
             from_logits(z, y) for z, y in prefix_grouper.response_logits(model, input_ids, attention_mask, prompt_len)
         ]
         logp = torch.cat([p[0] for p in pieces], 1)
-        return logp, (torch.cat([p[1] for p in pieces], 1) if with_entropy else None), None
-    logits, targets, filled = response_outputs(model, input_ids, attention_mask, prompt_len, remove_padding)
+        return logp, (torch.cat([p[1] for p in pieces], 1) if opts.with_entropy else None), None
+    logits, targets, filled = response_outputs(model, input_ids, attention_mask, prompt_len, opts.remove_padding)
     outs = from_logits(logits, targets)
     if filled is not None:
         outs = tuple(packing.unpack(x, filled) if x is not None else None for x in outs)

@@ -9,6 +9,7 @@ batch or rank it falls in."""
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import contextmanager
 
 import numpy as np
@@ -20,7 +21,7 @@ from ..algos.bypass_loss import bypass_loss
 from ..batch.step_batch import StepBatch
 from ..model import offload, parallel
 from ..model.build import Trainable
-from ..model.forward import token_logprobs
+from ..model.forward import ForwardOptions, token_logprobs
 from ..model.forward import values as critic_values
 from ..model.micro_batches import MiniBatches, size
 from ..model.ulysses import SeqParallel
@@ -62,17 +63,18 @@ def update_actor(
     batch: StepBatch,
     cfg,
     plan: MiniBatches,
-    allreduce: algos.AllReduce = algos.local,
-    sp: SeqParallel | None = None,
+    allreduce: algos.AllReduce,
+    forward: ForwardOptions,
     glob: list[algos.GlobalBatch] | None = None,
 ):
     """Returns the stats (lists per metric) and the log-probs before the first optimizer step: the batch's
     old_logp, or on-policy (old_logp None) those of the update's own first forwards. `allreduce` sums over the
-    workers (bypass mode's batch-normalized weights). `glob`: each mini batch's global counts, under verl's engine
-    workers' normalisation."""
+    workers (bypass mode's batch-normalized weights). `forward`: the actor's log-prob pass (ForwardOptions.of), to
+    which the update adds the entropy. `glob`: each mini batch's global counts, under verl's engine workers'
+    normalisation."""
     a, rc = cfg.actor_rollout_ref.actor, cfg.algorithm.rollout_correction
     loss_fn = bypass_loss(rc, allreduce) if rc.bypass_mode else policy_losses.get(a.policy_loss.loss_mode).fn
-    packed = cfg.actor_rollout_ref.model.use_remove_padding
+    forward = dataclasses.replace(forward, with_entropy=True, entropy_grad=a.entropy_coeff != 0)
     old_logp, mask, adv, is_w = batch.old_logp, batch.mask, batch.advantages, batch.is_weights
     stats: dict[str, list[float]] = {}
     # one epoch of one mini batch: verl's dp_actor takes the update's own log-probs as the old ones (dp_actor.py:591),
@@ -86,20 +88,9 @@ def update_actor(
                 agg = algos.Agg(a.loss_agg_mode, glob[i]) if glob else a.loss_agg_mode
                 mini: dict[str, list[float]] = {}
                 for sl in micros:
-                    m = mask[sl]
+                    m, ids, attention = mask[sl], batch.input_ids[sl], batch.attention_mask[sl]
                     with t.precision.autocast():
-                        logp, ent = token_logprobs(
-                            t.train,
-                            batch.input_ids[sl],
-                            batch.attention_mask[sl],
-                            batch.prompt_len,
-                            with_entropy=True,
-                            entropy_grad=a.entropy_coeff != 0,
-                            remove_padding=packed,
-                            share_prompts=a.use_prefix_grouper,
-                            sp=sp,
-                            temperature=cfg.actor_rollout_ref.rollout.temperature,
-                        )
+                        logp, ent = token_logprobs(t.train, ids, attention, batch.prompt_len, forward)
                     if own_old:  # on-policy: one epoch, one mini batch, so these are the old log-probs
                         first[sl] = logp.detach()
                     old = logp.detach() if own_old else old_logp[sl]

@@ -11,7 +11,7 @@ from ..config.schema import from_dict
 from ..model import micro_batches as batching
 from ..model import offload
 from ..model.build import load_reference
-from ..model.forward import in_micro_batches, token_logprobs
+from ..model.forward import ForwardOptions, in_micro_batches, token_logprobs
 from . import profiling
 from .base import PoolWorker, ensure_local_embedded_model, single_device
 
@@ -28,9 +28,8 @@ class RefWorker(PoolWorker):
         self.offload = a.ref.fsdp_config.param_offload
         if self.offload:
             self.model.to("cpu")
-        self.micro, self.packed = a.ref.log_prob_micro_batch_size_per_gpu, a.model.use_remove_padding
-        self.shared = a.actor.use_prefix_grouper
-        self.temperature = a.rollout.temperature  # verl's reference divides the logits by it too
+        self.micro = a.ref.log_prob_micro_batch_size_per_gpu
+        self.forward = ForwardOptions.of(cfg)  # the whole model here: no sequence-parallel group
         self.budget = batching.token_budgets(cfg)["actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"]
 
     @torch.no_grad()
@@ -42,9 +41,8 @@ class RefWorker(PoolWorker):
         parts = batching.plan(lengths, 0, len(ids), self.micro, self.budget, lambda k: k)
 
         def part(p):
-            kw = dict(remove_padding=self.packed, share_prompts=self.shared, temperature=self.temperature)
             with self.precision.autocast():
-                return token_logprobs(self.model, ids[p], mask[p], batch.prompt_len, **kw)[0]
+                return token_logprobs(self.model, ids[p], mask[p], batch.prompt_len, self.forward)[0]
 
         with self.profiler.phase("ref"), offload.module_on(self.model, self.device, self.offload):
             return in_micro_batches(parts, part).cpu()

@@ -21,7 +21,7 @@ from ..agent import partial as agent_partial
 from ..agent.rollout import AgentRollout
 from ..config.schema import from_dict
 from ..model import build
-from ..model.forward import token_outputs
+from ..model.forward import ForwardOptions, token_outputs
 from ..model.precision import resolve
 from ..reward.managers import overlong
 from ..reward.rules import reward_fn
@@ -86,15 +86,15 @@ class RolloutWorker(PoolWorker):
             self.module = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype, **kw).to(self.device)
             self.module.eval().requires_grad_(False)  # it never trains; weight transfers land in its parameters
         ctx = EngineContext(
-            self.module,
-            self.tok,
-            a.rollout,
-            cfg.data.max_prompt_length,
-            cfg.data.max_response_length,
-            model_path,
-            self.device.type,
-            seed,
-            None,  # the module is held in its compute dtype already
+            module=self.module,
+            tokenizer=self.tok,
+            cfg=a.rollout,
+            max_prompt_length=cfg.data.max_prompt_length,
+            max_response_length=cfg.data.max_response_length,
+            model_path=model_path,
+            device=self.device.type,
+            seed=seed,
+            compute_dtype=None,  # the module is held in its compute dtype already
         )
         self.lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-engine")
         self.engine = self.lane.submit(make_engine, cls, ctx).result()
@@ -180,9 +180,9 @@ class RolloutWorker(PoolWorker):
     def _logprobs(self, ro: Rollout) -> torch.Tensor:
         """The hf engine reports none: the module that sampled scores its own tokens, at the rollout's temperature
         (verl's engines' log-probs, the behaviour policy's)."""
-        a = self.cfg.actor_rollout_ref
+        forward = ForwardOptions(temperature=self.cfg.actor_rollout_ref.rollout.temperature)
         ids, mask = ro.input_ids.to(self.device), ro.attention_mask.to(self.device)
-        logp, _, _ = token_outputs(self.module, ids, mask, ro.prompt_len, temperature=a.rollout.temperature)
+        logp, _, _ = token_outputs(self.module, ids, mask, ro.prompt_len, forward)
         return logp.float() * ro.response_mask.to(self.device)
 
     @on_engine_thread

@@ -11,7 +11,7 @@ from rlrig.trainer.algos import policy_losses
 from rlrig.trainer.config.overrides import parse_overrides
 from rlrig.trainer.embedded.tiny_model import build_model
 from rlrig.trainer.embedded.tool_model import build_tool_tokenizer, call_text
-from rlrig.trainer.model.forward import token_logprobs
+from rlrig.trainer.model.forward import ForwardOptions, token_logprobs
 
 TOK = build_tool_tokenizer()
 ACTOR = parse_overrides([]).actor_rollout_ref.actor
@@ -40,7 +40,7 @@ def loss_and_logits(model, prompt, response, mask, adv, ref_shift):
     hook = head.register_forward_hook(keep)
     input_ids = torch.tensor([prompt + response])
     attention = torch.ones_like(input_ids)
-    logp, ent = token_logprobs(model, input_ids, attention, len(prompt), with_entropy=True)
+    logp, ent = token_logprobs(model, input_ids, attention, len(prompt), ForwardOptions(with_entropy=True))
     hook.remove()
     m = torch.tensor([mask], dtype=torch.float)
     old = logp.detach() - 0.1  # a ratio away from 1, inside the clip range

@@ -1,5 +1,6 @@
 """verl's other policy losses and estimators against values worked by hand (the arithmetic in each comment)."""
 
+import dataclasses
 import math
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 
 from rlrig.trainer.algos import estimators, policy_losses
 from rlrig.trainer.config.schema import ActorConfig
+from rlrig.trainer.workers.step.request import StepRequest
 
 T = torch.tensor
 LN2, LN15 = math.log(2), math.log(1.5)
@@ -159,7 +161,7 @@ def test_remax_through_a_worker_scores_each_prompts_greedy_response():
         ]
     ) as (w, batches):
         seen, greedy = {}, []
-        real_generate, real_fn = w.engine.generate, w.estimator.fn
+        real_generate, real_fn = w.engine.generate, w.context.estimate
 
         def generate(prompts, n, sampling=None, **kw):
             ro = real_generate(prompts, n, sampling, **kw)
@@ -172,9 +174,9 @@ def test_remax_through_a_worker_scores_each_prompts_greedy_response():
             return real_fn(x)
 
         w.engine.generate = generate
-        w.estimator = estimators.Estimator(w.estimator.name, fn, needs_greedy_baseline=True)
+        w.context = dataclasses.replace(w.context, estimate=fn)
         rows = next(batches)
-        out = w.step(rows, 0.0, 1)
+        out = w.step(StepRequest(rows, global_step=1, kl_coef=0.0))
         assert len(greedy) == 1 and greedy[0].input_ids.shape[0] == len(rows)  # one greedy response per prompt
         expected = score_batch(w.tok, w.reward, rows, StepBatch.from_rollout(greedy[0], 1), 1).scores
         expected = expected.repeat_interleave(3)

@@ -9,6 +9,7 @@ from rlrig.trainer.config.overrides import parse_overrides
 from rlrig.trainer.driver import checkpoint
 from rlrig.trainer.driver.single_process import single_worker
 from rlrig.trainer.errors import ConfigError
+from rlrig.trainer.workers.step.request import StepRequest
 
 FAST = ["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.device=cpu",
         "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2", "data.max_response_length=8"]  # fmt: skip
@@ -17,7 +18,7 @@ SAVES = "actor_rollout_ref.actor.checkpoint.save_contents"
 
 def test_without_optimizer_no_optimizer_state_is_gathered():
     with single_worker([*FAST, f"{SAVES}=[model,extra]"]) as (w, batches):
-        w.step(next(batches), 0.0, 1)
+        w.step(StepRequest(next(batches), global_step=1, kl_coef=0.0))
         st = w.state()
     assert "model" in st and "optim" not in st
 
@@ -26,7 +27,7 @@ def test_hf_model_writes_a_hugging_face_directory_with_the_trained_weights(tmp_p
     from transformers import AutoModelForCausalLM
 
     with single_worker([*FAST, f"{SAVES}=[hf_model]"]) as (w, batches):
-        w.step(next(batches), 0.0, 1)
+        w.step(StepRequest(next(batches), global_step=1, kl_coef=0.0))
         st = w.state()
     from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
 
@@ -39,7 +40,7 @@ def test_hf_model_writes_a_hugging_face_directory_with_the_trained_weights(tmp_p
 
 def test_load_contents_model_only_leaves_the_optimizer_fresh():
     with single_worker([*FAST, "actor_rollout_ref.actor.checkpoint.load_contents=[model]"]) as (w, batches):
-        w.step(next(batches), 0.0, 1)
+        w.step(StepRequest(next(batches), global_step=1, kl_coef=0.0))
         st = w.state()
         w.models.actor.opt.state.clear()
         w.load(st, None)

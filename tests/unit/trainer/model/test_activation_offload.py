@@ -9,6 +9,7 @@ import torch
 from rlrig.trainer.embedded.synthetic import Shape, ensure_model
 from rlrig.trainer.model import activation_offload
 from rlrig.trainer.model.build import set_checkpointing
+from rlrig.trainer.workers.step.request import StepRequest
 
 SHAPE = Shape(512, 64, 128, 3, 4, 2, 256)
 
@@ -121,6 +122,6 @@ def test_a_worker_step_under_fsdp_with_offload_equals_one_without(checkpointing,
                 *extra,
             ]
         ) as (w, batches):
-            out[offload] = [w.step(next(batches), 0.001, s + 1) for s in range(2)]
+            out[offload] = [w.step(StepRequest(next(batches), global_step=s + 1, kl_coef=0.001)) for s in range(2)]
     for a, b in zip(out[False], out[True]):
         assert [b[k] for k in keys] == pytest.approx([a[k] for k in keys], rel=1e-5, abs=1e-7)

@@ -10,6 +10,7 @@ from rlrig.trainer.config.overrides import parse_overrides
 from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
 from rlrig.trainer.errors import ConfigError
 from rlrig.trainer.model import lora
+from rlrig.trainer.workers.step.request import StepRequest
 
 
 def model_cfg(*overrides):
@@ -195,9 +196,9 @@ def test_a_worker_trains_the_adapters_only_against_its_disabled_self(strategy, c
         trained = {id(p) for g in m.actor.opt.param_groups for p in g["params"]}
         assert trained == {id(p) for n, p in m.actor.module.named_parameters() if "lora_" in n}
         before = base_weights(m.actor.module)
-        first = w.step(next(batches), 0.0, 1)
+        first = w.step(StepRequest(next(batches), global_step=1, kl_coef=0.0))
         assert first["actor/kl_loss"] == pytest.approx(0.0, abs=1e-7)  # B starts at zero: the actor is its reference
-        w.step(next(batches), 0.0, 2)
+        w.step(StepRequest(next(batches), global_step=2, kl_coef=0.0))
         after = m.actor.module.state_dict()
         for k, v in before.items():
             assert torch.equal(v, after[k]), f"{k}: a frozen weight changed"
@@ -280,7 +281,7 @@ def test_training_goes_on_from_an_adapter_directory(tmp_path):
         }  # the adapter's own targets, not all-linear
         with torch.no_grad():
             torch.testing.assert_close(token_logprobs(module, ids, mask, 2)[0], expected)
-        first = w.step(next(batches), 0.0, 1)
+        first = w.step(StepRequest(next(batches), global_step=1, kl_coef=0.0))
         assert first["actor/kl_loss"] > 1e-6  # the reference is the base (0 exactly were it the adapted actor)
         assert all(p.requires_grad for n, p in module.named_parameters() if "lora_" in n)
 

@@ -5,6 +5,7 @@ import torch
 
 from rlrig.trainer.model import micro_batches as batching
 from rlrig.trainer.model.forward import in_micro_batches
+from rlrig.trainer.workers.step.request import StepRequest
 
 
 @pytest.mark.parametrize(
@@ -64,7 +65,7 @@ def _one_step(extra):
         h = w.models.actor.module.model.layers[0].self_attn.q_proj.register_forward_hook(
             lambda *a: calls.__setitem__(0, calls[0] + 1)
         )
-        out = w.step(next(batches), 0.001, 1)
+        out = w.step(StepRequest(next(batches), global_step=1, kl_coef=0.001))
         h.remove()
         return out, [p.detach().clone() for p in w.models.actor.module.parameters()], calls[0]
 

@@ -65,14 +65,14 @@ def batch(vocab, prompt_lens, response_lens, P=6, R=7):
     ],
 )
 def test_packed_logprobs_entropy_and_values_match_padded(tiny, prompt_lens, response_lens):
-    from rlrig.trainer.model.forward import token_logprobs
+    from rlrig.trainer.model.forward import ForwardOptions, token_logprobs
     from rlrig.trainer.model.forward import values as critic_values
 
     actor, critic = tiny
     ids, mask, P = batch(actor.config.vocab_size, prompt_lens, response_lens)
     filled = mask[:, P:].bool()
-    padded = token_logprobs(actor, ids, mask, P, with_entropy=True)
-    packed = token_logprobs(actor, ids, mask, P, with_entropy=True, remove_padding=True)
+    padded = token_logprobs(actor, ids, mask, P, ForwardOptions(with_entropy=True))
+    packed = token_logprobs(actor, ids, mask, P, ForwardOptions(with_entropy=True, remove_padding=True))
     for a, b in zip(padded, packed):
         torch.testing.assert_close(b[filled], a[filled], atol=1e-5, rtol=1e-5)
         assert (b[~filled] == 0).all()
@@ -87,14 +87,14 @@ def test_packed_logprobs_entropy_and_values_match_padded(tiny, prompt_lens, resp
 
 
 def test_the_packed_forward_reaches_the_vocabulary_only_at_response_positions(tiny):
-    from rlrig.trainer.model.forward import token_logprobs
+    from rlrig.trainer.model.forward import ForwardOptions, token_logprobs
 
     actor, _ = tiny
     ids, mask, P = batch(actor.config.vocab_size, [6, 4, 2, 5, 6], [7, 3, 0, 5, 1])
     rows = []
     handle = actor.get_output_embeddings().register_forward_hook(lambda m, args, out: rows.append(out.shape[:-1]))
     try:
-        token_logprobs(actor, ids, mask, P, with_entropy=True, remove_padding=True)
+        token_logprobs(actor, ids, mask, P, ForwardOptions(with_entropy=True, remove_padding=True))
     finally:
         handle.remove()
     assert [tuple(r) for r in rows] == [(1, int(mask[:, P:].sum()))]  # the 16 response tokens, not the packed rows

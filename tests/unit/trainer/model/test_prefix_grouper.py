@@ -6,7 +6,7 @@ import torch
 
 from rlrig.trainer.model import prefix_grouper
 from rlrig.trainer.model.build import set_checkpointing
-from rlrig.trainer.model.forward import token_logprobs
+from rlrig.trainer.model.forward import ForwardOptions, token_logprobs
 from tests.helpers.model_hooks import embedded_tokens
 
 
@@ -71,7 +71,7 @@ def test_shared_prompts_give_the_padded_numbers_from_fewer_tokens(model, prompts
         outs, tokens, grads = {}, {}, {}
         for shared in (False, True):
             seen[0] = 0
-            outs[shared] = token_logprobs(model, ids, mask, P, with_entropy=True, share_prompts=shared)
+            outs[shared] = token_logprobs(model, ids, mask, P, ForwardOptions(with_entropy=True, share_prompts=shared))
             tokens[shared] = seen[0]
             grads[shared] = _grads(model, outs[shared][0] + outs[shared][1], resp_mask)
     finally:
@@ -102,7 +102,7 @@ def test_checkpointing_recomputes_the_shared_forwards(model):
             if on:
                 set_checkpointing(model, True)
             calls[0] = 0
-            token_logprobs(model, ids, mask, P, share_prompts=True)[0].sum().backward()
+            token_logprobs(model, ids, mask, P, ForwardOptions(share_prompts=True))[0].sum().backward()
             counts.append(calls[0])
     finally:
         handle.remove()

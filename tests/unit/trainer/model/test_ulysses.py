@@ -57,7 +57,7 @@ def _batch():
 
 
 def _outputs(model, sp, heads, kv, value_head):
-    from rlrig.trainer.model.forward import token_logprobs, token_outputs, values
+    from rlrig.trainer.model.forward import ForwardOptions, token_logprobs, token_outputs, values
 
     ids, mask, prompt_len = _batch()
     if value_head:
@@ -65,10 +65,14 @@ def _outputs(model, sp, heads, kv, value_head):
         loss = (v * torch.linspace(0.5, 1.5, v.numel()).view_as(v)).sum()
         outs = {"values": v}
     else:
-        logp, ent = token_logprobs(model, ids, mask, prompt_len, with_entropy=True, remove_padding=True, sp=sp)
+        logp, ent = token_logprobs(
+            model, ids, mask, prompt_len, ForwardOptions(with_entropy=True, remove_padding=True, sp=sp)
+        )
         loss = (logp * torch.linspace(0.5, 1.5, logp.numel()).view_as(logp)).sum() - 0.1 * ent.sum()
         with torch.no_grad():  # the optimal token baseline's no-grad pass
-            spp = token_outputs(model, ids, mask, prompt_len, remove_padding=True, sp=sp, with_sum_pi_squared=True)[2]
+            spp = token_outputs(
+                model, ids, mask, prompt_len, ForwardOptions(remove_padding=True, sp=sp, with_sum_pi_squared=True)
+            )[2]
         outs = {"logp": logp, "ent": ent, "sum_pi_squared": spp}
     loss.backward()
     return {k: t.detach() for k, t in outs.items()}, {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -142,7 +146,7 @@ def test_a_model_whose_heads_do_not_split_is_refused_before_any_worker_starts():
     # the embedded model has 2 attention heads: 4 ranks cannot each take a whole one
     from rlrig.trainer.config.overrides import parse_overrides
     from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
-    from rlrig.trainer.workers.training_worker import start_refusal
+    from rlrig.trainer.workers.start_checks import start_refusal
 
     path = ensure_tiny_model()
     base = ["trainer.n_gpus_per_node=4", "actor_rollout_ref.model.use_remove_padding=True", "trainer.device=cpu"]

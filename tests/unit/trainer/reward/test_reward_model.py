@@ -391,9 +391,7 @@ def test_the_reference_in_its_own_pool_computes_what_the_colocated_one_does():
     with single_worker(overrides) as (w, batches):
         rows = next(batches)
         batch = StepBatch.from_rollout(w.engine.generate([r["input_ids"] for r in rows], 2, Sampling()), 2)
-        here = w._logprobs(
-            w.models.ref, batch, 3, w.models.ref_precision, "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"
-        )
+        here = w.context.sources.ref(batch)  # the reference held here, at its micro batch of 3
         remote = RefWorker(w.cfg.to_dict(), ensure_tiny_model(), use_gpu=False)
         there = remote.logprobs(batch.only())
     assert there.shape == here.shape and torch.allclose(there, here, atol=1e-5)

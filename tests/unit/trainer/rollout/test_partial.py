@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rlrig.trainer.config.schema import RolloutConfig
-from rlrig.trainer.model.forward import token_outputs
+from rlrig.trainer.model.forward import ForwardOptions, token_outputs
 from rlrig.trainer.rollout import engines
 from rlrig.trainer.rollout.engines import hf_engine
 from rlrig.trainer.rollout.partial import Partial, go_on, packed
@@ -43,7 +43,9 @@ def stop_after(tokens: int):
 def logprobs(model):
     def of(ro):
         with torch.no_grad():
-            logp, _, _ = token_outputs(model, ro.input_ids, ro.attention_mask, ro.prompt_len, temperature=1.0)
+            logp, _, _ = token_outputs(
+                model, ro.input_ids, ro.attention_mask, ro.prompt_len, ForwardOptions(temperature=1.0)
+            )
         return logp.float() * ro.response_mask
 
     return of

@@ -18,7 +18,7 @@ from rlrig.trainer.rollout.engines import base as rollout
 from rlrig.trainer.rollout.engines import hf_engine
 from rlrig.trainer.rollout.engines import sglang_engine as sglang_rollout
 from rlrig.trainer.rollout.engines import vllm_engine as vllm_rollout
-from rlrig.trainer.workers.training_worker import probs_diff
+from rlrig.trainer.workers.step.metrics import probs_diff
 from tests.helpers.model_hooks import embedded_tokens
 
 PAD, EOS = 0, 9
@@ -170,7 +170,7 @@ class _RecordingLLM:
         self.calls.append(method)
 
     def reset_prefix_cache(self):
-        pass
+        return True  # 0.16-0.32: whether the cache was dropped (False while a request holds KV blocks)
 
     def generate(self, prompts, sampling_params, use_tqdm=True):
         self.calls.append("generate")
@@ -357,7 +357,7 @@ def test_hf_sync_refreshes_a_separate_copy_and_skips_the_shared_module():
 def test_mixture_of_experts_is_refused_for_engines_with_their_own_loader(tmp_path, moe, engine, refused):
     from transformers import Qwen2Config, Qwen2MoeConfig
 
-    from rlrig.trainer.workers.training_worker import moe_refusal
+    from rlrig.trainer.workers.start_checks import moe_refusal
 
     conf = Qwen2MoeConfig(num_experts=4) if moe else Qwen2Config()
     conf.save_pretrained(tmp_path)

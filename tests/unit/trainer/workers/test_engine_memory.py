@@ -4,6 +4,7 @@ released weights): only a step's last one before its weight sync, never one anot
 import pytest
 
 from rlrig.trainer.driver.single_process import single_worker
+from rlrig.trainer.workers.step.request import StepRequest
 
 # FSDP: the hf engine generates with a copy of the actor that each sync refreshes, as vLLM and SGLang hold one
 BASE = [
@@ -64,5 +65,5 @@ def test_the_engine_drops_its_weights_only_where_a_sync_follows(extra, script, c
         w.engine = w.agent.engine = Recorder(w.engine)
         for i, action in enumerate(script):
             rows = next(batches)
-            w.step(rows, 0.0, i + 1) if action == "step" else w.evaluate(rows)
+            w.step(StepRequest(rows, global_step=i + 1, kl_coef=0.0)) if action == "step" else w.evaluate(rows)
         assert w.engine.calls == calls

@@ -10,7 +10,9 @@ from rlrig.trainer.algos.rollout_correction import rejection_mask
 from rlrig.trainer.config import validation
 from rlrig.trainer.config.presets import EMBEDDED
 from rlrig.trainer.model.forward import token_logprobs
-from rlrig.trainer.workers import ppo_update, training_worker
+from rlrig.trainer.workers import ppo_update
+from rlrig.trainer.workers.step import sources
+from rlrig.trainer.workers.step.request import StepRequest
 
 SMALL = [  # 8 prompts x 4 samples on one worker
     "data.train_batch_size=8",
@@ -42,8 +44,8 @@ def _step(monkeypatch, extra: list[str]) -> tuple[dict, dict]:
 
         return loss
 
-    real_update, real_bypass = training_worker.update_actor, ppo_update.bypass_loss
-    monkeypatch.setattr(training_worker, "update_actor", update_actor)
+    real_update, real_bypass = sources.update_actor, ppo_update.bypass_loss
+    monkeypatch.setattr(sources, "update_actor", update_actor)
     monkeypatch.setattr(ppo_update, "bypass_loss", bypass_loss)
     with single_worker([*EMBEDDED, "actor_rollout_ref.rollout.name=hf", *SMALL, *extra]) as (w, batches):
         generate, g = w.engine.generate, torch.Generator().manual_seed(0)
@@ -56,7 +58,7 @@ def _step(monkeypatch, extra: list[str]) -> tuple[dict, dict]:
             return ro
 
         w.engine.generate = with_logprobs
-        out = w.step(next(batches), 0.001, 1)
+        out = w.step(StepRequest(next(batches), global_step=1, kl_coef=0.001))
     return out, seen
 
 

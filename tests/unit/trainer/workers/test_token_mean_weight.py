@@ -2,13 +2,11 @@
 of the model's own tokens, as verl takes those means over the whole batch's response mask. With tool turns the
 attention mask also holds the tool's tokens, which must not weigh."""
 
-from types import SimpleNamespace
-
 import torch
 
 from rlrig.trainer import metrics as M
 from rlrig.trainer.batch.step_batch import StepBatch
-from rlrig.trainer.workers.training_worker import TrainingWorker
+from rlrig.trainer.workers.step.metrics import batch_metrics
 
 
 def shard(response_mask: list[list[int]], attention: list[list[int]], advantages: list[list[float]]) -> StepBatch:
@@ -27,12 +25,11 @@ def shard(response_mask: list[list[int]], attention: list[list[int]], advantages
 
 
 def test_token_means_of_two_workers_combine_as_one_mean_over_the_models_tokens():
-    me = SimpleNamespace(cfg=SimpleNamespace(data=SimpleNamespace(max_response_length=8)), device=torch.device("cpu"))
     # worker 1: one sample, a model turn (2 tokens), a tool turn (3 tokens), a model turn (1 token)
     one = shard([[1, 1, 0, 0, 0, 1]], [[1, 1, 1, 1, 1, 1]], [[1.0, 1.0, 9.0, 9.0, 9.0, 1.0]])
     # worker 2: one single-turn sample of 2 tokens
     two = shard([[1, 1, 0, 0, 0, 0]], [[1, 1, 0, 0, 0, 0]], [[4.0, 4.0, 0.0, 0.0, 0.0, 0.0]])
-    results = [TrainingWorker._metrics(me, b, b.response_mask) for b in (one, two)]
+    results = [batch_metrics(b, b.response_mask, 8, torch.device("cpu")) for b in (one, two)]
     assert [r[M.TOKENS] for r in results] == [3.0, 2.0]
     assert [r["response_length/mean"] for r in results] == [6.0, 2.0]  # lengths stay the attention mask's, as verl
     # verl's batch mean over the response mask: (1 + 1 + 1 + 4 + 4) / 5

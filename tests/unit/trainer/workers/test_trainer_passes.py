@@ -16,6 +16,7 @@ from rlrig.trainer.algos.estimators import AdvantageInput, get
 from rlrig.trainer.config.presets import EMBEDDED
 from rlrig.trainer.config.schema import FsdpConfig, MixedPrecisionConfig, OptimConfig
 from rlrig.trainer.model import lr_schedule, precision
+from rlrig.trainer.workers.step.request import StepRequest
 from rlrig.trainer.workers.timing import Phases
 from tests.helpers.model_hooks import embedded_tokens
 
@@ -38,7 +39,7 @@ def _advantages(name, rewards, values, mask, allreduce):
 def _shard_worker(rank, world, port, out_dir):
     # Imported before the group exists: torch.distributed.fsdp, imported after, keeps the default group alive
     # past destroy_process_group, and its Gloo threads then abort the process as it exits (1 run in ~15).
-    from rlrig.trainer.workers.training_worker import allreduce_sum
+    from rlrig.trainer.workers.step.context import allreduce_sum
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -196,7 +197,7 @@ def _one_step(extra, hook=lambda w: None):
     with single_worker([*EMBEDDED, "actor_rollout_ref.rollout.name=hf", *extra]) as (w, batches):
         counters = hook(w)
         before = [p.detach().clone() for p in w.models.actor.module.parameters()]
-        out = w.step(next(batches), 0.001, 1)
+        out = w.step(StepRequest(next(batches), global_step=1, kl_coef=0.001))
         changed = any(not torch.equal(a, p) for a, p in zip(before, w.models.actor.module.parameters()))
         return out, changed, counters
 
@@ -306,7 +307,7 @@ def test_the_hf_engine_generates_under_fsdp_with_a_copy_in_the_compute_dtype():
         assert {b.dtype for b in gen.buffers() if b.is_floating_point()} == {torch.float32}
         live = dict(parallel.full_tensors(w.models.actor.module))
         assert live and all(torch.equal(t.to(torch.bfloat16), gen.state_dict()[n]) for n, t in live.items())
-        out = w.step(next(batches), 0.001, 1)
+        out = w.step(StepRequest(next(batches), global_step=1, kl_coef=0.001))
         assert out["actor/grad_norm"] > 0 and out["response_length/mean"] > 0
 
 
@@ -409,18 +410,18 @@ def test_the_critic_takes_its_own_mini_batches_and_epochs(extra, critic_steps):
 def test_every_log_prob_pass_divides_by_the_rollout_temperature(monkeypatch):
     # verl: old log-probs, the reference's and the update's all come from logits / rollout.temperature
     from rlrig.trainer.model import forward
-    from rlrig.trainer.workers import training_worker
+    from rlrig.trainer.workers.step import sources
 
     seen = []
 
     outputs = forward.token_outputs
 
-    def spy(*args, **kw):
-        seen.append(kw.get("temperature"))
-        return outputs(*args, **kw)
+    def spy(model, ids, mask, prompt_len, opts):
+        seen.append(opts.temperature)
+        return outputs(model, ids, mask, prompt_len, opts)
 
     monkeypatch.setattr(forward, "token_outputs", spy)  # the update's, through token_logprobs
-    monkeypatch.setattr(training_worker, "token_outputs", spy)
+    monkeypatch.setattr(sources, "token_outputs", spy)
     extra = ["actor_rollout_ref.rollout.temperature=0.5", "actor_rollout_ref.actor.use_kl_loss=True"]
     _one_step([*extra, "actor_rollout_ref.actor.ppo_epochs=2"])
     # old log-probs (2 epochs: not on-policy), the reference's, and each update micro batch

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rlrig.trainer.config.presets import EMBEDDED
+from rlrig.trainer.workers.step.request import StepRequest
 
 
 def _first_gradients(impl: str, micro: int) -> tuple[dict[str, torch.Tensor], dict]:
@@ -35,7 +36,7 @@ def _first_gradients(impl: str, micro: int) -> tuple[dict[str, torch.Tensor], di
                 return _step(*a, **k)
 
             t.opt.step = first
-        out = w.step(next(batches), 0.001, 1)
+        out = w.step(StepRequest(next(batches), global_step=1, kl_coef=0.001))
     return grads, out
 
 

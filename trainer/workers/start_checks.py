@@ -1,0 +1,65 @@
+"""Why a training worker could not start on a node, asked before any worker is built: the driver runs
+start_refusal as a Ray task on every node, so no worker is ever left without an engine."""
+
+from __future__ import annotations
+
+from ..model import build, ulysses
+from ..model.micro_batches import sequence_parallel
+from ..rollout.engines import engine_class
+
+MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def moe_refusal(model_path: str, load_kwargs: dict, engine_cls) -> str | None:
+    """transformers 5 fuses a mixture-of-experts model's expert weights into one tensor per layer, whose
+    names vLLM's and SGLang's loaders do not know: syncing them would fail or, worse, load nothing.
+    Until those names are mapped back, such a model rolls out with hf only."""
+    if engine_cls.generates_with_actor_module:
+        return None
+    from transformers import AutoConfig
+
+    conf = AutoConfig.from_pretrained(model_path, **load_kwargs)
+    if any(getattr(conf, k, 0) for k in MOE_KEYS):
+        return (
+            f"{conf.model_type} is a mixture-of-experts model, whose fused expert weights rlrig cannot yet hand to "
+            f"{engine_cls.name}; use actor_rollout_ref.rollout.name=hf"
+        )
+    return None
+
+
+def sequence_parallel_refusal(cfg, model_path: str) -> str | None:
+    """Why the actor's or critic's model cannot split its attention heads over its sequence-parallel group."""
+    from transformers import AutoConfig
+
+    a, c, sizes = cfg.actor_rollout_ref, cfg.critic, sequence_parallel(cfg)
+    for key, size, path, model in (
+        ("actor_rollout_ref.actor", sizes["actor"], model_path, a.model),
+        ("critic", sizes["critic"], c.model.path or model_path, c.model if c.model.path else a.model),
+    ):
+        if size <= 1:
+            continue
+        impl = model.override_config.get("attn_implementation") or model.override_config.get("_attn_implementation")
+        if impl and impl not in ulysses.SUPPORTED:
+            return (
+                f"{key}.ulysses_sequence_parallel_size={size}: attn_implementation={impl} (override_config) cannot "
+                f"attend over a sequence-parallel group; use one of {', '.join(ulysses.SUPPORTED)}"
+            )
+        why = ulysses.head_refusal(AutoConfig.from_pretrained(path, **build.load_kwargs(model)), size)
+        if why:
+            return f"{key}.ulysses_sequence_parallel_size={size}: {why}"
+    return None
+
+
+def start_refusal(cfg_dict: dict, model_path: str, device: str) -> str | None:
+    """Why a training worker could not start on this node (its rollout engine; its model's heads under sequence
+    parallelism), in one line, or None. The driver runs it as a task on every node before it builds any worker, so
+    no worker is ever left without an engine."""
+    from ..config.schema import from_dict
+
+    cfg = from_dict(cfg_dict)
+    a = cfg.actor_rollout_ref
+    cls = engine_class(a.rollout.name)
+    why = moe_refusal(model_path, build.load_kwargs(a.model), cls) or cls.unavailable(device)
+    if why:
+        return f"actor_rollout_ref.rollout.name={a.rollout.name}: {why}"
+    return sequence_parallel_refusal(cfg, model_path)

@@ -1,0 +1,39 @@
+"""What the driver sends a training worker for one step, in one object, and the plan the worker reads from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ...rollout.engines import Rollout
+
+
+@dataclass(frozen=True)
+class StepRequest:
+    """One step on a worker's share of it. `rows`: the prompt rows this worker's engine generates n samples of each
+    of; or, where a rollout pool generated (`samples`, a share cut by sample), each sample's prompt row, with each
+    sample's agent-loop fields (`turns`, for the reward function) and `first_sample`, its first sample's number in the
+    step. `keep`: hold the step's samples for kept_batch (a curriculum sampler's update)."""
+
+    rows: list[dict]
+    global_step: int  # counts from 1
+    kl_coef: float  # the KL controller's coefficient, for KL in the reward
+    samples: Rollout | None = None
+    turns: list[dict] | None = None
+    first_sample: int = 0
+    keep: bool = False
+    # fully async: this update's place among the weight version's (1 to trigger_parameter_sync_step), else None
+    local_step: int | None = None
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    global_step: int  # counts from 1
+    kl_coef: float
+    update_actor: bool  # the critic trains alone until trainer.critic_warmup steps have passed (verl)
+    local_step: int | None = None  # as StepRequest's
+
+    @classmethod
+    def of(cls, req: StepRequest, critic_warmup: int) -> StepPlan:
+        return cls(req.global_step, req.kl_coef, req.global_step >= critic_warmup, req.local_step)

@@ -1,0 +1,232 @@
+"""Where a step's rewards, no-grad passes and updates come from, each chosen once when the worker is built: a model
+held here, the LoRA actor with its adapters disabled, or a pool of its own reached through its Ray handle. The step
+calls what it was given and never asks where the model is.
+
+Each source is a callable `(batch) -> tensor` on this worker's device: log-probs [B, R] or values [B, R] (masked).
+A critic update `start`s with the batch and returns the call that waits for its stats."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ...algos.core_algos import AllReduce
+from ...batch.step_batch import StepBatch
+from ...model import lr_schedule, offload
+from ...model.build import Models, Trainable
+from ...model.forward import ForwardOptions, in_micro_batches, token_outputs
+from ...model.micro_batches import MiniBatches
+from ...reward.managers import overlong
+from ...reward.rules import reward_fn
+from ...reward.scoring import RewardSource
+from ..ppo_update import engine_workers, global_batches, mean_stats, update_actor
+from ..timing import Phases
+
+
+@dataclass(frozen=True)
+class LocalLogProbs:
+    """No-grad log-probs [B, R] of a model held here, in the micro batches every rank agrees on (with
+    forward.with_sum_pi_squared: [B, 2, R], sum_v pi(v)^2 from the same logits second). `module`: the bare model
+    (under DDP the wrapper's forward would broadcast buffers: a collective for a pass that needs none). `micro_batches`:
+    the worker's (RankWorker._micro_batches) at `micro` rows each or the token budget under `budget_key`. `around`:
+    what holds while the pass runs (the model back on the device from host memory, or a LoRA actor's adapters off)."""
+
+    module: torch.nn.Module
+    precision: object  # model/precision.Precision: its autocast
+    micro: int | None
+    budget_key: str
+    forward: ForwardOptions
+    micro_batches: Callable[[StepBatch, int | None, str], list]
+    around: Callable[[], AbstractContextManager] = contextlib.nullcontext
+
+    def __call__(self, batch: StepBatch) -> torch.Tensor:
+        def part(sl):
+            with self.precision.autocast():
+                ids, mask = batch.input_ids[sl], batch.attention_mask[sl]
+                logp, _, spp = token_outputs(self.module, ids, mask, batch.prompt_len, self.forward)
+            return torch.stack((logp, spp), 1) if self.forward.with_sum_pi_squared else logp
+
+        with self.around():
+            return in_micro_batches(self.micro_batches(batch, self.micro, self.budget_key), part)
+
+
+@dataclass(frozen=True)
+class RemoteLogProbs:
+    """The reference's pool (workers/ref_worker.py): the samples cross in their CPU form, the log-probs come back."""
+
+    handle: object  # a RefWorker's Ray actor handle
+    device: torch.device
+
+    def __call__(self, batch: StepBatch) -> torch.Tensor:
+        import ray
+
+        return ray.get(self.handle.logprobs.remote(batch.only())).to(self.device)
+
+
+@dataclass(frozen=True)
+class LocalValues:
+    """The critic held here: its values in its forward micro batches (RankWorker._values), masked."""
+
+    values: Callable[[StepBatch], torch.Tensor]
+
+    def __call__(self, batch: StepBatch) -> torch.Tensor:
+        return self.values(batch) * batch.mask
+
+
+@dataclass(frozen=True)
+class RemoteValues:
+    """The critic's pool (workers/critic_worker.py): its values, masked here."""
+
+    handle: object  # a CriticWorker's Ray actor handle
+    device: torch.device
+
+    def __call__(self, batch: StepBatch) -> torch.Tensor:
+        import ray
+
+        return ray.get(self.handle.values.remote(batch.only())).to(self.device) * batch.mask
+
+
+@dataclass(frozen=True)
+class LocalCriticUpdate:
+    """The critic held here trains before the actor (RankWorker._update_critic), timed as update_critic."""
+
+    update: Callable[[StepBatch, int], dict]
+
+    def start(self, batch: StepBatch, global_step: int, phases: Phases) -> Callable[[], dict]:
+        with phases("update_critic"):
+            stats = self.update(batch, global_step)
+        return lambda: stats
+
+
+@dataclass(frozen=True)
+class RemoteCriticUpdate:
+    """The critic's pool trains while the actor updates here; update_critic times only the wait left after it."""
+
+    handle: object  # a CriticWorker's Ray actor handle
+
+    def start(self, batch: StepBatch, global_step: int, phases: Phases) -> Callable[[], dict]:
+        pending = self.handle.update.remote(batch.only("values", "returns"), global_step)
+
+        def wait() -> dict:
+            import ray
+
+            with phases("update_critic"):
+                return ray.get(pending)
+
+        return wait
+
+
+def old_logprobs(actor: LocalLogProbs, batch: StepBatch) -> StepBatch:
+    """The batch with the actor's log-probs before the update (and, with calculate_sum_pi_squared, sum_v pi(v)^2
+    from the same logits, as verl's old-log-prob pass)."""
+    out = actor(batch)
+    if not actor.forward.with_sum_pi_squared:
+        return batch.replace(old_logp=out)
+    return batch.replace(old_logp=out[:, 0], sum_pi_squared=out[:, 1])
+
+
+class ProximalLogProbs:
+    """compute_prox_log_prob (fully async): the old log-probs from the weights the weight version started with, kept
+    in host memory at its first update (as verl's save_model_to_cpu) and swapped in for the pass at the later ones.
+    Each rank keeps its own shards."""
+
+    def __init__(self, actor: LocalLogProbs):
+        self.actor = actor
+        self.version_start: list[torch.Tensor] = []  # the version's first weights, from its first update on
+
+    def __call__(self, batch: StepBatch, local_step: int, on_policy: bool) -> StepBatch:
+        params = [p.data.to_local() if hasattr(p.data, "to_local") else p.data for p in self.actor.module.parameters()]
+        if local_step == 1:
+            self.version_start = [p.to("cpu", copy=True) for p in params]
+            return batch if on_policy else old_logprobs(self.actor, batch)
+        now = [p.to("cpu", copy=True) for p in params]
+        for p, kept in zip(params, self.version_start):
+            p.copy_(kept)
+        try:
+            return old_logprobs(self.actor, batch)
+        finally:
+            for p, current in zip(params, now):
+                p.copy_(current)
+
+
+@dataclass(frozen=True)
+class ActorUpdate:
+    """The actor's update at its scheduled learning rate over its mini batches (RankWorker._mini_batches): its stats
+    and the log-probs before its first optimizer step (workers/ppo_update.py)."""
+
+    actor: Trainable
+    cfg: object  # the run's Config
+    mini_batches: Callable[[StepBatch, int | None, str], MiniBatches]
+    batch_sum: AllReduce
+    forward: ForwardOptions  # the actor's log-prob pass
+
+    def __call__(self, batch: StepBatch, global_step: int) -> tuple[dict, torch.Tensor | None]:
+        cfg, a = self.cfg, self.cfg.actor_rollout_ref.actor
+        out = {"actor/lr": lr_schedule.lr_at(a.optim, global_step - 1, cfg.trainer.total_training_steps)}
+        lr_schedule.apply(self.actor.opt, out["actor/lr"])
+        key = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+        mini = self.mini_batches(batch, a.ppo_micro_batch_size_per_gpu, key)
+        glob = None
+        if engine_workers(cfg):
+            sp = self.forward.sp
+            dp_size = dist.get_world_size() // (sp.size if sp is not None else 1)
+            glob = global_batches(batch.mask, mini, dp_size, self.batch_sum)
+        stats, actor_logp = update_actor(self.actor, batch, cfg, mini, self.batch_sum, self.forward, glob)
+        return {**out, **mean_stats(stats)}, actor_logp
+
+
+# --- the choice, made once when the worker is built ---
+
+
+def reward_source(cfg, tok, model_path: str, scorer, pool) -> RewardSource:
+    """The reward function and, with reward_model.enable, the reward model: `scorer` where it is held here, else its
+    pool (`pool`, a RewardWorker's Ray handle). Its input tokenizer is the policy's where the config names none
+    other."""
+    rm, model, input_tok = cfg.reward_model, None, None
+    if scorer is not None:
+        model = lambda kind, inputs: getattr(scorer, f"score_{kind}")(inputs)  # noqa: E731
+    elif rm.enable:
+        import ray
+
+        model = lambda kind, inputs: ray.get(getattr(pool, f"score_{kind}").remote(inputs))  # noqa: E731
+    if rm.enable and rm.model.input_tokenizer is not None:
+        from transformers import AutoTokenizer
+
+        same = rm.model.input_tokenizer in ("", model_path)
+        input_tok = tok if same else AutoTokenizer.from_pretrained(rm.model.input_tokenizer)
+    return RewardSource(reward_fn(cfg), model, input_tok, cfg.data.prompt_key, overlong(rm))
+
+
+def reference_source(cfg, m: Models, pool, device: torch.device, forward: ForwardOptions, micro_batches):
+    """The reference's log-probs: from its pool (`pool`, a RefWorker's Ray handle), from its model here, from the
+    LoRA actor with its adapters disabled (verl's ref_in_actor), or None (no reference in use)."""
+    if pool is not None:
+        return RemoteLogProbs(pool, device)
+    if m.ref is not None:
+        module, prec = m.ref, m.ref_precision
+        around = functools.partial(offload.module_on, m.ref, device, m.ref_offload)
+    elif m.ref_in_actor:
+        module, prec, around = m.actor.module, m.actor.precision, m.actor.module.disable_adapter
+    else:
+        return None
+    micro, key = (
+        cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu,
+        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
+    )
+    return LocalLogProbs(module, prec, micro, key, forward, micro_batches, around)
+
+
+def critic_sources(critic: Trainable | None, pool, device: torch.device, values, update) -> tuple:
+    """The critic's values and its update: in its pool (`pool`, a CriticWorker's Ray handle), here (`values` and
+    `update`: the worker's passes of `critic`), or (None, None) for an estimator without a critic."""
+    if pool is not None:
+        return RemoteValues(pool, device), RemoteCriticUpdate(pool)
+    if critic is None:
+        return None, None
+    return LocalValues(functools.partial(values, critic)), LocalCriticUpdate(functools.partial(update, critic))
