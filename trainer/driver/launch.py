@@ -80,12 +80,11 @@ def start_workers(cfg, model_path: str, rm_path: str | None) -> Workers:
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from ..workers import profiling
+    from ..workers import profiling, start_checks
     from ..workers.base import node_address
     from ..workers.critic_worker import CriticWorker
     from ..workers.ref_worker import RefWorker
     from ..workers.reward_worker import RewardModelWorker
-    from ..workers.start_checks import start_refusal
     from ..workers.training_worker import Peers, TrainingWorker
 
     t, use_gpu, cfg_dict = cfg.trainer, cfg.trainer.device == "cuda", cfg.to_dict()
@@ -105,7 +104,7 @@ def start_workers(cfg, model_path: str, rm_path: str | None) -> Workers:
             ),
         )
 
-    probe = ray.remote(start_refusal)
+    probe = ray.remote(start_checks.start_refusal)
     # every node the engine runs on: the training pool's, or the rollout pool's (the last) with hybrid_engine=False
     engines = 0 if cfg.actor_rollout_ref.hybrid_engine else len(pools) - 1
     nodes = range(0, pools[engines].nnodes * pools[engines].per_node, pools[engines].per_node)
