@@ -119,7 +119,7 @@ def doctor(env_updates: dict) -> dict:
 
 
 def test_preflight_reads_real_gpus_through_nvml():
-    from rlrig.entrypoint.inventory import probe_nvidia
+    from rlrig.entrypoint.preflight.inventory import probe_nvidia
 
     gpus, probe, driver = probe_nvidia()
     # NVML sees the node's GPUs whatever CUDA_VISIBLE_DEVICES hides from torch
@@ -139,7 +139,7 @@ def test_preflight_reads_real_gpus_through_nvml():
 def test_fabric_gpu_health_reads_real_nvml_and_counts_memory_another_process_holds():
     """The fabric check's readings on a real GPU: every query answers (or says it is unsupported), a healthy lent GPU
     passes, and memory this process holds shows as held by another process to a reader in a fresh process."""
-    from rlrig.entrypoint import gpu_health
+    from rlrig.entrypoint.preflight import gpu_health
 
     gpus, library = gpu_health.read_gpus()
     assert library == "NVML" and len(gpus) >= torch.cuda.device_count() >= 1 and not gpus[0].get("error")
@@ -153,7 +153,7 @@ def test_fabric_gpu_health_reads_real_nvml_and_counts_memory_another_process_hol
         [
             sys.executable,
             "-c",
-            "import json; from rlrig.entrypoint import gpu_health as h; "
+            "import json; from rlrig.entrypoint.preflight import gpu_health as h; "
             "g = h.read_gpus()[0][0]; print(json.dumps(h.problems(g)))",
         ],
         capture_output=True,
