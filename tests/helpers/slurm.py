@@ -96,7 +96,7 @@ SlurmdTimeout=30
 InactiveLimit=0
 KillWait=10
 {nodes}
-PartitionName=rl Nodes={self.nodelist} Default=YES MaxTime=INFINITE State=UP
+PartitionName=rl Nodes={self.nodelist} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 """)
         (d / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\n")
 

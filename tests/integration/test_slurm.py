@@ -1,5 +1,7 @@
 """`srun --ntasks-per-node=1 rlrig run -- CMD` on a real two-node Slurm, as an HPC user runs it."""
 
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -42,6 +44,45 @@ def test_srun_forms_one_cluster_and_returns_the_code(slurm_cluster):
     assert "NO_TOKEN_DRIVER refused" in out, out
     # srun reports the highest task exit code: both nodes exited with CMD's 5
     assert r.returncode == 5, out
+
+
+# each job's driver counts its cluster's nodes and stays a while, so that both jobs' clusters stand side by side
+BESIDE = (
+    "import time, ray; ray.init(); time.sleep(2); "
+    "print('NODES', len([n for n in ray.nodes() if n['Alive']]), flush=True); time.sleep(15)"
+)
+
+
+def test_two_jobs_on_the_same_nodes_each_form_their_own_cluster(slurm_cluster):
+    """Two two-node Slurm jobs placed on the same two nodes (oversubscribed): each head derives its ports from its own
+    job id, so both form, run and finish without knowing of each other."""
+    s = slurm_cluster
+    env = {**s.env, "RLRIG_CLUSTER_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}  # one token: only the ports part them
+    env.pop("RLRIG_RAY_PORT", None)
+    line = ["srun", "-N2", "--ntasks-per-node=1", "--oversubscribe", "--kill-on-bad-exit=1"]
+    jobs = [
+        subprocess.Popen(
+            [*line, RLRIG, "run", "--no-fabric-check", "--", sys.executable, "-c", BESIDE],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        outs = [j.communicate(timeout=240)[0] for j in jobs]
+    finally:
+        for j in jobs:
+            j.kill()
+    for j, out in zip(jobs, outs):
+        assert j.returncode == 0, excerpt(out, 4000) + s.logs()
+        assert "NODES 2" in out, out
+    heads = [re.search(r"head of 2 node\(s\) at (\S+) \(slurm\)", out) for out in outs]
+    assert all(heads), outs
+    assert heads[0].group(1) != heads[1].group(1), outs  # one node, two heads, two ports
+    started = [re.search(r"rlrig: 2 node\(s\) alive after", out) for out in outs]
+    assert all(started), outs
 
 
 def test_batch_script_without_srun_is_refused(slurm_cluster, tmp_path):
