@@ -19,12 +19,13 @@ from ..agent.rollout import AgentRollout
 from ..algos import estimators
 from ..batch.split_groups import peer_group, whole_batch_advantages
 from ..batch.verl_names import verl_fields
-from ..model import build, lora, offload, parallel, ulysses
+from ..model import build, offload, ulysses
 from ..model.forward import ForwardOptions
 from ..model.micro_batches import sequence_parallel, splits_groups
 from ..reward.scoring import score
 from ..rollout.engines import EngineContext, Sampling, engine_class, make_engine
 from . import checkpoint_state, profiling
+from .actor_weights import ActorWeights
 from .base import RankWorker
 from .phase_report import PhaseReport
 from .step import phases as step_phases
@@ -95,8 +96,7 @@ class TrainingWorker(RankWorker):
         self.agent = AgentRollout(self.engine, self.tok, cfg) if self.engine is not None else None
         self.context = self._step_context()
         self._kept = None  # the last step's samples, where its request asked to keep them (kept_batch)
-        self.sync = None  # the weight-sync group to the rollout pool (rank 0 sends in it)
-        self._sent_from = None  # rank 0: the actor as the weight sync lays it out (weight_sync.Landing)
+        self.weights = ActorWeights(cfg, self.models, self.device, rank)
         if self.engine is not None:
             # the engine takes the actor's weights: rank 0's, which the wrapper just broadcast (this node's copy on
             # disk need not equal them); an FSDP generation copy is allocated empty until this first sync
@@ -191,20 +191,10 @@ class TrainingWorker(RankWorker):
 
         return make_scorer(rm, rm_path, self.device, *scorer_settings(self.cfg))
 
-    def _engine_tensors(self, dtype: torch.dtype | None = None):
-        """The actor's full tensors (merged with LoRA's adapters), every rank taking part; floating ones cast to
-        `dtype` if given."""
-        m = self.models
-        tensors = parallel.full_tensors(m.actor.module)
-        if self.cfg.actor_rollout_ref.model.uses_lora:
-            tensors = lora.merged(lora.scalings(m.actor.module), tensors)
-        for name, t in tensors:
-            yield name, t.to(dtype) if dtype is not None and t.is_floating_point() else t
-
     def _sync_engine(self) -> None:
         """The actor's weights into this worker's rollout engine, if it has one that needs them."""
         if self.engine is not None and not self.models.gen_is_actor:
-            self.engine.sync_weights(self._engine_tensors())
+            self.engine.sync_weights(self.weights.tensors())
 
     def engine_name(self) -> str:
         return self.engine.describe()
@@ -217,40 +207,12 @@ class TrainingWorker(RankWorker):
         return node_address()
 
     def join_weight_sync(self, master: tuple[str, int], world: int) -> None:
-        """Rank 0 joins the weight-sync group as its rank 0 and tells it the tensors' layout; every rank walks the
-        tensors once for it (under FSDP each is a collective)."""
-        from ..rollout.weight_sync import Landing, SyncGroup, layout
-
-        actor = self.models.actor
-        if self.rank != 0:
-            self._gather_for_rank0()
-            return
-        with offload.module_on(actor.module, self.device, actor.param_offload):
-            entries = layout(self._engine_tensors(actor.precision.param_dtype))
-        self.sync = SyncGroup(master, 0, world, self.device, self.cfg.actor_rollout_ref.nccl_timeout)
-        self.sync.agree_layout(entries)
-        self._sent_from = Landing(actor.module)  # the actor's small parameters then live in the packing buffers
+        self.weights.join(master, world)
 
     def push_weights(self) -> int:
-        """The actor's weights to the rollout pool in the engines' dtype (the one the actor computes in); the bytes
-        rank 0 sent (0 elsewhere)."""
-        actor = self.models.actor
+        """The actor's weights to the rollout pool (ActorWeights.push): the bytes rank 0 sent (0 elsewhere)."""
         with self._reported("sync_rollout_weights"):
-            if self.sync is None:
-                self._gather_for_rank0()
-                return 0
-            with offload.module_on(actor.module, self.device, actor.param_offload):
-                return self.sync.send(self._engine_tensors(actor.precision.param_dtype), own=self._sent_from)
-
-    def _gather_for_rank0(self) -> None:
-        """A rank other than 0 while rank 0 walks the full tensors: under FSDP each is an all-gather every rank joins;
-        under DDP rank 0 holds them whole, and nothing here need be read, cast or moved."""
-        actor = self.models.actor
-        if self.cfg.actor_rollout_ref.actor.strategy != "fsdp":
-            return
-        with offload.module_on(actor.module, self.device, actor.param_offload):
-            for _ in parallel.full_tensors(actor.module):
-                pass
+            return self.weights.push()
 
     def _sync_device(self) -> None:
         if self.device.type == "cuda":

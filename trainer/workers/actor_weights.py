@@ -1,0 +1,63 @@
+"""The actor's weights as the rollout engines take them: full tensors by name (FSDP's shards gathered, LoRA's adapters
+merged), for this worker's own engine and, over the weight-sync group, for a rollout pool of its own
+(hybrid_engine=False), where rank 0 broadcasts and the pool's workers receive (workers/rollout_worker.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..model import lora, offload, parallel
+
+
+class ActorWeights:
+    """Every training rank holds one; `tensors` and `push` are collectives under FSDP, so every rank calls them."""
+
+    def __init__(self, cfg, models, device: torch.device, rank: int):
+        self.cfg, self.models, self.device, self.rank = cfg, models, device, rank
+        self.sync = None  # the weight-sync group to the rollout pool (rank 0 sends in it)
+        self._sent_from = None  # rank 0: the actor as the weight sync lays it out (weight_sync.Landing)
+
+    def tensors(self, dtype: torch.dtype | None = None):
+        """The actor's full tensors (merged with LoRA's adapters), every rank taking part; floating ones cast to
+        `dtype` if given."""
+        module = self.models.actor.module
+        tensors = parallel.full_tensors(module)
+        if self.cfg.actor_rollout_ref.model.uses_lora:
+            tensors = lora.merged(lora.scalings(module), tensors)
+        for name, t in tensors:
+            yield name, t.to(dtype) if dtype is not None and t.is_floating_point() else t
+
+    def join(self, master: tuple[str, int], world: int) -> None:
+        """Rank 0 joins the weight-sync group as its rank 0 and tells it the tensors' layout; every rank walks the
+        tensors once for it (under FSDP each is a collective)."""
+        from ..rollout.weight_sync import Landing, SyncGroup, layout
+
+        actor = self.models.actor
+        if self.rank != 0:
+            self._gather_for_rank0()
+            return
+        with offload.module_on(actor.module, self.device, actor.param_offload):
+            entries = layout(self.tensors(actor.precision.param_dtype))
+        self.sync = SyncGroup(master, 0, world, self.device, self.cfg.actor_rollout_ref.nccl_timeout)
+        self.sync.agree_layout(entries)
+        self._sent_from = Landing(actor.module)  # the actor's small parameters then live in the packing buffers
+
+    def push(self) -> int:
+        """The actor's weights to the rollout pool in the engines' dtype (the one the actor computes in); the bytes
+        rank 0 sent (0 elsewhere)."""
+        actor = self.models.actor
+        if self.sync is None:
+            self._gather_for_rank0()
+            return 0
+        with offload.module_on(actor.module, self.device, actor.param_offload):
+            return self.sync.send(self.tensors(actor.precision.param_dtype), own=self._sent_from)
+
+    def _gather_for_rank0(self) -> None:
+        """A rank other than 0 while rank 0 walks the full tensors: under FSDP each is an all-gather every rank joins;
+        under DDP rank 0 holds them whole, and nothing here need be read, cast or moved."""
+        actor = self.models.actor
+        if self.cfg.actor_rollout_ref.actor.strategy != "fsdp":
+            return
+        with offload.module_on(actor.module, self.device, actor.param_offload):
+            for _ in parallel.full_tensors(actor.module):
+                pass
