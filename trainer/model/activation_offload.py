@@ -21,6 +21,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from . import parallel, ulysses
+from .transformers_api import CACHE_ARGS
 
 
 def on_device(t: torch.Tensor) -> bool:
@@ -87,7 +88,7 @@ def _offloaded(block: torch.nn.Module, forward, off: Offloader, checkpointing: b
                 return forward(*args, **kwargs)
             if not getattr(block, "_can_checkpoint_with_cache", False):
                 # as transformers' checkpointing: the recompute would write a key/value cache a second time
-                off_cache = {"past_key_values": None, "use_cache": False}
+                off_cache = {**dict.fromkeys(CACHE_ARGS), "use_cache": False}
                 kwargs = {k: off_cache.get(k, v) for k, v in kwargs.items()}
             return _reentrant(forward, args, kwargs)
 

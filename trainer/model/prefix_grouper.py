@@ -22,6 +22,8 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.modeling_layers import GradientCheckpointingLayer
 
+from .transformers_api import CACHE_ARG
+
 KEY = "actor_rollout_ref.actor.use_prefix_grouper"
 
 
@@ -92,7 +94,7 @@ def response_logits(model, input_ids, attention_mask, prompt_len) -> list[tuple[
             input_ids=uniq[:, :P],
             attention_mask=uniq[:, P:],
             position_ids=(uniq[:, P:].cumsum(-1) - 1).clamp_min(0),
-            past_key_values=record,
+            **{CACHE_ARG: record},
             use_cache=False,
             logits_to_keep=1,
         ).logits
@@ -107,7 +109,7 @@ def response_logits(model, input_ids, attention_mask, prompt_len) -> list[tuple[
                 input_ids=input_ids[:, P:-1],
                 attention_mask=attention_mask[:, :-1],
                 position_ids=pos[:, P:-1],
-                past_key_values=read,
+                **{CACHE_ARG: read},
                 use_cache=False,
             ).logits
             pieces.append((rest, targets[:, 1:]))

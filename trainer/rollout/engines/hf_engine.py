@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import functools
-import inspect
 
 import torch
-from transformers import DynamicCache, GenerationMixin
+from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin, DynamicLayer
 
+from ...model.transformers_api import CACHE_ARG
 from .base import (
     EngineContext,
     Rollout,
@@ -17,11 +17,6 @@ from .base import (
     left_pad,
     response_mask_from,
 )
-
-# transformers renamed generate's and the models' key/value cache argument from past_key_values to cache (the old
-# name warns until its removal, on every call): the name this transformers takes (rlrig supports both sides)
-_PREPARE = inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
-CACHE_ARG = "cache" if "cache" in _PREPARE else "past_key_values"
 
 
 def repeatable(cache) -> bool:
