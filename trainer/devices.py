@@ -47,6 +47,17 @@ def gpu_index(env: Mapping[str, str] | None = None, assigned: Sequence[str] | No
     return ids.index(own) if ids else int(own)
 
 
+def node_gpu_id(env: Mapping[str, str] | None = None, assigned: Sequence[str] | None = None) -> str:
+    """This worker's GPU by the id its node's CUDA_VISIBLE_DEVICES would name it with: the one GPU Ray left visible
+    (its default), or under a NOSET flag the one Ray assigned it; "" where neither names one GPU (no Ray narrowing,
+    no flag), which callers refuse rather than pass on as an empty list that hides every GPU."""
+    env = os.environ if env is None else env
+    if _noset_vars(env):
+        return _assigned_gpu(env, assigned)
+    visible = [v.strip() for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return visible[0] if len(visible) == 1 else ""
+
+
 def own_gpu_only(env: Mapping[str, str] | None = None, assigned: Sequence[str] | None = None) -> dict[str, str]:
     """The variables that show a child process only this worker's GPU (by the node's device id), where a NOSET flag
     shows the worker all of its node's GPUs (else {}: Ray already narrowed them). vLLM in a child places a one-GPU

@@ -7,8 +7,6 @@ its own workers (workers/reward_worker.py).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.distributed as dist
 
@@ -113,6 +111,7 @@ class LoopScorer(ChatScorer):
     def __init__(self, rm_cfg, path: str, device: torch.device, default_max_length: int, budget: int | None):
         from transformers import AutoConfig
 
+        from ..devices import node_gpu_id
         from ..rollout import tp_groups
         from .vllm_scorer import VLLMEngineScorer, max_length
 
@@ -125,12 +124,10 @@ class LoopScorer(ChatScorer):
             self.engine = start()
             return
         self.group, self.me, self.members = tp_groups.make_group(k)
-        members = [None] * k
-        dist.all_gather_object(
-            members, (tp_groups.where()[0], os.environ.get("CUDA_VISIBLE_DEVICES", "")), group=self.group
-        )
+        members, gpus = [None] * k, device.type == "cuda"
+        dist.all_gather_object(members, (tp_groups.where()[0], node_gpu_id() if gpus else ""), group=self.group)
         try:
-            layout = tp_groups.node_layout(members, self.me)
+            layout = tp_groups.node_layout(members, self.me, on_gpus=gpus)
         except ValueError as e:
             raise RuntimeError(f"reward_model.rollout.tensor_model_parallel_size={k}: {e}") from None
         if layout.nnodes > 1:  # the config allows only groups within a node; vLLM's mp executor stays on one

@@ -26,8 +26,16 @@ def groups(world: int, k: int) -> list[list[int]]:
     return [list(range(g, g + k)) for g in range(0, world, k)]
 
 
-def node_layout(members: list[tuple[str, str]], me: int) -> NodeLayout:
-    """members[i] = (node id, CUDA_VISIBLE_DEVICES) of the group's worker i; me: this worker's index in the group."""
+def node_layout(members: list[tuple[str, str]], me: int, on_gpus: bool = True) -> NodeLayout:
+    """members[i] = (node id, its GPU's id on that node, devices.node_gpu_id) of the group's worker i; me: this
+    worker's index in the group. On GPUs a member that names no GPU is refused: its "" would hide every GPU from the
+    engine's processes."""
+    unnamed = [i for i, (_, gpu) in enumerate(members) if not gpu.strip()]
+    if on_gpus and unnamed:
+        raise ValueError(
+            f"workers {unnamed} of an engine over {len(members)} workers name no GPU of their own (Ray narrows "
+            "CUDA_VISIBLE_DEVICES to one GPU, or a RAY_EXPERIMENTAL_NOSET_* flag with Ray's GPU assignment)"
+        )
     order: list[str] = []
     gpus: dict[str, list[str]] = {}
     for node, visible in members:

@@ -89,14 +89,16 @@ class RolloutEngine:
     tensor_parallel = False  # one engine may span rollout.tensor_model_parallel_size workers
     interruptible = False  # generate_until: a generation a weight sync can stop at a token boundary (partial rollouts)
     package: tuple[str, str, str] | None = None  # (module, its name for people, how to install it) if not torch's
+    supported: str | None = None  # the package's releases the engine was written against (a PEP 440 specifier)
 
     def __init__(self, ctx: EngineContext):
         raise NotImplementedError
 
     @classmethod
     def unavailable(cls, device: str) -> EngineUnavailable | None:
-        """Why the engine cannot run on `device` here (a device it does not run on, its package missing or too
-        old), or None. The driver asks on every node before it builds any worker; a constructor asks again."""
+        """Why the engine cannot run on `device` here (a device it does not run on, its package missing or a release
+        outside `supported`), or None. The driver asks on every node before it builds any worker; a constructor asks
+        again."""
         if device not in cls.devices:
             return EngineUnavailable(
                 f"actor_rollout_ref.rollout.name={cls.name} runs on {' or '.join(cls.devices)}, "
@@ -104,9 +106,10 @@ class RolloutEngine:
             )
         if cls.package is not None:
             try:
-                importlib.import_module(cls.package[0])
+                module = importlib.import_module(cls.package[0])
             except ImportError as e:
                 return EngineNotInstalled(f"{cls.package[1]} is not installed ({e}); {cls.package[2]}")
+            return unsupported_release(cls, getattr(module, "__version__", "?"))
         return None
 
     def generate(
@@ -153,6 +156,23 @@ class RolloutEngine:
     def describe(self) -> str:
         """For the log line naming the engine."""
         return self.name
+
+
+def unsupported_release(cls: type[RolloutEngine], version: str) -> EngineUnavailable | None:
+    """Why the installed release of the engine's package is refused (outside `cls.supported`), or None."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    if cls.supported is None:
+        return None
+    try:
+        ok = Version(version) in SpecifierSet(cls.supported, prereleases=True)
+    except InvalidVersion:
+        ok = False
+    if ok:
+        return None
+    name, hint = cls.package[1], cls.package[2]
+    return EngineUnavailable(f"{name} {version} is not a release rlrig supports ({name} {cls.supported}); {hint}")
 
 
 def response_mask_from(responses: torch.Tensor, eos_id: int) -> torch.Tensor:

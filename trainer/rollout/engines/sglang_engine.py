@@ -10,6 +10,11 @@ at most BUCKET_BYTES in the engine's dtype, so the whole model is never material
 Between rollouts `release_memory_occupation` hands the KV cache back to training when free_cache_engine is on,
 and the weights too when the caller syncs new ones before the next rollout (generate's sync_follows): SGLang drops
 released weights with no host copy, so they are released only where the sync overwrites them anyway.
+
+Every weight call's answer is checked (WeightUpdate): SGLang reports a failed load as a returned (success, message),
+never as an exception. Read against the wheels of SUPPORTED: 0.5.16 is the first with LocalSerializedTensor in
+model_runner_components.weight_updater (0.5.15 has it in model_runner.py), and 0.5.21 the first that takes weights
+only inside a begin_weight_update() ... end_weight_update() session.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from ...devices import gpu_index, node_gpu_id
 from .. import tp_groups
 from .base import (
     EngineContext,
@@ -28,6 +34,7 @@ from .base import (
 )
 
 INSTALL_HINT = "pip install 'rlrig[sglang]' on a CUDA machine"
+SUPPORTED = ">=0.5.16,<0.5.24"  # the releases read (0.5.15 through 0.5.23); pyproject's sglang extra pins the same
 BUCKET_BYTES = 512 * 2**20
 KV, WEIGHTS = "kv_cache", "weights"  # SGLang's memory tags (sglang.srt.constants)
 
@@ -53,10 +60,13 @@ def engine_dtype(cfg) -> str:
     return "bfloat16" if cfg.dtype == "auto" else cfg.dtype
 
 
-def engine_kwargs(cfg, model_path: str, max_model_len: int, seed: int) -> dict:
-    """sglang.Engine arguments from actor_rollout_ref.rollout.*, rollout.engine_kwargs.sglang last."""
+def engine_kwargs(cfg, model_path: str, max_model_len: int, seed: int, gpu: int = 0) -> dict:
+    """sglang.Engine arguments from actor_rollout_ref.rollout.*, rollout.engine_kwargs.sglang last. gpu: the worker's
+    own among those it sees (devices.gpu_index; under a NOSET flag it sees all of its node's), where SGLang starts a
+    one-GPU engine (base_gpu_id): the same numbering on both sides, so the tensors' handles name the same GPU."""
     kw = dict(
         model_path=model_path,
+        base_gpu_id=gpu,
         skip_tokenizer_init=True,
         dtype=engine_dtype(cfg),
         random_seed=seed,
@@ -113,6 +123,7 @@ class SGLangRollout(RolloutEngine):
     devices = ("cuda",)
     tensor_parallel = True
     package = ("sglang", "SGLang", INSTALL_HINT)
+    supported = SUPPORTED
 
     def __init__(self, ctx: EngineContext):
         why = self.unavailable("cuda")  # the device was checked by make_engine; the package may be missing
@@ -123,7 +134,8 @@ class SGLangRollout(RolloutEngine):
         self.tok, self.cfg, self.max_new = ctx.tokenizer, ctx.cfg, ctx.max_response_length
         self.dtype = getattr(torch, engine_dtype(ctx.cfg))  # what the engine holds its weights in
         self.released: list[str] = []  # memory tags given back until the next rollout or sync
-        kw = engine_kwargs(ctx.cfg, ctx.model_path, ctx.max_prompt_length + ctx.max_response_length, ctx.seed)
+        length = ctx.max_prompt_length + ctx.max_response_length
+        kw = engine_kwargs(ctx.cfg, ctx.model_path, length, ctx.seed, gpu_index())
         self.group = self.me = None
         self.engine, self.leads = None, True  # leads: this worker talks to the engine
         tp = ctx.cfg.tensor_model_parallel_size
@@ -137,7 +149,8 @@ class SGLangRollout(RolloutEngine):
         node, ip = tp_groups.where()
         addr = f"{ip}:{_free_port()}" if self.me == 0 else ""
         members = [None] * tp
-        dist.all_gather_object(members, (node, os.environ.get("CUDA_VISIBLE_DEVICES", ""), addr), group=self.group)
+        # each worker's own GPU by the node's number for it, also where a NOSET flag shows it all of them
+        dist.all_gather_object(members, (node, node_gpu_id(), addr), group=self.group)
         try:
             layout = tp_groups.node_layout([(n, visible) for n, visible, _ in members], self.me)
         except ValueError as e:
@@ -205,30 +218,88 @@ class SGLangRollout(RolloutEngine):
 
     def sync_weights(self, weights) -> None:
         """The weights in buckets into the engine (update_weights_from_tensor); in a group, each member's tensors as
-        handles its lead hands over."""
+        handles its lead hands over. The whole iterator is taken even after a failed load (under FSDP each item is a
+        collective); the failure is then raised on every member, naming the engine, the bucket and SGLang's words."""
         # released weights come back (their contents stale) to be overwritten; the cache is flushed once, at the end
         if self.leads:
             self._resume(WEIGHTS)
-        if self.group is None:
-            for chunk in buckets(weights, self.dtype):
-                self.engine.update_weights_from_tensor(named_tensors=chunk, flush_cache=False)
-            self.engine.flush_cache()
-            return
+        update = WeightUpdate(self.engine if self.leads else None, self.describe())
+        with update:
+            if self.group is None:
+                for i, chunk in enumerate(buckets(weights, self.dtype)):
+                    update.bucket(i, chunk)
+            else:
+                self._hand_over(weights, update)
+        failure = [update.failure]
+        if self.group is not None:
+            dist.broadcast_object_list(failure, src=self.members[0], group=self.group)
+        if failure[0]:
+            raise RuntimeError(failure[0])
+
+    def _hand_over(self, weights, update: WeightUpdate) -> None:
+        """A group's sync: each member's tensors as CUDA IPC handles, which its lead hands to SGLang together."""
         from sglang.srt.model_executor.model_runner_components.weight_updater import LocalSerializedTensor
         from sglang.srt.utils import MultiprocessingSerializer
         from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
 
         monkey_patch_torch_reductions()  # handles name GPUs by UUID: the schedulers number the GPUs differently
-        for chunk in buckets(weights, self.dtype):
+        for i, chunk in enumerate(buckets(weights, self.dtype)):
             handles = [(name, MultiprocessingSerializer.serialize(t.detach())) for name, t in chunk]
             gathered = [None] * len(self.members) if self.leads else None
             dist.gather_object(handles, gathered, dst=self.members[0], group=self.group)
             if self.leads:
-                named = [(name, LocalSerializedTensor(values=h)) for name, h in tp_groups.transpose(gathered)]
-                self.engine.update_weights_from_tensor(named_tensors=named, flush_cache=False)
+                update.bucket(i, [(name, LocalSerializedTensor(values=h)) for name, h in tp_groups.transpose(gathered)])
             dist.barrier(group=self.group)  # the engine has read every handle before `chunk`'s tensors are freed
-        if self.leads:
-            self.engine.flush_cache()
+
+
+class WeightUpdate:
+    """One weight sync's calls into an SGLang engine (None: a member that does not talk to it, for which every call
+    is nothing), each answer checked. SGLang answers update_weights_from_tensor, begin_weight_update and
+    end_weight_update with (success, message) and flush_cache with an object holding .success and .message
+    (0.5.16-0.5.23 managers/tokenizer_control_mixin.py); a failure is never an exception. From 0.5.21 an update
+    outside a begin_weight_update() ... end_weight_update() session answers success=False (0.5.23
+    managers/scheduler_components/weight_updater.py), and a session left open refuses the next begin, so the block
+    opens one where the engine has the calls and always closes it. The first failure is kept in `failure`; calls
+    after it are skipped (but the session still closed), and the cache is flushed only after a clean update."""
+
+    def __init__(self, engine, name: str):
+        self.engine, self.name = engine, name
+        self.failure: str | None = None
+        self._open = False
+
+    def _answer(self, what: str, call, **kw) -> str | None:
+        """What went wrong in `call`, by SGLang's answer, or None."""
+        answer = call(**kw)
+        ok, message = (answer.success, answer.message) if hasattr(answer, "success") else answer
+        return None if ok else f"the weight sync into the {self.name} engine failed: {what}: SGLang said {message!r}"
+
+    def _step(self, what: str, call, **kw) -> None:
+        if self.engine is not None and self.failure is None:
+            self.failure = self._answer(what, call, **kw)
+
+    def __enter__(self) -> WeightUpdate:
+        begin = getattr(self.engine, "begin_weight_update", None)
+        if begin is not None:
+            self._step("begin_weight_update()", begin)
+            self._open = self.failure is None
+        return self
+
+    def bucket(self, index: int, named: list) -> None:
+        """Bucket `index` of the sync, (name, tensor or handles) pairs, into the engine."""
+        if self.engine is None:
+            return
+        what = f"update_weights_from_tensor of bucket {index} ({len(named)} tensors, {named[0][0]} .. {named[-1][0]})"
+        self._step(what, self.engine.update_weights_from_tensor, named_tensors=named, flush_cache=False)
+
+    def __exit__(self, *exc) -> None:
+        if self.engine is None:
+            return
+        if self._open:
+            self._open = False
+            closed = self._answer("end_weight_update()", self.engine.end_weight_update)
+            self.failure = self.failure or closed
+        if exc[0] is None:
+            self._step("flush_cache()", self.engine.flush_cache)
 
 
 def _free_port() -> int:

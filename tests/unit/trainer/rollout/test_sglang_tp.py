@@ -105,9 +105,12 @@ def test_sglang_tensor_parallelism_is_accepted_where_it_divides_the_workers():
 
 
 FAKE = {
+    # SGLang 0.5.23's shapes: weights only inside a begin/end session, every answer a (success, message)
     "sglang/__init__.py": """
         import json, os, pickle
+        from types import SimpleNamespace
         OUT = os.environ["FAKE_OUT"]
+        __version__ = "0.5.23"
         class Engine:
             def __init__(self, **kw):
                 self.kw = kw
@@ -124,10 +127,22 @@ FAKE = {
                 return [{"output_ids": [p[-1], 2],
                          "meta_info": {"output_token_logprobs": [(-0.5, p[-1], None), (-0.1, 2, None)]}}
                         for p in input_ids]
-            def update_weights_from_tensor(self, named_tensors, flush_cache):
+            session = False
+            def begin_weight_update(self, selector="all"):
+                self.log["calls"].append("begin")
+                self.session = True
+                return True, "Success"
+            def end_weight_update(self):
+                self.log["calls"].append("end")
+                self.session = False
+                return True, "Success"
+            def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
+                if not self.session:
+                    return False, "update_weights_from_tensor must run between begin_weight_update() and ..."
                 for name, local in named_tensors:
                     self.log["weights"][name] = [pickle.loads(v).tolist() for v in local.values]
                 self._save()
+                return True, "Success"
             def release_memory_occupation(self, tags=None):
                 self.log["calls"].append("release " + ",".join(tags))
             def resume_memory_occupation(self, tags=None):
@@ -135,6 +150,7 @@ FAKE = {
             def flush_cache(self):
                 self.log["calls"].append("flush")
                 self._save()
+                return SimpleNamespace(success=True, message="")
         """,
     "sglang/srt/__init__.py": "",
     "sglang/srt/utils/__init__.py": """
@@ -224,4 +240,4 @@ def test_four_workers_on_two_nodes_drive_one_engine(tmp_path):
     # TP rank i opens worker i's handle of each tensor
     assert e0["weights"] == {"w": [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0], [4.0, 4.0]], "v": [[0.0], [1.0], [2.0], [3.0]]}
     # the weights were released with the KV cache (a sync followed) and came back for the sync
-    assert e0["calls"] == ["release kv_cache,weights", "resume weights", "flush"] and e2["calls"] == []
+    assert e0["calls"] == ["release kv_cache,weights", "resume weights", "begin", "end", "flush"] and e2["calls"] == []
