@@ -11,6 +11,11 @@ buffer with no packing. Two transfers are in flight at a time, so preparing one 
 the same buckets from the same list of (name, shape, dtype), which rank 0 sends once when the group forms. As
 verl's one-step recipe and vLLM's weight-transfer examples: NCCL on GPUs, Gloo on CPU, a group made from a TCP store
 rather than torch's default group, which each side already has.
+
+On GPUs a sync returns only once its last transfer is done on the host's clock (`settle`): NCCL's Work.wait() makes
+the current stream wait and blocks the host only under TORCH_NCCL_BLOCKING_WAIT, so without it a sync would return
+with its bytes still queued, its seconds and bandwidth those of queueing, and a stalled broadcast would stall the
+phase after it, named as that phase by the watchdog. Gloo's wait blocks the host already.
 """
 
 from __future__ import annotations
@@ -31,6 +36,13 @@ import torch.distributed as dist
 BUCKET_BYTES = 512 * 2**20  # verl's checkpoint engine defaults to 4 GiB buffers on GPU; half a GiB keeps CPU runs lean
 DIRECT_BYTES = 2**20  # a tensor this large is a transfer of its own: packing it would only add a copy
 IN_FLIGHT = 2
+
+
+def settle(device: torch.device) -> None:
+    """The host waits until the work queued on `device` (the sync's transfers, NCCL's stream among it) is done;
+    nothing on CPU, where Gloo's wait has blocked already."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 @dataclass(frozen=True)
@@ -257,7 +269,7 @@ class SyncGroup:
 
     def broadcast_paced(self, tensors: Iterable[torch.Tensor]) -> None:
         """Each tensor from rank 0, IN_FLIGHT transfers at a time: the next one is prepared while the last is in
-        flight."""
+        flight. Returns with every transfer done (settle)."""
         flying: deque = deque()
         for t in tensors:
             while len(flying) >= IN_FLIGHT:
@@ -265,6 +277,7 @@ class SyncGroup:
             flying.append((self._start(t), t))  # the tensor kept alive until its transfer is done
         while flying:
             flying.popleft()[0].wait()
+        settle(self.device)
 
     def receive(
         self,
@@ -273,7 +286,8 @@ class SyncGroup:
     ) -> Iterator[tuple[str, torch.Tensor]]:
         """The other ranks: (name, tensor) for each tensor not landed in place (`in_place(bucket)` gives the engine's
         own memory for a whole bucket where it can take it as it is, such as Landing's); views of their transfer's
-        buffer."""
+        buffer. Ends with every transfer, and what the engine queued on the device for the tensors it was given,
+        done (settle)."""
         flying: deque = deque()
 
         def land():
@@ -298,6 +312,7 @@ class SyncGroup:
                 yield from land()
         while flying:
             yield from land()
+        settle(self.device)
 
 
 def _slots(bucket: list[Entry], buf: torch.Tensor) -> list[tuple[int, int, int]]:

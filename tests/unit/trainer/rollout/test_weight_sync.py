@@ -148,3 +148,47 @@ def test_a_gloo_group_carries_every_tensor_to_every_receiver():
     want = {k: _summary(v) for k, v in sd.items()}
     assert results[1] == want and results[2] == want
     assert results[0] == sum(v.numel() * v.element_size() for v in sd.values())
+
+
+class _NcclLike:
+    """A process group with NCCL's wait: Work.wait() only orders the current stream (the host blocks only under
+    TORCH_NCCL_BLOCKING_WAIT), so a transfer is done on the host's clock only once the device is synchronized."""
+
+    def __init__(self):
+        self.queued, self.done, self.waited = [], set(), set()
+
+    def broadcast(self, tensors, opts):
+        i = len(self.queued)
+        self.queued.append(i)
+        return type("Work", (), {"wait": lambda _: self.waited.add(i)})()
+
+    def synchronize(self, device=None):
+        self.done.update(self.waited)
+
+
+@pytest.mark.parametrize("side", ["send", "receive"])
+def test_a_sync_returns_with_its_transfers_done_on_the_hosts_clock(monkeypatch, side):
+    """What timing_s/sync_rollout_weights, its bandwidth and the watchdog's sync_rollout_weights phase measure: the
+    transfer itself, not its queueing, on both sides."""
+    from rlrig.trainer.rollout import weight_sync
+
+    group = SyncGroup(("127.0.0.1", free_port()), 0, 1, torch.device("cpu"), 60)
+    group.pg = pg = _NcclLike()
+    monkeypatch.setattr(weight_sync, "settle", lambda device: pg.synchronize(device))
+    tensors = [("a", torch.ones(3)), ("big", torch.zeros(2**18)), ("b", torch.ones(2))]
+    group.entries = layout(tensors)
+    if side == "send":
+        group.send(iter(tensors))
+    else:
+        assert [name for name, _ in group.receive()] == ["a", "big", "b"]
+    assert pg.queued == [0, 1, 2] and pg.done == {0, 1, 2}
+
+
+def test_settle_synchronizes_the_device_only_on_cuda(monkeypatch):
+    from rlrig.trainer.rollout import weight_sync
+
+    synced = []
+    monkeypatch.setattr(weight_sync.torch.cuda, "synchronize", synced.append)
+    weight_sync.settle(torch.device("cpu"))
+    weight_sync.settle(torch.device("cuda", 1))
+    assert synced == [torch.device("cuda", 1)]
