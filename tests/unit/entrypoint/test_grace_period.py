@@ -15,6 +15,8 @@ from rlrig.entrypoint import command, lifecycle
 from rlrig.entrypoint.cluster.processes import STOP_SIGNALS, Stop, install_stop_handlers
 from tests.helpers.entrypoint_fakes import MemoryStore
 
+pytestmark = pytest.mark.process
+
 # traps the signal, takes 6 s "to checkpoint" (longer than the 5 s a plain stop gives), then leaves a mark and
 # exits as the trainer does
 COMMAND = (

@@ -15,6 +15,8 @@ from rlrig.entrypoint.errors import NodeLost
 from rlrig.entrypoint.plan import Plan
 from tests.helpers.entrypoint_fakes import MemoryStore
 
+pytestmark = pytest.mark.process
+
 
 def two_nodes() -> MemoryStore:
     store = MemoryStore()

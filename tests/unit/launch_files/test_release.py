@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.process
+
 REPO = Path(__file__).resolve().parents[3]
 WORKFLOWS = sorted((REPO / ".github/workflows").glob("*.y*ml"))
 RELEASE = REPO / ".github/workflows/release.yml"

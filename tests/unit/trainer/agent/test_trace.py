@@ -13,6 +13,8 @@ from rlrig.trainer.config.overrides import parse_overrides
 from rlrig.trainer.errors import ConfigError
 from tests.unit.trainer.agent.test_loop import EOS, TOK, Cfg, ScriptedEngine, calc_config, call, row
 
+pytestmark = pytest.mark.process
+
 __all__ = ["calc_config"]  # the fixture, used by name
 
 

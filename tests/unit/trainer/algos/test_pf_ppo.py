@@ -12,6 +12,8 @@ from rlrig.trainer.algos import pf_ppo as P
 from rlrig.trainer.config.overrides import parse_overrides
 from rlrig.trainer.errors import ConfigError
 
+pytestmark = pytest.mark.process
+
 E = 1e-8
 
 

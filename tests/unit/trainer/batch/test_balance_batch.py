@@ -12,6 +12,8 @@ from rlrig.trainer.batch import balance as bb
 from rlrig.trainer.batch.step_batch import StepBatch
 from rlrig.trainer.rollout.engines import Rollout
 
+pytestmark = pytest.mark.process
+
 PAD = 0
 
 

@@ -15,6 +15,8 @@ from rlrig.trainer.algos.core_algos import local
 from rlrig.trainer.algos.estimators import ESTIMATORS
 from rlrig.trainer.algos.estimators.registry import AdvantageInput
 
+pytestmark = pytest.mark.process
+
 PROMPTS, N, R = 3, 4, 5
 
 

@@ -5,9 +5,12 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 from rlrig.trainer.driver import checkpoint
+
+pytestmark = pytest.mark.process
 
 
 def test_save_and_load(tmp_path):

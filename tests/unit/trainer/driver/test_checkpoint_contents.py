@@ -11,6 +11,8 @@ from rlrig.trainer.driver.single_process import single_worker
 from rlrig.trainer.errors import ConfigError
 from rlrig.trainer.workers.step.request import StepRequest
 
+pytestmark = pytest.mark.process
+
 FAST = ["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.device=cpu",
         "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2", "data.max_response_length=8"]  # fmt: skip
 SAVES = "actor_rollout_ref.actor.checkpoint.save_contents"

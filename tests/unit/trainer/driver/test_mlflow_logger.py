@@ -7,6 +7,8 @@ import pytest
 from rlrig.trainer.config.overrides import parse_overrides
 from rlrig.trainer.driver.reporting import MetricsLog, flat, mlflow_key
 
+pytestmark = pytest.mark.process
+
 
 @pytest.mark.parametrize(
     "key, logged",

@@ -8,6 +8,8 @@ import pytest
 
 from rlrig.trainer.driver import stacks
 
+pytestmark = pytest.mark.process
+
 CHILD = """
 import time
 from rlrig.trainer.workers.phase_report import install_stack_dump

@@ -8,6 +8,8 @@ from transformers import AutoTokenizer
 from rlrig.trainer.embedded.tiny_model import build_tokenizer, ensure_tiny_model
 from rlrig.trainer.embedded.tool_model import CALL_CLOSE, CALL_OPEN, build_tool_tokenizer, ensure_tool_model
 
+pytestmark = pytest.mark.process
+
 TEXTS = [
     "12+7=#### 19<eos>",
     "-3 * 4 = -12, 1.5<eos>",

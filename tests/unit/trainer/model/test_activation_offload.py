@@ -11,6 +11,8 @@ from rlrig.trainer.model import activation_offload
 from rlrig.trainer.model.build import set_checkpointing
 from rlrig.trainer.workers.step.request import StepRequest
 
+pytestmark = pytest.mark.process
+
 SHAPE = Shape(512, 64, 128, 3, 4, 2, 256)
 
 

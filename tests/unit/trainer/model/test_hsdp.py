@@ -8,6 +8,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+pytestmark = pytest.mark.process
+
 
 def _rank(rank, world, port, out_dir, fsdp_size):
     from rlrig.trainer.model.parallel import fsdp_shard

@@ -12,6 +12,8 @@ from rlrig.trainer.errors import ConfigError
 from rlrig.trainer.model import lora
 from rlrig.trainer.workers.step.request import StepRequest
 
+pytestmark = pytest.mark.process
+
 
 def model_cfg(*overrides):
     return parse_overrides(list(overrides)).actor_rollout_ref.model

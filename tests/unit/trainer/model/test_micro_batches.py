@@ -7,6 +7,8 @@ from rlrig.trainer.model import micro_batches as batching
 from rlrig.trainer.model.forward import in_micro_batches
 from rlrig.trainer.workers.step.request import StepRequest
 
+pytestmark = pytest.mark.process
+
 
 @pytest.mark.parametrize(
     "lengths,parts,groups",

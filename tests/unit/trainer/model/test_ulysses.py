@@ -11,6 +11,8 @@ import torch.multiprocessing as mp
 
 from rlrig.trainer.model import ulysses
 
+pytestmark = pytest.mark.process
+
 # (heads, kv heads): kv split over the ranks, and fewer kv heads than ranks (each repeated)
 SHAPES = [(4, 2), (4, 1)]
 

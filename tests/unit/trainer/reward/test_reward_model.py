@@ -12,6 +12,8 @@ from rlrig.trainer.reward.managers import Overlong
 from rlrig.trainer.reward.scoring import RewardSource, model_inputs, score
 from rlrig.trainer.rollout.engines import Rollout
 
+pytestmark = pytest.mark.process
+
 # a unit of the custom resource per worker the node may host (RLRIG_RESOURCES='{"h100": 2}' on a two-GPU node)
 H100 = P.Node("rank 0 (10.0.0.1)", {"CPU": 4, "GPU": 2, "h100": 2}, "0")
 V100 = P.Node("rank 1 (10.0.0.2)", {"CPU": 4, "GPU": 1, "v100": 1}, "1")

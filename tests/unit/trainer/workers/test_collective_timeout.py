@@ -10,6 +10,8 @@ import pytest
 
 from rlrig.trainer.workers.base import collective_timeout, free_port
 
+pytestmark = pytest.mark.process
+
 TIMEOUT_S = 3
 
 

@@ -6,6 +6,8 @@ import pytest
 from rlrig.trainer.driver.single_process import single_worker
 from rlrig.trainer.workers.step.request import StepRequest
 
+pytestmark = pytest.mark.process
+
 # FSDP: the hf engine generates with a copy of the actor that each sync refreshes, as vLLM and SGLang hold one
 BASE = [
     "data.train_batch_size=4",

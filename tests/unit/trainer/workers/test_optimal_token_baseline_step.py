@@ -9,6 +9,8 @@ import pytest
 from rlrig.trainer.workers.step import phases
 from tests.unit.trainer.workers.test_trainer_passes import _one_step
 
+pytestmark = pytest.mark.process
+
 PROXY = ("proxy1_signal_strength", "proxy2_total_power", "proxy3_pure_noise", "expected_a_squared", "expected_w")
 
 

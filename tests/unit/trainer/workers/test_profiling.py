@@ -16,6 +16,8 @@ from rlrig.trainer.profiler_settings import RoleProfile, role_profile
 from rlrig.trainer.workers import profiling
 from rlrig.trainer.workers.profiling import StepWindows, WorkerProfiler
 
+pytestmark = pytest.mark.process
+
 MODEL = "actor_rollout_ref.model.path=/m"
 SCRIPTS = Path(__file__).parents[1] / "config" / "verl_scripts" / "overrides.json"
 NSYS_SCRIPT = "ppo_trainer/run_qwen2-7b_rm_seq_balance_nsys"

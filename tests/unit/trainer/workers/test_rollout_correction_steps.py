@@ -14,6 +14,8 @@ from rlrig.trainer.workers import ppo_update
 from rlrig.trainer.workers.step import sources
 from rlrig.trainer.workers.step.request import StepRequest
 
+pytestmark = pytest.mark.process
+
 SMALL = [  # 8 prompts x 4 samples on one worker
     "data.train_batch_size=8",
     "actor_rollout_ref.rollout.n=4",

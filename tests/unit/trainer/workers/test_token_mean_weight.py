@@ -2,11 +2,14 @@
 of the model's own tokens, as verl takes those means over the whole batch's response mask. With tool turns the
 attention mask also holds the tool's tokens, which must not weigh."""
 
+import pytest
 import torch
 
 from rlrig.trainer import metrics as M
 from rlrig.trainer.batch.step_batch import StepBatch
 from rlrig.trainer.workers.step.metrics import batch_metrics
+
+pytestmark = pytest.mark.process
 
 
 def shard(response_mask: list[list[int]], attention: list[list[int]], advantages: list[list[float]]) -> StepBatch:

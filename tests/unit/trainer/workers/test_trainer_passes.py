@@ -20,6 +20,8 @@ from rlrig.trainer.workers.step.request import StepRequest
 from rlrig.trainer.workers.timing import Phases
 from tests.helpers.model_hooks import embedded_tokens
 
+pytestmark = pytest.mark.process
+
 T = torch.tensor
 
 

@@ -9,6 +9,8 @@ import torch
 from rlrig.trainer.config.presets import EMBEDDED
 from rlrig.trainer.workers.step.request import StepRequest
 
+pytestmark = pytest.mark.process
+
 
 def _first_gradients(impl: str, micro: int) -> tuple[dict[str, torch.Tensor], dict]:
     from rlrig.trainer.driver.single_process import single_worker
