@@ -67,3 +67,17 @@ def allow_tf32() -> None:
     TF32 tensor cores, as verl allows."""
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
+
+
+@contextlib.contextmanager
+def tf32_kept():
+    """TF32 as the process had it before the block, whatever the block sets: an engine built in the training process
+    sets it for its own use (vLLM's GPU worker calls torch.set_float32_matmul_precision with
+    VLLM_FLOAT32_MATMUL_PRECISION, "highest" by default, in 0.16 through 0.32 v1/worker/gpu_worker.py), which would
+    take from training the TF32 that allow_tf32 gave it."""
+    matmul, cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(matmul)
+        torch.backends.cudnn.allow_tf32 = cudnn

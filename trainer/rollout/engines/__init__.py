@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 
+from ...model.precision import tf32_kept
 from .base import (
     GREEDY,
     EngineContext,
@@ -52,8 +53,10 @@ def engine_class(name: str) -> type[RolloutEngine]:
 
 
 def make_engine(cls: type[RolloutEngine], ctx: EngineContext) -> RolloutEngine:
-    """The engine built from `ctx`; its EngineUnavailable, with the fix, where it cannot run on ctx.device."""
+    """The engine built from `ctx`; its EngineUnavailable, with the fix, where it cannot run on ctx.device. The
+    process's TF32 settings are as they were before (an engine may set them for itself, vLLM does)."""
     why = cls.unavailable(ctx.device)
     if why:
         raise why
-    return cls(ctx)
+    with tf32_kept():
+        return cls(ctx)

