@@ -522,3 +522,90 @@ def test_vllm_on_cuda_drops_its_weights_only_before_a_sync_and_samples_the_synce
         assert torch.cuda.current_device() == 0
         # a bfloat16 engine against the actor's own scores: garbage weights would differ by ~0.5 on average
         assert first["training/rollout_probs_diff_mean"] < 0.02 and second["training/rollout_probs_diff_mean"] < 0.02
+
+
+def test_tf32_is_the_trainers_after_an_engine_is_built_on_cuda():
+    """An engine that sets the matmul precision in the training process (vLLM's GPU worker sets "highest") leaves
+    TF32 on where the trainer allowed it: an fp32 product still runs on TF32, as far from the fp64 one as TF32 is."""
+    from rlrig.trainer.config.schema import RolloutConfig
+    from rlrig.trainer.model import precision
+    from rlrig.trainer.rollout import engines
+
+    class LikeVLLM(engines.RolloutEngine):
+        name = "like-vllm"
+
+        def __init__(self, ctx):
+            torch.set_float32_matmul_precision("highest")
+
+    a = torch.randn(2048, 2048, device="cuda")
+    exact = (a.double() @ a.double()).float()
+
+    def error() -> float:
+        return ((a @ a) - exact).abs().max().item()
+
+    try:
+        torch.set_float32_matmul_precision("highest")
+        ieee = error()
+        precision.allow_tf32()
+        engines.make_engine(LikeVLLM, engines.EngineContext(None, None, RolloutConfig(), 8, 4, "/m", "cuda", 0))
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        tf32 = error()
+        print(f"fp32 product's largest error against fp64: {ieee:.2e} in IEEE fp32, {tf32:.2e} after the engine")
+        assert tf32 > 10 * ieee, (tf32, ieee)
+    finally:
+        torch.set_float32_matmul_precision("highest")
+
+
+@pytest.mark.parametrize("side", ["send", "receive"])
+def test_a_weight_syncs_seconds_include_its_transfer_on_cuda(side):
+    """NCCL's Work.wait() does not block the host: a sync returns only once its transfers are done. One GPU holds
+    a one-rank NCCL group, whose broadcast waits (on NCCL's stream) for the work queued before it: here a 0.5 s
+    sleep kernel, so a sync that returned on queueing would take milliseconds."""
+    import time
+
+    from rlrig.trainer.rollout.weight_sync import SyncGroup, layout
+    from rlrig.trainer.workers.base import free_port
+
+    group = SyncGroup(("127.0.0.1", free_port()), 0, 1, torch.device("cuda", 0), 120)
+    tensors = [("a", torch.ones(8, device="cuda")), ("big", torch.zeros(2**20, device="cuda"))]
+    group.agree_layout(layout(tensors))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10**7)
+    end.record()
+    end.synchronize()
+    half_a_second = int(10**7 / start.elapsed_time(end) * 500)  # the sleep kernel's cycles per ms, times 500
+    t0 = time.perf_counter()
+    torch.cuda._sleep(half_a_second)
+    if side == "send":
+        group.send(iter(tensors))
+    else:
+        assert [name for name, _ in group.receive()] == ["a", "big"]
+    took = time.perf_counter() - t0
+    print(f"{side}: {took:.3f} s with a 0.5 s kernel queued before it")
+    assert torch.cuda.current_stream().query() and took > 0.25, took
+
+
+def test_sglang_takes_the_synced_weights_and_its_answers_are_checked_on_cuda():
+    """SGLang (where installed) in the training worker: every weight call's answer checked (a refused one raises),
+    the session opened where this SGLang has one, and the engine samples what the actor scores after the syncs."""
+    pytest.importorskip("sglang", reason="SGLang is not installed here: pip install 'rlrig[sglang]'")
+    from rlrig.trainer.config.presets import EMBEDDED
+    from rlrig.trainer.driver.single_process import single_worker
+
+    overrides = [
+        *EMBEDDED,
+        "trainer.device=cuda",
+        *GPU_MICRO,
+        "actor_rollout_ref.rollout.name=sglang",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
+    ]
+    with single_worker(overrides) as (w, batches):
+        answers, update = [], w.engine.engine.update_weights_from_tensor
+        w.engine.engine.update_weights_from_tensor = lambda **kw: answers.append(update(**kw)) or answers[-1]
+        out = w.step(StepRequest(next(batches), global_step=1, kl_coef=0.0))
+        assert answers and all(ok for ok, _ in answers), answers
+        assert out["training/rollout_probs_diff_mean"] < 0.02, out["training/rollout_probs_diff_mean"]
+        w.engine.engine.update_weights_from_tensor = lambda **kw: (False, "refused here")
+        with pytest.raises(RuntimeError, match="failed: update_weights_from_tensor of bucket 0 .*'refused here'"):
+            w.engine.sync_weights(iter([("model.norm.weight", torch.ones(8, device="cuda"))]))
