@@ -166,6 +166,7 @@ class _NcclLike:
         self.done.update(self.waited)
 
 
+@pytest.mark.process  # a one-rank Gloo group, whose process group the stand-in replaces
 @pytest.mark.parametrize("side", ["send", "receive"])
 def test_a_sync_returns_with_its_transfers_done_on_the_hosts_clock(monkeypatch, side):
     """What timing_s/sync_rollout_weights, its bandwidth and the watchdog's sync_rollout_weights phase measure: the
