@@ -271,7 +271,7 @@ class WeightUpdate:
         """What went wrong in `call`, by SGLang's answer, or None."""
         answer = call(**kw)
         ok, message = (answer.success, answer.message) if hasattr(answer, "success") else answer
-        return None if ok else f"the weight sync into the {self.name} engine failed: {what}: SGLang said {message!r}"
+        return None if ok else f"the weight sync into the engine ({self.name}) failed: {what}: SGLang said {message!r}"
 
     def _step(self, what: str, call, **kw) -> None:
         if self.engine is not None and self.failure is None:

@@ -135,10 +135,13 @@ FAKE = {
             def end_weight_update(self):
                 self.log["calls"].append("end")
                 self.session = False
+                self._save()
                 return True, "Success"
             def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
                 if not self.session:
                     return False, "update_weights_from_tensor must run between begin_weight_update() and ..."
+                if self.log["weights"]:  # the second sync: refused, as SGLang answers a tensor it cannot load
+                    return False, "Parameter w not found"
                 for name, local in named_tensors:
                     self.log["weights"][name] = [pickle.loads(v).tolist() for v in local.values]
                 self._save()
@@ -189,9 +192,14 @@ eng = sglang_engine.SGLangRollout(EngineContext(None, tok, cfg, 8, 4, "/m", "cud
 prompts = [[10 + rank, 20 + rank], [30 + rank]]
 ro = eng.generate(prompts, 2, sync_follows=True)
 eng.sync_weights([("w", torch.full((2,), rank + 1.0)), ("v", torch.tensor([float(rank)]))])
+try:
+    eng.sync_weights([("w", torch.full((2,), rank + 1.0)), ("v", torch.tensor([float(rank)]))])
+    refused = None
+except RuntimeError as e:
+    refused = str(e)
 resp = [[int(t) for t, m in zip(r, mk) if m]
         for r, mk in zip(ro.input_ids[:, ro.prompt_len:].tolist(), ro.response_mask.tolist())]
-print(json.dumps({"responses": resp, "describe": eng.describe()}), flush=True)
+print(json.dumps({"responses": resp, "describe": eng.describe(), "refused": refused}), flush=True)
 dist.destroy_process_group()  # Gloo's threads joined before exit (else C++ may abort the process as it ends)
 """
 
@@ -240,4 +248,10 @@ def test_four_workers_on_two_nodes_drive_one_engine(tmp_path):
     # TP rank i opens worker i's handle of each tensor
     assert e0["weights"] == {"w": [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0], [4.0, 4.0]], "v": [[0.0], [1.0], [2.0], [3.0]]}
     # the weights were released with the KV cache (a sync followed) and came back for the sync
-    assert e0["calls"] == ["release kv_cache,weights", "resume weights", "begin", "end", "flush"] and e2["calls"] == []
+    assert e0["calls"][:5] == ["release kv_cache,weights", "resume weights", "begin", "end", "flush"]
+    # the second sync, refused by the engine: its session closed, no flush, and every worker raised the lead's words
+    assert e0["calls"][5:] == ["begin", "end"] and e2["calls"] == []
+    assert {res["refused"] for res in results} == {
+        "the weight sync into the engine (sglang, tensor parallel over 4 workers) failed: update_weights_from_tensor "
+        "of bucket 0 (2 tensors, w .. v): SGLang said 'Parameter w not found'"
+    }

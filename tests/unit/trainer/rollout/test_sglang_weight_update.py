@@ -116,7 +116,7 @@ def test_a_refused_update_is_raised_naming_the_engine_the_bucket_and_sglangs_wor
     with pytest.raises(RuntimeError) as e:
         eng.sync_weights(weights)
     assert str(e.value) == (
-        "the weight sync into the sglang engine failed: update_weights_from_tensor of bucket 0 (2 tensors, a .. b): "
+        "the weight sync into the engine (sglang) failed: update_weights_from_tensor of bucket 0 (2 tensors, a .. b): "
         "SGLang said 'Parameter b not found'"
     )
     # the session closed all the same, no cache flushed for weights that never arrived, every tensor taken
