@@ -7,7 +7,8 @@ import os
 from collections.abc import Mapping
 
 from .bootstrap import Inspection
-from .cluster import raystart
+from .cluster import ports, raystart
+from .detect.nodespec import NodeSpec
 from .fabric import report
 from .preflight import resources
 
@@ -22,6 +23,16 @@ def fabric_check(env: Mapping[str, str]) -> dict | None:
         return None
 
 
+def gcs_port(spec: NodeSpec) -> int | None:
+    """The head's GCS port as `rlrig run`/`train` would take it (cluster/ports.py): the one given, the one derived
+    from the job's identity on several nodes; None on a single node, which takes a free one when it starts."""
+    if spec.port_given:
+        return spec.port
+    if spec.nnodes > 1:
+        return ports.derived_head_ports(ports.identity_key(spec.launcher, spec.job_id, spec.head_host))["gcs"]
+    return None
+
+
 def as_dict(found: Inspection, env: Mapping[str, str] = os.environ) -> dict:
     """The same keys whatever failed; what could not be found out is null."""
     s, pf = found.spec, found.preflight
@@ -31,7 +42,7 @@ def as_dict(found: Inspection, env: Mapping[str, str] = os.environ) -> dict:
         "nnodes": s.nnodes if s else None,
         "head_host": s.head_host if s else None,  # as the launcher gave it, resolved or not
         "head_address": (s.head_address or None) if s else None,
-        "port": s.port if s else None,
+        "port": gcs_port(s) if s else None,  # None: a free port, chosen when the run starts
         "node_ip": (s.node_ip or None) if s else None,
         "interface": (s.interface or None) if s else None,
         "num_gpus": pf.num_gpus if found.checked else None,
@@ -59,7 +70,8 @@ def as_text(found: Inspection) -> str:
     lines = [
         f"launcher   {show(d['launcher'])}",
         f"node rank  {show(d['node_rank'])} of {show(d['nnodes'])}",
-        f"head       {show(d['head_host'])} -> {show(d['head_address'])}:{show(d['port'])}",
+        f"head       {show(d['head_host'])} -> {show(d['head_address'])}"
+        + (f":{d['port']}" if d["port"] is not None else " (its GCS on a free port, chosen at start)"),
         f"node ip    {show(d['node_ip'])} ({show(d['interface'])})",
         f"gpus       {show(d['num_gpus'])}",
         f"cpus       {show(d['num_cpus'])}",

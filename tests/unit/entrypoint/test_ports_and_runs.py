@@ -300,3 +300,18 @@ def test_no_gpu_no_finding_and_idle_gpus_pass():
     assert pf.checks == []
     gpu_users.check({}, pf, lambda: ([{"index": 0, "uuid": "GPU-0", "processes": []}], "NVML"))
     assert [(c.status, c.name) for c in pf.checks] == [("pass", "gpus in use")]
+
+
+@pytest.mark.parametrize(
+    "spec, port",
+    [
+        (NodeSpec("local", 0, 1, "127.0.0.1"), None),  # a free one, chosen at start
+        (NodeSpec("local", 0, 1, "127.0.0.1", port=7000, port_given=True), 7000),
+        (NodeSpec("slurm", 1, 2, "n1", job_id="12.0"), ports.derived_head_ports("slurm/12.0")["gcs"]),
+        (NodeSpec("slurm", 1, 2, "n1", job_id="12.0", port=7000, port_given=True), 7000),
+    ],
+)
+def test_doctor_shows_the_gcs_port_a_run_would_take(spec, port):
+    from rlrig.entrypoint import doctor
+
+    assert doctor.gcs_port(spec) == port
