@@ -95,6 +95,10 @@ def test_synchronous_on_a_pool_trains_on_policy_validates_there_and_shares_its_b
     # 3 prompts x 8 samples a step
     batch = ["data.train_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=3"]
     batch += [f"custom_reward_function.path={reward}", "custom_reward_function.name=compute_score"]
+    # verl's engine workers' loss: each token weighs 1 / (the mini batch's tokens over every worker), so one worker
+    # and two compute the same gradient whatever their token counts (verl's legacy workers average each worker's
+    # own token mean, which equals it only where the workers hold as many tokens)
+    batch += ["trainer.use_legacy_worker_impl=disable"]
     pool = [o for o in POOL if not o.startswith("trainer.n_gpus_per_node=")]
 
     run = tmp_path / "sync"
