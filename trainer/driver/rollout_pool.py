@@ -29,7 +29,7 @@ STOP_WAIT_S = 30.0  # within rlrig's default --grace-period after a stop signal'
 
 @dataclass
 class Share:
-    """A training worker's part of a step (TrainingWorker.step's arguments): its samples, their agent-loop fields,
+    """A training worker's part of a step (the fields of its StepRequest): its samples, their agent-loop fields,
     each one's prompt row (the same dict for a prompt's samples, which pickles once), and where it starts."""
 
     samples: Rollout

@@ -85,17 +85,8 @@ class RolloutWorker(PoolWorker):
             kw = build.model_kwargs(a.model, model_path)
             self.module = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype, **kw).to(self.device)
             self.module.eval().requires_grad_(False)  # it never trains; weight transfers land in its parameters
-        ctx = EngineContext(
-            module=self.module,
-            tokenizer=self.tok,
-            cfg=a.rollout,
-            max_prompt_length=cfg.data.max_prompt_length,
-            max_response_length=cfg.data.max_response_length,
-            model_path=model_path,
-            device=self.device.type,
-            seed=seed,
-            compute_dtype=None,  # the module is held in its compute dtype already
-        )
+        # compute_dtype None: the module is held in its compute dtype already
+        ctx = EngineContext.of(cfg, self.module, self.tok, model_path, self.device.type, seed)
         self.lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-engine")
         self.engine = self.lane.submit(make_engine, cls, ctx).result()
         self.agent = AgentRollout(self.engine, self.tok, cfg)

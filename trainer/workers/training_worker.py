@@ -108,18 +108,10 @@ class TrainingWorker(RankWorker):
     def _engine(self, engine_cls, model_path: str):
         cfg, a = self.cfg, self.cfg.actor_rollout_ref
         prec = self.models.actor.precision
-        ctx = EngineContext(
-            module=self.models.gen_module,
-            tokenizer=self.tok,
-            cfg=a.rollout,
-            max_prompt_length=cfg.data.max_prompt_length,
-            max_response_length=cfg.data.max_response_length,
-            model_path=model_path,
-            device=self.device.type,
-            # the ranks of one tensor-parallel engine sample the same tokens only from the same seed
-            seed=cfg.trainer.seed + self.rank // a.rollout.tensor_model_parallel_size,
-            compute_dtype=prec.param_dtype if prec.mixed else None,
-        )
+        # the ranks of one tensor-parallel engine sample the same tokens only from the same seed
+        seed = cfg.trainer.seed + self.rank // a.rollout.tensor_model_parallel_size
+        dtype = prec.param_dtype if prec.mixed else None
+        ctx = EngineContext.of(cfg, self.models.gen_module, self.tok, model_path, self.device.type, seed, dtype)
         return make_engine(engine_cls, ctx)
 
     def _step_context(self) -> StepContext:

@@ -74,6 +74,21 @@ class EngineContext:
     seed: int  # the same on the ranks of one tensor-parallel engine: they must sample the same tokens
     compute_dtype: torch.dtype | None = None  # autocast dtype for engines that run the actor's module
 
+    @classmethod
+    def of(cls, cfg, module, tokenizer, model_path: str, device: str, seed: int, compute_dtype=None) -> EngineContext:
+        """The context of a worker's engine under the run's config (rollout section, prompt and response lengths)."""
+        return cls(
+            module=module,
+            tokenizer=tokenizer,
+            cfg=cfg.actor_rollout_ref.rollout,
+            max_prompt_length=cfg.data.max_prompt_length,
+            max_response_length=cfg.data.max_response_length,
+            model_path=model_path,
+            device=device,
+            seed=seed,
+            compute_dtype=compute_dtype,
+        )
+
 
 class RolloutEngine:
     """What a rollout backend implements: a subclass built from an EngineContext (constructors raise

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from ...algos.core_algos import AllReduce
 from ...algos.estimators import AdvantageInput
 from ...batch.step_batch import StepBatch
+from ...config.overrides import FULLY_ASYNC
 from ...model import offload
 from ...model.build import Models
 from ...model.ulysses import SeqParallel
@@ -52,7 +53,7 @@ class OldLogProbs:
         one optimizer step after all the forwards, as verl and TRL do; not with calculate_sum_pi_squared, whose pass
         also yields what the advantages may need, nor where KL in the reward or rollout correction reads them first."""
         at, al, a = cfg.async_training, cfg.algorithm, cfg.actor_rollout_ref.actor
-        fully_async_rollout_logp = cfg.trainer.async_mode == "fully_async_policy" and at.use_rollout_log_probs
+        fully_async_rollout_logp = cfg.trainer.async_mode == FULLY_ASYNC and at.use_rollout_log_probs
         rc = al.rollout_correction
         return cls(
             engine_is_old=rc.bypass_mode or (fully_async_rollout_logp and not at.compute_prox_log_prob),
