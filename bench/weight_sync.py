@@ -26,9 +26,9 @@ import time
 
 import torch
 
+from rlrig.entrypoint.cluster.ports import kernel_free_port
 from rlrig.trainer.model.parallel import full_tensors
 from rlrig.trainer.rollout.weight_sync import Landing, SyncGroup, buckets, layout
-from rlrig.trainer.workers.base import free_port
 
 QWEN_05B = dict(
     vocab_size=151936,
@@ -112,7 +112,7 @@ def side(rank: int, port: int, name: str, runs: int, breakdown: bool, out) -> No
 
 def measure(name: str, runs: int, breakdown: bool = False) -> tuple[int, dict[str, float]]:
     ctx = mp.get_context("spawn")
-    out, port = ctx.Queue(), free_port()
+    out, port = ctx.Queue(), kernel_free_port()
     procs = [ctx.Process(target=side, args=(r, port, name, runs, breakdown, out)) for r in range(2)]
     for p in procs:
         p.start()

@@ -4,10 +4,10 @@ read before it touches a GPU."""
 
 from __future__ import annotations
 
-import socket
 import time
 from datetime import timedelta
 
+from ..cluster.ports import kernel_free_port
 from ..detect.addresses import format_hostport
 from ..preflight import gpu_health
 from . import links
@@ -36,9 +36,7 @@ class Probe:
         """Rank 0's under NCCL: where the group's TCP rendezvous listens (this node's IP and a port free here)."""
         import ray
 
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return ray.util.get_node_ip_address(), s.getsockname()[1]
+        return ray.util.get_node_ip_address(), kernel_free_port()
 
     def listen(self) -> tuple[str, int]:
         """TCP: this probe's listener, where rank 0 takes each pair and every rank its ring neighbour."""

@@ -563,10 +563,10 @@ def test_a_weight_syncs_seconds_include_its_transfer_on_cuda(side):
     sleep kernel, so a sync that returned on queueing would take milliseconds."""
     import time
 
+    from rlrig.entrypoint.cluster.ports import kernel_free_port
     from rlrig.trainer.rollout.weight_sync import SyncGroup, layout
-    from rlrig.trainer.workers.base import free_port
 
-    group = SyncGroup(("127.0.0.1", free_port()), 0, 1, torch.device("cuda", 0), 120)
+    group = SyncGroup(("127.0.0.1", kernel_free_port()), 0, 1, torch.device("cuda", 0), 120)
     tensors = [("a", torch.ones(8, device="cuda")), ("big", torch.zeros(2**20, device="cuda"))]
     group.agree_layout(layout(tensors))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

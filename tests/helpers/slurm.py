@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from rlrig.trainer.workers.base import free_port
+from rlrig.entrypoint.cluster.ports import kernel_free_port
 from tests.helpers import netns
 
 DAEMONS = ("slurmctld", "slurmd", "munged", "srun", "sbatch", "nsenter")
@@ -74,7 +74,7 @@ SlurmctldHost={socket.gethostname()}({self.ns.bridge_ip})
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-SlurmctldPort={free_port()}
+SlurmctldPort={kernel_free_port()}
 SlurmdPort=16818
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none

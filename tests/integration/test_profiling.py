@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rlrig.trainer.workers.base import free_port
+from rlrig.entrypoint.cluster.ports import kernel_free_port
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +34,7 @@ def test_the_chosen_rank_writes_one_trace_for_its_window_of_steps(tmp_path):
         "actor_rollout_ref.actor.profiler.enable=True",
         "actor_rollout_ref.actor.profiler.ranks=[1]",
     ]
-    env = {**os.environ, "RLRIG_RAY_PORT": str(free_port())}  # beside any other run's head on this machine
+    env = {**os.environ, "RLRIG_RAY_PORT": str(kernel_free_port())}  # beside any other run's head on this machine
     r = subprocess.run(
         [sys.executable, "-m", "rlrig.entrypoint.cli", "train", *args],
         capture_output=True,

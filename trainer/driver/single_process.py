@@ -9,6 +9,8 @@ from contextlib import contextmanager
 @contextmanager
 def single_worker(overrides: list[str], model_path: str | None = None):
     """(worker, batches): `batches()` yields each step's prompt rows as the driver's sampler would."""
+    from rlrig.entrypoint.cluster.ports import kernel_free_port
+
     from ..agent.setup import tool_schemas
     from ..config.overrides import parse_overrides
     from ..data.custom_sampler import make_sampler
@@ -16,7 +18,6 @@ def single_worker(overrides: list[str], model_path: str | None = None):
     from ..embedded.tiny_model import ensure_tiny_model
     from ..errors import ConfigError
     from ..model.build import load_tokenizer
-    from ..workers.base import free_port
     from ..workers.training_worker import TrainingWorker
     from .prepare import with_runtime
 
@@ -32,7 +33,7 @@ def single_worker(overrides: list[str], model_path: str | None = None):
     from ..reward.reward_model import resolve_path
 
     rm_path = resolve_path(cfg.reward_model) if cfg.reward_model.enable else None  # colocated: scored in this process
-    w = TrainingWorker(cfg.to_dict(), 0, 1, ("127.0.0.1", free_port()), path, rm_path)
+    w = TrainingWorker(cfg.to_dict(), 0, 1, ("127.0.0.1", kernel_free_port()), path, rm_path)
 
     def batches():
         while True:

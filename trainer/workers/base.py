@@ -10,12 +10,13 @@ import contextlib
 import gc
 import os
 import random
-import socket
 from datetime import timedelta
 
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from rlrig.entrypoint.cluster.ports import kernel_free_port
 
 from ..batch.step_batch import StepBatch
 from ..config.schema import Config, from_dict
@@ -30,17 +31,11 @@ from .phase_report import install_stack_dump
 from .ppo_update import mean_stats, update_critic
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 def node_address() -> tuple[str, int]:
     """Where a process group's rank 0 listens: run as a Ray task in rank 0's bundle."""
     import ray
 
-    return ray.util.get_node_ip_address(), free_port()
+    return ray.util.get_node_ip_address(), kernel_free_port()
 
 
 def ensure_local_embedded_model(path: str) -> None:

@@ -24,6 +24,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from rlrig.entrypoint.cluster.ports import kernel_free_port
+
 from ...devices import gpu_index, node_gpu_id
 from .. import tp_groups
 from .base import (
@@ -147,7 +149,7 @@ class SGLangRollout(RolloutEngine):
     def _start_group(self, sglang, kw: dict, tp: int) -> None:
         self.group, self.me, self.members = tp_groups.make_group(tp)
         node, ip = tp_groups.where()
-        addr = f"{ip}:{_free_port()}" if self.me == 0 else ""
+        addr = f"{ip}:{kernel_free_port()}" if self.me == 0 else ""
         members = [None] * tp
         # each worker's own GPU by the node's number for it, also where a NOSET flag shows it all of them
         dist.all_gather_object(members, (node, node_gpu_id(), addr), group=self.group)
@@ -300,11 +302,3 @@ class WeightUpdate:
             self.failure = self.failure or closed
         if exc[0] is None:
             self._step("flush_cache()", self.engine.flush_cache)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]

@@ -125,9 +125,9 @@ def _balance_worker(rank, world, port, out_dir):
 
 
 def test_two_workers_trade_whole_groups_to_even_out_tokens(tmp_path):
-    from rlrig.trainer.workers.base import free_port
+    from rlrig.entrypoint.cluster.ports import kernel_free_port
 
-    mp.spawn(_balance_worker, args=(2, free_port(), str(tmp_path)), nprocs=2)
+    mp.spawn(_balance_worker, args=(2, kernel_free_port(), str(tmp_path)), nprocs=2)
     got = [torch.load(tmp_path / f"{r}.pt") for r in range(2)]
     before = [_as_samples(_worker_samples(*WORKERS[r], N, seed=r)) for r in range(2)]
     # every sample once, unchanged, in whole groups of N, and equally many on each worker

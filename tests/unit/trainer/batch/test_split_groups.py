@@ -76,9 +76,9 @@ def _worker(rank, world, sp, port, out_dir):
 
 @pytest.mark.parametrize("world, sp", [(3, 1), (4, 2)])
 def test_every_estimator_over_a_batch_split_between_workers_equals_it_over_the_whole_batch(tmp_path, world, sp):
-    from rlrig.trainer.workers.base import free_port
+    from rlrig.entrypoint.cluster.ports import kernel_free_port
 
-    mp.spawn(_worker, args=(world, sp, free_port(), str(tmp_path)), nprocs=world)
+    mp.spawn(_worker, args=(world, sp, kernel_free_port(), str(tmp_path)), nprocs=world)
     whole = _whole_batch()
     expected = {name: e.fn(whole) for name, e in ESTIMATORS.items()}
     alone_differs = False

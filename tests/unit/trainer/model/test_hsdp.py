@@ -35,9 +35,9 @@ def _rank(rank, world, port, out_dir, fsdp_size):
     ],
 )
 def test_fsdp_size_sets_the_shard_group(tmp_path, fsdp_size, mesh, local_rows, placement):
-    from rlrig.trainer.workers.base import free_port
+    from rlrig.entrypoint.cluster.ports import kernel_free_port
 
-    mp.spawn(_rank, args=(2, free_port(), str(tmp_path), fsdp_size), nprocs=2)
+    mp.spawn(_rank, args=(2, kernel_free_port(), str(tmp_path), fsdp_size), nprocs=2)
     for r in range(2):
         got = torch.load(tmp_path / f"{r}.pt")
         assert got["mesh"] == mesh and got["local_rows"] == local_rows and placement in got["placements"]

@@ -104,10 +104,10 @@ def _rank(rank, world, port, out_dir, heads, kv, value_head, window, checkpointi
     ],
 )
 def test_two_ranks_equal_one_in_outputs_and_gradients(tmp_path, heads, kv, value_head, window, checkpointing):
-    from rlrig.trainer.workers.base import free_port
+    from rlrig.entrypoint.cluster.ports import kernel_free_port
 
     args = (heads, kv, value_head, window, checkpointing)
-    mp.spawn(_rank, args=(2, free_port(), str(tmp_path), *args), nprocs=2)
+    mp.spawn(_rank, args=(2, kernel_free_port(), str(tmp_path), *args), nprocs=2)
     want_outs, want_grads = _outputs(_model(*args), None, heads, kv, value_head)
     for r in range(2):
         got = torch.load(tmp_path / f"{r}.pt")

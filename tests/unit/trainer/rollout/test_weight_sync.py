@@ -9,8 +9,8 @@ import multiprocessing as mp
 import pytest
 import torch
 
+from rlrig.entrypoint.cluster.ports import kernel_free_port
 from rlrig.trainer.rollout.weight_sync import Entry, Landing, SyncGroup, buckets, direct, in_place_target, layout
-from rlrig.trainer.workers.base import free_port
 
 F32, BF16 = torch.float32, torch.bfloat16
 
@@ -136,7 +136,7 @@ def _rank(rank: int, world: int, port: int, out) -> None:
 
 def test_a_gloo_group_carries_every_tensor_to_every_receiver():
     ctx = mp.get_context("spawn")
-    out, port, world = ctx.Queue(), free_port(), 3
+    out, port, world = ctx.Queue(), kernel_free_port(), 3
     procs = [ctx.Process(target=_rank, args=(r, world, port, out)) for r in range(world)]
     for p in procs:
         p.start()
@@ -173,7 +173,7 @@ def test_a_sync_returns_with_its_transfers_done_on_the_hosts_clock(monkeypatch, 
     transfer itself, not its queueing, on both sides."""
     from rlrig.trainer.rollout import weight_sync
 
-    group = SyncGroup(("127.0.0.1", free_port()), 0, 1, torch.device("cpu"), 60)
+    group = SyncGroup(("127.0.0.1", kernel_free_port()), 0, 1, torch.device("cpu"), 60)
     group.pg = pg = _NcclLike()
     monkeypatch.setattr(weight_sync, "settle", lambda device: pg.synchronize(device))
     tensors = [("a", torch.ones(3)), ("big", torch.zeros(2**18)), ("b", torch.ones(2))]

@@ -8,7 +8,8 @@ from datetime import timedelta
 
 import pytest
 
-from rlrig.trainer.workers.base import collective_timeout, free_port
+from rlrig.entrypoint.cluster.ports import kernel_free_port
+from rlrig.trainer.workers.base import collective_timeout
 
 pytestmark = pytest.mark.process
 
@@ -37,7 +38,7 @@ def rank_main(rank: int, port: int, out):
 
 def test_a_collective_a_peer_never_joins_raises_after_nccl_timeout():
     ctx = mp.get_context("spawn")
-    out, port = ctx.Queue(), free_port()
+    out, port = ctx.Queue(), kernel_free_port()
     procs = [ctx.Process(target=rank_main, args=(r, port, out)) for r in (0, 1)]
     for p in procs:
         p.start()

@@ -59,9 +59,9 @@ def _shard_worker(rank, world, port, out_dir):
 
 def test_batch_whitening_is_the_same_on_one_or_two_workers(tmp_path):
     """GAE and REINFORCE++ whiten over the whole batch (verl), so sharding it over workers changes nothing."""
-    from rlrig.trainer.workers.base import free_port
+    from rlrig.entrypoint.cluster.ports import kernel_free_port
 
-    mp.spawn(_shard_worker, args=(2, free_port(), str(tmp_path)), nprocs=2)
+    mp.spawn(_shard_worker, args=(2, kernel_free_port(), str(tmp_path)), nprocs=2)
     rewards, values, mask = _batch()
     parts = [torch.load(tmp_path / f"{r}.pt") for r in range(2)]
     for name in ("gae", "reinforce_plus_plus"):
