@@ -152,10 +152,16 @@ def test_jobs_need_the_token_and_the_cluster_stays_until_down(cluster_hosts):
     # the probe can tell: with the token the same ports serve
     member = probe(TOKEN)
     assert not [p for p, a in member.items() if a in ("http 401", "http 403", "grpc UNAUTHENTICATED")], member
-    # Ray's three Prometheus endpoints stay on loopback, where they still serve
+    # Ray's three Prometheus endpoints stay on loopback, where they still serve; the head's record names the ports
+    # the autoscaler's and the dashboard's took (free ones, not Ray's fixed 44217 and 44227)
+    runs = json.loads(rlrig(ns, 0, "status", "--runs", "--json").stdout)["runs"]
+    [head] = [r for r in runs if r["host"] == ns.ip(0) and r["rank"] == 0 and r["standing"]]
+    metrics = [head["ports"]["autoscaler_metrics"], head["ports"]["dashboard_metrics"]]
     local = {p for h, p, _ in listening(ns, 0) if h == "127.0.0.1"}
-    assert {44217, 44227} <= local, local
-    r = subprocess.run(ns.prefix(0) + ["curl", "-s", "http://127.0.0.1:44227/metrics"], capture_output=True, text=True)
+    assert set(metrics) <= local, (metrics, local)
+    r = subprocess.run(
+        ns.prefix(0) + ["curl", "-s", f"http://127.0.0.1:{metrics[1]}/metrics"], capture_output=True, text=True
+    )
     assert "# HELP" in r.stdout
 
     before = [p for n in nodes for p in tree(n)]
