@@ -62,8 +62,8 @@ def kl_penalty(logp, ref_logp, kind: str):
 
 @dataclass(frozen=True)
 class GlobalBatch:
-    """The mini batch a micro batch belongs to, over every data-parallel rank: what verl's engine workers
-    (trainer.use_legacy_worker_impl=disable) normalise each micro batch's loss by (verl's global_batch_info)."""
+    """The mini batch a micro batch belongs to, over every data-parallel rank: what verl's engine workers normalise
+    each micro batch's loss by (verl's global_batch_info: dp_size, batch_num_tokens, global_batch_size)."""
 
     dp_size: int  # data-parallel ranks (the ranks of one sequence-parallel group count once)
     tokens: float  # response tokens of the mini batch on all of them
@@ -78,51 +78,57 @@ class Agg:
     batch: GlobalBatch | None = None
 
 
+# verl 0.9's loss_agg_mode values (core_algos.agg_loss)
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
 def with_mode(agg: str | Agg, mode: str) -> str | Agg:
-    """A loss with an aggregation of its own (GSPO, SAPO) keeps the global batch, as verl's pass it on."""
+    """A loss with an aggregation of its own (SAPO) keeps the global batch, as verl's pass it on."""
     return Agg(mode, agg.batch) if isinstance(agg, Agg) else mode
 
 
+def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
+    # sum(x * m), a NaN where m = 0 left out (verl's masked_sum)
+    valid = torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return (valid * mask).sum() if dim is None else (valid * mask).sum(dim)
+
+
 def agg_loss(loss, mask, agg: str | Agg):
-    # token-mean: sum(l*m)/sum(m); seq-mean-token-sum: mean over rows with a token of sum_t l*m;
-    # seq-mean-token-mean: mean over rows with a token of (sum_t l*m / sum_t m) (verl leaves all-masked rows out);
-    # seq-mean-token-sum-norm: sum(l*m) / T over the micro batch's rows (T = response length, a constant normaliser as
-    # in Dr.GRPO; verl's legacy actor sums the rows and scales by the micro batch's share, as rlrig's update does)
+    # verl 0.9's agg_loss. D: data-parallel ranks (1 without a global batch); N, S: the mini batch's tokens and
+    # sequences over every rank (without a global batch: this micro batch's tokens, and its rows with a token).
+    # token-mean: sum(l*m) / N * D ; token-sum: sum(l*m) * D ;
+    # seq-mean-token-sum: sum_i(sum_t l*m) / S * D ; seq-mean-token-mean: sum_i(sum_t l*m / (sum_t m + 1e-8)) / S * D ;
+    # seq-mean-token-sum-norm: seq-mean-token-sum / T (T = response length, a constant normaliser as in Dr.GRPO).
+    # Rows without a token count in neither sum. D undoes the gradient all-reduce's average over the ranks.
     mode, g = (agg, None) if isinstance(agg, str) else (agg.mode, agg.batch)
-    if g is not None:
-        return global_agg_loss(loss, mask, mode, g)
+    dp = 1 if g is None else g.dp_size
+    if mode == "token-sum":
+        return masked_sum(loss, mask) * dp
     if mode == "token-mean":
-        return masked_mean(loss, mask)
-    rows = (mask.sum(-1) > 0).to(loss.dtype)
-    if mode == "seq-mean-token-sum":
-        return masked_mean((loss * mask).sum(-1), rows)
+        tokens = mask.sum().clamp_min(1e-8) if g is None else max(g.tokens, 1e-8)
+        return masked_sum(loss, mask) / tokens * dp
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown loss_agg_mode {mode!r}")
+    per_row = masked_sum(loss, mask, -1)
     if mode == "seq-mean-token-mean":
-        return masked_mean((loss * mask).sum(-1) / mask.sum(-1).clamp_min(1), rows)
-    if mode == "seq-mean-token-sum-norm":
-        return (loss * mask).sum() / loss.shape[-1]
-    raise ValueError(f"unknown loss_agg_mode {mode!r}")
+        per_row = per_row / (mask.sum(-1) + 1e-8)
+    rows = (mask.sum(-1) > 0).to(loss.dtype)
+    seqs = rows.sum().clamp_min(1e-8) if g is None else g.seqs
+    out = masked_sum(per_row, rows) / seqs * dp
+    return out / loss.shape[-1] if mode == "seq-mean-token-sum-norm" else out
 
 
 def global_agg_loss(loss, mask, mode: str, g: GlobalBatch):
-    # verl's engine workers: one micro batch's share of the whole mini batch's loss, backpropagated as it is; D (the
-    # data-parallel size) undoes the gradient all-reduce's average over the ranks, N and S count the mini batch on all
-    # of them. token-mean: sum(l*m) / N * D; seq-mean-token-sum: sum_rows(sum_t l*m) / S * D;
-    # seq-mean-token-mean: sum_rows(sum_t l*m / sum_t m) / S * D; seq-mean-token-sum-norm: sum(l*m) / T (no D, no S:
-    # verl's core_algos.agg_loss with loss_scale_factor unset)
-    if mode == "token-mean":
-        return (loss * mask).sum() / max(g.tokens, 1e-8) * g.dp_size
-    if mode == "seq-mean-token-sum":
-        return (loss * mask).sum() / g.seqs * g.dp_size
-    if mode == "seq-mean-token-mean":  # verl's + 1e-8, which leaves a row without tokens at 0
-        return ((loss * mask).sum(-1) / (mask.sum(-1) + 1e-8)).sum() / g.seqs * g.dp_size
-    if mode == "seq-mean-token-sum-norm":
-        return (loss * mask).sum() / loss.shape[-1]
-    raise ValueError(f"unknown loss_agg_mode {mode!r}")
+    """One micro batch's share of the whole mini batch's loss (verl's engine workers), backpropagated as it is: the
+    shares of a mini batch's micro batches add up to its loss however its rows are cut."""
+    return agg_loss(loss, mask, Agg(mode, g))
 
 
-def value_loss(values, old_values, returns, mask, clip: float, agg="token-mean"):
-    # V_clip = old + clip(V - old, +-c); L = 0.5 max((V - R)^2, (V_clip - R)^2)
-    v_clipped = old_values + (values - old_values).clamp(-clip, clip)
+def value_loss(values, old_values, returns, mask, clip: float, agg: str | Agg = "token-mean"):
+    """(0.5 x the aggregated clipped squared error, the share of tokens where the clipped error is the larger);
+    verl 0.9's compute_value_loss, with the global batch under its engine workers (agg an Agg)."""
+    # V_clip = min(max(V, old - c), old + c); L = 0.5 max((V - R)^2, (V_clip - R)^2)
+    v_clipped = torch.maximum(torch.minimum(values, old_values + clip), old_values - clip)
     l1 = (values - returns).square()
     l2 = (v_clipped - returns).square()
     loss = 0.5 * agg_loss(torch.maximum(l1, l2), mask, agg)

@@ -7,6 +7,7 @@ import math
 
 from ..algos import rollout_correction
 from ..algos.bypass_loss import LOSS_TYPES
+from ..algos.core_algos import LOSS_AGG_MODES
 from ..algos.estimators import ESTIMATORS
 from ..algos.policy_losses import POLICY_LOSSES
 from ..errors import ConfigError
@@ -80,7 +81,7 @@ def _choices(cfg: Config) -> None:
         # verl's workers/config/actor.py: raise ValueError if loss_agg_mode not in valid_loss_agg_modes
         "actor_rollout_ref.actor.loss_agg_mode": (
             a.loss_agg_mode,
-            ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+            LOSS_AGG_MODES,
         ),
         "actor_rollout_ref.actor.kl_loss_type": (a.kl_loss_type, KL_KINDS),
         "algorithm.kl_penalty": (cfg.algorithm.kl_penalty, KL_KINDS),

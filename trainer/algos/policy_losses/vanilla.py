@@ -13,8 +13,9 @@ def clipped_surrogate(
 ):
     """(loss, the share of tokens clipped, ppo_kl)."""
     # r = exp(clamp(logp - old, +-20)); L = max(-A r, -A clip(r, 1-lo, 1+hi)); for A<0 also min(L, -A c) (dual clip)
-    ratio = torch.exp((logp - old_logp).clamp(-20.0, 20.0))
-    ppo_kl = masked_mean(old_logp - logp, mask)
+    diff = (logp - old_logp).clamp(-20.0, 20.0)
+    ratio = diff.exp()
+    ppo_kl = masked_mean(-diff, mask)
     l1 = -adv * ratio
     l2 = -adv * ratio.clamp(1 - clip_low, 1 + clip_high)
     clipped = torch.maximum(l1, l2)

@@ -121,7 +121,8 @@ def test_value_loss_clipped():
         ("token-mean", 2.0),  # (1+2+3)/3
         ("seq-mean-token-sum", 3.0),  # (3+3)/2
         ("seq-mean-token-mean", 2.25),  # (1.5+3)/2
-        ("seq-mean-token-sum-norm", 2.0),  # (3+3)/3: summed over rows, as verl's legacy actor
+        ("seq-mean-token-sum-norm", 1.0),  # (3+3)/2 rows/3 columns: a sequence mean over the horizon, as verl 0.9
+        ("token-sum", 6.0),  # 1+2+3
     ],
 )
 def test_agg_modes(mode, value):

@@ -1,5 +1,5 @@
 """verl's engine workers' loss aggregation (trainer.use_legacy_worker_impl=disable; core_algos.global_agg_loss):
-against values worked by hand, against verl's own agg_loss with global_batch_info (verl_agg_loss_golden.json,
+against values worked by hand, against verl 0.9.1's own agg_loss with global_batch_info (verl_agg_loss_golden.json,
 written by verl_agg_loss_golden.py), and the property that defines it: a mini batch's loss does not depend on how
 its rows are cut into micro batches."""
 
@@ -27,8 +27,10 @@ BY_HAND = [
     ("seq-mean-token-sum", 1, 1 / 3, 8 / 3),
     # seq-mean-token-mean: row means 1 | 2, 4 over 3 sequences
     ("seq-mean-token-mean", 1, 1 / 3, 6 / 3),
-    # seq-mean-token-sum-norm: sum / T (T = 2 columns), neither D nor the batch
-    ("seq-mean-token-sum-norm", 2, 1 / 2, 8 / 2),
+    # seq-mean-token-sum-norm: seq-mean-token-sum over T = 2 columns; D = 2, 6 sequences over both ranks
+    ("seq-mean-token-sum-norm", 2, 1 / 6 * 2 / 2, 8 / 6 * 2 / 2),
+    # token-sum: each rank's sum x D, which the gradient all-reduce's average turns into the sum over the ranks
+    ("token-sum", 2, 1 * 2, 8 * 2),
 ]
 
 
@@ -37,8 +39,9 @@ def test_by_hand(mode, dp_size, expect_a, expect_b):
     g = GlobalBatch(dp_size, tokens=4 * dp_size, seqs=3 * dp_size)
     assert global_agg_loss(T(LOSS_A), T(MASK_A), mode, g).item() == pytest.approx(expect_a)
     assert global_agg_loss(T(LOSS_B), T(MASK_B), mode, g).item() == pytest.approx(expect_b)
-    # agg_loss takes the same through an Agg, and GSPO's and SAPO's own mode keeps the global batch
+    # agg_loss takes the same through an Agg
     assert agg_loss(T(LOSS_A), T(MASK_A), Agg(mode, g)).item() == pytest.approx(expect_a)
+    # SAPO's own mode keeps the global batch
     assert with_mode(Agg("token-mean", g), mode) == Agg(mode, g) and with_mode("token-mean", mode) == mode
 
 
@@ -66,6 +69,8 @@ def test_matches_verls_agg_loss_with_global_batch_info(case):
         # verl divides the seq-mean modes by every sequence of the mini batch, rows without tokens too
         ("seq-mean-token-sum", lambda loss, mask: (loss * mask).sum(-1)),
         ("seq-mean-token-mean", lambda loss, mask: (loss * mask).sum(-1) / mask.sum(-1).clamp_min(1)),
+        ("seq-mean-token-sum-norm", lambda loss, mask: (loss * mask).sum(-1) / loss.shape[-1]),
+        ("token-sum", lambda loss, mask: (loss * mask).sum(-1) * 12),
     ],
 )
 def test_the_micro_batches_add_up_to_the_mini_batchs_loss(mode, per_row):

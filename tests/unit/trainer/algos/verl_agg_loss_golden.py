@@ -1,14 +1,13 @@
-"""Writes verl_agg_loss_golden.json beside it: verl's agg_loss as its engine workers call it
-(trainer.use_legacy_worker_impl=disable, losses.ppo_loss passing global_batch_info), on seeded random micro batches,
-which test_global_agg_loss.py compares rlrig's global_agg_loss with (the test needs neither verl nor its source).
+"""Writes verl_agg_loss_golden.json beside it: verl's agg_loss as its engine workers call it (losses.ppo_loss
+passing global_batch_info; verl 0.9 has no other workers), on seeded random micro batches, which
+test_global_agg_loss.py compares rlrig's global_agg_loss with (the test needs neither verl nor its source).
 
-verl commit b178a3cd56f58b2d502255daba591e92833930a7. verl is not installed here, so the script reads its source from
-git and runs it by hand: run, at a new pin after updating VERL_COMMIT (verl_source.py),
+verl 0.9.1 (VERL_RELEASE in verl_source.py). verl is not installed here, so the script reads its source from the
+release's wheel, unpacked (verl_source.py says how), and runs it by hand:
 
-    .venv/bin/python tests/unit/trainer/algos/verl_agg_loss_golden.py /path/to/verl
+    .venv/bin/python tests/unit/trainer/algos/verl_agg_loss_golden.py /tmp/verlwheel
 
-(a bare git directory or a checkout). It executes, cut out by name with ast, core_algos.py's agg_loss and
-torch_functional.py's masked_sum and masked_mean.
+It executes, cut out by name with ast, core_algos.py's agg_loss and torch_functional.py's masked_sum and masked_mean.
 
 Cases, in float64: a mini batch of 8 rows x 10 columns on each of dp_size ranks, cut into micro batches of 2, 3 and 3
 rows; some rows without tokens, some masks with holes; every aggregation mode; dp_size 1 and 2. Each case holds one
@@ -20,25 +19,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # run as a script: its neighbour
-from verl_source import cut, git_show, write_fixture  # noqa: E402
+from verl_source import load_core_algos, write_fixture  # noqa: E402
 
 OUT = Path(__file__).with_name("verl_agg_loss_golden.json")
 ROWS, COLS, MICRO = 8, 10, [slice(0, 2), slice(2, 5), slice(5, 8)]
-MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-
-
-def load_agg_loss(repo: str):
-    verl_f = type(sys)("verl_F")
-    verl_f.torch = torch
-    exec(cut(git_show(repo, "verl/utils/torch_functional.py"), {"masked_sum", "masked_mean"}), verl_f.__dict__)
-    ns: dict = {"torch": torch, "verl_F": verl_f, "Optional": Optional}
-    exec(cut(git_show(repo, "verl/trainer/ppo/core_algos.py"), {"agg_loss"}), ns)
-    return ns["agg_loss"]
+MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def rank_batch(g: torch.Generator, holes: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,8 +40,8 @@ def rank_batch(g: torch.Generator, holes: bool) -> tuple[torch.Tensor, torch.Ten
     return loss, mask
 
 
-def main(repo: str) -> None:
-    agg_loss = load_agg_loss(repo)
+def main(wheel: str) -> None:
+    agg_loss = load_core_algos(wheel, {"agg_loss"})["agg_loss"]
     cases = []
     for i, (mode, dp_size, holes) in enumerate((m, d, h) for m in MODES for d in (1, 2) for h in (False, True)):
         g = torch.Generator().manual_seed(400 + i)
@@ -66,7 +55,7 @@ def main(repo: str) -> None:
             {"mode": mode, "dp_size": dp_size, "tokens": tokens, "seqs": seqs, "loss": loss.tolist()}
             | {"mask": mask.tolist(), "micro": [[sl.start, sl.stop] for sl in MICRO], "verl": micro}
         )
-    write_fixture(OUT, {"agg_loss": cases})
+    write_fixture(OUT, {"agg_loss": cases}, release=True)
 
 
 if __name__ == "__main__":
