@@ -21,4 +21,5 @@ def cispo_loss(old_logp, logp, adv, mask, clip_low, clip_high, agg, is_weights=N
 def cispo(old_logp, logp, adv, mask, actor_cfg, agg: str, is_weights=None):
     """`cispo`: actor.clip_ratio_low and _high bound the weight."""
     loss, clipfrac, ppo_kl = cispo_loss(old_logp, logp, adv, mask, *clip_range(actor_cfg), agg, is_weights)
-    return loss, {"actor/pg_clipfrac": clipfrac, "actor/ppo_kl": ppo_kl}
+    # verl reports a lower clip fraction of 0 for CISPO (no dual clip)
+    return loss, {"actor/pg_clipfrac": clipfrac, "actor/ppo_kl": ppo_kl, "actor/pg_clipfrac_lower": 0.0}

@@ -24,4 +24,5 @@ def sapo_loss(
 def sapo(old_logp, logp, adv, mask, actor_cfg, agg: str | Agg, is_weights=None):
     """`sapo`: actor.tau_pos and tau_neg; loss_agg_mode's mode is replaced by seq-mean-token-mean."""
     loss, ppo_kl = sapo_loss(old_logp, logp, adv, mask, actor_cfg.tau_pos, actor_cfg.tau_neg, is_weights, agg)
-    return loss, {"actor/ppo_kl": ppo_kl}
+    # verl reports both clip fractions as 0 for SAPO (a gate, no clip)
+    return loss, {"actor/ppo_kl": ppo_kl, "actor/pg_clipfrac": 0.0, "actor/pg_clipfrac_lower": 0.0}
