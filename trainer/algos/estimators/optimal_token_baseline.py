@@ -10,7 +10,7 @@ reasoning: responses whose mask has holes), where responses of different lengths
     A_t = (G_t - B_t) m_t
 
 zero_tail: where one sample of a group is longer than all others, its baseline past the second-longest length is
-0 (there, B_t would be its own G_t: a zero advantage). verl reads no key for it: off for OTB, on for TIR.
+0 (there, B_t would be its own G_t: a zero advantage). verl reads no key for it: on for OTB and TIR alike.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def group_baselines(returns, path_w, mask, ids: list, zero_tail: bool) -> torch.
     return baselines
 
 
-def otb_advantages(rewards, mask, index, old_logp, sum_pi_squared, is_weights=None, zero_tail=False):
+def otb_advantages(rewards, mask, index, old_logp, sum_pi_squared, is_weights=None, zero_tail=True):
     """(advantages, returns), both [B, R]."""
     returns = (rewards * mask).flip(-1).cumsum(-1).flip(-1)
     path_w = path_variance(old_logp, sum_pi_squared, mask, is_weights)

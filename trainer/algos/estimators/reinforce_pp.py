@@ -10,14 +10,17 @@ from .registry import AdvantageInput, register
 
 def reinforce_pp_advantages(token_rewards, mask, gamma: float, allreduce: AllReduce = local):
     """(advantages, returns), both [B, R]."""
-    # G_t = r_t + gamma * G_{t+1} ; A = whiten(G) over the whole batch (every worker's shard)
+    # G_t = r_t + gamma * G_{t+1} over the tokens the model wrote (m_t = 1); a token it did not write (an
+    # observation, padding) has G_t = 0 and passes G_{t+1} through unchanged ; A = whiten(G) over the whole batch
+    # (every worker's shard)
     T = token_rewards.shape[1]
     ret = torch.zeros_like(token_rewards)
     running = torch.zeros_like(token_rewards[:, 0])
     for t in reversed(range(T)):
-        running = token_rewards[:, t] + gamma * running
-        ret[:, t] = running
-        running = running * mask[:, t]
+        m = mask[:, t]
+        new = token_rewards[:, t] + gamma * running
+        ret[:, t] = new * m
+        running = new * m + running * (1 - m)
     return masked_whiten(ret, mask, allreduce) * mask, ret
 
 

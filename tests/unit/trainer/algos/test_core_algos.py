@@ -76,6 +76,12 @@ def test_reinforce_pp_returns():
     close(ret, [[0.5, 1.0]])
 
 
+def test_reinforce_pp_returns_pass_over_tokens_the_model_did_not_write():
+    # gamma 0.5, rewards [0, 0, 1], token 1 an observation: G_2 = 1 ; G_1 = 0, carrying 1 ; G_0 = 0 + 0.5 * 1
+    _, ret = reinforce_pp_advantages(T([[0.0, 0.0, 1.0]]), T([[1.0, 0.0, 1.0]]), 0.5)
+    close(ret, [[0.5, 0.0, 1.0]])
+
+
 @pytest.mark.parametrize(
     "kind,value",
     [

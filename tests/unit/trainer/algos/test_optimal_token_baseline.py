@@ -73,7 +73,7 @@ def test_advantages_match_verls(case):
     torch.testing.assert_close(ret, T(case["returns"]), atol=1e-10, rtol=1e-10)
 
 
-@pytest.mark.parametrize("name,zero_tail", [("optimal_token_baseline", False), ("tir_optimal_token_baseline", True)])
+@pytest.mark.parametrize("name,zero_tail", [("optimal_token_baseline", True), ("tir_optimal_token_baseline", True)])
 def test_registered_with_verls_zero_tail_and_the_old_pass_inputs(name, zero_tail):
     case = GOLDEN["cases"]["estimator"][3]  # IS weights, empty row, holes: tells the variants and settings apart
     is_w = T(case["is_weights"])

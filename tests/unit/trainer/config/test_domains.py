@@ -132,7 +132,7 @@ def test_presets_are_in_their_domains(monkeypatch):
 @pytest.mark.parametrize(
     "override,choices",
     [
-        ("actor_rollout_ref.actor.loss_agg_mode=mean", "token-mean, seq-mean-token-sum, seq-mean-token-mean"),
+        ("actor_rollout_ref.actor.loss_agg_mode=mean", "token-mean, token-sum, seq-mean-token-sum"),
         ("algorithm.adv_estimator=ppo", "gae, grpo"),
     ],
 )
