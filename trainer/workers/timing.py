@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -29,6 +30,16 @@ PHASES = (
     "rollout_gen",
     "sync_rollout_weights",
 )
+
+
+def device_sync(device) -> Callable[[], None]:
+    """What Phases waits for around a phase on `device` (a torch.device): its queued CUDA work; nothing on the CPU,
+    whose ops are done when they return."""
+    if device.type == "cuda":
+        import torch
+
+        return functools.partial(torch.cuda.synchronize, device)
+    return lambda: None
 
 
 class Phases:

@@ -33,7 +33,7 @@ from .step import sources
 from .step.context import OldLogProbs, Step, StepContext, batch_sum
 from .step.context import Sources as StepSources
 from .step.request import StepPlan, StepRequest
-from .timing import Phases
+from .timing import Phases, device_sync
 
 
 @dataclass
@@ -206,10 +206,6 @@ class TrainingWorker(RankWorker):
         with self._reported("sync_rollout_weights"):
             return self.weights.push()
 
-    def _sync_device(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
     def _reported(self, phase: str):
         return self.report.during(phase, self.global_step)
 
@@ -234,7 +230,9 @@ class TrainingWorker(RankWorker):
         self.global_step, self._kept = req.global_step, None
         if self.agent is not None:  # none where a rollout pool of its own generates
             self.agent.tracer.at(req.global_step)
-        phases = Phases(self._sync_device, self.profiler.phase, lambda name: self.report.enter(name, req.global_step))
+        phases = Phases(
+            device_sync(self.device), self.profiler.phase, lambda name: self.report.enter(name, req.global_step)
+        )
         plan = StepPlan.of(req, self.cfg.trainer.critic_warmup)
         try:
             done = step_phases.run(self.context, Step(req, plan, phases))

@@ -1,7 +1,9 @@
-"""What a worker tells the head's watchdog: each phase as it starts and idle when its call returns, an injected
-hang firing in its phase once, and nothing at all (no Ray started) in a worker that runs without Ray."""
+"""What a worker tells the head's watchdog: each phase as it starts and idle when its call returns, put into the
+store by a thread of its own (the latest note, never one twice), an injected hang firing in its phase once, and
+nothing at all (no Ray started) in a worker that runs without Ray."""
 
 import json
+import time
 
 import pytest
 
@@ -25,6 +27,7 @@ class Hung(Exception):
 @pytest.fixture
 def report(monkeypatch):
     def hang():
+        r.hung_in = r.entry  # what the publishing thread would put while the worker hangs
         raise Hung
 
     monkeypatch.setattr(phase_report, "hang_forever", hang)
@@ -37,9 +40,13 @@ def test_phases_are_told_as_they_start_and_idle_at_the_end(report):
     phases = Phases(enter=lambda name: report.enter(name, 7))
     with phases("gen"):
         pass
+    report.publish()
     with phases("update_actor"):
         pass
+    report.publish()
     report.leave()
+    report.publish()
+    report.publish()  # nothing new: no put
     # "entered" counts the phases begun, so the watchdog tells a call from the next in the same phase and step
     assert [e for _, e in report.kv.puts] == [
         {"phase": "gen", "step": 7, "entered": 1},
@@ -61,7 +68,34 @@ def test_an_armed_fault_hangs_in_its_phase_once(report, fault, fires_in):
         except Hung:
             fired.append(phase)
     assert fired == [fires_in]
-    assert len(report.kv.puts) == 7  # the firing phase too: the head is told it before the worker hangs in it
+    assert report.hung_in[0] == fires_in  # noted before the worker hangs in it, so the thread puts it
+
+
+def test_the_thread_puts_the_latest_note_without_the_step_waiting(report):
+    report.start_publishing(interval=0.01)
+    for phase in ("gen", "reward", "ref", "update_actor"):
+        report.enter(phase, 5)
+    report.leave()
+    deadline = time.monotonic() + 10
+    while report.published != ("", 0, 4) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    puts = [e for _, e in report.kv.puts]
+    assert puts[-1] == {"phase": "", "step": 0, "entered": 4}
+    assert len(puts) <= 5 and len({json.dumps(e) for e in puts}) == len(puts)  # later notes replace earlier ones
+
+
+def test_a_failed_put_is_raised_in_the_next_phase(report):
+    def refused(*_, **__):
+        raise ConnectionError("the store is gone")
+
+    report.kv._internal_kv_put = refused
+    report.start_publishing(interval=0.01)
+    report.enter("gen", 1)
+    deadline = time.monotonic() + 10
+    while report.failed is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(ConnectionError, match="the store is gone"):
+        report.enter("reward", 1)
 
 
 def test_without_ray_nothing_is_reported_and_no_ray_is_started():
