@@ -17,6 +17,7 @@ class Sampler:
     def __init__(self, n: int, batch: int, seed: int, shuffle: bool):
         self.n, self.batch, self.seed, self.shuffle = n, batch, seed, shuffle
         self.epoch, self.pos = 0, 0
+        self._drawing: tuple[int, list[int]] | None = None  # (epoch, its order): shuffled once an epoch, not a draw
 
     def order(self) -> list[int]:
         """This epoch's order of the n rows: shuffled from data.seed + the epoch, or as they are."""
@@ -29,7 +30,9 @@ class Sampler:
         """The next batch's row indices; an epoch's last rows that do not fill a batch are skipped (drop_last)."""
         if self.pos + self.batch > self.n:
             self.epoch, self.pos = self.epoch + 1, 0
-        out = self.order()[self.pos : self.pos + self.batch]
+        if self._drawing is None or self._drawing[0] != self.epoch:  # a new epoch, or a checkpoint's restored
+            self._drawing = (self.epoch, self.order())
+        out = self._drawing[1][self.pos : self.pos + self.batch]
         self.pos += self.batch
         return out
 

@@ -3,6 +3,7 @@ metrics.jsonl (plus TensorBoard, Weights & Biases and MLflow, as trainer.logger 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -96,7 +97,12 @@ def progress(step: int, total: int, m: dict, started: float, first_step: int) ->
     )
 
 
-def rss_gb() -> float:
+@functools.cache
+def _this_process():
     import psutil
 
-    return psutil.Process().memory_info().rss / 1024**3
+    return psutil.Process()
+
+
+def rss_gb() -> float:
+    return _this_process().memory_info().rss / 1024**3
