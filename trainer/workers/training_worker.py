@@ -145,7 +145,7 @@ class TrainingWorker(RankWorker):
             ref=sources.reference_source(cfg, m, peers.ref, self.device, ref_forward, self._micro_batches),
             values=values,
             critic_update=critic_update,
-            actor_update=sources.ActorUpdate(m.actor, cfg, self._mini_batches, total, actor_forward),
+            actor_update=sources.ActorUpdate.of(m.actor, cfg, self._mini_batches, total, actor_forward),
             sync_engine=self._sync_engine if self.engine is not None else None,
         )
         return StepContext(

@@ -165,6 +165,15 @@ class ActorUpdate:
     mini_batches: Callable[[StepBatch, int | None, str], MiniBatches]
     batch_sum: AllReduce
     forward: ForwardOptions  # the actor's log-prob pass
+    # verl's engine workers' normalisation (use_legacy_worker_impl=disable): the data-parallel ranks the mini batches'
+    # counts are summed over; None: the legacy workers', each micro batch weighed by its own rows
+    global_dp: int | None
+
+    @classmethod
+    def of(cls, actor: Trainable, cfg, mini_batches, batch_sum: AllReduce, forward: ForwardOptions) -> ActorUpdate:
+        sp = forward.sp
+        dp = dist.get_world_size() // (sp.size if sp is not None else 1) if engine_workers(cfg) else None
+        return cls(actor, cfg, mini_batches, batch_sum, forward, dp)
 
     def __call__(self, batch: StepBatch, global_step: int) -> tuple[dict, torch.Tensor | None]:
         cfg, a = self.cfg, self.cfg.actor_rollout_ref.actor
@@ -172,11 +181,7 @@ class ActorUpdate:
         lr_schedule.apply(self.actor.opt, out["actor/lr"])
         key = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
         mini = self.mini_batches(batch, a.ppo_micro_batch_size_per_gpu, key)
-        glob = None
-        if engine_workers(cfg):
-            sp = self.forward.sp
-            dp_size = dist.get_world_size() // (sp.size if sp is not None else 1)
-            glob = global_batches(batch.mask, mini, dp_size, self.batch_sum)
+        glob = None if self.global_dp is None else global_batches(batch.mask, mini, self.global_dp, self.batch_sum)
         stats, actor_logp = update_actor(self.actor, batch, cfg, mini, self.batch_sum, self.forward, glob)
         return {**out, **mean_stats(stats)}, actor_logp
 
