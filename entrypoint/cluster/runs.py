@@ -20,6 +20,8 @@ from pathlib import Path
 
 import psutil
 
+from ..console import table
+
 LOCK = ".lock"
 PHASES = ("starting", "waiting for nodes", "running", "stopping")
 
@@ -124,11 +126,6 @@ def visible_gpus(env: Mapping[str, str]) -> str:
     return "all"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
-
-
 def render(records: list[dict], directory: Path) -> str:
     """`rlrig status --runs`: one row per rlrig process on this host."""
     if not records:
@@ -150,4 +147,4 @@ def render(records: list[dict], directory: Path) -> str:
             ]
         )
     header = ["pid", "run", "rank", "phase", "gcs", "dashboard", "gpus", "started", "output"]
-    return "\n".join([f"{len(records)} rlrig run(s) on this host:", *_table(header, rows)])
+    return "\n".join([f"{len(records)} rlrig run(s) on this host:", *table(header, rows)])

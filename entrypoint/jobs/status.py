@@ -7,6 +7,7 @@ import json
 import time
 
 from ..cluster.coordination import HOST_LABEL, RANK_LABEL
+from ..console import table
 from .api import Job
 
 ENTRYPOINT_WIDTH = 70
@@ -66,11 +67,6 @@ def _when(ms: int | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) if ms else "-"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
-
-
 def render_boards(boards: list[dict]) -> list[str]:
     lines = []
     for b in boards:
@@ -79,7 +75,7 @@ def render_boards(boards: list[dict]) -> list[str]:
             f"training (Ray job {b['job']}): "
             + (f"not updated for {b['age_s']:.0f}s: its trainer is gone or stuck" if stale else "each rank's phase")
         )
-        lines += _table(
+        lines += table(
             ["rank", "node", "phase", "step", "seconds in it"],
             [
                 [r["label"], r["ip"], r["phase"], str(r["step"]), f"{r['seconds']:.1f}"]
@@ -94,7 +90,7 @@ def render_boards(boards: list[dict]) -> list[str]:
 def render(nodes: list[dict], jobs: list[dict], url: str, boards: list[dict] | None = None) -> str:
     alive = sum(n["alive"] for n in nodes)
     lines = [f"cluster {url}: {alive} node(s) alive"]
-    lines += _table(
+    lines += table(
         ["rank", "host", "ip", "gpus", "cpus", "alive"],
         [
             [
@@ -114,7 +110,7 @@ def render(nodes: list[dict], jobs: list[dict], url: str, boards: list[dict] | N
         def short(text: str) -> str:
             return text if len(text) <= ENTRYPOINT_WIDTH else text[: ENTRYPOINT_WIDTH - 3] + "..."
 
-        lines += _table(
+        lines += table(
             ["id", "status", "start", "entrypoint"],
             [[j["id"], j["status"], _when(j["start"]), short(j["entrypoint"])] for j in jobs],
         )
