@@ -35,7 +35,8 @@ class _TokenLogprobs(torch.autograd.Function):
         step = chunk_tokens(vocab)
         for s in range(0, n, step):
             z = logits[s : s + step].to(torch.float32, copy=True)  # a copy also of fp32 logits: changed in place
-            z.div_(temperature)
+            if temperature != 1.0:  # a pass over the chunk that changes nothing at 1.0
+                z.div_(temperature)
             lse[s : s + step] = torch.logsumexp(z, -1)
             logp[s : s + step] = z.gather(-1, targets[s : s + step, None]).squeeze(-1) - lse[s : s + step]
             if with_entropy:
@@ -55,9 +56,10 @@ class _TokenLogprobs(torch.autograd.Function):
         grad = torch.empty_like(logits)
         step = chunk_tokens(vocab)
         for s in range(0, n, step):
-            log_p = (
-                logits[s : s + step].to(torch.float32, copy=True).div_(ctx.temperature).sub_(lse[s : s + step, None])
-            )
+            log_p = logits[s : s + step].to(torch.float32, copy=True)
+            if ctx.temperature != 1.0:
+                log_p.div_(ctx.temperature)
+            log_p.sub_(lse[s : s + step, None])
             p = log_p.exp()
             if grad_ent is not None and ctx.with_entropy:  # dH/dz = -p (log p + H)
                 g = log_p.add_(ent[s : s + step, None]).mul_(p).mul_(-grad_ent[s : s + step, None])
@@ -67,7 +69,9 @@ class _TokenLogprobs(torch.autograd.Function):
                 gl = grad_logp[s : s + step, None]
                 g.addcmul_(p, gl, value=-1)
                 g.scatter_add_(-1, targets[s : s + step, None], gl)
-            grad[s : s + step] = g.div_(ctx.temperature).to(grad.dtype)
+            if ctx.temperature != 1.0:
+                g.div_(ctx.temperature)
+            grad[s : s + step] = g.to(grad.dtype)
         return grad, None, None, None
 
 
@@ -111,7 +115,9 @@ def token_sum_pi_squared(logits: torch.Tensor, temperature: float = 1.0) -> torc
     out = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
     step = chunk_tokens(flat.shape[1])
     for s in range(0, flat.shape[0], step):
-        z = flat[s : s + step].to(torch.float32, copy=True).div_(temperature)
+        z = flat[s : s + step].to(torch.float32, copy=True)
+        if temperature != 1.0:
+            z.div_(temperature)
         lse = torch.logsumexp(z, -1)
         out[s : s + step] = torch.exp(torch.logsumexp(z.mul_(2), -1) - 2 * lse)
     return out.view(logits.shape[:-1])
