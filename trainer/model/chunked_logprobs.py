@@ -25,6 +25,54 @@ def chunk_tokens(vocab: int) -> int:
     return max(1, CHUNK_ELEMENTS // vocab)
 
 
+def chunk_forward(
+    z: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One chunk's log p(y) [n], lse(z) [n] and entropy [n] (None unless with_entropy) from z, a fresh fp32 copy of
+    the chunk's logits [n, V] that this changes in place (so no second chunk-sized tensor is made)."""
+    if temperature != 1.0:  # a pass over the chunk that changes nothing at 1.0
+        z.div_(temperature)
+    lse = torch.logsumexp(z, -1)
+    logp = z.gather(-1, targets[:, None]).squeeze(-1) - lse
+    ent = None
+    if with_entropy:
+        z.sub_(lse[:, None])  # log p, in place: one chunk-sized tensor at a time
+        ent = -(z.exp() * z).sum(-1)
+    return logp, lse, ent
+
+
+def chunk_grad(
+    z: torch.Tensor,
+    targets: torch.Tensor,
+    lse: torch.Tensor,
+    ent: torch.Tensor | None,
+    grad_logp: torch.Tensor | None,
+    grad_ent: torch.Tensor | None,
+    temperature: float,
+) -> torch.Tensor:
+    """d loss / d logits [n, V] fp32 of one chunk, from z, a fresh fp32 copy of its logits that this changes in place,
+    the forward's lse and entropy (None: computed without), and the chunk's incoming gradients (None: none)."""
+    if temperature != 1.0:
+        z.div_(temperature)
+    log_p = z.sub_(lse[:, None])
+    p = log_p.exp()
+    if grad_ent is not None and ent is not None:  # dH/dz = -p (log p + H)
+        g = log_p.add_(ent[:, None]).mul_(p).mul_(-grad_ent[:, None])
+    else:
+        g = torch.zeros_like(p)
+    if grad_logp is not None:  # d log p(y)/dz = onehot(y) - p
+        gl = grad_logp[:, None]
+        g.addcmul_(p, gl, value=-1)
+        g.scatter_add_(-1, targets[:, None], gl)
+    if temperature != 1.0:
+        g.div_(temperature)
+    return g
+
+
+def chunk_slice(grad: torch.Tensor | None, s: int, step: int) -> torch.Tensor | None:
+    return None if grad is None else grad[s : s + step]
+
+
 class _TokenLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool, temperature: float):
@@ -35,13 +83,10 @@ class _TokenLogprobs(torch.autograd.Function):
         step = chunk_tokens(vocab)
         for s in range(0, n, step):
             z = logits[s : s + step].to(torch.float32, copy=True)  # a copy also of fp32 logits: changed in place
-            if temperature != 1.0:  # a pass over the chunk that changes nothing at 1.0
-                z.div_(temperature)
-            lse[s : s + step] = torch.logsumexp(z, -1)
-            logp[s : s + step] = z.gather(-1, targets[s : s + step, None]).squeeze(-1) - lse[s : s + step]
+            y = targets[s : s + step]
+            logp[s : s + step], lse[s : s + step], e = chunk_forward(z, y, temperature, with_entropy)
             if with_entropy:
-                z.sub_(lse[s : s + step, None])  # log p, in place: one chunk-sized tensor at a time
-                ent[s : s + step] = -(z.exp() * z).sum(-1)
+                ent[s : s + step] = e
         ctx.save_for_backward(logits, targets, lse, ent if with_entropy else lse)
         ctx.with_entropy, ctx.temperature = with_entropy, temperature
         ctx.set_materialize_grads(False)
@@ -56,21 +101,15 @@ class _TokenLogprobs(torch.autograd.Function):
         grad = torch.empty_like(logits)
         step = chunk_tokens(vocab)
         for s in range(0, n, step):
-            log_p = logits[s : s + step].to(torch.float32, copy=True)
-            if ctx.temperature != 1.0:
-                log_p.div_(ctx.temperature)
-            log_p.sub_(lse[s : s + step, None])
-            p = log_p.exp()
-            if grad_ent is not None and ctx.with_entropy:  # dH/dz = -p (log p + H)
-                g = log_p.add_(ent[s : s + step, None]).mul_(p).mul_(-grad_ent[s : s + step, None])
-            else:
-                g = torch.zeros_like(p)
-            if grad_logp is not None:  # d log p(y)/dz = onehot(y) - p
-                gl = grad_logp[s : s + step, None]
-                g.addcmul_(p, gl, value=-1)
-                g.scatter_add_(-1, targets[s : s + step, None], gl)
-            if ctx.temperature != 1.0:
-                g.div_(ctx.temperature)
+            g = chunk_grad(
+                logits[s : s + step].to(torch.float32, copy=True),
+                targets[s : s + step],
+                lse[s : s + step],
+                ent[s : s + step] if ctx.with_entropy else None,
+                chunk_slice(grad_logp, s, step),
+                chunk_slice(grad_ent, s, step),
+                ctx.temperature,
+            )
             grad[s : s + step] = g.to(grad.dtype)
         return grad, None, None, None
 
