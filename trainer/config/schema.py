@@ -199,6 +199,9 @@ class ActorConfig:
     tau_neg: float = 1.05
     loss_agg_mode: str = "token-mean"
     entropy_coeff: float = 0.0
+    # the update computes the entropy (actor/entropy) though entropy_coeff is 0, as verl 0.9's; otherwise the
+    # old-log-prob pass reports it, or the update's first forwards where they stand in for that pass
+    calculate_entropy: bool = False
     use_kl_loss: bool = False
     # verl's fully async config copies async_training.use_rollout_log_probs into it (None here: follows that key);
     # outside that mode verl's actor reads it only to skip its on-policy shortcut, which gives the same numbers

@@ -535,8 +535,6 @@ NO_EFFECT = {
         for p in (*_FSDP, "actor_rollout_ref.actor.", "actor_rollout_ref.ref.")
         for k in ("entropy_from_logits_with_chunking", "entropy_checkpointing")
     },
-    "actor_rollout_ref.actor.calculate_entropy": "rlrig computes the actor's entropy in every update "
-    "(actor/entropy), as verl does with calculate_entropy=True",
     **{
         k: "verl compiles its entropy function with it; rlrig computes the same entropy uncompiled"
         for k in (

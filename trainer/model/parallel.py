@@ -136,9 +136,14 @@ def full_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def grad_norm(module: torch.nn.Module, max_norm: float) -> float:
+def grad_norm_tensor(module: torch.nn.Module, max_norm: float) -> torch.Tensor:
+    """The gradients' total norm before clipping them to `max_norm`, on the device (reading it waits for the device)."""
     gn = torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm)
-    return float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
+    return gn.full_tensor() if hasattr(gn, "full_tensor") else gn
+
+
+def grad_norm(module: torch.nn.Module, max_norm: float) -> float:
+    return float(grad_norm_tensor(module, max_norm))
 
 
 def gather_state(

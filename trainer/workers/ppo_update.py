@@ -58,6 +58,12 @@ def global_batches(
     return [algos.GlobalBatch(dp_size, n, plan.rows * dp_size) for n in tokens]
 
 
+def entropy_in_update(a) -> bool:
+    """verl 0.9's update computes the entropy only for its loss or when asked (actor.calculate_entropy); otherwise the
+    old-log-prob pass reports it."""
+    return a.calculate_entropy or a.entropy_coeff != 0
+
+
 def update_actor(
     t: Trainable,
     batch: StepBatch,
@@ -70,23 +76,28 @@ def update_actor(
     """Returns the stats (lists per metric) and the log-probs before the first optimizer step: the batch's
     old_logp, or on-policy (old_logp None) those of the update's own first forwards. `allreduce` sums over the
     workers (bypass mode's batch-normalized weights). `forward`: the actor's log-prob pass (ForwardOptions.of), to
-    which the update adds the entropy. `glob`: each mini batch's global counts, under verl's engine workers'
-    normalisation."""
+    which the update adds the entropy where verl computes it. `glob`: each mini batch's global counts, under verl's
+    engine workers' normalisation.
+
+    Nothing in the loop waits for the device: every statistic stays a device tensor until the update ends, then all
+    of them come to the host in one copy (a `.item()` per statistic and micro batch stalled the GPU's queue)."""
     a, rc = cfg.actor_rollout_ref.actor, cfg.algorithm.rollout_correction
     loss_fn = bypass_loss(rc, allreduce) if rc.bypass_mode else policy_losses.get(a.policy_loss.loss_mode).fn
-    forward = dataclasses.replace(forward, with_entropy=True, entropy_grad=a.entropy_coeff != 0)
     old_logp, mask, adv, is_w = batch.old_logp, batch.mask, batch.advantages, batch.is_weights
-    stats: dict[str, list[float]] = {}
+    stats: dict[str, list] = {}
     # one epoch of one mini batch: verl's dp_actor takes the update's own log-probs as the old ones (dp_actor.py:591),
     # in bypass mode too, where they stand in for the engine's (so there the bypass loss's ratio is 1)
     own_old = old_logp is None or (rc.bypass_mode and a.ppo_epochs == 1 and len(plan.parts) == 1)
+    # the update's own forwards stand in for the old-log-prob pass, which reports the entropy: computed here then
+    with_entropy = entropy_in_update(a) or own_old
+    forward = dataclasses.replace(forward, with_entropy=with_entropy, entropy_grad=a.entropy_coeff != 0)
     first = torch.zeros_like(mask) if own_old else None
     with training(t):
         for _ in range(a.ppo_epochs):
             for i, micros in enumerate(plan.parts):
                 t.opt.zero_grad()
                 agg = algos.Agg(a.loss_agg_mode, glob[i]) if glob else a.loss_agg_mode
-                mini: dict[str, list[float]] = {}
+                mini: dict[str, list] = {}
                 for sl in micros:
                     m, ids, attention = mask[sl], batch.input_ids[sl], batch.attention_mask[sl]
                     with t.precision.autocast():
@@ -95,22 +106,31 @@ def update_actor(
                         first[sl] = logp.detach()
                     old = logp.detach() if own_old else old_logp[sl]
                     pg, extra = loss_fn(old, logp, adv[sl], m, a, agg, None if is_w is None else is_w[sl])
-                    entropy = algos.agg_loss(ent, m, agg)
-                    loss = pg - a.entropy_coeff * entropy
+                    loss = pg
+                    if with_entropy:
+                        entropy = algos.agg_loss(ent, m, agg)
+                        loss = loss - a.entropy_coeff * entropy if a.entropy_coeff != 0 else loss
+                        mini.setdefault("actor/entropy", []).append(entropy.detach())
                     if a.use_kl_loss:
-                        kl = algos.kl_penalty(logp, batch.ref_logp[sl], a.kl_loss_type)
-                        kl = algos.agg_loss(kl, m, agg)
+                        kl = algos.agg_loss(algos.kl_penalty(logp, batch.ref_logp[sl], a.kl_loss_type), m, agg)
                         loss = loss + a.kl_loss_coef * kl
-                        mini.setdefault("actor/kl_loss", []).append(kl.item())
+                        mini.setdefault("actor/kl_loss", []).append(kl.detach())
                     (loss if glob else loss * size(sl) / plan.rows).backward()
-                    for k, v in (("actor/pg_loss", pg), ("actor/entropy", entropy), *extra.items()):
-                        mini.setdefault(k, []).append(v.item() if torch.is_tensor(v) else v)  # bypass: floats too
+                    for k, v in (("actor/pg_loss", pg), *extra.items()):
+                        mini.setdefault(k, []).append(v.detach() if torch.is_tensor(v) else v)  # bypass: floats too
                 for k, vals in mini.items():
                     stats.setdefault(k, []).extend([sum(vals)] if glob and k in GLOBAL_SUMS else vals)
-                stats.setdefault("actor/grad_norm", []).append(parallel.grad_norm(t.module, a.optim.clip_grad))
+                stats.setdefault("actor/grad_norm", []).append(parallel.grad_norm_tensor(t.module, a.optim.clip_grad))
                 with offload.optimizer_on(t.opt, t.device, t.optimizer_offload):
                     t.opt.step()
-    return stats, (first if own_old else old_logp)
+    return to_host(stats), (first if own_old else old_logp)
+
+
+def to_host(stats: dict[str, list]) -> dict[str, list[float]]:
+    """The statistics' device tensors read in one copy (one wait for the device), floats kept as they are."""
+    tensors = [v for vals in stats.values() for v in vals if torch.is_tensor(v)]
+    read = iter(torch.stack([v.reshape(()).double() for v in tensors]).tolist() if tensors else [])
+    return {k: [next(read) if torch.is_tensor(v) else float(v) for v in vals] for k, vals in stats.items()}
 
 
 def update_critic(t: Trainable, batch: StepBatch, cfg, plan: MiniBatches, sp: SeqParallel | None = None):
@@ -120,7 +140,7 @@ def update_critic(t: Trainable, batch: StepBatch, cfg, plan: MiniBatches, sp: Se
     c = cfg.critic
     share = (lambda sl: 1.0) if engine_workers(cfg) else (lambda sl: size(sl) / plan.rows)
     mask, packed = batch.mask, c.model.use_remove_padding
-    stats: dict[str, list[float]] = {}
+    stats: dict[str, list] = {}
     with training(t):
         epochs = c.ppo_epochs if c.ppo_epochs is not None else cfg.actor_rollout_ref.actor.ppo_epochs
         for _ in range(epochs):
@@ -133,12 +153,12 @@ def update_critic(t: Trainable, batch: StepBatch, cfg, plan: MiniBatches, sp: Se
                         )
                     vf, vclip = algos.value_loss(v, batch.values[sl], batch.returns[sl], mask[sl], c.cliprange_value)
                     (vf * share(sl)).backward()
-                    stats.setdefault("critic/vf_loss", []).append(vf.item())
-                    stats.setdefault("critic/vf_clipfrac", []).append(vclip.item())
-                stats.setdefault("critic/grad_norm", []).append(parallel.grad_norm(t.module, c.optim.clip_grad))
+                    stats.setdefault("critic/vf_loss", []).append(vf.detach())
+                    stats.setdefault("critic/vf_clipfrac", []).append(vclip.detach())
+                stats.setdefault("critic/grad_norm", []).append(parallel.grad_norm_tensor(t.module, c.optim.clip_grad))
                 with offload.optimizer_on(t.opt, t.device, t.optimizer_offload):
                     t.opt.step()
-    return stats
+    return to_host(stats)
 
 
 def mean_stats(stats: dict[str, list[float]]) -> dict[str, float]:

@@ -28,6 +28,7 @@ from . import checkpoint_state, profiling
 from .actor_weights import ActorWeights
 from .base import RankWorker
 from .phase_report import PhaseReport
+from .ppo_update import entropy_in_update
 from .step import phases as step_phases
 from .step import sources
 from .step.context import OldLogProbs, Step, StepContext, batch_sum
@@ -127,7 +128,11 @@ class TrainingWorker(RankWorker):
             m.actor.precision,
             a.rollout.log_prob_micro_batch_size_per_gpu,
             "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
-            dataclasses.replace(actor_forward, with_sum_pi_squared=a.actor.calculate_sum_pi_squared),
+            dataclasses.replace(
+                actor_forward,
+                with_sum_pi_squared=a.actor.calculate_sum_pi_squared,
+                with_entropy=not entropy_in_update(a.actor),  # actor/entropy from this pass, as verl 0.9's
+            ),
             self._micro_batches,
         )
         ref_forward = ForwardOptions.of(cfg, self.sp["ref"])

@@ -124,10 +124,19 @@ def old_log_probs(ctx: StepContext, step: Step) -> Step:
     with step.phases("old_log_prob"):
         if ctx.old.proximal_at(plan):
             on_policy = ctx.old.on_policy(len(batch), plan)
-            return step.replace(batch=ctx.sources.proximal(batch, plan.local_step, on_policy))
+            return with_entropy(ctx, step, *ctx.sources.proximal(batch, plan.local_step, on_policy))
         if not ctx.old.on_policy(len(batch), plan):
-            return step.replace(batch=old_logprobs(ctx.sources.actor, batch))
+            return with_entropy(ctx, step, *old_logprobs(ctx.sources.actor, batch))
     return step
+
+
+def with_entropy(ctx: StepContext, step: Step, batch: StepBatch, entropy: torch.Tensor | None) -> Step:
+    """verl 0.9 reports actor/entropy from the old-log-prob pass (aggregated by actor.loss_agg_mode)."""
+    step = step.replace(batch=batch)
+    if entropy is None:
+        return step
+    agg = ctx.cfg.actor_rollout_ref.actor.loss_agg_mode
+    return step.report({"actor/entropy": algos.agg_loss(entropy, batch.mask, agg).item()})
 
 
 def reference_log_probs(ctx: StepContext, step: Step) -> Step:

@@ -32,7 +32,8 @@ from ..timing import Phases
 @dataclass(frozen=True)
 class LocalLogProbs:
     """No-grad log-probs [B, R] of a model held here, in the micro batches every rank agrees on (with
-    forward.with_sum_pi_squared: [B, 2, R], sum_v pi(v)^2 from the same logits second). `module`: the bare model
+    forward.with_entropy or with_sum_pi_squared: [B, k, R], the log-probs first, then the entropy, then
+    sum_v pi(v)^2, each from the same logits). `module`: the bare model
     (under DDP the wrapper's forward would broadcast buffers: a collective for a pass that needs none). `micro_batches`:
     the worker's (RankWorker._micro_batches) at `micro` rows each or the token budget under `budget_key`. `around`:
     what holds while the pass runs (the model back on the device from host memory, or a LoRA actor's adapters off)."""
@@ -49,8 +50,9 @@ class LocalLogProbs:
         def part(sl):
             with self.precision.autocast():
                 ids, mask = batch.input_ids[sl], batch.attention_mask[sl]
-                logp, _, spp = token_outputs(self.module, ids, mask, batch.prompt_len, self.forward)
-            return torch.stack((logp, spp), 1) if self.forward.with_sum_pi_squared else logp
+                logp, *more = token_outputs(self.module, ids, mask, batch.prompt_len, self.forward)
+            more = [x for x in more if x is not None]
+            return torch.stack((logp, *more), 1) if more else logp
 
         with self.around():
             return in_micro_batches(self.micro_batches(batch, self.micro, self.budget_key), part)
@@ -122,13 +124,17 @@ class RemoteCriticUpdate:
         return wait
 
 
-def old_logprobs(actor: LocalLogProbs, batch: StepBatch) -> StepBatch:
+def old_logprobs(actor: LocalLogProbs, batch: StepBatch) -> tuple[StepBatch, torch.Tensor | None]:
     """The batch with the actor's log-probs before the update (and, with calculate_sum_pi_squared, sum_v pi(v)^2
-    from the same logits, as verl's old-log-prob pass)."""
+    from the same logits, as verl's old-log-prob pass), and the entropy [B, R] where the pass computes it."""
+    f = actor.forward
     out = actor(batch)
-    if not actor.forward.with_sum_pi_squared:
-        return batch.replace(old_logp=out)
-    return batch.replace(old_logp=out[:, 0], sum_pi_squared=out[:, 1])
+    if not (f.with_entropy or f.with_sum_pi_squared):
+        return batch.replace(old_logp=out), None
+    cols = iter(out.unbind(1))
+    logp, ent = next(cols), next(cols) if f.with_entropy else None
+    more = {"sum_pi_squared": next(cols)} if f.with_sum_pi_squared else {}
+    return batch.replace(old_logp=logp, **more), ent
 
 
 class ProximalLogProbs:
@@ -140,11 +146,11 @@ class ProximalLogProbs:
         self.actor = actor
         self.version_start: list[torch.Tensor] = []  # the version's first weights, from its first update on
 
-    def __call__(self, batch: StepBatch, local_step: int, on_policy: bool) -> StepBatch:
+    def __call__(self, batch: StepBatch, local_step: int, on_policy: bool) -> tuple[StepBatch, torch.Tensor | None]:
         params = [p.data.to_local() if hasattr(p.data, "to_local") else p.data for p in self.actor.module.parameters()]
         if local_step == 1:
             self.version_start = [p.to("cpu", copy=True) for p in params]
-            return batch if on_policy else old_logprobs(self.actor, batch)
+            return (batch, None) if on_policy else old_logprobs(self.actor, batch)
         now = [p.to("cpu", copy=True) for p in params]
         for p, kept in zip(params, self.version_start):
             p.copy_(kept)
