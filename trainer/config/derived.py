@@ -47,8 +47,24 @@ def model_load_dtype(cfg: Config) -> None:
         fc.model_dtype = dtype
 
 
+def actor_fused_kernels(cfg: Config) -> None:
+    """actor.use_fused_kernels is verl's ${oc.select:actor_rollout_ref.model.use_fused_kernels,false}, which none of
+    its workers read (its engines read the model's): unset, it takes the model's; another value is refused rather
+    than ignored."""
+    a = cfg.actor_rollout_ref
+    if a.actor.use_fused_kernels is None:
+        a.actor.use_fused_kernels = a.model.use_fused_kernels
+    elif a.actor.use_fused_kernels != a.model.use_fused_kernels:
+        raise ConfigError(
+            f"actor_rollout_ref.actor.use_fused_kernels={a.actor.use_fused_kernels} with "
+            f"actor_rollout_ref.model.use_fused_kernels={a.model.use_fused_kernels}: verl's workers read only the "
+            "model's key; set actor_rollout_ref.model.use_fused_kernels (and drop the actor's)"
+        )
+
+
 def derive(cfg: Config) -> None:
     model_load_dtype(cfg)
+    actor_fused_kernels(cfg)
     if cfg.data.tool_config_path is None:  # verl: ${oc.select:actor_rollout_ref.rollout.multi_turn.tool_config_path}
         cfg.data.tool_config_path = cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path
     for section, key, per_gpu, pool in GLOBAL_MICRO_BATCHES:

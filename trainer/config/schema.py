@@ -93,6 +93,15 @@ class ModelConfig:
     external_lib: str | None = None  # a module imported first (it registers a model class with transformers)
 
 
+# fused_kernel_options.impl_backend: torch (model/fused_logprobs.py); verl's triton and liger kernels are refused
+FUSED_BACKENDS = ("torch", "triton", "liger")
+
+
+@dataclass
+class FusedKernelOptions:
+    impl_backend: str = "torch"
+
+
 @dataclass
 class ActorModelConfig(ModelConfig):
     # LoRA (model/lora.py): a rank above 0, or an adapter to go on training, makes the actor train adapters only
@@ -104,6 +113,10 @@ class ActorModelConfig(ModelConfig):
     # the dtype the actor's and reference's weights load in, where their fsdp_config.model_dtype is unset (a key of
     # verl's example scripts rather than of its config: config/derived.py)
     torch_dtype: str | None = None
+    # the actor's and reference's output head computes the log-probs and entropy of the response tokens from its
+    # input and weight a chunk of tokens at a time, never the logits (model/fused_logprobs.py), as verl's
+    use_fused_kernels: bool = False
+    fused_kernel_options: FusedKernelOptions = field(default_factory=FusedKernelOptions)
 
     @property
     def uses_lora(self) -> bool:
@@ -211,6 +224,9 @@ class ActorConfig:
     # the old-log-prob pass also computes sum_v pi(v)^2 at each response token (algorithm.adv_estimator=
     # optimal_token_baseline needs it; with any estimator it adds the variance_proxy/* metrics), as verl's
     calculate_sum_pi_squared: bool = False
+    # verl's ${oc.select:actor_rollout_ref.model.use_fused_kernels,false}, which its workers never read (None here:
+    # follows the model's key; another value is refused: config/derived.py)
+    use_fused_kernels: bool | None = None
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     strategy: str = "fsdp"  # fsdp (verl's default; fsdp2 the same) | ddp

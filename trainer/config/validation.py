@@ -19,6 +19,7 @@ from ..rollout.engines import NAMES as ENGINE_NAMES
 from .domains import DOMAINS, value_at
 from .schema import (
     CHECKPOINT_CONTENTS,
+    FUSED_BACKENDS,
     SANITY_CHECK_MODES,
     WATCHDOG_MARGIN_S,
     Config,
@@ -61,6 +62,7 @@ def validate(cfg: Config) -> None:
         _batch_sizes,
         _rollout,
         _actor,
+        _fused_kernels,
         _algorithm,
         validate_reward_model,
         validate_lora,
@@ -399,6 +401,34 @@ def _actor(cfg: Config) -> None:
         raise ConfigError(
             "actor_rollout_ref.actor.calculate_sum_pi_squared=True is not computed with use_prefix_grouper=True (verl "
             "asserts the same); set actor_rollout_ref.actor.use_prefix_grouper=False"
+        )
+
+
+def _fused_kernels(cfg: Config) -> None:
+    """model.use_fused_kernels (model/fused_logprobs.py): the torch backend, and the passes that need no logits."""
+    a, key = cfg.actor_rollout_ref, "actor_rollout_ref.model.use_fused_kernels=True"
+    if not a.model.use_fused_kernels:
+        return
+    backend = a.model.fused_kernel_options.impl_backend
+    if backend not in FUSED_BACKENDS:
+        raise ConfigError(
+            f"actor_rollout_ref.model.fused_kernel_options.impl_backend={backend!r}: choose one of "
+            f"{', '.join(FUSED_BACKENDS)} (rlrig implements torch)"
+        )
+    if backend != "torch":
+        raise ConfigError(
+            f"actor_rollout_ref.model.fused_kernel_options.impl_backend={backend}: verl's {backend} kernel for the "
+            "fused head is not in rlrig; use impl_backend=torch (the same numbers, a chunk of tokens at a time)"
+        )
+    if a.actor.calculate_sum_pi_squared:
+        raise ConfigError(
+            f"actor_rollout_ref.actor.calculate_sum_pi_squared=True is not supported with {key}: fused kernels do "
+            "not materialize the full logits needed for sum_pi_squared (verl refuses it too); set one of them False"
+        )
+    if a.actor.use_prefix_grouper:
+        raise ConfigError(
+            f"actor_rollout_ref.actor.use_prefix_grouper=True with {key} is not in rlrig (the shared prompts' "
+            "forward predicts for a prompt, not a sample); set one of them False"
         )
 
 

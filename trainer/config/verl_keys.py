@@ -524,10 +524,6 @@ NO_EFFECT = {
     "data.use_shm": "rlrig reads the data files from their path as they are",
     # actor_rollout_ref
     "actor_rollout_ref.model.use_shm": "rlrig loads the model from its path as it is",
-    "actor_rollout_ref.model.use_fused_kernels": "rlrig computes logits only at the response positions and log-probs "
-    "by logsumexp, with no separate kernel",
-    "actor_rollout_ref.model.fused_kernel_options": "see use_fused_kernels",
-    "actor_rollout_ref.model.fused_kernel_options.impl_backend": "see use_fused_kernels",
     **{
         f"{p}{k}": "rlrig computes log-probs and entropy a chunk of tokens at a time with a backward of its own, "
         "keeping no fp32 copy of the logits and no softmax (trainer/model/chunked_logprobs.py): the memory verl's "
@@ -543,7 +539,6 @@ NO_EFFECT = {
             *(f"{p}use_torch_compile" for p in _FSDP),
         )
     },
-    "actor_rollout_ref.actor.use_fused_kernels": "see actor_rollout_ref.model.use_fused_kernels",
     "actor_rollout_ref.actor.sum_pi_squared_checkpointing": "verl recomputes sum_pi_squared in the backward "
     "pass instead of keeping its activations, which saves memory only where a gradient flows through it (verl's "
     "update pass, which computes it unused); rlrig computes it only in the no-grad old-log-prob pass, a chunk of "

@@ -3,7 +3,9 @@ and the critic's values, each in micro batches, so that no pass holds the whole 
 
 Only the response positions' logits are computed (padded: `logits_to_keep`; packed: the language-model head
 applied at those positions alone), and log-probs and entropy come from them a chunk of tokens at a time
-(model/chunked_logprobs.py): with a 152k vocabulary the logits are the largest tensors of a step.
+(model/chunked_logprobs.py): with a 152k vocabulary the logits are the largest tensors of a step. With a fused head
+(actor_rollout_ref.model.use_fused_kernels) the logits are not even made: the head computes the log-probs and
+entropy of its input itself, a chunk of tokens at a time (model/fused_logprobs.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,12 @@ import torch
 
 from . import packing, prefix_grouper, ulysses
 from .chunked_logprobs import token_logprobs_and_entropy, token_sum_pi_squared
+from .fused_logprobs import fused_logprobs_and_entropy
+
+
+def output_head(model) -> torch.nn.Module:
+    """The causal LM's output head (under DDP, the wrapped model's)."""
+    return getattr(model, "module", model).get_output_embeddings()
 
 
 @contextmanager
@@ -24,7 +32,7 @@ def head_at(model, at: torch.Tensor):
     that order: the packed forward's logits [1, N, V] at the response positions alone, where the whole packed
     rows (prompts, tail padding) would reach the vocabulary otherwise. Whatever the model does after its head
     (logit soft-capping, scaling) acts on each position alone, so it is unchanged."""
-    head = getattr(model, "module", model).get_output_embeddings()  # under DDP, the wrapped model's
+    head = output_head(model)
     handle = head.register_forward_pre_hook(lambda _, args: (args[0].flatten(0, 1)[at][None], *args[1:]))
     try:
         yield
@@ -32,10 +40,102 @@ def head_at(model, at: torch.Tensor):
         handle.remove()
 
 
-def response_outputs(model, input_ids, attention_mask, prompt_len, remove_padding=False, causal_lm=True):
+# what transformers' causal LMs do to the head's output before returning it, by the config attribute (or the
+# model's own attribute) that turns it on: a fused head, which returns no logits, cannot follow them
+HEAD_TRANSFORMS = ("final_logit_softcapping", "logits_scaling", "logit_scale", "output_multiplier", "logit_softcap")
+
+
+def head_refusal(head: torch.nn.Module) -> str | None:
+    """Why the fused head cannot stand in for `head`, or None: it computes log-probs from a plain weight, with no bias
+    and no adapter around it (peft's layers are Linear's subclasses, so the class is matched exactly)."""
+    if type(head) is not torch.nn.Linear:
+        return f"the model's output head is a {type(head).__name__}, not a plain Linear layer"
+    if head.bias is not None:
+        return "the model's output head has a bias"
+    return None
+
+
+def fused_head_refusal(model) -> str | None:
+    """Why `model` (a causal LM, LoRA applied if any; weightless is enough) cannot have a fused head, in one line, or
+    None: its head is not a plain Linear, or its forward transforms what the head returns (HEAD_TRANSFORMS)."""
+    conf = model.config.get_text_config()
+    for name in HEAD_TRANSFORMS:
+        value = getattr(conf, name, None)
+        value = getattr(model, name, None) if value is None else value
+        if isinstance(value, (int, float)) and value not in (0, 1):
+            return f"{conf.model_type}'s {name}={value} transforms the head's logits, which a fused head never makes"
+    return head_refusal(model.get_output_embeddings())
+
+
+@dataclass(frozen=True)
+class FusedHead:
+    """What the output head computes in place of the logits (actor_rollout_ref.model.use_fused_kernels): the
+    log-probs of the known `targets` [...] (one per position its input holds, in order) and their entropy, of its
+    input and its own weight (model/fused_logprobs.py), as "logits" [..., 2] ([..., 1] without the entropy), fp32.
+    The model is still called through its wrapper (DDP's and FSDP's hooks see the same forward), and only the head's
+    forward changes for the call. `take` refuses a model whose forward changed what its head returned (soft-capping,
+    scaling), so a transformed head never gives wrong numbers quietly."""
+
+    temperature: float
+    with_entropy: bool
+    entropy_grad: bool
+
+    @contextmanager
+    def on(self, model, targets: torch.Tensor):
+        head = output_head(model)
+        why = head_refusal(head)
+        if why:
+            raise ValueError(f"actor_rollout_ref.model.use_fused_kernels=True: {why}; set it False")
+        made = []
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            logp, ent = fused_logprobs_and_entropy(
+                x, head.weight, targets.view(x.shape[:-1]), self.temperature, self.with_entropy, self.entropy_grad
+            )
+            made.append(torch.stack((logp, ent), -1) if ent is not None else logp[..., None])
+            return made[-1]
+
+        before = head.__dict__.get("forward")
+        head.forward = forward
+        try:
+            yield lambda out: self.take(out, made)
+        finally:
+            if before is None:
+                del head.forward
+            else:
+                head.forward = before
+
+    @staticmethod
+    def take(out: torch.Tensor, made: list) -> torch.Tensor:
+        if len(made) != 1 or out is not made[0]:
+            raise ValueError(
+                "actor_rollout_ref.model.use_fused_kernels=True: the model's forward changes what its output head "
+                "returns (logit soft-capping or scaling), which the fused head cannot compute; set it False"
+            )
+        return out
+
+    def split(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, None]:
+        """(log-probs, entropy or None, no sum_pi_squared) from the head's [..., 2 | 1] output."""
+        return out[..., 0], (out[..., 1] if self.with_entropy else None), None
+
+
+@contextmanager
+def _head(fused: FusedHead | None, model, targets: torch.Tensor):
+    """`fused` on the model for the call (yielding what reads its output), or the plain head (yielding the identity)."""
+    if fused is None:
+        yield lambda out: out
+    else:
+        with fused.on(model, targets) as take:
+            yield take
+
+
+def response_outputs(
+    model, input_ids, attention_mask, prompt_len, remove_padding=False, causal_lm=True, fused: FusedHead | None = None
+):
     """The model's outputs where each response token is predicted (the position before it), and those
     tokens: padded ([B, R, ...], [B, R], None), or packed (see model/packing.py) ([N, ...], [N], the [B, R]
-    slots they fill). Position ids respect left padding."""
+    slots they fill). Position ids respect left padding. `fused`: a causal LM's head computes that instead of
+    the logits."""
     if remove_padding:
         pk = packing.pack(input_ids, attention_mask, prompt_len)
         targets = pk.input_ids.flatten()[pk.at]
@@ -43,33 +143,36 @@ def response_outputs(model, input_ids, attention_mask, prompt_len, remove_paddin
             out = model(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False).logits
             return out.flatten(0, 1)[pk.at - 1], targets, pk.filled
         # the position before a response token is always in the same sequence
-        with head_at(model, pk.at - 1):
-            out = model(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False).logits
+        with head_at(model, pk.at - 1), _head(fused, model, targets) as take:
+            out = take(model(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False).logits)
         return out[0], targets, pk.filled
     resp = input_ids.shape[1] - prompt_len
     pos = (attention_mask.cumsum(-1) - 1).clamp_min(0)
+    targets = input_ids[:, prompt_len:]
     # the last token predicts nothing that is scored, so it is left out; a causal LM computes logits only for
     # the response positions: the prompt's are never needed
     keep = {"logits_to_keep": resp} if causal_lm else {}
-    out = model(
-        input_ids=input_ids[:, :-1],
-        attention_mask=attention_mask[:, :-1],
-        position_ids=pos[:, :-1],
-        use_cache=False,
-        **keep,
-    ).logits
-    return out[:, -resp:], input_ids[:, prompt_len:], None
+    with _head(fused if causal_lm else None, model, targets) as take:
+        out = model(
+            input_ids=input_ids[:, :-1],
+            attention_mask=attention_mask[:, :-1],
+            position_ids=pos[:, :-1],
+            use_cache=False,
+            **keep,
+        ).logits
+        out = take(out)
+    return out[:, -resp:], targets, None
 
 
-def group_outputs(model, pk: packing.Packed, sp: ulysses.SeqParallel, causal_lm: bool):
+def group_outputs(model, pk: packing.Packed, sp: ulysses.SeqParallel, causal_lm: bool, fused: FusedHead | None = None):
     """Sequence parallel (model/ulysses.py): this rank's outputs at the response positions in its columns, and which
-    of the N response tokens those are ([N] bool, in order)."""
+    of the N response tokens those are ([N] bool, in order). `fused`: as in response_outputs."""
     mine, local_at = ulysses.local_positions(pk.at - 1, pk.input_ids.shape[1], sp)
     ids, pos = ulysses.columns(pk.input_ids, sp), ulysses.columns(pk.position_ids, sp)
     with ulysses.attention_over_group(model, sp, pk.position_ids):
         if causal_lm:
-            with head_at(model, local_at):
-                return model(input_ids=ids, position_ids=pos, use_cache=False).logits[0], mine
+            with head_at(model, local_at), _head(fused, model, pk.input_ids.flatten()[pk.at][mine]) as take:
+                return take(model(input_ids=ids, position_ids=pos, use_cache=False).logits)[0], mine
         return model(input_ids=ids, position_ids=pos, use_cache=False).logits.flatten(0, 1)[local_at], mine
 
 
@@ -90,7 +193,9 @@ class ForwardOptions:
     same rows and gets the same result. temperature: the rollout's sampling temperature, which divides the logits
     (verl's actor and reference). with_entropy: the entropy too; with entropy_coeff 0 it is only a metric, and
     `entropy_grad=False` keeps it out of the backward pass. with_sum_pi_squared: sum_v pi(v)^2 too (the optimal
-    token baseline's)."""
+    token baseline's). fused_head: the output head computes the log-probs and entropy of its input itself, never
+    the logits (FusedHead; actor_rollout_ref.model.use_fused_kernels), which leaves no logits for sum_pi_squared or
+    for shared prompts."""
 
     remove_padding: bool = False
     share_prompts: bool = False
@@ -99,13 +204,15 @@ class ForwardOptions:
     with_entropy: bool = False
     entropy_grad: bool = True
     with_sum_pi_squared: bool = False
+    fused_head: bool = False
 
     @classmethod
     def of(cls, cfg, sp: ulysses.SeqParallel | None = None, **more) -> ForwardOptions:
         """The actor's and reference's passes as the config sets them (`more`: what a pass adds)."""
         a = cfg.actor_rollout_ref
-        shared = dict(remove_padding=a.model.use_remove_padding, share_prompts=a.actor.use_prefix_grouper)
-        return cls(**shared, sp=sp, temperature=a.rollout.temperature, **more)
+        m = a.model
+        shared = dict(remove_padding=m.use_remove_padding, share_prompts=a.actor.use_prefix_grouper)
+        return cls(**shared, sp=sp, temperature=a.rollout.temperature, fused_head=m.use_fused_kernels, **more)
 
 
 PLAIN = ForwardOptions()
@@ -121,14 +228,19 @@ def token_outputs(model, input_ids, attention_mask, prompt_len, opts: ForwardOpt
     and sum_v pi(v)^2 [B, R] (None unless opts.with_sum_pi_squared); `opts`: see ForwardOptions."""
     sp = opts.sp
     t = opts.temperature if opts.temperature > 0 else 1.0  # greedy sampling (0) has no distribution to divide towards
+    fused = FusedHead(t, opts.with_entropy, opts.entropy_grad) if opts.fused_head else None
+    if fused is not None and (opts.with_sum_pi_squared or opts.share_prompts):
+        raise ValueError("a fused head makes no logits: no sum_pi_squared, no shared prompts (use_prefix_grouper)")
 
     def from_logits(logits, targets):
+        if fused is not None:
+            return fused.split(logits)
         logp, ent = token_logprobs_and_entropy(logits, targets, opts.with_entropy, opts.entropy_grad, t)
         return logp, ent, token_sum_pi_squared(logits, t) if opts.with_sum_pi_squared else None
 
     if sp is not None:
         pk = packing.pack(input_ids, attention_mask, prompt_len, multiple=sp.size)
-        logits, mine = group_outputs(model, pk, sp, causal_lm=True)
+        logits, mine = group_outputs(model, pk, sp, causal_lm=True, fused=fused)
         outs = from_logits(logits, pk.input_ids.flatten()[pk.at][mine])
         return tuple(from_group(x, mine, pk.filled, sp) for x in outs)
     if opts.share_prompts:
@@ -139,7 +251,9 @@ def token_outputs(model, input_ids, attention_mask, prompt_len, opts: ForwardOpt
         ]
         logp = torch.cat([p[0] for p in pieces], 1)
         return logp, (torch.cat([p[1] for p in pieces], 1) if opts.with_entropy else None), None
-    logits, targets, filled = response_outputs(model, input_ids, attention_mask, prompt_len, opts.remove_padding)
+    logits, targets, filled = response_outputs(
+        model, input_ids, attention_mask, prompt_len, opts.remove_padding, fused=fused
+    )
     outs = from_logits(logits, targets)
     if filled is not None:
         outs = tuple(packing.unpack(x, filled) if x is not None else None for x in outs)

@@ -3,7 +3,7 @@ start_refusal as a Ray task on every node, so no worker is ever left without an 
 
 from __future__ import annotations
 
-from ..model import build, ulysses
+from ..model import build, forward, lora, ulysses
 from ..model.micro_batches import sequence_parallel
 from ..rollout.engines import engine_class
 
@@ -50,6 +50,25 @@ def sequence_parallel_refusal(cfg, model_path: str) -> str | None:
     return None
 
 
+def fused_head_check(cfg, model_path: str) -> str | None:
+    """model.use_fused_kernels: whether the actor's model (with its LoRA adapters, if any) can have its head fused,
+    asked of a weightless copy."""
+    a = cfg.actor_rollout_ref
+    if not a.model.use_fused_kernels:
+        return None
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(build.model_kwargs(a.model, model_path)["config"])
+    if a.model.uses_lora:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, lora.peft_config(a.model))
+    why = forward.fused_head_refusal(model)
+    return f"actor_rollout_ref.model.use_fused_kernels=True: {why}; set it False" if why else None
+
+
 def start_refusal(cfg_dict: dict, model_path: str, device: str) -> str | None:
     """Why a training worker could not start on this node (its rollout engine; its model's heads under sequence
     parallelism), in one line, or None. The driver runs it as a task on every node before it builds any worker, so
@@ -62,4 +81,4 @@ def start_refusal(cfg_dict: dict, model_path: str, device: str) -> str | None:
     why = moe_refusal(model_path, build.load_kwargs(a.model), cls) or cls.unavailable(device)
     if why:
         return f"actor_rollout_ref.rollout.name={a.rollout.name}: {why}"
-    return sequence_parallel_refusal(cfg, model_path)
+    return sequence_parallel_refusal(cfg, model_path) or fused_head_check(cfg, model_path)

@@ -46,7 +46,7 @@ PER_FOLDER = {  # folder under examples/ -> (scripts, in scope, accepted unchang
     "gspo_trainer": (5, 2, 2),
     "mtp_trainer": (1, 0, 0),
     "otb_trainer": (1, 1, 1),
-    "ppo_trainer": (24, 17, 16),
+    "ppo_trainer": (24, 17, 15),
     "prefix_grouper": (1, 1, 1),
     "reinforce_plus_plus_trainer": (2, 2, 2),
     "remax_trainer": (2, 2, 2),
@@ -111,7 +111,7 @@ def test_share_accepted_unchanged_per_folder():
     lines.append(f"{'whole tree':<28} {len(SCRIPTS):>7} {n_in:>8} {ok:>8}  ({ok / n_in:.0%} accepted unchanged)")
     print("\n" + "\n".join(lines))
     assert {k: tuple(v) for k, v in got.items()} == PER_FOLDER, "\n".join(lines)
-    assert (len(SCRIPTS), n_in, ok) == (139, 57, 56)
+    assert (len(SCRIPTS), n_in, ok) == (139, 57, 55)
 
 
 def test_print_config_of_a_verl_example_through_the_cli():
