@@ -428,3 +428,37 @@ def test_every_log_prob_pass_divides_by_the_rollout_temperature(monkeypatch):
     _one_step([*extra, "actor_rollout_ref.actor.ppo_epochs=2"])
     # old log-probs (2 epochs: not on-policy), the reference's, and each update micro batch
     assert len(seen) >= 3 and set(seen) == {0.5}
+
+
+@pytest.mark.parametrize(
+    "extra,in_update,in_old_pass",
+    [
+        # on-policy (one mini batch, one epoch): the update's first forwards stand in for the old pass
+        (["actor_rollout_ref.actor.ppo_mini_batch_size=32"], True, False),
+        # the embedded default's two mini batches: verl 0.9's old-log-prob pass computes the entropy, its update not
+        ([], False, True),
+        (["actor_rollout_ref.actor.calculate_entropy=True"], True, False),
+        (["actor_rollout_ref.actor.entropy_coeff=0.01"], True, False),
+    ],
+)
+def test_the_entropy_is_computed_where_verl_computes_it(monkeypatch, extra, in_update, in_old_pass):
+    from rlrig.trainer.model import forward
+    from rlrig.trainer.workers.step import sources
+
+    seen = []  # (with a gradient: the update's forwards; without: the no-grad passes), with_entropy
+    outputs = forward.token_outputs
+
+    def spy(model, ids, mask, prompt_len, opts):
+        seen.append((torch.is_grad_enabled(), opts.with_entropy, opts.entropy_grad))
+        return outputs(model, ids, mask, prompt_len, opts)
+
+    monkeypatch.setattr(forward, "token_outputs", spy)
+    monkeypatch.setattr(sources, "token_outputs", spy)
+    out, _, _ = _one_step(extra)
+    update = {e for g, e, _ in seen if g}
+    no_grad = {e for g, e, _ in seen if not g}
+    assert update == {in_update}
+    assert (True in no_grad) == in_old_pass  # the reference's pass never computes it
+    grads = {eg for g, e, eg in seen if g and e}
+    assert grads <= {"entropy_coeff=0.01" in " ".join(extra)}  # a gradient through the entropy only for its loss
+    assert math.isfinite(out["actor/entropy"]) and out["actor/entropy"] > 0
