@@ -49,7 +49,8 @@ def head_refusal(head: torch.nn.Module) -> str | None:
     """Why the fused head cannot stand in for `head`, or None: it computes log-probs from a plain weight, with no bias
     and no adapter around it (peft's layers are Linear's subclasses, so the class is matched exactly)."""
     if type(head) is not torch.nn.Linear:
-        return f"the model's output head is a {type(head).__name__}, not a plain Linear layer"
+        kind = type(head)
+        return f"the model's output head is {kind.__module__}.{kind.__qualname__}, not a plain torch.nn.Linear"
     if head.bias is not None:
         return "the model's output head has a bias"
     return None
