@@ -16,6 +16,9 @@ compares the distribution the engine sampled from): d/dlogits = d/dz / T.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 CHUNK_ELEMENTS = 2**25  # fp32 elements of one chunk's copy of the logits: 128 MiB
@@ -73,22 +76,69 @@ def chunk_slice(grad: torch.Tensor | None, s: int, step: int) -> torch.Tensor | 
     return None if grad is None else grad[s : s + step]
 
 
+def logits_forward(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """chunk_forward of one chunk of the logits as given (any float dtype, left unchanged)."""
+    return chunk_forward(logits.to(torch.float32, copy=True), targets, temperature, with_entropy)  # copy: fp32 too
+
+
+def logits_grad(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    lse: torch.Tensor,
+    ent: torch.Tensor | None,
+    grad_logp: torch.Tensor | None,
+    grad_ent: torch.Tensor | None,
+    temperature: float,
+) -> torch.Tensor:
+    """chunk_grad of one chunk of the logits as given, in their dtype."""
+    z = logits.to(torch.float32, copy=True)
+    return chunk_grad(z, targets, lse, ent, grad_logp, grad_ent, temperature).to(logits.dtype)
+
+
+@dataclass(frozen=True)
+class ChunkMath:
+    """The per-chunk math a log-prob pass runs, with the signatures of logits_forward and logits_grad: the chunk's
+    logits as given in, fp32 log-probs, lse and entropy out; its gradient out in the logits' dtype. EAGER runs those
+    two; model/compiled.py holds the same two through torch.compile (actor_rollout_ref.*.fsdp_config.
+    use_torch_compile), which may fuse the fp32 cast into the math. Every choice gives the same numbers up to
+    rounding."""
+
+    forward: Callable = logits_forward
+    grad: Callable = logits_grad
+
+
+EAGER = ChunkMath()
+_chosen = EAGER
+
+
+def use(math: ChunkMath) -> None:
+    """The math of this process's log-prob passes where a pass names none: set once, when the worker builds its
+    models (model/compiled.py decides which), so no pass decides again."""
+    global _chosen
+    _chosen = math
+
+
+def chosen() -> ChunkMath:
+    return _chosen
+
+
 class _TokenLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool, temperature: float):
+    def forward(ctx, logits, targets, with_entropy: bool, temperature: float, math: ChunkMath):
         n, vocab = logits.shape
         logp = torch.empty(n, dtype=torch.float32, device=logits.device)
         lse = torch.empty_like(logp)
         ent = torch.empty_like(logp) if with_entropy else None
         step = chunk_tokens(vocab)
         for s in range(0, n, step):
-            z = logits[s : s + step].to(torch.float32, copy=True)  # a copy also of fp32 logits: changed in place
             y = targets[s : s + step]
-            logp[s : s + step], lse[s : s + step], e = chunk_forward(z, y, temperature, with_entropy)
+            logp[s : s + step], lse[s : s + step], e = math.forward(logits[s : s + step], y, temperature, with_entropy)
             if with_entropy:
                 ent[s : s + step] = e
         ctx.save_for_backward(logits, targets, lse, ent if with_entropy else lse)
-        ctx.with_entropy, ctx.temperature = with_entropy, temperature
+        ctx.with_entropy, ctx.temperature, ctx.math = with_entropy, temperature, math
         ctx.set_materialize_grads(False)
         return (logp, ent) if with_entropy else (logp, lse.new_zeros(0))
 
@@ -96,13 +146,13 @@ class _TokenLogprobs(torch.autograd.Function):
     def backward(ctx, grad_logp, grad_ent):
         logits, targets, lse, ent = ctx.saved_tensors
         if grad_logp is None and grad_ent is None:
-            return None, None, None, None
+            return None, None, None, None, None
         n, vocab = logits.shape
         grad = torch.empty_like(logits)
         step = chunk_tokens(vocab)
         for s in range(0, n, step):
-            g = chunk_grad(
-                logits[s : s + step].to(torch.float32, copy=True),
+            grad[s : s + step] = ctx.math.grad(
+                logits[s : s + step],
                 targets[s : s + step],
                 lse[s : s + step],
                 ent[s : s + step] if ctx.with_entropy else None,
@@ -110,8 +160,7 @@ class _TokenLogprobs(torch.autograd.Function):
                 chunk_slice(grad_ent, s, step),
                 ctx.temperature,
             )
-            grad[s : s + step] = g.to(grad.dtype)
-        return grad, None, None, None
+        return grad, None, None, None, None
 
 
 def plain_logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,13 +178,14 @@ def token_logprobs_and_entropy(
     with_entropy: bool = False,
     entropy_grad: bool = True,
     temperature: float = 1.0,
+    math: ChunkMath | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """logits [..., V] (any float dtype), targets [...] -> log p(target) [...] and the entropy [...] (or None),
     both fp32, of softmax(logits / temperature). entropy_grad=False: the entropy is a metric only, with no
-    gradient."""
+    gradient. math: the per-chunk math (None: the process's, `chosen()`)."""
     shape = targets.shape
     flat_logits, flat_targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
-    logp, ent = _TokenLogprobs.apply(flat_logits, flat_targets, with_entropy, temperature)
+    logp, ent = _TokenLogprobs.apply(flat_logits, flat_targets, with_entropy, temperature, math or _chosen)
     if not with_entropy:
         return logp.view(shape), None
     if not entropy_grad:
