@@ -10,6 +10,9 @@
    gradients, as in the old-log-prob and reference passes. The peak here is what the pass adds to the
    process (its high-water mark minus the resident size with the logits already there).
    Target: at most 0.35x. Beside it, the same with a backward pass over 2048 tokens (the update's case).
+4. "head": the same 2048 tokens with their backward pass from the output head's input (bf16 hidden states of width
+   64 and the head's weight): the plain head's logits then rlrig's chunked pass, against the fused head
+   (model.use_fused_kernels, model/fused_logprobs.py), which never makes the logits. Reported.
 
 Each configuration runs in a fresh process (the worker as the Ray actor runs it, one rank, Gloo);
 the peak is the process's resident-set high-water mark over the step alone (reset through
@@ -101,30 +104,49 @@ LOGITS_RUNS = {  # name: (pass, tokens, with a backward pass)
     "log-prob + entropy, plain formulas": ("plain", 8192, False),
     "log-prob + entropy + backward": ("chunked", 2048, True),
     "log-prob + entropy + backward, plain formulas": ("plain", 2048, True),
+    "head + log-prob + entropy + backward": ("head", 2048, True),
+    "head + log-prob + entropy + backward, fused": ("fused", 2048, True),
 }
 TARGETS = [
     ("vocab 152k, micro batches of 8", "vocab 152k, whole batch", 0.6),
     ("12 layers, gradient checkpointing", "12 layers, no checkpointing", 0.7),
     ("log-prob + entropy", "log-prob + entropy, plain formulas", 0.35),
     ("log-prob + entropy + backward", "log-prob + entropy + backward, plain formulas", None),  # reported
+    ("head + log-prob + entropy + backward, fused", "head + log-prob + entropy + backward", None),
 ]
+
+
+def logits_pass(kind: str, tokens: int, backward: bool):
+    """The inputs (made here, before the measurement) and the pass over them, by kind."""
+    import torch
+
+    from rlrig.trainer.model.chunked_logprobs import plain_logprobs_and_entropy, token_logprobs_and_entropy
+    from rlrig.trainer.model.fused_logprobs import fused_logprobs_and_entropy
+
+    torch.manual_seed(0)
+    vocab = WIDE["vocab_size"]
+    targets = torch.randint(0, vocab, (tokens,))
+    if kind in ("head", "fused"):
+        hidden = torch.randn(tokens, WIDE["hidden_size"], dtype=torch.bfloat16).requires_grad_(backward)
+        weight = (torch.randn(vocab, WIDE["hidden_size"]) / 8).to(torch.bfloat16).requires_grad_(backward)
+        if kind == "fused":
+            return lambda: fused_logprobs_and_entropy(hidden, weight, targets, with_entropy=True)
+        return lambda: token_logprobs_and_entropy(hidden @ weight.T, targets, True)
+    logits = torch.randn(tokens, vocab, dtype=torch.bfloat16).requires_grad_(backward)
+    if kind == "plain":
+        return lambda: plain_logprobs_and_entropy(logits, targets)
+    return lambda: token_logprobs_and_entropy(logits, targets, True)
 
 
 def logits_child(kind: str, tokens: int, backward: bool) -> None:
     import torch
 
-    from rlrig.trainer.model.chunked_logprobs import plain_logprobs_and_entropy, token_logprobs_and_entropy
-
-    torch.manual_seed(0)
-    vocab = WIDE["vocab_size"]
-    logits = torch.randn(tokens, vocab, dtype=torch.bfloat16).requires_grad_(backward)
-    targets = torch.randint(0, vocab, (tokens,))
-    fn = plain_logprobs_and_entropy if kind == "plain" else lambda z, y: token_logprobs_and_entropy(z, y, True)
+    run = logits_pass(kind, tokens, backward)
     before = status_kb("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     with torch.set_grad_enabled(backward):
-        logp, ent = fn(logits, targets)
+        logp, ent = run()
         if backward:
             (logp.sum() + 0.01 * ent.sum()).backward()
     peak = status_kb("VmHWM")
