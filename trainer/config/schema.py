@@ -78,6 +78,9 @@ class FsdpConfig:
     # workers, each group a replica (HSDP, verl's create_device_mesh): all-gathers stay inside a node for k <= 8
     fsdp_size: int = -1
     mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
+    # the log-prob passes' per-chunk math through torch.compile, on CUDA (model/compiled.py); verl's engine compiles
+    # its entropy function with it. The critic computes no log-probs: its copy changes nothing, as in verl
+    use_torch_compile: bool = True
 
 
 @dataclass
@@ -91,6 +94,8 @@ class ModelConfig:
     trust_remote_code: bool = False
     override_config: dict = field(default_factory=dict)  # model config attributes set before the weights load
     external_lib: str | None = None  # a module imported first (it registers a model class with transformers)
+    # Liger's Triton kernels (RMSNorm, SwiGLU, rotary) in the loaded model, as verl (model/kernels.py); GPU only
+    use_liger: bool = False
 
 
 # fused_kernel_options.impl_backend: torch (model/fused_logprobs.py); verl's triton and liger kernels are refused
@@ -230,6 +235,8 @@ class ActorConfig:
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     strategy: str = "fsdp"  # fsdp (verl's default; fsdp2 the same) | ddp
+    # under FSDP on CUDA, each decoder block compiled before it is sharded, as torchtitan does (model/compiled.py)
+    use_torch_compile: bool = True
     fsdp_config: FsdpConfig = field(default_factory=FsdpConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     # ranks that split each packed sequence's columns, attention trading them for heads (model/ulysses.py); the
@@ -332,6 +339,7 @@ class RefConfig:
     n_gpus_per_node: int = 0
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     strategy: str | None = None  # None: the actor's (the reference is sharded as the actor is)
+    use_torch_compile: bool | None = None  # the reference's decoder blocks compiled (as the actor's); None: the actor's
     log_prob_micro_batch_size_per_gpu: int | None = None
     log_prob_micro_batch_size: int | None = None  # verl's deprecated global one (config/derived.py)
     log_prob_use_dynamic_bsz: bool | None = None  # None: actor.use_dynamic_bsz

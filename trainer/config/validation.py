@@ -11,6 +11,7 @@ from ..algos.core_algos import LOSS_AGG_MODES
 from ..algos.estimators import ESTIMATORS
 from ..algos.policy_losses import POLICY_LOSSES
 from ..errors import ConfigError
+from ..model import compiled, kernels
 from ..model.micro_batches import mini_batch_prompts, per_worker_mini_batch, sequence_parallel, token_budgets
 from ..profiler_settings import ROLE_KEYS, TOOL_RECORDS_CPU, TORCH_CONTENTS, role_profile
 from ..reward.managers import overlong
@@ -70,6 +71,7 @@ def validate(cfg: Config) -> None:
         _pools,
         _rollout_pool,
         validate_profiler,
+        _kernels,
     ):
         section(cfg)
 
@@ -693,3 +695,22 @@ def profiler_device_refusal(cfg: Config) -> str | None:
         f"global_profiler.tool={tool} records CUDA work and this run is on CPU (trainer.device="
         f"{cfg.trainer.device}); global_profiler.tool=torch records CPU runs"
     )
+
+
+def _kernels(cfg: Config) -> None:
+    """Liger's kernels and the compiled log-prob math (model/kernels.py, model/compiled.py)."""
+    why = compiled.math_refusal(cfg) or kernel_device_refusal(cfg)
+    if why:
+        raise ConfigError(why)
+
+
+def kernel_device_refusal(cfg: Config) -> str | None:
+    """A model section's use_liger on a CPU run (Liger's kernels are Triton's): trainer.device=cpu, or auto once the
+    driver resolved it."""
+    models = {"actor_rollout_ref.model": cfg.actor_rollout_ref.model}
+    if cfg.critic_in_use:
+        models["critic.model"] = cfg.critic.model
+    for prefix, model in models.items():
+        if model.use_liger and cfg.trainer.device == "cpu":
+            return kernels.liger_device_refusal(f"{prefix}.use_liger", "cpu")
+    return None

@@ -256,7 +256,6 @@ _AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
         "rlrig renders prompts with the tokenizer's own chat template (data.apply_chat_template_kwargs reach it)",
         {"actor_rollout_ref.model.custom_chat_template": "null"},
     ),
-    ("Liger kernels are not in rlrig", {"actor_rollout_ref.model.use_liger": "False"}),
     (
         "tiled MLP is not in rlrig",
         {
@@ -530,14 +529,6 @@ NO_EFFECT = {
         "entropy checkpointing and chunking save, with the same values"
         for p in (*_FSDP, "actor_rollout_ref.actor.", "actor_rollout_ref.ref.")
         for k in ("entropy_from_logits_with_chunking", "entropy_checkpointing")
-    },
-    **{
-        k: "verl compiles its entropy function with it; rlrig computes the same entropy uncompiled"
-        for k in (
-            "actor_rollout_ref.actor.use_torch_compile",
-            "actor_rollout_ref.ref.use_torch_compile",
-            *(f"{p}use_torch_compile" for p in _FSDP),
-        )
     },
     "actor_rollout_ref.actor.sum_pi_squared_checkpointing": "verl recomputes sum_pi_squared in the backward "
     "pass instead of keeping its activations, which saves memory only where a gradient flows through it (verl's "

@@ -8,10 +8,10 @@ import os
 from pathlib import Path
 
 from .. import mlflow_store
-from ..config.validation import micro_batch_refusal, profiler_device_refusal
+from ..config.validation import kernel_device_refusal, micro_batch_refusal, profiler_device_refusal
 from ..data.custom_sampler import make_sampler
 from ..errors import ConfigError
-from ..model import lora
+from ..model import compiled, lora
 from . import checkpoint, curriculum, faults, preemption
 from .launch import uses_gpu
 from .modes import Mode
@@ -119,9 +119,13 @@ def resolved(cfg, updates: int):
     """The config with the workers' runtime (the learning-rate schedules count updates; trainer.device=auto chose
     GPUs or CPUs), and the checks that needed that choice."""
     cfg = with_runtime(cfg, updates, "cuda" if uses_gpu(cfg) else "cpu")
-    why = micro_batch_refusal(cfg) if cfg.trainer.device == "cuda" else profiler_device_refusal(cfg)
+    on_gpu = cfg.trainer.device == "cuda"
+    why = micro_batch_refusal(cfg) if on_gpu else profiler_device_refusal(cfg) or kernel_device_refusal(cfg)
     if why:
         raise ConfigError(why)
+    notice = compiled.start_notice(cfg)
+    if notice:
+        say(notice)
     return cfg
 
 

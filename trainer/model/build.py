@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import activation_offload, lora, parallel, ulysses
+from . import activation_offload, compiled, kernels, lora, parallel, ulysses
 from .precision import Precision, cast_buffers, resolve
 
 
@@ -159,6 +159,8 @@ def build(
     kw = model_kwargs(a.model, path)
     prec = resolve(a.actor.fsdp_config, device.type, strategy, "actor")
     module = AutoModelForCausalLM.from_pretrained(path, dtype=prec.model_dtype, **kw).to(device)
+    if a.model.use_liger:
+        kernels.apply_liger(module, "actor_rollout_ref.model.use_liger", device.type)
     # transformers' generate cannot run on a sharded module (ranks would step out of lockstep at EOS), so
     # under FSDP an engine that generates with the actor's module gets its own full copy, refreshed by sync_weights
     # (taken before LoRA, which changes the model in place: the copy takes merged weights)
@@ -167,12 +169,17 @@ def build(
     with_lora = a.model.uses_lora
     if with_lora:
         module = lora.apply(module, a.model)
+    compiled.choose_math(cfg, "actor", device.type)
+    if compiled.blocks_compiled(cfg, "actor", device.type):
+        parallel.compile_blocks(module)
     actor = trainable(module, device, prec, a.actor.optim, a.model, a.actor.fsdp_config)
     ref = ref_prec = None
     ref_offload = a.ref.fsdp_config.param_offload
     if cfg.ref_in_use and not remote_ref and not with_lora:
         ref, ref_prec = load_reference(cfg, path, device, strategy)
         if strategy == "fsdp":  # sharded where it computes, cast by its policy as the actor; offloaded after
+            if compiled.blocks_compiled(cfg, "ref", device.type):
+                parallel.compile_blocks(ref)
             parallel.fsdp_shard(ref, ref_prec.fsdp_policy(), a.ref.fsdp_config.fsdp_size)
         if ref_offload:
             ref.to("cpu")
@@ -189,8 +196,11 @@ def load_reference(cfg, path: str, device: torch.device, strategy: str) -> tuple
     import_external_lib(a.model)
     prec = resolve(a.ref.fsdp_config, device.type, strategy, "ref")
     ref = AutoModelForCausalLM.from_pretrained(path, dtype=prec.model_dtype, **model_kwargs(a.model, path))
+    if a.model.use_liger:  # verl's reference is built from actor_rollout_ref.model too
+        kernels.apply_liger(ref, "actor_rollout_ref.model.use_liger", device.type)
     ref.to(device).eval().requires_grad_(False)
     cast_buffers(ref, prec)
+    compiled.choose_math(cfg, "ref", device.type)  # in a training worker the same as the actor's (validation)
     return ref, prec
 
 
@@ -209,4 +219,6 @@ def build_critic(cfg, path: str, device: torch.device) -> Trainable:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.trainer.seed)
         cmodule = AutoModelForTokenClassification.from_pretrained(cpath, dtype=cprec.model_dtype, **ckw).to(device)
+    if c.model.use_liger:
+        kernels.apply_liger(cmodule, "critic.model.use_liger", device.type)
     return trainable(cmodule, device, cprec, c.optim, c.model, c.model.fsdp_config)

@@ -82,6 +82,14 @@ def blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in module.modules() if m is not module and type(m).__name__ in names]
 
 
+def compile_blocks(module: torch.nn.Module) -> None:
+    """Each transformer block (`blocks`) through torch.compile, in place (Module.compile: the parameters' names and
+    the state dict stay as they are), before fully_shard makes the blocks FSDP's units, as torchtitan's
+    apply_compile does. The blocks of a model share their code, so one compiled graph serves all of them."""
+    for block in blocks(module):
+        block.compile()
+
+
 def fsdp_shard(module: torch.nn.Module, mp_policy=None, fsdp_size: int = -1) -> torch.nn.Module:
     """FSDP2: one unit per transformer block (the classes HF marks as not to be split), then the root;
     `mp_policy` (a MixedPrecisionPolicy) casts each unit's gathered parameters for its forward; `fsdp_size` below the

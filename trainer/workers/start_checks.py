@@ -3,7 +3,7 @@ start_refusal as a Ray task on every node, so no worker is ever left without an 
 
 from __future__ import annotations
 
-from ..model import build, forward, lora, ulysses
+from ..model import build, forward, kernels, lora, ulysses
 from ..model.micro_batches import sequence_parallel
 from ..rollout.engines import engine_class
 
@@ -69,6 +69,29 @@ def fused_head_check(cfg, model_path: str) -> str | None:
     return f"actor_rollout_ref.model.use_fused_kernels=True: {why}; set it False" if why else None
 
 
+def liger_check(cfg, model_path: str, device: str) -> str | None:
+    """model.use_liger, the actor's (and reference's) and the critic's: a GPU, liger-kernel installed and a model
+    type Liger has kernels for (model/kernels.py)."""
+    from transformers import AutoConfig
+
+    a, c = cfg.actor_rollout_ref, cfg.critic
+    for key, on, path, model in (
+        ("actor_rollout_ref.model.use_liger", a.model.use_liger, model_path, a.model),
+        (
+            "critic.model.use_liger",
+            c.model.use_liger and cfg.critic_in_use,
+            c.model.path or model_path,
+            c.model if c.model.path else a.model,
+        ),
+    ):
+        if on:
+            model_type = AutoConfig.from_pretrained(path, **build.load_kwargs(model)).model_type
+            why = kernels.liger_refusal(key, model_type, device)
+            if why:
+                return why
+    return None
+
+
 def start_refusal(cfg_dict: dict, model_path: str, device: str) -> str | None:
     """Why a training worker could not start on this node (its rollout engine; its model's heads under sequence
     parallelism), in one line, or None. The driver runs it as a task on every node before it builds any worker, so
@@ -81,4 +104,8 @@ def start_refusal(cfg_dict: dict, model_path: str, device: str) -> str | None:
     why = moe_refusal(model_path, build.load_kwargs(a.model), cls) or cls.unavailable(device)
     if why:
         return f"actor_rollout_ref.rollout.name={a.rollout.name}: {why}"
-    return sequence_parallel_refusal(cfg, model_path) or fused_head_check(cfg, model_path)
+    return (
+        sequence_parallel_refusal(cfg, model_path)
+        or fused_head_check(cfg, model_path)
+        or liger_check(cfg, model_path, device)
+    )
