@@ -22,10 +22,15 @@ from dataclasses import dataclass
 import torch
 
 CHUNK_ELEMENTS = 2**25  # fp32 elements of one chunk's copy of the logits: 128 MiB
+# on a GPU a chunk costs a dozen kernel launches whatever its size, and the host, not the GPU, sets the pace at 128
+# MiB (about 220 tokens of a 152k vocabulary); 512 MiB chunks (about 880 tokens) keep it busy
+CUDA_CHUNK_ELEMENTS = 2**27
 
 
-def chunk_tokens(vocab: int) -> int:
-    return max(1, CHUNK_ELEMENTS // vocab)
+def chunk_tokens(vocab: int, device: torch.device | None = None) -> int:
+    """Tokens per chunk: as many as keep one fp32 [chunk, vocab] tensor within the device's budget."""
+    budget = CUDA_CHUNK_ELEMENTS if device is not None and device.type == "cuda" else CHUNK_ELEMENTS
+    return max(1, budget // vocab)
 
 
 def chunk_forward(
@@ -131,7 +136,7 @@ class _TokenLogprobs(torch.autograd.Function):
         logp = torch.empty(n, dtype=torch.float32, device=logits.device)
         lse = torch.empty_like(logp)
         ent = torch.empty_like(logp) if with_entropy else None
-        step = chunk_tokens(vocab)
+        step = chunk_tokens(vocab, logits.device)
         for s in range(0, n, step):
             y = targets[s : s + step]
             logp[s : s + step], lse[s : s + step], e = math.forward(logits[s : s + step], y, temperature, with_entropy)
@@ -149,7 +154,7 @@ class _TokenLogprobs(torch.autograd.Function):
             return None, None, None, None, None
         n, vocab = logits.shape
         grad = torch.empty_like(logits)
-        step = chunk_tokens(vocab)
+        step = chunk_tokens(vocab, logits.device)
         for s in range(0, n, step):
             grad[s : s + step] = ctx.math.grad(
                 logits[s : s + step],
@@ -202,7 +207,7 @@ def token_sum_pi_squared(logits: torch.Tensor, temperature: float = 1.0) -> torc
     """
     flat = logits.reshape(-1, logits.shape[-1])
     out = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
-    step = chunk_tokens(flat.shape[1])
+    step = chunk_tokens(flat.shape[1], flat.device)
     for s in range(0, flat.shape[0], step):
         z = flat[s : s + step].to(torch.float32, copy=True)
         if temperature != 1.0:

@@ -41,7 +41,7 @@ class _FusedHeadLogprobs(torch.autograd.Function):
         logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
         lse = torch.empty_like(logp)
         ent = torch.empty_like(logp) if with_entropy else None
-        step = chunk_tokens(vocab)
+        step = chunk_tokens(vocab, hidden.device)
         with torch.autocast(hidden.device.type, enabled=False):  # the casts are explicit
             w = weight.to(dtype)
             for s in range(0, n, step):
@@ -64,7 +64,7 @@ class _FusedHeadLogprobs(torch.autograd.Function):
         want_h, want_w = ctx.needs_input_grad[:2]
         dh = torch.empty_like(hidden) if want_h else None
         dw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_w else None
-        step = chunk_tokens(weight.shape[0])
+        step = chunk_tokens(weight.shape[0], weight.device)
         with torch.autocast(hidden.device.type, enabled=False):
             w = weight.to(ctx.dtype)
             for s in range(0, hidden.shape[0], step):
@@ -96,7 +96,7 @@ def fused_logprobs_and_entropy(
     """hidden [..., H] (any float dtype: the head's input), weight [V, H] (the head's, no bias), targets [...] ->
     log p(target) [...] and the entropy [...] (None unless with_entropy), both fp32, of softmax(hidden W^T /
     temperature): model/chunked_logprobs.token_logprobs_and_entropy of the head's logits, without them. No fp32
-    [chunk, V] tensor is larger than chunked_logprobs.CHUNK_ELEMENTS, forward or backward. Gradients reach `hidden`
+    [chunk, V] tensor is larger than chunked_logprobs.chunk_tokens allows, forward or backward. Gradients reach `hidden`
     and `weight` (the weight's in its dtype, summed over the chunks in fp32). entropy_grad=False: the entropy is a
     metric only, with no gradient."""
     shape = targets.shape
