@@ -90,8 +90,10 @@ class FusedHead:
         made = []
 
         def forward(x: torch.Tensor) -> torch.Tensor:
+            if x.dim() == targets.dim() + 1 == 3 and x.shape[1] > targets.shape[1]:
+                x = x[:, -targets.shape[1] :]  # a model that ignores logits_to_keep: the positions that predict
             logp, ent = fused_logprobs_and_entropy(
-                x, head.weight, targets.view(x.shape[:-1]), self.temperature, self.with_entropy, self.entropy_grad
+                x, head.weight, targets.reshape(x.shape[:-1]), self.temperature, self.with_entropy, self.entropy_grad
             )
             made.append(torch.stack((logp, ent), -1) if ent is not None else logp[..., None])
             return made[-1]

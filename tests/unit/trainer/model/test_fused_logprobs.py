@@ -248,3 +248,19 @@ def test_no_sum_pi_squared_and_no_shared_prompts_from_a_fused_head(tiny):
     ):
         with pytest.raises(ValueError, match="a fused head makes no logits"):
             token_logprobs(tiny, ids, mask, P, opts)
+
+
+def test_a_model_that_ignores_logits_to_keep_gets_the_response_positions(tiny):
+    from transformers import Qwen2ForCausalLM
+
+    class AllPositions(Qwen2ForCausalLM):
+        def forward(self, *args, logits_to_keep=0, **kwargs):
+            return super().forward(*args, **kwargs)
+
+    model = AllPositions(_tiny_config())
+    ids, mask, P = _batch(40)
+    opts = ForwardOptions(temperature=0.7, with_entropy=True)
+    want = token_logprobs(model, ids, mask, P, opts)
+    got = token_logprobs(model, ids, mask, P, ForwardOptions(temperature=0.7, with_entropy=True, fused_head=True))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
