@@ -609,3 +609,87 @@ def test_sglang_takes_the_synced_weights_and_its_answers_are_checked_on_cuda():
         w.engine.engine.update_weights_from_tensor = lambda **kw: (False, "refused here")
         with pytest.raises(RuntimeError, match="failed: update_weights_from_tensor of bucket 0 .*'refused here'"):
             w.engine.sync_weights(iter([("model.norm.weight", torch.ones(8, device="cuda"))]))
+
+
+EAGER = [
+    f"actor_rollout_ref.{role}.{key}=False"
+    for role in ("actor", "ref")
+    for key in ("use_torch_compile", "fsdp_config.use_torch_compile")
+]
+
+
+def test_compiled_log_prob_math_and_blocks_match_eager_under_fsdp_on_cuda(monkeypatch):
+    """use_torch_compile (the default) under FSDP2: the per-chunk log-prob math compiled and each decoder block
+    compiled before it is sharded, with gradient checkpointing's recompute and packed rows of changing length; two
+    steps give the eager run's metrics (fp32, so only the kernels' reduction order differs)."""
+    from rlrig.trainer.model import chunked_logprobs, parallel
+
+    compiled_blocks = []
+    compile_blocks = parallel.compile_blocks
+    monkeypatch.setattr(parallel, "compile_blocks", lambda m: compiled_blocks.append(m) or compile_blocks(m))
+    keys = ("critic/score/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "response_length/mean")
+    common = [
+        "actor_rollout_ref.actor.strategy=fsdp",
+        "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+    ]
+    eager = run_worker([*common, *EAGER], steps=2, tf32=False)
+    assert compiled_blocks == [] and chunked_logprobs.chosen() is chunked_logprobs.EAGER
+    try:
+        compiled = run_worker(common, steps=2, tf32=False)
+        assert len(compiled_blocks) == 2  # the actor's and the reference's
+        assert chunked_logprobs.chosen() is not chunked_logprobs.EAGER
+    finally:
+        chunked_logprobs.use(chunked_logprobs.EAGER)
+    for a, b in zip(eager, compiled):
+        assert [a[k] for k in keys] == pytest.approx([b[k] for k in keys], rel=1e-3, abs=1e-4)
+
+
+LIGER_STEPS = r"""
+import json, sys
+import torch
+from transformers import AutoModelForCausalLM
+from liger_kernel.transformers.swiglu import LigerSwiGLUMLP
+from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
+from rlrig.trainer.model import kernels
+from rlrig.trainer.model.forward import ForwardOptions, token_logprobs
+
+path, out = ensure_tiny_model(), {}
+g = torch.Generator().manual_seed(0)
+ids = torch.randint(3, 20, (16, 40), generator=g).cuda()
+mask = torch.ones_like(ids)
+for liger in (False, True):  # plain first: Liger also swaps transformers' qwen2 classes for the rest of the process
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda()
+    if liger:
+        kernels.apply_liger(model, "actor_rollout_ref.model.use_liger", "cuda")
+        assert model.model.layers[0].mlp.forward.__func__ is LigerSwiGLUMLP.forward
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses, ents = [], []
+    for _ in range(4):
+        logp, ent = token_logprobs(model, ids, mask, 8, ForwardOptions(with_entropy=True))
+        loss = -logp.mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        ents.append(ent.mean().item())
+    out[str(liger)] = {"loss": losses, "entropy": ents}
+print(json.dumps(out))
+"""
+
+
+def test_liger_steps_agree_with_plain_in_bf16_on_cuda():
+    """model.use_liger (the liger extra): Liger's kernels in the tiny model, with verl's call, train four steps in
+    bf16 to the plain model's losses and entropies within bf16's rounding. In a process of its own, since Liger also
+    replaces transformers' qwen2 classes for every model built after it."""
+    pytest.importorskip("liger_kernel", reason="the liger extra is not installed here: pip install 'rlrig[liger]'")
+    r = subprocess.run([sys.executable, "-c", LIGER_STEPS], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    plain, liger = got["False"], got["True"]
+    print(f"liger: {liger}; plain: {plain}")
+    for k in ("loss", "entropy"):
+        assert liger[k] == pytest.approx(plain[k], rel=2e-2, abs=2e-2), k
+    assert plain["loss"][-1] < plain["loss"][0]  # the steps trained

@@ -88,8 +88,12 @@ def set_checkpointing(module, on: bool) -> None:
     """Gradient checkpointing on or off. Non-reentrant: the variant that works under FSDP2 and with inputs that need
     no grad. transformers 5.2x names it activation checkpointing (the old name warns there); 5.19, which vLLM 0.32
     pins, has only the old one. It acts only in training mode, which the update sets."""
-    # the recompute of a sequence-parallel layer attends over its group again (model/ulysses.py)
-    kwargs = {"use_reentrant": False, "context_fn": ulysses.checkpoint_contexts}
+    # the recompute of a sequence-parallel layer attends over its group again (model/ulysses.py). Compiled blocks
+    # (model/compiled.py, never sequence parallel) trace the checkpoint call, where torch.compile refuses such contexts
+    compiled_blocks = any(b._compiled_call_impl is not None for b in parallel.blocks(module))
+    kwargs = {"use_reentrant": False}
+    if not compiled_blocks:
+        kwargs["context_fn"] = ulysses.checkpoint_contexts
     if hasattr(module, "activation_checkpointing_enable"):
         if on:
             module.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)

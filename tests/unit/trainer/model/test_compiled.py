@@ -167,3 +167,27 @@ def test_the_keys_are_stored_and_printed():
     assert shown["actor_rollout_ref"]["ref"]["use_torch_compile"] is True
     assert shown["critic"]["model"]["fsdp_config"]["use_torch_compile"] is False
     assert not any("use_torch_compile" in k for k in shown["_no_effect_in_rlrig"])
+
+
+def test_compiled_blocks_train_under_gradient_checkpointing():
+    """Compiled blocks trace transformers' checkpoint call, where torch.compile refuses the sequence-parallel
+    recompute contexts (set_checkpointing leaves them out there): a training forward and backward run, with the
+    eager blocks' gradients. aot_eager: the tracing a CUDA run's inductor does, without code generation."""
+    from rlrig.trainer.embedded.tiny_model import build_model, build_tokenizer
+    from rlrig.trainer.model.build import set_checkpointing
+    from rlrig.trainer.model.parallel import blocks
+
+    torch._dynamo.reset()
+    ids = torch.randint(3, 10, (2, 12), generator=torch.Generator().manual_seed(0))
+    grads = []
+    for compile_them in (False, True):
+        model = build_model(build_tokenizer())
+        if compile_them:
+            for block in blocks(model):
+                block.compile(backend="aot_eager")
+        set_checkpointing(model, True)
+        model.train()
+        model(input_ids=ids, labels=ids).loss.backward()
+        grads.append([p.grad for p in model.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
