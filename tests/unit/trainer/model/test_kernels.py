@@ -74,11 +74,10 @@ def test_apply_liger_makes_verl_call_on_the_model_instance(monkeypatch):
 def test_the_worker_applies_liger_to_the_actor_reference_and_critic(monkeypatch):
     """Every model verl's engines build from a section with use_liger: the actor and the reference
     (actor_rollout_ref.model) and the critic (critic.model), each once, right after it loads."""
-    from rlrig.trainer.config import validation
     from rlrig.trainer.driver.single_process import single_worker
 
     applied = []
-    monkeypatch.setattr(validation, "kernel_device_refusal", lambda cfg: None)  # the CPU stands in for the GPU
+    monkeypatch.setattr(kernels, "liger_device_refusal", lambda key, device: None)  # the CPU stands in for the GPU
     monkeypatch.setattr(kernels, "apply_liger", lambda m, key, device: applied.append((type(m).__name__, key)))
     overrides = [
         "data.train_batch_size=4",
@@ -122,3 +121,16 @@ def test_liger_patches_the_tiny_qwen2_with_verl_arguments(monkeypatch):
     assert "forward" not in model.__dict__ and model.forward == forward
     assert modeling_qwen2.Qwen2MLP is LigerSwiGLUMLP  # the class swap, as Liger does for models built afterwards
     assert isinstance(model.lm_head, torch.nn.Linear)
+
+
+def test_a_run_auto_resolved_to_cpu_refuses_liger_and_says_it_computes_uncompiled(monkeypatch, capsys):
+    """trainer.device=auto on a machine without GPUs: the driver's checks once the device is known."""
+    from rlrig.trainer.driver import prepare
+
+    monkeypatch.setattr(prepare, "uses_gpu", lambda cfg: False)
+    with pytest.raises(ConfigError, match=f"^{KEY}=True: .* this run is on cpu; set {KEY}=False"):
+        prepare.resolved(parse_overrides([f"{KEY}=True"]), 10)
+    assert prepare.resolved(parse_overrides([]), 10).trainer.device == "cpu"
+    out = capsys.readouterr()
+    lines = [x for x in (out.out + out.err).splitlines() if "use_torch_compile" in x]
+    assert len(lines) == 1 and "this run is on CPU" in lines[0], lines
