@@ -7,23 +7,30 @@ from __future__ import annotations
 import torch
 
 from ..model import lora, offload, parallel
+from ..model.checkpoint_names import CheckpointLayout
 
 
 class ActorWeights:
-    """Every training rank holds one; `tensors` and `push` are collectives under FSDP, so every rank calls them."""
+    """Every training rank holds one; `tensors` and `push` are collectives under FSDP, so every rank calls them.
+    `engine_cls`: the rollout engine they are for (this worker's, or the rollout pool's); where its loader reads
+    checkpoints (checkpoint_layout), the tensors are in the model's checkpoint layout (an MoE's experts one by one)."""
 
-    def __init__(self, cfg, models, device: torch.device, rank: int):
+    def __init__(self, cfg, models, device: torch.device, rank: int, engine_cls):
         self.cfg, self.models, self.device, self.rank = cfg, models, device, rank
+        config = models.actor.module.config
+        self.layout = CheckpointLayout.of(config) if engine_cls.checkpoint_layout else None
         self.sync = None  # the weight-sync group to the rollout pool (rank 0 sends in it)
         self._sent_from = None  # rank 0: the actor as the weight sync lays it out (weight_sync.Landing)
 
     def tensors(self, dtype: torch.dtype | None = None):
-        """The actor's full tensors (merged with LoRA's adapters), every rank taking part; floating ones cast to
-        `dtype` if given."""
+        """The actor's full tensors (merged with LoRA's adapters) in the engine's layout, every rank taking part;
+        floating ones cast to `dtype` if given."""
         module = self.models.actor.module
         tensors = parallel.full_tensors(module)
         if self.cfg.actor_rollout_ref.model.uses_lora:
             tensors = lora.merged(lora.scalings(module), tensors)
+        if self.layout is not None:
+            tensors = self.layout(tensors)
         for name, t in tensors:
             yield name, t.to(dtype) if dtype is not None and t.is_floating_point() else t
 

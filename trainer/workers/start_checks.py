@@ -3,28 +3,20 @@ start_refusal as a Ray task on every node, so no worker is ever left without an 
 
 from __future__ import annotations
 
-from ..model import build, forward, kernels, lora, ulysses
+from ..model import build, checkpoint_names, forward, kernels, lora, ulysses
 from ..model.micro_batches import sequence_parallel
 from ..rollout.engines import engine_class
 
-MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 
-
-def moe_refusal(model_path: str, load_kwargs: dict, engine_cls) -> str | None:
-    """transformers 5 fuses a mixture-of-experts model's expert weights into one tensor per layer, whose
-    names vLLM's and SGLang's loaders do not know: syncing them would fail or, worse, load nothing.
-    Until those names are mapped back, such a model rolls out with hf only."""
-    if engine_cls.generates_with_actor_module:
+def layout_refusal(model_path: str, load_kwargs: dict, engine_cls) -> str | None:
+    """An engine whose loader reads checkpoints takes the actor's weights reverted to the checkpoint's layout by
+    transformers' own conversion (model/checkpoint_names.py): an architecture it cannot revert is refused here."""
+    if not engine_cls.checkpoint_layout:
         return None
     from transformers import AutoConfig
 
-    conf = AutoConfig.from_pretrained(model_path, **load_kwargs)
-    if any(getattr(conf, k, 0) for k in MOE_KEYS):
-        return (
-            f"{conf.model_type} is a mixture-of-experts model, whose fused expert weights rlrig cannot yet hand to "
-            f"{engine_cls.name}; use actor_rollout_ref.rollout.name=hf"
-        )
-    return None
+    why = checkpoint_names.refusal(AutoConfig.from_pretrained(model_path, **load_kwargs))
+    return f"{why}, which {engine_cls.name} loads; use actor_rollout_ref.rollout.name=hf" if why else None
 
 
 def sequence_parallel_refusal(cfg, model_path: str) -> str | None:
@@ -101,7 +93,7 @@ def start_refusal(cfg_dict: dict, model_path: str, device: str) -> str | None:
     cfg = from_dict(cfg_dict)
     a = cfg.actor_rollout_ref
     cls = engine_class(a.rollout.name)
-    why = moe_refusal(model_path, build.load_kwargs(a.model), cls) or cls.unavailable(device)
+    why = cls.unavailable(device) or layout_refusal(model_path, build.load_kwargs(a.model), cls)
     if why:
         return f"actor_rollout_ref.rollout.name={a.rollout.name}: {why}"
     return (

@@ -103,6 +103,10 @@ class RolloutEngine:
     generates_with_actor_module = False  # under FSDP the worker then keeps a full copy for it to use
     tensor_parallel = False  # one engine may span rollout.tensor_model_parallel_size workers
     interruptible = False  # generate_until: a generation a weight sync can stop at a token boundary (partial rollouts)
+    # sync_weights hands the weights to a loader that reads checkpoints: it is given them in the checkpoint's layout
+    # (an MoE's experts one by one, model/checkpoint_names.py), not transformers' in-memory one, and start-up refuses
+    # an architecture whose layout transformers cannot revert
+    checkpoint_layout = False
     package: tuple[str, str, str] | None = None  # (module, its name for people, how to install it) if not torch's
     supported: str | None = None  # the package's releases the engine was written against (a PEP 440 specifier)
 
@@ -157,9 +161,10 @@ class RolloutEngine:
 
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Take the actor's weights: called after every optimizer step and after a checkpoint is loaded, with the
-        actor's (name, full tensor) pairs under transformers' names. The engine must hand them to its model in
-        memory, never via disk, and consume the whole iterator (under FSDP each item is a collective that all ranks
-        take part in). A tensor that already is the engine's own (in_place, or the actor's module itself) needs no
+        actor's (name, full tensor) pairs: in the model's checkpoint layout where the engine declares
+        checkpoint_layout, else under the names transformers holds them by. The engine must hand them to its model
+        in memory, never via disk, and consume the whole iterator (under FSDP each item is a collective that all
+        ranks take part in). A tensor that already is the engine's own (in_place, or the actor's module itself) needs no
         copy. The next generate samples from these weights."""
         raise NotImplementedError
 

@@ -124,6 +124,7 @@ class SGLangRollout(RolloutEngine):
     name = "sglang"
     devices = ("cuda",)
     tensor_parallel = True
+    checkpoint_layout = True  # its loaders (load_weights) read checkpoint names: an MoE's experts one by one
     package = ("sglang", "SGLang", INSTALL_HINT)
     supported = SUPPORTED
 

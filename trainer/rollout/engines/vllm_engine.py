@@ -180,6 +180,7 @@ class VLLMRollout(RolloutEngine):
     name = "vllm"
     tensor_parallel = True
     interruptible = True  # generate_until steps the engine by hand
+    checkpoint_layout = True  # its loaders (load_weights) read checkpoint names: an MoE's experts one by one
     package = ("vllm", "vLLM", INSTALL_HINT)
 
     @classmethod
@@ -336,7 +337,8 @@ class VLLMRollout(RolloutEngine):
         self.llm.llm_engine.engine_core.shutdown()
 
     def sync_weights(self, weights) -> None:
-        """The weights into the engine's model through vLLM's reload_weights, then its prefix cache dropped."""
+        """The weights (in the checkpoint's layout) into the engine's model through vLLM's reload_weights, then its
+        prefix cache dropped."""
         self._wake(tags=["weights"])
         # the engine core is in this process: the iterator hands over the actor's tensors themselves.
         # reload_weights (not the model's bare load_weights) redoes vLLM's post-load processing, e.g.

@@ -345,28 +345,6 @@ def test_hf_sync_refreshes_a_separate_copy_and_skips_the_shared_module():
     assert torch.equal(actor.weight, torch.ones(2, 3))
 
 
-@pytest.mark.parametrize(
-    "moe,engine,refused",
-    [
-        (True, "vllm", True),
-        (True, "sglang", True),
-        (True, "hf", False),
-        (False, "vllm", False),
-    ],
-)
-def test_mixture_of_experts_is_refused_for_engines_with_their_own_loader(tmp_path, moe, engine, refused):
-    from transformers import Qwen2Config, Qwen2MoeConfig
-
-    from rlrig.trainer.workers.start_checks import moe_refusal
-
-    conf = Qwen2MoeConfig(num_experts=4) if moe else Qwen2Config()
-    conf.save_pretrained(tmp_path)
-    why = moe_refusal(str(tmp_path), {}, engines.ENGINES[engine])
-    assert (why is not None) == refused
-    if refused:
-        assert "mixture-of-experts" in why and "rollout.name=hf" in why
-
-
 def _hf_engine(model, tok, prefix_caching):
     cfg = RolloutConfig(enable_prefix_caching=prefix_caching)
     return hf_engine.HFRollout(engines.EngineContext(model, tok, cfg, 16, 6, "/m", "cpu", 0))

@@ -1,0 +1,135 @@
+"""The actor's weights in the checkpoint's layout (model/checkpoint_names.py): for a mixture of experts, name for name
+and tensor for tensor what transformers' save_pretrained writes, which is what vLLM's and SGLang's loaders read."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlrig.trainer.model import checkpoint_names, lora
+from rlrig.trainer.model.checkpoint_names import CheckpointLayout
+from tests.helpers import tiny_moe
+
+
+def saved(model, tmp_path) -> dict[str, torch.Tensor]:
+    model.save_pretrained(tmp_path)
+    return load_file(tmp_path / "model.safetensors")
+
+
+def assert_same(got: list[tuple[str, torch.Tensor]], want: dict[str, torch.Tensor]) -> None:
+    names = [n for n, _ in got]
+    assert len(names) == len(set(names)), "a name twice"
+    assert set(names) == set(want), (sorted(set(names) ^ set(want)))[:10]
+    for name, t in got:
+        assert t.dtype == want[name].dtype and torch.equal(t, want[name]), name
+
+
+@pytest.mark.parametrize("family", tiny_moe.FAMILIES)
+def test_an_moe_stream_is_what_save_pretrained_writes(tmp_path, family):
+    model, _ = tiny_moe.build(family)
+    sd = model.state_dict()
+    assert any(t.dim() == 3 for t in sd.values()), "transformers no longer fuses this family's experts"
+    want = saved(model, tmp_path)
+    assert any(".experts.7." in n for n in want)  # the checkpoint's names: one per expert
+    # the layout of a weightless model of the config, as an engine builds it from the model's folder
+    assert_same(list(CheckpointLayout.of(model.config)(sd.items())), want)
+    assert checkpoint_names.refusal(model.config) is None
+
+
+def test_the_stream_is_reverted_a_block_at_a_time(tmp_path):
+    """A layer's checkpoint tensors come out before the next layer's are read: the sync holds one block, not the
+    model, as FSDP's gathered tensors arrive."""
+    model, _ = tiny_moe.build("qwen3_moe")
+    read: list[str] = []
+
+    def reading():
+        for name, t in model.state_dict().items():
+            read.append(name)
+            yield name, t
+
+    for name, _ in CheckpointLayout(model)(reading()):
+        if name.startswith("model.layers.0."):
+            assert not any(n.startswith("model.layers.1.") for n in read[:-1]), name
+
+
+def test_a_dense_model_passes_through_untouched():
+    from transformers import Qwen2Config
+
+    layout = CheckpointLayout.of(Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1))
+    tensors = [("a.weight", torch.ones(2)), ("model.layers.0.b", torch.zeros(3))]
+    assert not layout.converts
+    assert list(layout(iter(tensors))) == tensors
+
+
+def test_lora_merged_weights_of_an_moe_reach_the_checkpoint_layout(tmp_path):
+    """LoRA on the attention of an MoE: the merged stream (lora.merged) reverted is the merged model's checkpoint."""
+    from peft import LoraConfig, get_peft_model
+
+    model, _ = tiny_moe.build("qwen3_moe")
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_()  # B starts at zero: the merge would change nothing
+    stream = lora.merged(lora.scalings(peft_model), peft_model.state_dict().items())
+    got = list(CheckpointLayout.of(model.config)(stream))
+    want = saved(peft_model.merge_and_unload(), tmp_path)
+    assert set(n for n, _ in got) == set(want)
+    for name, t in got:
+        assert torch.allclose(t, want[name], atol=1e-6), name
+
+
+def one_way_mapping(monkeypatch):
+    """qwen3_moe's conversion replaced by one with no reverse (ConversionOps.reverse_op raises)."""
+    from transformers import conversion_mapping as cm
+    from transformers.core_model_loading import ConversionOps, WeightConverter
+
+    class OneWay(ConversionOps):
+        def convert(self, input_dict, source_patterns, target_patterns, **kwargs):
+            return input_dict
+
+    real = cm.get_checkpoint_conversion_mapping
+
+    def mapping(model_type):
+        if model_type == "qwen3_moe":
+            return [WeightConverter("mlp.experts.*.w9.weight", "mlp.experts.gate_up_proj", operations=[OneWay()])]
+        return real(model_type)
+
+    monkeypatch.setattr(cm, "get_checkpoint_conversion_mapping", mapping)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "hf"])
+@pytest.mark.parametrize("mappable", [True, False])
+def test_start_up_refuses_only_an_architecture_that_cannot_be_reverted_and_names_it(
+    tmp_path, monkeypatch, engine, mappable
+):
+    from rlrig.trainer.rollout import engines
+    from rlrig.trainer.workers.start_checks import layout_refusal
+
+    tiny_moe.build("qwen3_moe")[0].config.save_pretrained(tmp_path)
+    if not mappable:
+        one_way_mapping(monkeypatch)
+    cls = engines.ENGINES[engine]
+    assert cls.checkpoint_layout == (engine != "hf")  # hf generates with transformers' own module: no reversion
+    why = layout_refusal(str(tmp_path), {}, cls)
+    if mappable or engine == "hf":
+        assert why is None
+        return
+    assert why.startswith(f"transformers {__import__('transformers').__version__} cannot convert qwen3_moe's"), why
+    assert "no reverse" in why and f"which {engine} loads; use actor_rollout_ref.rollout.name=hf" in why
+    assert "\n" not in why
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "hf"])
+def test_what_the_weight_sync_yields_for_each_engine(tmp_path, engine):
+    """workers/actor_weights.py, the stream both the colocated sync and the rollout pool's broadcast send: for an engine
+    that reads checkpoints, the saved checkpoint's names and tensors; for hf, the module's own state dict."""
+    from types import SimpleNamespace
+
+    from rlrig.trainer.rollout import engines
+    from rlrig.trainer.workers.actor_weights import ActorWeights
+
+    model, _ = tiny_moe.build("qwen3_moe")
+    cfg = SimpleNamespace(actor_rollout_ref=SimpleNamespace(model=SimpleNamespace(uses_lora=False)))
+    models = SimpleNamespace(actor=SimpleNamespace(module=model))
+    got = list(ActorWeights(cfg, models, torch.device("cpu"), 0, engines.ENGINES[engine]).tensors())
+    assert_same(got, saved(model, tmp_path) if engine != "hf" else dict(model.state_dict()))
