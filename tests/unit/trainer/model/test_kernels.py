@@ -134,3 +134,28 @@ def test_a_run_auto_resolved_to_cpu_refuses_liger_and_says_it_computes_uncompile
     out = capsys.readouterr()
     lines = [x for x in (out.out + out.err).splitlines() if "use_torch_compile" in x]
     assert len(lines) == 1 and "this run is on CPU" in lines[0], lines
+
+
+def test_each_node_checks_liger_against_the_model_before_any_worker_builds(monkeypatch):
+    """workers/start_checks.py, run on every node: the model's type read from its config, the critic's from its own
+    path."""
+    from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
+    from rlrig.trainer.workers.start_checks import liger_check
+
+    path = ensure_tiny_model()
+    calls = []
+    fake_liger(monkeypatch, calls)
+    cfg = parse_overrides(["trainer.device=cuda", *GPU_MICRO, f"{KEY}=True", "critic.model.use_liger=True"])
+    assert liger_check(cfg, path, "cuda") is None
+    monkeypatch.setattr(kernels, "_liger_models", lambda: {"llama": None})
+    assert liger_check(cfg, path, "cuda").startswith(f"{KEY}=True: Liger has no kernels for model type 'qwen2'")
+    critic_only = parse_overrides(["trainer.device=cuda", *GPU_MICRO, "critic.model.use_liger=True"])
+    assert liger_check(critic_only, path, "cuda").startswith("critic.model.use_liger=True: Liger has no kernels")
+    assert calls == []  # checked, not applied
+
+
+GPU_MICRO = [
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+    "critic.ppo_micro_batch_size_per_gpu=8",
+]
