@@ -77,6 +77,9 @@ class FsdpConfig:
     # FSDP's shard group: -1 (or at least the workers) shards over all of them; k shards over groups of k consecutive
     # workers, each group a replica (HSDP, verl's create_device_mesh): all-gathers stay inside a node for k <= 8
     fsdp_size: int = -1
+    # each FSDP unit frees its gathered parameters after its forward (verl's default); False keeps them until the
+    # backward: faster, the memory of the whole unsharded model. No effect where the shard group is one rank
+    reshard_after_forward: bool = True
     mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
     # the log-prob passes' per-chunk math through torch.compile, on CUDA (model/compiled.py); verl's engine compiles
     # its entropy function with it. The critic computes no log-probs: its copy changes nothing, as in verl

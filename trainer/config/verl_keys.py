@@ -93,16 +93,14 @@ _AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
         _each(tuple(f"{p}optim." for p in _TRAINED), {"total_training_steps": "-1"}),
     ),
     (
-        "rlrig's FSDP2 shards every transformer block and the root (over fsdp_config.fsdp_size workers), resharding "
-        "after each forward, with no prefetch or CPU offload policy; fsdp_config.param_offload and optimizer_offload "
-        "are what it takes",
+        "rlrig's FSDP2 shards every transformer block and the root (over fsdp_config.fsdp_size workers), with no "
+        "prefetch or CPU offload policy; fsdp_config.param_offload and optimizer_offload are what it takes",
         {
             **_each(
                 _FSDP,
                 {
                     "wrap_policy.min_num_params": "0",
                     "offload_policy": "False",
-                    "reshard_after_forward": "True",
                     "forward_prefetch": "False",
                     "use_orig_params": "False",
                 },

@@ -115,10 +115,14 @@ def trainable(module, device, precision: Precision, optim, model_cfg, fsdp_confi
         offloader = activation_offload.enable(module, checkpointing)
     elif checkpointing:
         set_checkpointing(module, True)
-    train = parallel.wrap(module, device, precision, fsdp_config.fsdp_size)
-    # frozen weights (LoRA's base) get no optimizer state
+    train = parallel.wrap(module, device, precision, fsdp_config)
+    # frozen weights (LoRA's base) get no optimizer state; on a GPU the fused kernel, one launch for every tensor
+    # (the same update as the default, which launches a few per parameter group and step)
     opt = torch.optim.AdamW(
-        [p for p in module.parameters() if p.requires_grad], lr=optim.lr, weight_decay=optim.weight_decay
+        [p for p in module.parameters() if p.requires_grad],
+        lr=optim.lr,
+        weight_decay=optim.weight_decay,
+        fused=device.type == "cuda",
     )
     return Trainable(
         module,
@@ -184,7 +188,8 @@ def build(
         if strategy == "fsdp":  # sharded where it computes, cast by its policy as the actor; offloaded after
             if compiled.blocks_compiled(cfg, "ref", device.type):
                 parallel.compile_blocks(ref)
-            parallel.fsdp_shard(ref, ref_prec.fsdp_policy(), a.ref.fsdp_config.fsdp_size)
+            rc = a.ref.fsdp_config
+            parallel.fsdp_shard(ref, ref_prec.fsdp_policy(), rc.fsdp_size, rc.reshard_after_forward)
         if ref_offload:
             ref.to("cpu")
     critic = build_critic(cfg, path, device) if needs_critic else None

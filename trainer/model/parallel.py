@@ -90,10 +90,15 @@ def compile_blocks(module: torch.nn.Module) -> None:
         block.compile()
 
 
-def fsdp_shard(module: torch.nn.Module, mp_policy=None, fsdp_size: int = -1) -> torch.nn.Module:
+def fsdp_shard(
+    module: torch.nn.Module, mp_policy=None, fsdp_size: int = -1, reshard_after_forward: bool = True
+) -> torch.nn.Module:
     """FSDP2: one unit per transformer block (the classes HF marks as not to be split), then the root;
     `mp_policy` (a MixedPrecisionPolicy) casts each unit's gathered parameters for its forward; `fsdp_size` below the
-    world: hybrid sharding (sharded within groups of that many ranks, replicated across them)."""
+    world: hybrid sharding (sharded within groups of that many ranks, replicated across them).
+    `reshard_after_forward` (fsdp_config's, as verl): each unit frees its gathered parameters after its forward and
+    gathers them again for the backward. Where the shard group is one rank there is nothing to free (the shard is the
+    whole tensor), and the regather is a copy and a cast of every parameter per micro batch: not done there."""
     from torch.distributed.fsdp import fully_shard
 
     broadcast_from_rank0(module)
@@ -101,6 +106,8 @@ def fsdp_shard(module: torch.nn.Module, mp_policy=None, fsdp_size: int = -1) -> 
     mesh = hsdp_mesh(fsdp_size, next(module.parameters()).device.type)
     if mesh is not None:
         kw["mesh"] = mesh
+    group = mesh.size(1) if mesh is not None else dist.get_world_size()
+    kw["reshard_after_forward"] = reshard_after_forward and group > 1
     for block in blocks(module):
         fully_shard(block, **kw)
     fully_shard(module, **kw)
@@ -120,10 +127,11 @@ def buffers_synced_once(module: torch.nn.Module) -> dict:
     return {"broadcast_buffers": False}
 
 
-def wrap(module: torch.nn.Module, device: torch.device, precision, fsdp_size: int = -1) -> torch.nn.Module:
-    """The module to call for training forwards: a DDP wrapper, or `module` itself sharded in place."""
+def wrap(module: torch.nn.Module, device: torch.device, precision, fsdp_config) -> torch.nn.Module:
+    """The module to call for training forwards: a DDP wrapper, or `module` itself sharded in place (`fsdp_config`:
+    the role's fsdp_size and reshard_after_forward)."""
     if precision.strategy == "fsdp":
-        return fsdp_shard(module, precision.fsdp_policy(), fsdp_size)
+        return fsdp_shard(module, precision.fsdp_policy(), fsdp_config.fsdp_size, fsdp_config.reshard_after_forward)
     if precision.strategy == "ddp":
         ddp = torch.nn.parallel.DistributedDataParallel(
             module, device_ids=[device.index] if device.type == "cuda" else None, **buffers_synced_once(module)

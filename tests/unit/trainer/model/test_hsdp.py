@@ -73,3 +73,36 @@ def test_fsdp_size_config(extra, refusal):
         return
     with pytest.raises(ConfigError, match=refusal):
         parse_overrides([*base, *extra])
+
+
+class _Blocks(torch.nn.Sequential):
+    _no_split_modules = ["Linear"]  # each Linear a unit of its own, as a model's decoder blocks
+
+
+def _reshard_rank(rank, world, port, out_dir, fsdp_size, reshard):
+    from torch.distributed.tensor import DTensor
+
+    from rlrig.trainer.model.parallel import fsdp_shard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    module = fsdp_shard(_Blocks(torch.nn.Linear(4, 6), torch.nn.Linear(6, 2)), None, fsdp_size, reshard)
+    module(torch.ones(3, 4)).sum()  # a forward with the graph kept: the backward has not run
+    torch.save({"sharded": isinstance(module[0].weight, DTensor)}, os.path.join(out_dir, f"{rank}.pt"))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    "fsdp_size, reshard, sharded",
+    [
+        (-1, True, True),  # verl's default: a unit frees its gathered weights after its forward
+        (-1, False, False),  # kept gathered until the backward
+        (1, True, False),  # a shard group of one rank: nothing to free, so nothing resharded
+    ],
+)
+def test_reshard_after_forward_where_the_shard_group_has_ranks_to_share_with(tmp_path, fsdp_size, reshard, sharded):
+    from rlrig.entrypoint.cluster.ports import kernel_free_port
+
+    mp.spawn(_reshard_rank, args=(2, kernel_free_port(), str(tmp_path), fsdp_size, reshard), nprocs=2)
+    assert [torch.load(tmp_path / f"{r}.pt")["sharded"] for r in range(2)] == [sharded] * 2
