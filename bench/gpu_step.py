@@ -1,14 +1,19 @@
-"""One PPO step of a Qwen2-0.5B-shaped model on one GPU, fp32 against bf16 mixed precision, phase by phase.
+"""One PPO step on one GPU, phase by phase: seconds and tokens/s of each phase, peak GPU memory, and the update's
+model-FLOP utilisation, 6 x matmul parameters x tokens x epochs / seconds / the bf16 peak that this device shows on
+an 8192^3 matrix product in the same run. Not a timed test: a device is lent only to some sessions.
 
-The model has Qwen2.5-0.5B's shape (494M parameters, 152k vocabulary) with random weights, built
-offline; 32 prompts x 8 samples x 512 new tokens (a random model rarely stops early), GRPO with a KL
-loss against the reference, two mini batches (so the old log-prob pass runs), hf rollout. For each
-precision the worker runs --steps steps and the last is reported: seconds and tokens/s of each phase,
-peak GPU memory, and the update's model-FLOP utilisation, 6 x parameters x tokens x epochs / seconds /
-the bf16 peak that this device shows on an 8192^3 matrix product in the same run. Target: MFU >= 35%
-in bf16. Not a timed test: a device is lent only to some sessions.
+Shapes (random weights, built offline): --shape 0.5b, Qwen2.5-0.5B's (494M parameters, tied 152k vocabulary);
+--shape 7b, Qwen2.5-7B's width with --layers of its 28 decoder layers (default 8, so that the actor's fp32 weights
+and Adam state and the reference fit one GPU) and gradient checkpointing. 32 prompts x 8 samples x 512 response
+tokens, GRPO with a KL loss against the reference, two mini batches (so the old log-prob pass runs). --no-gen: random
+responses of the full length instead of hf generation (the update's cost is in its tokens, not what they say).
+--token-budget N: verl's use_dynamic_bsz micro batches of at most N tokens (else --micro rows). --strategies
+fsdp,ddp: the same step under each, and FSDP2's time over DDP's. --profile: one more step with its update under
+torch.profiler, and the update's GPU time by bucket (bench/gpu_profile.py). Targets: update MFU >= 35% at 0.5b and
+>= 40% at 7b in bf16; FSDP2 at most 1.15x DDP's step. bench/gpu_check.sh runs the whole GPU check.
 
-    python bench/gpu_step.py [--precisions fp32,bf16] [--new-tokens 512] [--json OUT]
+    python bench/gpu_step.py [--shape 0.5b|7b] [--precisions fp32,bf16] [--strategies fsdp,ddp] [--no-gen]
+        [--token-budget 32768] [--profile] [--override KEY=VALUE ...] [--json OUT]
 """
 
 from __future__ import annotations
@@ -17,6 +22,14 @@ import argparse
 import gc
 import json
 import time
+from dataclasses import replace
+
+
+def matmul_params(module) -> int:
+    """Parameters that take part in a matrix product per token: all but an untied input embedding (a lookup)."""
+    emb = module.get_input_embeddings().weight
+    head = module.get_output_embeddings().weight
+    return sum(p.numel() for p in module.parameters()) - (emb.numel() if emb is not head else 0)
 
 
 def matmul_peak_tflops(n: int = 8192, reps: int = 10) -> float:
@@ -36,13 +49,81 @@ def matmul_peak_tflops(n: int = 8192, reps: int = 10) -> float:
     return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e12
 
 
-def run(precision: str, path: str, args) -> dict:
+def profiled_step(w, req, vocab: int) -> dict:
+    """One more step, its update under torch.profiler (the rest of the step unprofiled: hf generation's many small
+    ops would take minutes to record): the update's GPU time by bucket."""
+    import contextlib
+
+    from gpu_profile import phase_buckets
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    cuda = w.device.type == "cuda"  # a CPU dry run profiles no kernels: all of it reads as idle
+    plain, held = w.profiler.phase, {}
+
+    @contextlib.contextmanager
+    def phase(name):
+        if name != "update_actor":
+            with plain(name):
+                yield
+            return
+        acts = [ProfilerActivity.CPU, *[ProfilerActivity.CUDA] * cuda]
+        with profile(activities=acts, record_shapes=True) as prof:
+            with record_function("phase/update_actor"):
+                yield
+        held["prof"] = prof
+
+    w.profiler.phase = phase
+    try:
+        w.step(req)
+    finally:
+        w.profiler.phase = plain
+    prof = held["prof"]
+    if cuda:  # the kernels behind the buckets
+        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=70))
+    return phase_buckets(prof, "phase/update_actor", vocab)
+
+
+def fixed_samples(w, args):
+    """--no-gen: the worker takes samples that come with each request, as from a rollout pool, instead of generating:
+    random response tokens of the full length (the update's cost depends on the tokens, not on what they say)."""
+    import dataclasses
+
+    import torch
+
+    from rlrig.trainer.rollout.engines.base import Rollout
+    from rlrig.trainer.workers.step.phases import PooledSamples
+
+    src = w.context.sources
+    w.context = dataclasses.replace(w.context, sources=dataclasses.replace(src, rollout=PooledSamples(w.reward)))
+    rows, prompt, vocab = args.prompts * args.n, 64, w.models.actor.module.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+
+    def samples() -> Rollout:
+        ids = torch.randint(3, vocab, (rows, prompt + args.new_tokens), generator=g)
+        ones = torch.ones_like(ids)
+        return Rollout(ids, ones, ones[:, prompt:].clone(), prompt)
+
+    return samples
+
+
+def run(precision: str, strategy: str, path: str, args) -> dict:
     import torch
 
     from rlrig.trainer.driver.single_process import single_worker
     from rlrig.trainer.workers.step.request import StepRequest
 
     dtype = "fp32" if precision == "fp32" else "bf16"
+    # verl's token-budget micro batches (use_dynamic_bsz), as its performance guide tunes a GPU run; 0: by count
+    budget = (
+        [
+            "actor_rollout_ref.actor.use_dynamic_bsz=True",
+            f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={args.token_budget}",
+            f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={2 * args.token_budget}",
+            f"actor_rollout_ref.ref.log_prob_max_token_len_per_gpu={2 * args.token_budget}",
+        ]
+        if args.token_budget
+        else []
+    )
     overrides = [
         f"actor_rollout_ref.model.path={path}",
         "trainer.device=cuda",
@@ -61,19 +142,35 @@ def run(precision: str, path: str, args) -> dict:
         f"actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype={dtype}",
         f"actor_rollout_ref.ref.fsdp_config.model_dtype={dtype}",
         "data.shuffle=False",
+        f"actor_rollout_ref.actor.strategy={strategy}",
+        f"actor_rollout_ref.ref.strategy={strategy}",
+        f"actor_rollout_ref.model.enable_gradient_checkpointing={args.checkpointing}",
+        *budget,
+        *args.override,
     ]
     with single_worker([*overrides, f"trainer.device={args.device}"], path) as (w, batches):
         if precision == "fp32":  # the plain fp32 baseline: the worker allows TF32 for what stays fp32
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-        params = sum(p.numel() for p in w.models.actor.module.parameters())
-        rows = []
+        params = matmul_params(w.models.actor.module)
+        rows, buckets = [], None
+        draw = fixed_samples(w, args) if args.no_gen else None
+
+        def request(s: int, prompts_from=batches):
+            prompts = next(prompts_from)
+            if draw is None:
+                return StepRequest(prompts, global_step=s + 1, kl_coef=0.001)
+            each = [r for r in prompts for _ in range(args.n)]
+            return StepRequest(each, global_step=s + 1, kl_coef=0.001, samples=draw())
+
         for s in range(args.steps):
             if args.device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             t0 = time.perf_counter()
-            m = w.step(StepRequest(next(batches), global_step=s + 1, kl_coef=0.001))
+            m = w.step(request(s))
             m["step_s"] = time.perf_counter() - t0
             rows.append(m)
+        if args.profile:
+            buckets = profiled_step(w, request(args.steps), w.models.actor.module.config.vocab_size)
         epochs = w.cfg.actor_rollout_ref.actor.ppo_epochs
     del w, batches  # the worker's modules sit in reference cycles (DDP, FSDP): collected before the next run
     gc.collect()
@@ -84,6 +181,8 @@ def run(precision: str, path: str, args) -> dict:
     resp = m["_response_tokens"]
     return {
         "precision": precision,
+        "strategy": strategy,
+        "buckets": buckets,
         "params": params,
         "tokens": tokens,
         "response_tokens": resp,
@@ -95,10 +194,18 @@ def run(precision: str, path: str, args) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--precisions", default="fp32,bf16")
+    p.add_argument("--strategies", default="fsdp", help="fsdp,ddp: the same step under each (FSDP2 against DDP)")
+    p.add_argument("--shape", choices=("0.5b", "7b"), default="0.5b")
+    p.add_argument("--layers", type=int, default=8, help="--shape 7b: decoder layers (Qwen2.5-7B has 28)")
+    p.add_argument("--checkpointing", default=None, help="gradient checkpointing (default: on for 7b)")
+    p.add_argument("--profile", action="store_true", help="the last step under torch.profiler: the update's buckets")
+    p.add_argument("--no-gen", action="store_true", help="random responses of the full length instead of generating")
+    p.add_argument("--override", action="append", default=[], help="a further verl override (repeatable)")
     p.add_argument("--prompts", type=int, default=32)
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--new-tokens", type=int, default=512)
-    p.add_argument("--micro", type=int, default=16)
+    p.add_argument("--micro", type=int, default=16, help="micro batch rows where --token-budget is 0")
+    p.add_argument("--token-budget", type=int, default=0, help="ppo_max_token_len_per_gpu (use_dynamic_bsz); 0: off")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--remove-padding", default="True")
     p.add_argument("--json")
@@ -108,24 +215,31 @@ def main() -> None:
 
     import torch
 
-    from rlrig.trainer.embedded.synthetic import QWEN2_0_5B, Shape, ensure_model
+    from rlrig.trainer.embedded.synthetic import QWEN2_0_5B, QWEN2_5_7B, Shape, ensure_model
 
-    path = ensure_model(Shape(151936, 64, 128, 2, 2, 2, 1024) if args.tiny else QWEN2_0_5B)
+    if args.checkpointing is None:
+        args.checkpointing = str(args.shape == "7b")
+    shape = QWEN2_0_5B if args.shape == "0.5b" else replace(QWEN2_5_7B, num_hidden_layers=args.layers)
+    if args.tiny:
+        shape = Shape(151936, 64, 128, 2, 2, 2, 1024)
+    t0 = time.perf_counter()
+    path = ensure_model(shape, dtype="bfloat16" if args.shape == "7b" else None)
+    print(f"model {args.shape}: {shape} ({time.perf_counter() - t0:.0f} s to build or find)")
     if args.device == "cuda":
         peak = matmul_peak_tflops()
         print(f"device: {torch.cuda.get_device_name()}; bf16 8192^3 matrix product: {peak:.0f} TFLOP/s")
     else:
         peak = 1.0
     results = []
-    for prec in args.precisions.split(","):
-        r = run(prec, path, args)
+    for prec, strategy in [(p, s) for p in args.precisions.split(",") for s in args.strategies.split(",")]:
+        r = run(prec, strategy, path, args)
         m = r["metrics"]
         upd = m["timing_s/update_actor"]
         r["update_mfu"] = 6 * r["params"] * r["tokens"] * r["epochs"] / upd / (peak * 1e12)
         results.append(r)
         print(
-            f"\n== {prec}: {r['params'] / 1e6:.0f}M parameters; {r['tokens']:.0f} tokens, "
-            f"{r['response_tokens']:.0f} generated; "
+            f"\n== {prec} {strategy}: {r['params'] / 1e6:.0f}M matmul parameters; {r['tokens']:.0f} tokens, "
+            f"{r['response_tokens']:.0f} in responses; "
             f"step {m['step_s']:.1f} s; peak GPU memory {m.get('perf/max_memory_allocated_gb', 0):.1f} GB"
         )
         print(f"{'phase':16} {'seconds':>8} {'tokens/s':>10}")
@@ -137,7 +251,18 @@ def main() -> None:
             f"update MFU {100 * r['update_mfu']:.1f}% of the measured bf16 peak "
             "(6 x params x tokens x epochs / update seconds)"
         )
-    by = {r["precision"]: r["metrics"] for r in results}
+        if r["buckets"]:
+            from gpu_profile import table
+
+            print(f"\nthe update's GPU time by bucket (torch.profiler, one more step):\n{table(r['buckets'])}")
+    by_strategy = {r["strategy"]: r["metrics"] for r in results if r["precision"] == "bf16"}
+    if {"fsdp", "ddp"} <= by_strategy.keys():
+        f, d = by_strategy["fsdp"], by_strategy["ddp"]
+        print(
+            f"\nFSDP2 / DDP (bf16): step {f['step_s'] / d['step_s']:.2f}x, "
+            f"update {f['timing_s/update_actor'] / d['timing_s/update_actor']:.2f}x (target <= 1.15x)"
+        )
+    by = {r["precision"]: r["metrics"] for r in results if r["strategy"] == results[0]["strategy"]}
     if {"fp32", "bf16"} <= by.keys():
         a, b = by["fp32"], by["bf16"]
         print(
@@ -148,7 +273,9 @@ def main() -> None:
         )
     target = [r for r in results if r["precision"] == "bf16"]
     if target:
-        print(f"target update MFU >= 35% (bf16): {'met' if target[0]['update_mfu'] >= 0.35 else 'NOT met'}")
+        goal = 0.35 if args.shape == "0.5b" else 0.40
+        met = "met" if target[0]["update_mfu"] >= goal else "NOT met"
+        print(f"target update MFU >= {goal:.0%} (bf16, {args.shape}): {met}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"peak_tflops": peak, "results": results}, f, indent=1)

@@ -29,6 +29,8 @@ class Shape:
 
 # Qwen2.5-0.5B's shape (494M parameters with tied embeddings)
 QWEN2_0_5B = Shape(151936, 896, 4864, 24, 14, 2, 32768)
+# Qwen2.5-7B's shape (7.6B parameters, untied embeddings)
+QWEN2_5_7B = Shape(152064, 3584, 18944, 28, 28, 4, 32768, tie_word_embeddings=False)
 
 
 def wide_tokenizer(vocab_size: int):
@@ -38,12 +40,14 @@ def wide_tokenizer(vocab_size: int):
     return tokenizer_from_vocab(vocab)
 
 
-def ensure_model(shape: Shape, seed: int = 0) -> str:
-    """Build (once) and return the directory of a random Qwen2 of this shape."""
+def ensure_model(shape: Shape, seed: int = 0, dtype: str | None = None) -> str:
+    """Build (once) and return the directory of a random Qwen2 of this shape; `dtype` (a torch dtype's name):
+    the weights saved in it, built on a GPU where there is one (a 7B shape's fp32 init takes minutes on a CPU)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     name = "synthetic-qwen2-v2-" + "-".join(str(v) for v in asdict(shape).values())  # v2: the tokenizer's
+    name += f"-{dtype}" if dtype else ""
     path = cache_dir().parent / name
     if (path / "config.json").is_file():
         return str(path)
@@ -58,7 +62,11 @@ def ensure_model(shape: Shape, seed: int = 0) -> str:
     )
     tmp = Path(f"{path}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    Qwen2ForCausalLM(cfg).save_pretrained(tmp)
+    if dtype:
+        with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+            Qwen2ForCausalLM(cfg).to(getattr(torch, dtype)).save_pretrained(tmp)
+    else:
+        Qwen2ForCausalLM(cfg).save_pretrained(tmp)
     tok.save_pretrained(tmp)
     try:
         tmp.rename(path)
