@@ -96,10 +96,11 @@ def start_notice(cfg) -> str | None:
     ]
     blocks = blocks if a.actor.strategy == "fsdp" else []  # DDP's blocks are not compiled, as verl's FSDP engine's
     if cfg.trainer.device == "cpu" and asked + blocks:
+        parts = [w for w, on in (("the log-prob math", asked), ("the decoder blocks", blocks)) if on]
+        what = " and ".join(parts) + (" run" if len(parts) > 1 else " runs")
         return (
             f"{', '.join(asked + blocks)}=True: this run is on CPU, where compiling needs a C++ toolchain and takes "
-            "longer than the run, so the log-prob math and the decoder blocks run uncompiled (set them False to "
-            "silence this)"
+            f"longer than the run, so {what} uncompiled (set them False to silence this)"
         )
     reasons = eager_block_reasons(cfg)
     if cfg.trainer.device == "cuda" and blocks and reasons:
