@@ -663,14 +663,15 @@ g = torch.Generator().manual_seed(0)
 ids = torch.randint(3, 20, (16, 40), generator=g).cuda()
 mask = torch.ones_like(ids)
 for liger in (False, True):  # plain first: Liger also swaps transformers' qwen2 classes for the rest of the process
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda()  # fp32 weights, bf16 compute
     if liger:
         kernels.apply_liger(model, "actor_rollout_ref.model.use_liger", "cuda")
         assert model.model.layers[0].mlp.forward.__func__ is LigerSwiGLUMLP.forward
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses, ents = [], []
     for _ in range(4):
-        logp, ent = token_logprobs(model, ids, mask, 8, ForwardOptions(with_entropy=True))
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logp, ent = token_logprobs(model, ids, mask, 8, ForwardOptions(with_entropy=True))
         loss = -logp.mean()
         opt.zero_grad()
         loss.backward()
@@ -683,8 +684,9 @@ print(json.dumps(out))
 
 
 def test_liger_steps_agree_with_plain_in_bf16_on_cuda():
-    """model.use_liger (the liger extra): Liger's kernels in the tiny model, with verl's call, train four steps in
-    bf16 to the plain model's losses and entropies within bf16's rounding. In a process of its own, since Liger also
+    """model.use_liger (the liger extra): Liger's kernels in the tiny model, with verl's call, train four steps
+    (fp32 weights, bf16 compute, as the trainer on a GPU) to the plain model's losses and entropies within bf16's
+    rounding. In a process of its own, since Liger also
     replaces transformers' qwen2 classes for every model built after it."""
     pytest.importorskip("liger_kernel", reason="the liger extra is not installed here: pip install 'rlrig[liger]'")
     r = subprocess.run([sys.executable, "-c", LIGER_STEPS], capture_output=True, text=True)
