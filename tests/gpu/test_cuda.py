@@ -633,6 +633,7 @@ def test_compiled_log_prob_math_and_blocks_match_eager_under_fsdp_on_cuda(monkey
     common = [
         "actor_rollout_ref.actor.strategy=fsdp",
         "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
+        "actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype=fp32",
         "actor_rollout_ref.model.enable_gradient_checkpointing=True",
         "actor_rollout_ref.model.use_remove_padding=True",
         "actor_rollout_ref.actor.use_kl_loss=True",
