@@ -195,3 +195,54 @@ def test_compiled_blocks_train_under_gradient_checkpointing():
         grads.append([p.grad for p in model.parameters()])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.process
+def test_compiled_blocks_and_math_under_fsdp_give_the_eager_steps(monkeypatch):
+    """The CUDA path's compiling on the CPU (the device check stood in for; aot_eager, the tracing without code
+    generation): the actor's and reference's blocks compiled before FSDP2 shards them, the log-prob math compiled,
+    with gradient checkpointing and packed rows; two steps give the eager run's metrics."""
+    import functools
+
+    from rlrig.trainer.driver.single_process import single_worker
+    from rlrig.trainer.model import parallel
+    from rlrig.trainer.workers.step.request import StepRequest
+
+    module_compile = torch.nn.Module.compile
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: module_compile(self, backend="aot_eager"))
+    monkeypatch.setattr(compiled, "_compiled", functools.cache(lambda: compiled.compiled_math("aot_eager")))
+    for name in ("blocks_compiled", "math_for"):
+        real = getattr(compiled, name)
+        monkeypatch.setattr(compiled, name, lambda *a, real=real: real(*a[:-1], "cuda"))
+    compiled_blocks = []
+    compile_blocks = parallel.compile_blocks
+    monkeypatch.setattr(parallel, "compile_blocks", lambda m: compiled_blocks.append(m) or compile_blocks(m))
+    torch._dynamo.reset()
+    base = [
+        "trainer.device=cpu",
+        "data.train_batch_size=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        "actor_rollout_ref.rollout.n=2",
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.strategy=fsdp",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+    ]
+    eager_keys = [
+        f"actor_rollout_ref.{r}.{k}=False"
+        for r in ("actor", "ref")
+        for k in ("use_torch_compile", "fsdp_config.use_torch_compile")
+    ]
+    runs = []
+    try:
+        for extra in (eager_keys, []):
+            with single_worker([*base, *extra]) as (w, batches):
+                runs.append([w.step(StepRequest(next(batches), global_step=s + 1, kl_coef=0.0)) for s in range(2)])
+            assert (C.chosen() is C.EAGER) == bool(extra)
+    finally:
+        C.use(C.EAGER)
+    assert len(compiled_blocks) == 2  # the compiled run's actor and reference
+    keys = ("critic/score/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "response_length/mean")
+    for a, b in zip(*runs):
+        assert [a[k] for k in keys] == pytest.approx([b[k] for k in keys], rel=1e-5, abs=1e-6)
