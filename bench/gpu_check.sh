@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The whole GPU check, within 7 minutes on one GPU: bench/gpu_step.py at the 0.5B shape (FSDP2 and DDP, eager, the
-# update's profile; then verl's kernel switches on), at the 7B shape (8 of its 28 layers, gradient checkpointing),
-# and tests/gpu. Every run takes random responses of the full length (--no-gen: the update's cost is in its tokens)
-# and verl's token-budget micro batches. Each part has a limit of its own, so a slow or failing part leaves the
-# others their time. Logs and JSON go to $OUT (else ./gpu-out).
+# The whole GPU check, within 7 minutes on one GPU (RLRIG_GPU_CHECK_S, default 400 s, for all of it):
+# bench/gpu_step.py at the 0.5B shape, eager under FSDP2 and DDP with the update's profile; the same with verl's
+# kernel switches on (fused head, Liger, compiled log-prob math and blocks); the 7B shape (8 of its 28 layers,
+# gradient checkpointing, fused head) with its profile; then tests/gpu, the cases of these switches first. Every run
+# takes random responses of the full length (--no-gen: the update's cost is in its tokens) and verl's token-budget
+# micro batches. Each part has a limit of its own and tests/gpu the time left, so a slow or failing part leaves the
+# others theirs. Logs and JSON go to $OUT (else ./gpu-out).
 #
 #     bash bench/gpu_check.sh
 set -uo pipefail
@@ -11,21 +13,33 @@ out=${OUT:-gpu-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
+deadline=$((SECONDS + ${RLRIG_GPU_CHECK_S:-400}))
 common=(--precisions bf16 --no-gen --token-budget 32768)
-eager=(--override actor_rollout_ref.actor.use_torch_compile=False)
-kernels=(--override actor_rollout_ref.model.use_fused_kernels=True --override actor_rollout_ref.model.use_liger=True)
+eager=()
+for k in actor.use_torch_compile actor.fsdp_config.use_torch_compile ref.fsdp_config.use_torch_compile; do
+    eager+=(--override "actor_rollout_ref.$k=False")
+done
+fused=(--override actor_rollout_ref.model.use_fused_kernels=True)
 rc=0
-part() {  # part NAME SECONDS COMMAND...: its output to $out/NAME.log, its failure counted
-    local name=$1 limit=$2
+part() {  # part NAME SECONDS COMMAND...: at most SECONDS (and never past the deadline), output in $out/NAME.log
+    local name=$1 limit=$2 left=$((deadline - SECONDS))
     shift 2
+    ((limit > left)) && limit=$left
+    if ((limit < 20)); then
+        echo "=== $name: skipped, ${left}s left"
+        rc=1
+        return
+    fi
     echo "=== $name (limit ${limit}s)"
     timeout "$limit" "$@" 2>&1 | grep -v "Loading weights\|Writing model" | tee "$out/$name.log" || rc=1
 }
-part step_0.5b 90 "$py" bench/gpu_step.py "${common[@]}" "${eager[@]}" --strategies fsdp,ddp --profile \
+part step_0.5b 80 "$py" bench/gpu_step.py "${common[@]}" "${eager[@]}" --strategies fsdp,ddp --profile \
     --json "$out/step_0.5b.json"
-part step_0.5b_kernels 100 "$py" bench/gpu_step.py "${common[@]}" "${kernels[@]}" --strategies fsdp \
-    --json "$out/step_0.5b_kernels.json"
-part step_7b 100 "$py" bench/gpu_step.py --shape 7b --prompts 16 "${common[@]}" "${eager[@]}" \
-    --override actor_rollout_ref.model.use_fused_kernels=True --strategies fsdp --profile --json "$out/step_7b.json"
-part tests_gpu 90 "$py" -m pytest -q -p no:cacheprovider tests/gpu --durations 8
+part step_0.5b_kernels 90 "$py" bench/gpu_step.py "${common[@]}" "${fused[@]}" \
+    --override actor_rollout_ref.model.use_liger=True --strategies fsdp --json "$out/step_0.5b_kernels.json"
+part step_7b 100 "$py" bench/gpu_step.py --shape 7b --prompts 16 "${common[@]}" "${eager[@]}" "${fused[@]}" \
+    --strategies fsdp --profile --json "$out/step_7b.json"
+new="compiled_log_prob or liger_steps or gradient_checkpointing_recomputes or fsdp_packed or bf16_mixed"
+part tests_gpu_kernels 100 "$py" -m pytest -q -p no:cacheprovider tests/gpu -k "$new" --durations 5
+part tests_gpu_rest 400 "$py" -m pytest -q -p no:cacheprovider tests/gpu -k "not ($new)" --durations 5
 exit $rc

@@ -29,6 +29,10 @@ GPU_MICRO = [
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
     "critic.ppo_micro_batch_size_per_gpu=8",
+    # uncompiled, so that each case takes seconds, not a compile's minute; the compile case turns it back on
+    "actor_rollout_ref.actor.use_torch_compile=False",
+    "actor_rollout_ref.actor.fsdp_config.use_torch_compile=False",
+    "actor_rollout_ref.ref.fsdp_config.use_torch_compile=False",
 ]
 
 
@@ -621,7 +625,7 @@ EAGER = [
 
 
 def test_compiled_log_prob_math_and_blocks_match_eager_under_fsdp_on_cuda(monkeypatch):
-    """use_torch_compile (the default) under FSDP2: the per-chunk log-prob math compiled and each decoder block
+    """use_torch_compile (verl's default) under FSDP2: the per-chunk log-prob math compiled and each decoder block
     compiled before it is sharded, with gradient checkpointing's recompute and packed rows of changing length; two
     steps give the eager run's metrics (fp32, so only the kernels' reduction order differs)."""
     from rlrig.trainer.model import chunked_logprobs, parallel
@@ -641,7 +645,7 @@ def test_compiled_log_prob_math_and_blocks_match_eager_under_fsdp_on_cuda(monkey
     eager = run_worker([*common, *EAGER], steps=2, tf32=False)
     assert compiled_blocks == [] and chunked_logprobs.chosen() is chunked_logprobs.EAGER
     try:
-        compiled = run_worker(common, steps=2, tf32=False)
+        compiled = run_worker([*common, *(k.replace("=False", "=True") for k in EAGER)], steps=2, tf32=False)
         assert len(compiled_blocks) == 2  # the actor's and the reference's
         assert chunked_logprobs.chosen() is not chunked_logprobs.EAGER
     finally:
