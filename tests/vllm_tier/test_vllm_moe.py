@@ -92,9 +92,27 @@ def train(run, family: str, *extra: str, steps: int = 3) -> tuple[list[dict], st
     return rows, r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("family", tiny_moe.FAMILIES)
-def test_an_moe_trains_with_vllm_colocated(tmp_path, family):
-    train(tmp_path / "run", family)
+# FSDP over two workers, each with an engine of its own: the experts gathered from their shards; with LoRA on the
+# attention, merged into the weights the engine takes
+FSDP_LORA = [
+    "actor_rollout_ref.actor.strategy=fsdp",
+    "trainer.n_gpus_per_node=2",
+    "actor_rollout_ref.model.lora_rank=4",
+    "actor_rollout_ref.model.lora_alpha=8",
+    "actor_rollout_ref.model.target_modules=[q_proj,k_proj,v_proj,o_proj]",
+    "actor_rollout_ref.actor.use_kl_loss=True",
+]
+
+
+@pytest.mark.parametrize(
+    "family,extra",
+    [*((f, []) for f in tiny_moe.FAMILIES), ("qwen3_moe", FSDP_LORA)],
+    ids=[*tiny_moe.FAMILIES, "qwen3_moe-fsdp2-lora"],
+)
+def test_an_moe_trains_with_vllm_colocated(tmp_path, family, extra):
+    rows, _ = train(tmp_path / "run", family, *extra)
+    if extra:
+        assert rows[-1]["actor/kl_loss"] > 1e-4, rows[-1]  # the adapters moved the policy: the merge is not the base
 
 
 @pytest.mark.parametrize("family", tiny_moe.FAMILIES)

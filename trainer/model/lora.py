@@ -91,7 +91,9 @@ def check_mergeable(peft_model, model_cfg) -> None:
             raise ConfigError(
                 f"actor_rollout_ref.model.target_modules={model_cfg.target_modules!r} adapts "
                 f"{name.removeprefix(WRAPPED)} ({type(sub.base_layer).__name__}); rlrig merges adapters of "
-                "linear layers only, so name linear layers (all-linear does)"
+                "linear layers only, so name linear layers (all-linear does, except in a mixture of experts, whose "
+                "fused experts and router peft adapts as parameters: name its attention's, "
+                "[q_proj,k_proj,v_proj,o_proj])"
             )
 
 

@@ -133,3 +133,19 @@ def test_what_the_weight_sync_yields_for_each_engine(tmp_path, engine):
     models = SimpleNamespace(actor=SimpleNamespace(module=model))
     got = list(ActorWeights(cfg, models, torch.device("cpu"), 0, engines.ENGINES[engine]).tensors())
     assert_same(got, saved(model, tmp_path) if engine != "hf" else dict(model.state_dict()))
+
+
+@pytest.mark.parametrize("family", tiny_moe.FAMILIES)
+def test_lora_all_linear_on_an_moe_is_refused_naming_the_attention(family):
+    """peft's all-linear adapts an MoE's fused experts and router as parameters, which rlrig does not merge: refused
+    before any worker starts, naming the layers to adapt instead; those pass."""
+    from rlrig.trainer.config.overrides import parse_overrides
+    from rlrig.trainer.errors import ConfigError
+
+    path = tiny_moe.ensure(family)
+    cfg = parse_overrides(["actor_rollout_ref.model.lora_rank=4"]).actor_rollout_ref.model
+    with pytest.raises(ConfigError) as e:
+        lora.check(cfg, path, {})
+    assert "[q_proj,k_proj,v_proj,o_proj]" in str(e.value) and "\n" not in str(e.value), str(e.value)
+    attention = ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.target_modules=[q_proj,v_proj]"]
+    lora.check(parse_overrides(attention).actor_rollout_ref.model, path, {})
