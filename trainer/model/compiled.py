@@ -70,6 +70,9 @@ def eager_block_reasons(cfg) -> list[str]:
         ("actor_rollout_ref.actor.use_prefix_grouper", a.actor.use_prefix_grouper),
         ("actor_rollout_ref.model.enable_activation_offload", a.model.enable_activation_offload),
         ("LoRA (actor_rollout_ref.model.lora_rank)", a.model.uses_lora),
+        # Liger's Triton kernels inside a compiled block: dynamo fails to trace them on torch 2.11 (CompilationError in
+        # Liger's RMSNorm, measured on an H200) and falls back, and they are fused kernels already
+        ("actor_rollout_ref.model.use_liger", a.model.use_liger),
     )
     return [name for name, on in features if on]
 

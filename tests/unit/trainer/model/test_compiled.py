@@ -139,6 +139,9 @@ def test_no_notice_where_nothing_asks_for_compiling_or_everything_compiles():
     assert compiled.start_notice(parse_overrides(["trainer.device=cuda", *GPU_MICRO])) is None
     grouped = parse_overrides(["trainer.device=cuda", *GPU_MICRO, "actor_rollout_ref.actor.use_prefix_grouper=True"])
     assert "use_prefix_grouper" in compiled.start_notice(grouped)
+    # Liger's kernels inside compiled blocks failed dynamo's tracing on an H200: such blocks stay eager, and it says so
+    liger = parse_overrides(["trainer.device=cuda", *GPU_MICRO, "actor_rollout_ref.model.use_liger=True"])
+    assert not compiled.blocks_compiled(liger, "actor", "cuda") and "use_liger" in compiled.start_notice(liger)
 
 
 GPU_MICRO = [
