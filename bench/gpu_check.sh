@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole GPU check, within 7 minutes on one GPU (RLRIG_GPU_CHECK_S, default 400 s, for all of it):
+# The whole GPU check, within 9 minutes on one GPU (RLRIG_GPU_CHECK_S, default 540 s, for all of it):
 # bench/gpu_step.py at the 0.5B shape, eager under FSDP2 and DDP with the update's profile; the same with verl's
 # kernel switches on (fused head, Liger, compiled log-prob math and blocks); the 7B shape (8 of its 28 layers,
 # gradient checkpointing, fused head) with its profile; then tests/gpu, the cases of these switches first. Every run
@@ -13,7 +13,7 @@ out=${OUT:-gpu-out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
-deadline=$((SECONDS + ${RLRIG_GPU_CHECK_S:-400}))
+deadline=$((SECONDS + ${RLRIG_GPU_CHECK_S:-540}))
 common=(--precisions bf16 --no-gen --token-budget 32768)
 eager=()
 for k in actor.use_torch_compile actor.fsdp_config.use_torch_compile ref.fsdp_config.use_torch_compile; do
@@ -31,13 +31,13 @@ part() {  # part NAME SECONDS COMMAND...: at most SECONDS (and never past the de
         return
     fi
     echo "=== $name (limit ${limit}s)"
-    timeout "$limit" "$@" 2>&1 | grep -v "Loading weights\|Writing model" | tee "$out/$name.log" || rc=1
+    timeout "$limit" "$@" 2>&1 | grep --line-buffered -v "Loading weights\|Writing model" | tee "$out/$name.log" || rc=1
 }
-part step_0.5b 80 "$py" bench/gpu_step.py "${common[@]}" "${eager[@]}" --strategies fsdp,ddp --profile \
+part step_0.5b 150 "$py" bench/gpu_step.py "${common[@]}" "${eager[@]}" --strategies fsdp,ddp --profile \
     --json "$out/step_0.5b.json"
-part step_0.5b_kernels 90 "$py" bench/gpu_step.py "${common[@]}" "${fused[@]}" \
+part step_0.5b_kernels 110 "$py" bench/gpu_step.py "${common[@]}" "${fused[@]}" \
     --override actor_rollout_ref.model.use_liger=True --strategies fsdp --json "$out/step_0.5b_kernels.json"
-part step_7b 100 "$py" bench/gpu_step.py --shape 7b --prompts 16 "${common[@]}" "${eager[@]}" "${fused[@]}" \
+part step_7b 120 "$py" bench/gpu_step.py --shape 7b --prompts 16 "${common[@]}" "${eager[@]}" "${fused[@]}" \
     --strategies fsdp --profile --json "$out/step_7b.json"
 new="compiled_log_prob or liger_steps or gradient_checkpointing_recomputes or fsdp_packed or bf16_mixed"
 part tests_gpu_kernels 100 "$py" -m pytest -q -p no:cacheprovider tests/gpu -k "$new" --durations 5

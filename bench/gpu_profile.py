@@ -1,19 +1,21 @@
-"""Where a phase's GPU time goes: the kernels that a phase's CPU ops launched, summed into buckets, and the
-phase's GPU idle time (its wall time less the summed kernels: one stream at world size 1).
+"""Where a phase's GPU time goes: each kernel the GPU ran in a phase's window, counted once, summed into buckets by the
+CPU op that launched it, and the phase's GPU idle time (its wall time less the summed kernels: one stream at world
+size 1).
 
-A kernel belongs to the innermost CPU op that launched it (the profiler links them by correlation id); the
-bucket is chosen from that op's name, its input shapes and its parents (a backward op's parent is its
-autograd node, a custom autograd Function's forward is a range named after the Function):
+A kernel names its launch by correlation id; the launching op is the CPU event of that id, or, where only the
+launch's runtime event (cudaLaunchKernel, "Command Buffer Full") carries it, the op around that event. The bucket
+comes from the op's name, its input shapes and its parents (a backward op's parent is its autograd node; a custom
+autograd Function's forward is a range named after the Function):
 
     optimizer     anything under Optimizer.step
-    memcpy        Memcpy/Memset, and casts/copies (aten::copy_, aten::_to_copy)
-    comms         NCCL kernels
+    memcpy        Memcpy/Memset, copies and casts (aten::copy_, aten::_to_copy)
+    comms         NCCL kernels, c10d collectives
     logprob fwd   under the log-prob Function's forward (its class name holds "Logprob")
     logprob bwd   under its backward node
     head          a matrix product with the vocabulary as one of its dimensions
     body matmuls  the other matrix products
     attention     scaled dot product / flash / flex attention
-    elementwise   the rest
+    elementwise   the rest (and a kernel whose launch the profile did not record)
 """
 
 from __future__ import annotations
@@ -42,14 +44,24 @@ def _lineage(ev) -> list[str]:
     return names
 
 
-def bucket_of(op, kernel_name: str, vocab: int) -> str:
-    names = _lineage(op)
-    joined = " ".join(names).lower()
+RUNTIME = ("cuda", "cu", "Command Buffer", "Lazy Function", "Memcpy", "Memset")
+
+
+def _op(ev):
+    """The op a runtime event belongs to: its nearest parent that is not one."""
+    while ev.cpu_parent is not None and ev.name.startswith(RUNTIME):
+        ev = ev.cpu_parent
+    return ev
+
+
+def bucket_of(ev, kernel_name: str, vocab: int) -> str:
+    op = _op(ev)
+    joined = " ".join(_lineage(op)).lower()
     if "optimizer." in joined:
         return "optimizer"
     if kernel_name.startswith(("Memcpy", "Memset")) or op.name in ("aten::copy_", "aten::_to_copy"):
         return "memcpy"
-    if "nccl" in kernel_name.lower():
+    if "nccl" in kernel_name.lower() or "nccl" in joined or "c10d::" in joined:
         return "comms"
     if "logprob" in joined:
         return "logprob bwd" if "backward" in joined else "logprob fwd"
@@ -62,18 +74,25 @@ def bucket_of(op, kernel_name: str, vocab: int) -> str:
 
 
 def phase_buckets(prof, phase: str, vocab: int) -> dict[str, float]:
-    """Seconds of GPU time per bucket in the (CPU-side) window of the range named `phase`, and its idle time."""
+    """Seconds of GPU time per bucket in the window of the range named `phase`, and its idle time."""
+    from torch.autograd import DeviceType
+
     events = prof.events()
     windows = [e.time_range for e in events if e.name == phase]
     if not windows:
         raise SystemExit(f"the profile has no range named {phase!r}")
     start, end = windows[0].start, windows[-1].end
+    ops, launches = {}, {}  # correlation id -> the op, or the runtime event, of that id
+    for e in events:
+        if e.device_type == DeviceType.CPU:
+            (launches if e.name.startswith(RUNTIME) else ops).setdefault(e.id, e)
     out = dict.fromkeys(BUCKETS, 0.0)
-    for ev in events:
-        if not ev.kernels or not (start <= ev.time_range.start <= end):
+    for k in events:
+        if k.device_type != DeviceType.CUDA or not start <= k.time_range.start <= end:
             continue
-        for k in ev.kernels:
-            out[bucket_of(ev, k.name, vocab)] += k.duration / 1e6
+        owner = ops.get(k.linked_correlation_id) or launches.get(k.linked_correlation_id)
+        bucket = bucket_of(owner, k.name, vocab) if owner is not None else "elementwise"
+        out[bucket] += k.time_range.elapsed_us() / 1e6
     wall = (end - start) / 1e6
     out["GPU idle"] = max(0.0, wall - sum(out.values()))
     return out
