@@ -92,15 +92,16 @@ def train(run, family: str, *extra: str, steps: int = 3) -> tuple[list[dict], st
     return rows, r.stdout + r.stderr
 
 
-# FSDP over two workers, each with an engine of its own: the experts gathered from their shards; with LoRA on the
-# attention, merged into the weights the engine takes
+# FSDP over two workers, each with an engine of its own: the experts gathered from their shards; with LoRA as
+# all-linear puts it on an MoE (the attention, and as parameters the fused experts and the router), merged into the
+# weights the engine takes
 FSDP_LORA = [
     "actor_rollout_ref.actor.strategy=fsdp",
     "trainer.n_gpus_per_node=2",
     "actor_rollout_ref.model.lora_rank=4",
     "actor_rollout_ref.model.lora_alpha=8",
-    "actor_rollout_ref.model.target_modules=[q_proj,k_proj,v_proj,o_proj]",
     "actor_rollout_ref.actor.use_kl_loss=True",
+    "trainer.save_freq=3",
 ]
 
 
@@ -113,6 +114,12 @@ def test_an_moe_trains_with_vllm_colocated(tmp_path, family, extra):
     rows, _ = train(tmp_path / "run", family, *extra)
     if extra:
         assert rows[-1]["actor/kl_loss"] > 1e-4, rows[-1]  # the adapters moved the policy: the merge is not the base
+        from rlrig.trainer.driver import checkpoint
+
+        state, _, _ = checkpoint.load(tmp_path / "run" / "global_step_3")
+        # the experts' adapters (B starts at zero) trained too: what the engine agreed with held them merged
+        experts_b = [t for name, t in state["model"].items() if ".experts." in name and ".lora_B." in name]
+        assert len(experts_b) == 4 and all(t.abs().sum() > 0 for t in experts_b), sorted(state["model"])[:20]
 
 
 @pytest.mark.parametrize("family", tiny_moe.FAMILIES)

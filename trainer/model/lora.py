@@ -6,7 +6,9 @@ rollout engine receives merged weights, W + scaling * B @ A, under the base mode
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -84,24 +86,30 @@ def check(model_cfg, model_path: str, load_kwargs: dict) -> dict:
 
 
 def check_mergeable(peft_model, model_cfg) -> None:
-    from peft.tuners.lora import Linear, LoraLayer
+    """Every adapter is one `merged` can fold into its weight: a linear layer's (not fan_in_fan_out), or a parameter's
+    (peft's ParamWrapper: a mixture of experts' fused experts and router under all-linear)."""
+    from peft.tuners.lora import Linear, LoraLayer, ParamWrapper
 
     for name, sub in peft_model.named_modules():
-        if isinstance(sub, LoraLayer) and (type(sub) is not Linear or sub.fan_in_fan_out):
+        if not isinstance(sub, LoraLayer) or type(sub) is ParamWrapper:
+            continue
+        if type(sub) is not Linear or sub.fan_in_fan_out:
             raise ConfigError(
                 f"actor_rollout_ref.model.target_modules={model_cfg.target_modules!r} adapts "
                 f"{name.removeprefix(WRAPPED)} ({type(sub.base_layer).__name__}); rlrig merges adapters of "
-                "linear layers only, so name linear layers (all-linear does, except in a mixture of experts, whose "
-                "fused experts and router peft adapts as parameters: name its attention's, "
-                "[q_proj,k_proj,v_proj,o_proj])"
+                "linear layers only, so name linear layers (all-linear does)"
             )
 
 
 def resume_fields(config) -> dict:
+    """What a checkpoint records of the adapter (RESUME_FIELDS), and the parameters peft adapts where it adapts any
+    (all-linear on a mixture of experts): enough to build the same adapter again (model/hf_export.py)."""
     d = config.to_dict()
     out = {k: d.get(k) for k in RESUME_FIELDS}
-    for k in ("target_modules", "exclude_modules"):
-        if isinstance(out[k], (set, list, tuple)):
+    if d.get("target_parameters"):
+        out["target_parameters"] = d["target_parameters"]
+    for k in ("target_modules", "exclude_modules", "target_parameters"):
+        if isinstance(out.get(k), (set, list, tuple)):
             out[k] = sorted(out[k])
     return out
 
@@ -130,15 +138,77 @@ def scalings(peft_model: torch.nn.Module) -> dict[str, float]:
     return {name: sub.scaling[ADAPTER] for name, sub in peft_model.named_modules() if isinstance(sub, LoraLayer)}
 
 
+@dataclass(frozen=True)
+class ParameterAdapter:
+    """An adapter peft puts on a parameter rather than a layer (its ParamWrapper, what all-linear makes of a mixture of
+    experts' fused experts and its router): the adapted tensor's name in the PeftModel's state dict, and the shape of
+    its delta, as peft's ParamWrapper.get_delta_weight computes it."""
+
+    weight: str
+    experts: int  # peft's num_experts: the parameter's first dimension, 1 for a 2-d parameter
+    swapped: bool  # peft's _did_swap_in_out_features: the parameter is [experts, out, in], not [experts, in, out]
+    scaling: float
+
+    def merged(self, w: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """W + delta, in fp32 and stored in W's dtype. With experts E and rank r, A is [E * r, in] and B [out, r * E]:
+        delta[e] = scaling * (B[:, :, e] @ A[e]) (B viewed [out, r, E], A [E, r, in]), laid out as the parameter is."""
+        a, b = a.float(), b.float()
+        if self.experts == 1:
+            delta = b @ a
+        else:
+            a = a.reshape(self.experts, -1, a.shape[-1])
+            b = b.reshape(b.shape[0], -1, self.experts)
+            delta = torch.einsum("o r e, e r i -> e o i" if self.swapped else "o r e, e r i -> e i o", b, a)
+        return (w.float() + self.scaling * delta).to(w.dtype)
+
+
+def parameter_adapters(peft_model: torch.nn.Module) -> dict[str, ParameterAdapter]:
+    """Each ParamWrapper's adapter, by the name of the module holding its lora_A and lora_B."""
+    from peft.tuners.lora import ParamWrapper
+
+    names = {id(m): name for name, m in peft_model.named_modules()}
+    return {
+        name: ParameterAdapter(
+            f"{names[id(sub.get_base_layer())]}.{sub.parameter_name}",
+            sub.num_experts,
+            bool(getattr(sub, "_did_swap_in_out_features", False)),
+            sub.scaling[ADAPTER],
+        )
+        for name, sub in peft_model.named_modules()
+        if isinstance(sub, ParamWrapper)
+    }
+
+
+def plain_name(name: str) -> str:
+    """A PeftModel's state-dict name as the plain model's: peft's wrapping and every base_layer level gone."""
+    return re.sub(r"\.base_layer(?=\.)", "", name.removeprefix(WRAPPED))
+
+
 def merged(
-    scaling: dict[str, float], tensors: Iterable[tuple[str, torch.Tensor]]
+    scaling: dict[str, float],
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    params: dict[str, ParameterAdapter] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """The PeftModel's (name, full tensor) stream as the plain model's: an adapted layer's weight is
-    W + scaling * B @ A (peft's merge for a linear layer, computed in fp32 and stored in W's dtype); every
-    name loses peft's wrapping. A layer's three tensors arrive together in state-dict order, so at most one
-    layer is held at a time."""
+    W + scaling * B @ A (peft's merge for a linear layer, computed in fp32 and stored in W's dtype), an adapted
+    parameter's (`params`, parameter_adapters) as ParameterAdapter.merged; every name loses peft's wrapping. An
+    adapter's three tensors arrive together in state-dict order (a module's parameters, then each level of adapters
+    on them), so at most one layer is held at a time."""
+    roles: dict[str, tuple[str, str]] = {}  # a parameter adapter's tensor -> (its module, W | A | B)
+    for module, p in (params or {}).items():
+        roles.update({p.weight: (module, "W"), f"{module}.lora_A.{ADAPTER}.weight": (module, "A")})
+        roles[f"{module}.lora_B.{ADAPTER}.weight"] = (module, "B")
     held: dict[str, dict[str, torch.Tensor]] = {}
     for name, t in tensors:
+        if name in roles:
+            module, tag = roles[name]
+            parts = held.setdefault(module, {})
+            parts[tag] = t
+            if len(parts) == 3:
+                del held[module]
+                p = params[module]
+                yield plain_name(p.weight), p.merged(parts["W"], parts["A"], parts["B"])
+            continue
         for part, tag in ((".base_layer.", "W"), (".lora_A.", "A"), (".lora_B.", "B")):  # noqa: B007  (read after the break)
             if part in name:
                 layer, rest = name.split(part, 1)

@@ -28,7 +28,7 @@ class ActorWeights:
         module = self.models.actor.module
         tensors = parallel.full_tensors(module)
         if self.cfg.actor_rollout_ref.model.uses_lora:
-            tensors = lora.merged(lora.scalings(module), tensors)
+            tensors = lora.merged(lora.scalings(module), tensors, lora.parameter_adapters(module))
         if self.layout is not None:
             tensors = self.layout(tensors)
         for name, t in tensors:

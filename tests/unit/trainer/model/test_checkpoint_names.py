@@ -126,24 +126,6 @@ def test_a_dense_model_passes_through_untouched():
     assert list(layout(iter(tensors))) == tensors
 
 
-def test_lora_merged_weights_of_an_moe_reach_the_checkpoint_layout(tmp_path):
-    """LoRA on the attention of an MoE: the merged stream (lora.merged) reverted is the merged model's checkpoint."""
-    from peft import LoraConfig, get_peft_model
-
-    model, _ = tiny_moe.build("qwen3_moe")
-    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-    with torch.no_grad():
-        for name, p in peft_model.named_parameters():
-            if "lora_B" in name:
-                p.normal_()  # B starts at zero: the merge would change nothing
-    stream = lora.merged(lora.scalings(peft_model), peft_model.state_dict().items())
-    got = list(CheckpointLayout.of(model.config)(stream))
-    want = saved(peft_model.merge_and_unload(), tmp_path)
-    assert set(n for n, _ in got) == set(want)
-    for name, t in got:
-        assert torch.allclose(t, want[name], atol=1e-6), name
-
-
 def one_way_mapping(monkeypatch):
     """qwen3_moe's conversion replaced by one with no reverse (ConversionOps.reverse_op raises)."""
     from transformers import conversion_mapping as cm
@@ -202,16 +184,55 @@ def test_what_the_weight_sync_yields_for_each_engine(tmp_path, engine):
 
 
 @pytest.mark.parametrize("family", tiny_moe.FAMILIES)
-def test_lora_all_linear_on_an_moe_is_refused_naming_the_attention(family):
-    """peft's all-linear adapts an MoE's fused experts and router as parameters, which rlrig does not merge: refused
-    before any worker starts, naming the layers to adapt instead; those pass."""
-    from rlrig.trainer.config.overrides import parse_overrides
-    from rlrig.trainer.errors import ConfigError
+@pytest.mark.parametrize("targets", ["all-linear", ["q_proj", "v_proj"]], ids=["all-linear", "attention"])
+def test_lora_on_an_moe_merged_into_the_checkpoint_layout_is_peft_merge(tmp_path, family, targets):
+    """LoRA on an MoE as peft allows it: all-linear adapts the attention, the fused experts and the router (the last two
+    as parameters, peft's ParamWrapper). The merged stream (lora.merged) reverted is the checkpoint save_pretrained
+    writes of peft's own merge_and_unload; lora.check takes the adapter."""
+    from peft import LoraConfig, get_peft_model
 
-    path = tiny_moe.ensure(family)
-    cfg = parse_overrides(["actor_rollout_ref.model.lora_rank=4"]).actor_rollout_ref.model
-    with pytest.raises(ConfigError) as e:
-        lora.check(cfg, path, {})
-    assert "[q_proj,k_proj,v_proj,o_proj]" in str(e.value) and "\n" not in str(e.value), str(e.value)
-    attention = ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.target_modules=[q_proj,v_proj]"]
-    lora.check(parse_overrides(attention).actor_rollout_ref.model, path, {})
+    from rlrig.trainer.config.overrides import parse_overrides
+
+    model, _ = tiny_moe.build(family)
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_" in name:
+                p.normal_(std=0.1)  # B starts at zero: the merge would change nothing
+    params = lora.parameter_adapters(peft_model)
+    assert bool(params) == (targets == "all-linear")
+    if params:
+        assert any(p.experts == 8 and p.weight.endswith("gate_up_proj") for p in params.values())
+        assert any(p.experts == 8 and p.weight.endswith("down_proj") for p in params.values())
+    stream = lora.merged(lora.scalings(peft_model), peft_model.state_dict().items(), params)
+    got = list(CheckpointLayout.of(model.config)(stream))
+    want = saved(peft_model.merge_and_unload(), tmp_path)
+    assert set(n for n, _ in got) == set(want)
+    for name, t in got:
+        assert torch.allclose(t, want[name], atol=1e-5), name
+    keys = ["actor_rollout_ref.model.lora_rank=4", f"actor_rollout_ref.model.target_modules={targets}".replace("'", "")]
+    lora.check(parse_overrides(keys).actor_rollout_ref.model, tiny_moe.ensure(family), {})
+
+
+@pytest.mark.parametrize("family", tiny_moe.FAMILIES)
+def test_an_moe_export_with_lora_on_its_experts_is_the_merged_checkpoint(tmp_path, family):
+    """model/hf_export.py as `rlrig export` and a checkpoint's hf_model call it for an all-linear LoRA run: the folder
+    holds the merged model in the checkpoint layout (one tensor per expert), and the adapter as peft saves it."""
+    from peft import LoraConfig, get_peft_model
+
+    from rlrig.trainer.model.hf_export import write_hf_model
+
+    model, _ = tiny_moe.build(family)
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_" in name:
+                p.normal_(std=0.1)
+    fields = lora.resume_fields(peft_model.peft_config[lora.ADAPTER])
+    write_hf_model(peft_model.state_dict(), tiny_moe.ensure(family), tmp_path / "hf", lora=fields)
+    got = load_file(tmp_path / "hf" / "model.safetensors")
+    want = saved(peft_model.merge_and_unload(), tmp_path / "want")
+    assert set(got) == set(want) and any(".experts.7." in n for n in got)
+    for name in want:
+        assert torch.allclose(got[name], want[name], atol=1e-5), name
+    assert (tmp_path / "hf" / "lora_adapter" / "adapter_model.safetensors").is_file()
