@@ -11,7 +11,7 @@ from ..algos.core_algos import LOSS_AGG_MODES
 from ..algos.estimators import ESTIMATORS
 from ..algos.policy_losses import POLICY_LOSSES
 from ..errors import ConfigError
-from ..model import compiled, kernels
+from ..model import attention, compiled, kernels
 from ..model.micro_batches import mini_batch_prompts, per_worker_mini_batch, sequence_parallel, token_budgets
 from ..profiler_settings import ROLE_KEYS, TOOL_RECORDS_CPU, TORCH_CONTENTS, role_profile
 from ..reward.managers import overlong
@@ -72,6 +72,7 @@ def validate(cfg: Config) -> None:
         _rollout_pool,
         validate_profiler,
         _kernels,
+        _attention,
     ):
         section(cfg)
 
@@ -695,6 +696,26 @@ def profiler_device_refusal(cfg: Config) -> str | None:
         f"global_profiler.tool={tool} records CUDA work and this run is on CPU (trainer.device="
         f"{cfg.trainer.device}); global_profiler.tool=torch records CPU runs"
     )
+
+
+def _attention(cfg: Config) -> None:
+    why = attention_refusal(cfg)
+    if why:
+        raise ConfigError(why)
+
+
+def attention_refusal(cfg: Config) -> str | None:
+    """override_config.attn_implementation of the actor's and the critic's models (model/attention.py), on the run's
+    device (again once trainer.device=auto is resolved)."""
+    models = {"actor_rollout_ref.model": cfg.actor_rollout_ref.model}
+    if cfg.critic_in_use and cfg.critic.model.path:
+        models["critic.model"] = cfg.critic.model
+    for prefix, model in models.items():
+        key, impl = f"{prefix}.override_config.attn_implementation", attention.requested(model.override_config)
+        why = attention.refusal(key, impl, cfg.trainer.device)
+        if why:
+            return why
+    return None
 
 
 def _kernels(cfg: Config) -> None:

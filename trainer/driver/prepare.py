@@ -8,7 +8,12 @@ import os
 from pathlib import Path
 
 from .. import mlflow_store
-from ..config.validation import kernel_device_refusal, micro_batch_refusal, profiler_device_refusal
+from ..config.validation import (
+    attention_refusal,
+    kernel_device_refusal,
+    micro_batch_refusal,
+    profiler_device_refusal,
+)
 from ..data.custom_sampler import make_sampler
 from ..errors import ConfigError
 from ..model import compiled, lora
@@ -121,6 +126,7 @@ def resolved(cfg, updates: int):
     cfg = with_runtime(cfg, updates, "cuda" if uses_gpu(cfg) else "cpu")
     on_gpu = cfg.trainer.device == "cuda"
     why = micro_batch_refusal(cfg) if on_gpu else profiler_device_refusal(cfg) or kernel_device_refusal(cfg)
+    why = why or attention_refusal(cfg)
     if why:
         raise ConfigError(why)
     notice = compiled.start_notice(cfg)

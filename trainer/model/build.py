@@ -59,14 +59,23 @@ def load_tokenizer(cfg, path: str):
 
 def model_kwargs(model_cfg, path: str, **overrides) -> dict:
     """from_pretrained arguments: load_kwargs and a config with model.override_config (and `overrides`) set on
-    it before the weights load, as verl does (attributes a config does not define are set too)."""
+    it before the weights load, as verl does (attributes a config does not define are set too). The attention
+    implementation (override_config.attn_implementation) goes to from_pretrained itself, as verl passes it: set on the
+    config, transformers never reads it."""
     from transformers import AutoConfig
 
     kw = load_kwargs(model_cfg)
     conf = AutoConfig.from_pretrained(path, **kw)
+    attn = {}
     for k, v in {**overrides, **model_cfg.override_config}.items():
-        setattr(conf, k, v)
-    return {**kw, "config": conf}
+        if k in ATTN_KEYS:
+            attn["attn_implementation"] = v
+        else:
+            setattr(conf, k, v)
+    return {**kw, **attn, "config": conf}
+
+
+ATTN_KEYS = ("attn_implementation", "_attn_implementation")
 
 
 def import_external_lib(model_cfg) -> None:
