@@ -28,6 +28,7 @@ from .interactions import BaseInteraction
 from .sanity import SanityCheck
 from .tool_parser import FunctionCall
 from .tools import BaseTool
+from .tools.mcp import ToolServerError
 from .trace import SampleTrace, Tracer
 
 TOOL_AGENT, SINGLE_TURN = "tool_agent", "single_turn_agent"
@@ -120,7 +121,7 @@ async def timed(coroutine) -> tuple:
 async def call_tool(tool: BaseTool | None, call: FunctionCall, tools_kwargs: dict, timeout: float):
     """One call, on a fresh instance of its tool; any failure (an unknown tool, arguments that are not JSON, the
     tool raising or running past the timeout) is the text the model reads back, as in verl, never an error of the
-    run. (the text, the call's reward or None)"""
+    run, unless the tool's MCP server is gone (ToolServerError). (the text, the call's reward or None)"""
     instance = None
     try:
         if tool is None:
@@ -131,6 +132,8 @@ async def call_tool(tool: BaseTool | None, call: FunctionCall, tools_kwargs: dic
         response, reward, _ = await asyncio.wait_for(tool.execute(instance, args), timeout)
     except TimeoutError:
         return f"Error when executing tool: timed out after {timeout:g} s", 0.0
+    except ToolServerError:
+        raise
     except Exception as e:  # the model's call, not the run, failed: it reads why, as in verl
         return f"Error when executing tool: {e}", 0.0
     finally:
