@@ -8,7 +8,7 @@ from ..errors import ConfigError
 from .interactions import load_interactions
 from .loop import SINGLE_TURN, TOOL_AGENT
 from .tool_parser import PARSERS
-from .tools import load_tools
+from .tools import close_tools, load_tools
 
 AGENT_LOOPS = (SINGLE_TURN, TOOL_AGENT)
 
@@ -19,7 +19,11 @@ def agent_of(row: dict, default: str) -> str:
 
 def tool_schemas(path: str | None) -> list[dict] | None:
     """The tools' schemas as the chat template renders them into every prompt (data.tool_config_path), or None."""
-    return [t.tool_schema for t in load_tools(path).values()] if path else None
+    if not path:
+        return None
+    tools = load_tools(path)
+    close_tools(tools)
+    return [t.tool_schema for t in tools.values()]
 
 
 def check(cfg, rows: list[dict]) -> str | None:
@@ -39,7 +43,7 @@ def check(cfg, rows: list[dict]) -> str | None:
             f"{', '.join(PARSERS)} (verl's are hermes and gpt-oss)"
         )
     if mt.tool_config_path:
-        load_tools(mt.tool_config_path)
+        close_tools(load_tools(mt.tool_config_path))
     if mt.interaction_config_path:
         interactions = load_interactions(mt.interaction_config_path)
         for row in rows:
