@@ -147,7 +147,19 @@ def tools() -> list[str]:
     ]
 
 
-PRESETS = {"embedded": lambda: list(EMBEDDED), "smollm2": smollm2, "tools": tools}
+def tools_mcp() -> list[str]:
+    """The embedded tool task with its calculator served by an MCP server (agent/tools/calculator_server.py, over
+    stdio, one per rollout worker) in place of the built-in tool: the same model, rows and calls."""
+    from ..embedded.tool_model import mcp_tool_config
+
+    return tools() + [
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={mcp_tool_config()}",
+        "trainer.experiment_name=tools-mcp",
+        "trainer.default_local_dir=outputs/tools-mcp",
+    ]
+
+
+PRESETS = {"embedded": lambda: list(EMBEDDED), "smollm2": smollm2, "tools": tools, "tools-mcp": tools_mcp}
 
 
 def with_preset(name: str | None, overrides: list[str]) -> list[str]:

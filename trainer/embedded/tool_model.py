@@ -153,3 +153,33 @@ def task_files() -> tuple[str, str, str]:
         tmp.write_text(TOOL_CONFIG)
         os.replace(tmp, tools)
     return str(train), str(test), str(tools)
+
+
+MCP_TOOL_CONFIG = """tools:
+  - class_name: verl.tools.mcp_base_tool.MCPBaseTool
+    config: {{type: mcp, timeout: 30}}
+    mcp:
+      mcp_servers_config_path: {servers}
+"""
+
+
+def mcp_tool_config() -> str:
+    """A tool config whose calculator is the MCP server agent/tools/calculator_server.py, started over stdio by each
+    process that loads it with this Python; rewritten when the Python differs (another environment)."""
+    import json
+    import sys
+
+    root = cache_dir().parent / "data" / "calculator-mcp"
+    servers, tools = root / "mcp_servers.json", root / "calculator_mcp_tool_config.yaml"
+    command = {"command": sys.executable, "args": ["-m", "rlrig.trainer.agent.tools.calculator_server"]}
+    texts = {
+        servers: json.dumps({"mcpServers": {"calculator": command}}, indent=2) + "\n",
+        tools: MCP_TOOL_CONFIG.format(servers=json.dumps(str(servers))),
+    }
+    root.mkdir(parents=True, exist_ok=True)
+    for path, text in texts.items():
+        if not path.is_file() or path.read_text() != text:
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(text)
+            os.replace(tmp, path)
+    return str(tools)
