@@ -124,8 +124,8 @@ def test_an_moe_trains_with_vllm_colocated(tmp_path, family, extra):
 
 @pytest.mark.parametrize("family", tiny_moe.FAMILIES)
 def test_an_moe_trains_with_vllm_on_a_rollout_pool_of_its_own(tmp_path, family):
-    """The weights cross the weight-sync group in the checkpoint's layout, converted on training rank 0
-    (workers/actor_weights.py), and land in the pool's engine."""
+    """The weights cross the weight-sync group as the actor holds them (the experts fused) and are converted to the
+    checkpoint's layout by the pool's worker (workers/rollout_worker.py) on their way into its engine."""
     pool = ["actor_rollout_ref.hybrid_engine=False", "rollout.nnodes=1", "rollout.n_gpus_per_node=1"]
     train(tmp_path / "run", family, *pool, "trainer.n_gpus_per_node=1")
 

@@ -12,13 +12,14 @@ from ..model.checkpoint_names import CheckpointLayout
 
 class ActorWeights:
     """Every training rank holds one; `tensors` and `push` are collectives under FSDP, so every rank calls them.
-    `engine_cls`: the rollout engine they are for (this worker's, or the rollout pool's); where its loader reads
-    checkpoints (checkpoint_layout), the tensors are in the model's checkpoint layout (an MoE's experts one by one)."""
+    `engine_cls`: this worker's own engine, None where the engines are a rollout pool's; where its loader reads
+    checkpoints (checkpoint_layout), `tensors` are in the model's checkpoint layout (an MoE's experts one by one). A
+    pool is sent them as the actor holds them, and its workers convert what they receive (workers/rollout_worker.py)."""
 
-    def __init__(self, cfg, models, device: torch.device, rank: int, engine_cls):
+    def __init__(self, cfg, models, device: torch.device, rank: int, engine_cls=None):
         self.cfg, self.models, self.device, self.rank = cfg, models, device, rank
-        config = models.actor.module.config
-        self.layout = CheckpointLayout.of(config) if engine_cls.checkpoint_layout else None
+        own = engine_cls is not None and engine_cls.checkpoint_layout
+        self.layout = CheckpointLayout.of(models.actor.module.config) if own else None
         self.sync = None  # the weight-sync group to the rollout pool (rank 0 sends in it)
         self._sent_from = None  # rank 0: the actor as the weight sync lays it out (weight_sync.Landing)
 

@@ -21,6 +21,7 @@ from ..agent import partial as agent_partial
 from ..agent.rollout import AgentRollout
 from ..config.schema import from_dict
 from ..model import build
+from ..model.checkpoint_names import CheckpointLayout
 from ..model.forward import ForwardOptions, token_outputs
 from ..model.precision import resolve
 from ..reward.managers import overlong
@@ -89,6 +90,10 @@ class RolloutWorker(PoolWorker):
         ctx = EngineContext.of(cfg, self.module, self.tok, model_path, self.device.type, seed)
         self.lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-engine")
         self.engine = self.lane.submit(make_engine, cls, ctx).result()
+        # the weights arrive as the actor holds them (an MoE's experts fused: fewer, larger transfers) and are
+        # converted here for an engine that reads checkpoints
+        config = build.model_kwargs(a.model, model_path)["config"] if cls.checkpoint_layout else None
+        self.layout = CheckpointLayout.of(config) if config is not None else None
         self.agent = AgentRollout(self.engine, self.tok, cfg)
         self.reward = RewardSource(reward_fn(cfg), None, None, cfg.data.prompt_key, overlong(cfg.reward_model))
         self.sync: SyncGroup | None = None
@@ -117,7 +122,8 @@ class RolloutWorker(PoolWorker):
     def receive_weights(self, version: int) -> None:
         """The weights training rank 0 is sending, straight into the engine, bucket by bucket."""
         with self._reported("sync_rollout_weights"):
-            self.engine.sync_weights(self.sync.receive(self.engine.in_place))
+            weights = self.sync.receive(self.engine.in_place)
+            self.engine.sync_weights(self.layout(weights) if self.layout is not None else weights)
         self.version = version
 
     @on_engine_thread

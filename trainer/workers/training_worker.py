@@ -97,7 +97,7 @@ class TrainingWorker(RankWorker):
         self.agent = AgentRollout(self.engine, self.tok, cfg) if self.engine is not None else None
         self.context = self._step_context()
         self._kept = None  # the last step's samples, where its request asked to keep them (kept_batch)
-        self.weights = ActorWeights(cfg, self.models, self.device, rank, engine_cls or engine_class(a.rollout.name))
+        self.weights = ActorWeights(cfg, self.models, self.device, rank, engine_cls)
         if self.engine is not None:
             # the engine takes the actor's weights: rank 0's, which the wrapper just broadcast (this node's copy on
             # disk need not equal them); an FSDP generation copy is allocated empty until this first sync

@@ -167,10 +167,11 @@ def test_start_up_refuses_only_an_architecture_that_cannot_be_reverted_and_names
     assert "\n" not in why
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang", "hf"])
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "hf", None])
 def test_what_the_weight_sync_yields_for_each_engine(tmp_path, engine):
-    """workers/actor_weights.py, the stream both the colocated sync and the rollout pool's broadcast send: for an engine
-    that reads checkpoints, the saved checkpoint's names and tensors; for hf, the module's own state dict."""
+    """workers/actor_weights.py, the stream a colocated sync takes: for an engine that reads checkpoints, the saved
+    checkpoint's names and tensors; for hf, the module's own state dict; for a rollout pool (no engine of the
+    worker's own), the module's own state dict too, which the pool's workers convert as they receive it."""
     from types import SimpleNamespace
 
     from rlrig.trainer.rollout import engines
@@ -179,8 +180,9 @@ def test_what_the_weight_sync_yields_for_each_engine(tmp_path, engine):
     model, _ = tiny_moe.build("qwen3_moe")
     cfg = SimpleNamespace(actor_rollout_ref=SimpleNamespace(model=SimpleNamespace(uses_lora=False)))
     models = SimpleNamespace(actor=SimpleNamespace(module=model))
-    got = list(ActorWeights(cfg, models, torch.device("cpu"), 0, engines.ENGINES[engine]).tensors())
-    assert_same(got, saved(model, tmp_path) if engine != "hf" else dict(model.state_dict()))
+    cls = engines.ENGINES[engine] if engine else None
+    got = list(ActorWeights(cfg, models, torch.device("cpu"), 0, cls).tensors())
+    assert_same(got, saved(model, tmp_path) if engine in ("vllm", "sglang") else dict(model.state_dict()))
 
 
 @pytest.mark.parametrize("family", tiny_moe.FAMILIES)
