@@ -14,11 +14,13 @@ import psutil
 import pytest
 
 from rlrig.trainer.agent.loop import call_tool
+from rlrig.trainer.agent.rollout import AgentRollout
 from rlrig.trainer.agent.tool_parser import FunctionCall
 from rlrig.trainer.agent.tools import close_tools, load_tools
 from rlrig.trainer.agent.tools.base import function_schema
 from rlrig.trainer.agent.tools.mcp import ToolServerError, mcp2openai
 from rlrig.trainer.errors import ConfigError
+from tests.unit.trainer.agent.test_loop import EOS, TOK, Cfg, ScriptedEngine, call, decode_parts, row
 
 SERVER = [sys.executable, "-m", "rlrig.trainer.agent.tools.calculator_server"]
 CALC_SCHEMA = {
@@ -237,3 +239,19 @@ def test_a_server_that_dies_mid_run_ends_the_run_naming_it(tmp_path):
         assert "\n" not in str(e.value)
     finally:
         close_tools(tools)
+
+
+def test_one_rollout_step_calls_the_mcp_server_and_its_result_is_the_tool_turn(tmp_path):
+    """The embedded tool model's call, through verl's loop (the rollout's AgentRollout over a scripted engine) to the
+    MCP calculator and back: the tool turn is the server's answer, masked out of the model's tokens."""
+    engine = ScriptedEngine({"37*48=": call("37*48"), "</tool_response>": f"#### 1776{EOS}"})
+    agent = AgentRollout(engine, TOK, Cfg(config(tmp_path, {"calc": stdio(*SERVER)})))
+    try:
+        ro, stats = agent.generate([row("37*48=")], 2)
+    finally:
+        close_tools(agent.loop.tools)
+    for i, t in enumerate(stats.trajs):
+        assert t.tool_calls == 1 and t.messages[-2] == {"role": "tool", "content": "1776"}
+        whole, own = decode_parts(ro, i)
+        assert whole == f"{call('37*48')}<tool_response>1776</tool_response>#### 1776{EOS}"
+        assert own == f"{call('37*48')}#### 1776{EOS}"  # the server's answer is not the model's to learn
