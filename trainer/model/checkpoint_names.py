@@ -30,25 +30,37 @@ def meta_model(config) -> torch.nn.Module:
         return AutoModelForCausalLM.from_config(config, trust_remote_code=remote)
 
 
+def may_convert(config) -> bool:
+    """Whether transformers has a conversion for the architecture or a model within it (by model type or class
+    name), asked without building a model: one that has none (a dense model) needs no model to pass through."""
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+    configs = [config, *(getattr(config, key, None) for key in getattr(config, "sub_configs", {}))]
+    keys = [getattr(c, "model_type", None) for c in configs if c is not None] + list(config.architectures or [])
+    return any(k and get_checkpoint_conversion_mapping(k) is not None for k in keys)
+
+
 class CheckpointLayout:
     """transformers' reverse weight conversion for one architecture, applied to a (name, tensor) stream in the
     model's in-memory layout (the actor's state dict, LoRA merged): the same stream in the checkpoint's layout.
     Reverted tensors are views of the ones given where transformers' ops allow (an expert's slice of the fused
     tensor), so the stream copies nothing an engine's loader does not."""
 
-    def __init__(self, model: torch.nn.Module):
-        """`model`: one of the architecture (a meta_model is enough); only its config and module tree are read."""
+    def __init__(self, model: torch.nn.Module | None):
+        """`model`: one of the architecture (a meta_model is enough; only its config and module tree are read), or
+        None for one transformers converts nothing of (may_convert)."""
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import PrefixChange
 
         self.model = model
         # as save_pretrained reverts a model not read by from_pretrained: without legacy renamings or prefix changes
-        conversions = get_model_conversion_mapping(model, add_legacy=False)
+        conversions = get_model_conversion_mapping(model, add_legacy=False) if model is not None else []
         self.converts = any(not isinstance(c, PrefixChange) for c in conversions)
 
     @classmethod
     def of(cls, config) -> CheckpointLayout:
-        return cls(meta_model(config))
+        """The layout of `config`'s architecture; a model of it is built (weightless) only where it may convert."""
+        return cls(meta_model(config) if may_convert(config) else None)
 
     def __call__(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         """The stream in the checkpoint's layout, block by block, in order; every item of `tensors` is consumed."""
@@ -78,6 +90,8 @@ def refusal(config) -> str | None:
     architecture transformers cannot revert is named at start-up, not at the first sync."""
     from transformers.conversion_mapping import get_model_conversion_mapping
 
+    if not may_convert(config):
+        return None
     head = f"transformers {_version()} cannot convert {config.model_type}'s weights back to its checkpoint layout"
     try:
         model = meta_model(config)

@@ -122,8 +122,9 @@ def test_a_dense_model_passes_through_untouched():
 
     layout = CheckpointLayout.of(Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1))
     tensors = [("a.weight", torch.ones(2)), ("model.layers.0.b", torch.zeros(3))]
-    assert not layout.converts
+    assert not layout.converts and layout.model is None  # no model built: nothing of a dense Qwen2 is converted
     assert list(layout(iter(tensors))) == tensors
+    assert checkpoint_names.refusal(Qwen2Config()) is None
 
 
 def one_way_mapping(monkeypatch):
