@@ -94,6 +94,8 @@ DOMAINS: dict[str, Domain] = {
     "data.train_batch_size": COUNT,
     "data.val_batch_size": COUNT_OR_NULL,
     "data.gen_batch_size": COUNT_OR_NULL,
+    # verl's v1 replay buffer: "max_inflight_gen_batches must be a positive integer"
+    "algorithm.filter_groups.max_inflight_gen_batches": COUNT,
     "data.max_prompt_length": COUNT,
     "data.max_response_length": COUNT,
     **_optim("actor_rollout_ref.actor.optim"),

@@ -162,10 +162,11 @@ def rollout_pool_defaults(cfg: Config, keys: set[str]) -> None:
     async_mode_of(cfg, keys)
     if cfg.trainer.async_mode == FULLY_ASYNC:
         fully_async_batches(cfg)
-    elif cfg.data.gen_batch_size not in (None, cfg.data.train_batch_size):
+    elif cfg.data.gen_batch_size not in (None, cfg.data.train_batch_size) and not cfg.algorithm.filter_groups.enable:
         raise ConfigError(
-            f"data.gen_batch_size={cfg.data.gen_batch_size}: DAPO's dynamic sampling (a generation batch other than "
-            "the training batch) is not in rlrig; each step samples data.train_batch_size prompts"
+            f"data.gen_batch_size={cfg.data.gen_batch_size} differs from data.train_batch_size="
+            f"{cfg.data.train_batch_size}: rlrig draws a generation batch of its own only for DAPO's dynamic "
+            "sampling; set algorithm.filter_groups.enable=True, or drop data.gen_batch_size"
         )
     if cfg.actor_rollout_ref.hybrid_engine:
         pool_keys = sorted(k for k in keys if k.startswith("rollout."))

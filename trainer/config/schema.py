@@ -411,6 +411,17 @@ class PfPpoConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling (algos/filter_groups.py, driver/dynamic_sampling.py), colocated only."""
+
+    enable: bool = False
+    # reward | seq_reward | seq_final_reward (from the score), or a field of the reward function's result: acc, score
+    metric: str | None = "reward"
+    max_num_gen_batches: int = 0  # generation batches a step may draw; 0 or less: no limit
+    max_inflight_gen_batches: int = 1  # verl's v1 trainer's concurrency; rlrig generates one batch at a time
+
+
+@dataclass
 class RolloutCorrectionConfig:
     # truncated importance weights between the actor's and the engine's log-probs (algos/rollout_correction.py)
     rollout_is: str | None = None  # None (off) | token | sequence
@@ -436,6 +447,7 @@ class AlgorithmConfig:
     use_pf_ppo: bool = False  # resample the batch by score weights after GAE (algos/pf_ppo.py)
     pf_ppo: PfPpoConfig = field(default_factory=PfPpoConfig)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
 
 
 @dataclass

@@ -65,6 +65,7 @@ def validate(cfg: Config) -> None:
         _actor,
         _fused_kernels,
         _algorithm,
+        validate_filter_groups,
         validate_reward_model,
         validate_lora,
         validate_rollout_correction,
@@ -458,6 +459,43 @@ def _algorithm(cfg: Config) -> None:
         raise ConfigError(
             f"algorithm.adv_estimator={est.name} needs sum_pi_squared from the actor's old-log-prob pass, which "
             "algorithm.rollout_correction.bypass_mode=True skips (verl fails at its first step); set bypass_mode=False"
+        )
+
+
+def validate_filter_groups(cfg: Config) -> None:
+    """DAPO's dynamic sampling (algorithm.filter_groups.enable) as rlrig runs it: colocated, one generation batch of
+    data.gen_batch_size prompts at a time, each worker generating an equal share of it."""
+    fg, d, t = cfg.algorithm.filter_groups, cfg.data, cfg.trainer
+    if not fg.enable:
+        return
+    key = "algorithm.filter_groups"
+    if not cfg.actor_rollout_ref.hybrid_engine:
+        raise ConfigError(
+            f"{key}.enable=True with actor_rollout_ref.hybrid_engine=False: rlrig's dynamic sampling runs in the "
+            "colocated mode (as verl's DAPO recipe does), not with a rollout pool of its own or asynchronously; set "
+            "actor_rollout_ref.hybrid_engine=True or algorithm.filter_groups.enable=False"
+        )
+    if not fg.metric:
+        raise ConfigError(
+            f"{key}.metric must be set when group filtering is enabled (verl's words): acc, score, "
+            "reward, seq_reward, seq_final_reward or a field your reward function returns"
+        )
+    if fg.metric == "seq_final_reward" and cfg.algorithm.use_kl_in_reward:
+        raise ConfigError(
+            f"{key}.metric=seq_final_reward with algorithm.use_kl_in_reward=True: rlrig applies the KL penalty after "
+            "the filter, so the rewards with it are not known when groups are dropped; use seq_reward or set "
+            "use_kl_in_reward=False"
+        )
+    if fg.max_inflight_gen_batches != 1:
+        raise ConfigError(
+            f"{key}.max_inflight_gen_batches={fg.max_inflight_gen_batches}: rlrig generates one generation batch at "
+            "a time, as verl's DAPO recipe does (more in flight is verl's v1 trainer's); set it to 1"
+        )
+    workers, gen = t.nnodes * t.n_gpus_per_node, d.gen_batch_size or d.train_batch_size
+    if gen % workers:
+        raise ConfigError(
+            f"data.gen_batch_size={gen} prompts cannot be shared by {workers} workers (trainer.nnodes x "
+            f"trainer.n_gpus_per_node), each of which generates its share; make it a multiple of {workers}"
         )
 
 

@@ -66,7 +66,6 @@ REFUSED_PREFIXES = {
     "actor_rollout_ref.model.lora.": "verl's Megatron LoRA config is not in rlrig; rlrig's LoRA is "
     "actor_rollout_ref.model.lora_rank, lora_alpha, target_modules",
     "actor_rollout_ref.teacher.": "verl's on-policy distillation (the GKD recipe's teacher server) is not in rlrig",
-    "algorithm.filter_groups.": "DAPO's dynamic sampling (the dapo recipe's filter_groups) is not in rlrig",
     "reward_model.overlong_buffer.": "the dapo recipe's older place for the overlong penalty; rlrig's is "
     "reward_model.reward_manager=dapo with reward_model.reward_kwargs.overlong_buffer_cfg.*",
     "trainer.spo.": "the spo recipe's offline values are not in rlrig",
@@ -342,6 +341,7 @@ _TARGETS = {
     "critic.model._target_": "verl.workers.config.FSDPCriticModelCfg",
     "algorithm._target_": "verl.trainer.config.AlgoConfig",
     "algorithm.kl_ctrl._target_": "verl.trainer.config.KLControlConfig",
+    "algorithm.filter_groups._target_": "verl.trainer.config.FilterGroupsConfig",
     # the profilers
     **_each(
         (*_PROFILED, "actor_rollout_ref.rollout.", "reward_model.", "global_"),

@@ -2,6 +2,7 @@
 
 Colocated (actor_rollout_ref.hybrid_engine=True): each training worker generates its share of the batch with its
   own engine and trains on it.
+DynamicSampling: colocated, with DAPO's dynamic sampling (algorithm.filter_groups.enable; driver/dynamic_sampling.py).
 SyncPool: a rollout pool of its own generates each batch with the weights of the step before (driver/rollout_pool.py).
 OneStepOffPolicy: the pool generates the next batch while the trainer trains on this one.
 FullyAsync: the pool streams samples into a queue the trainer takes its updates from; a step is a weight version
@@ -16,7 +17,7 @@ from .. import metrics as M
 from ..config.overrides import FULLY_ASYNC
 from ..errors import ConfigError
 from ..workers.step.request import StepRequest
-from . import curriculum
+from . import curriculum, dynamic_sampling
 from .fully_async import Stream, total_versions, version_step
 from .launch import Workers
 from .reporting import say
@@ -124,6 +125,62 @@ class Colocated(Mode):
         kl, keep = p.kl_ctrl.value, p.sampler.curriculum
         steps = [w.step.remote(StepRequest(s, step, kl, keep=keep)) for w, s in zip(workers, shares)]
         return self.trained(ray.get(steps), batch, step, {})
+
+
+class DynamicSampling(Colocated):
+    """Colocated with DAPO's dynamic sampling (algorithm.filter_groups.enable): generation batches of
+    data.gen_batch_size prompts until data.train_batch_size prompts' groups are kept, then the step on exactly those
+    (driver/dynamic_sampling.py)."""
+
+    def __init__(self, prep: Prepared, workers: Workers):
+        super().__init__(prep, workers)
+        self.filler = dynamic_sampling.DynamicSampling(
+            prep.cfg, prep.pad_id, len(workers.training), self.draw, self.generate
+        )
+        self.step_now = 0  # the step whose generation batches are being drawn
+
+    @classmethod
+    def plan(cls, cfg, sampler, prompts: int) -> tuple[int, int]:
+        """The sampler draws generation batches; the steps are counted in them, as verl's data loader counts."""
+        sampler.batch = cfg.data.gen_batch_size or cfg.data.train_batch_size
+        return super().plan(cfg, sampler, prompts)
+
+    def draw(self) -> list[dict] | None:
+        p = self.prep
+        if self.exhausted():
+            return None
+        return [p.train_rows[i] for i in p.sampler.next()]
+
+    def generate(self, shares: list[list[dict]]) -> list:
+        import ray
+
+        kl, step = self.prep.kl_ctrl.value, self.step_now
+        workers = self.workers.training
+        return ray.get([w.generate.remote(StepRequest(s, step, kl)) for w, s in zip(workers, shares)])
+
+    def step(self, progress: Progress) -> dict | None:
+        import ray
+
+        p, workers, step = self.prep, self.workers.training, progress.step
+        p.faults.arm_training(step, workers)
+        self.step_now = step
+        filled = self.filler.fill()
+        if filled is None:
+            return None
+        rows = equal_shares(filled.rows, len(workers))
+        kl, keep = p.kl_ctrl.value, p.sampler.curriculum
+        at = [sum(len(r) for r in rows[:i]) * p.cfg.actor_rollout_ref.rollout.n for i in range(len(workers))]
+        steps = [
+            w.step.remote(StepRequest(r, step, kl, first_sample=first, scored=s, keep=keep))
+            for w, r, s, first in zip(workers, rows, filled.shares, at)
+        ]
+        return self.trained(ray.get(steps), filled.rows, step, filled.metrics)
+
+    def exhausted(self) -> bool:
+        """trainer.total_epochs passes over the data are drawn (verl's recipe loops over its data loader that often)."""
+        s = self.prep.sampler
+        next_epoch = s.epoch + (s.pos + s.batch > s.steps_per_epoch() * s.batch)
+        return next_epoch >= self.prep.cfg.trainer.total_epochs
 
 
 def connected_pool(prep: Prepared, workers: Workers) -> RolloutPool:
@@ -279,5 +336,5 @@ class FullyAsync(Pooled):
 def mode_of(cfg) -> type[Mode]:
     """The mode the config asks for (config validation allows only the synchronous one without a rollout pool)."""
     if cfg.actor_rollout_ref.hybrid_engine:
-        return Colocated
+        return DynamicSampling if cfg.algorithm.filter_groups.enable else Colocated
     return {"sync": SyncPool, "one_step_off_policy": OneStepOffPolicy, FULLY_ASYNC: FullyAsync}[cfg.trainer.async_mode]

@@ -48,10 +48,17 @@ def model_inputs(rows: list[dict], ro: Rollout, n: int, src: RewardSource) -> tu
 
 
 def score(
-    tokenizer, src: RewardSource, rows: list[dict], ro: Rollout, n: int, turns: list[dict] | None = None
+    tokenizer,
+    src: RewardSource,
+    rows: list[dict],
+    ro: Rollout,
+    n: int,
+    turns: list[dict] | None = None,
+    number_as_acc: bool = False,
 ) -> tuple[torch.Tensor, list[str], list[dict]]:
     """The reward of each sample (prompt i's n samples at rows i*n .. i*n+n-1), its decoded text, and the fields a
-    reward function returned beside the score (verl's reward_extra_info: `acc`, `pred`, ...; {} for a number).
+    reward function returned beside the score (verl's reward_extra_info: `acc`, `pred`, ...; {} for a number, or
+    with number_as_acc {"acc": the number} before the overlong penalty, as verl 0.9's reward loop records it).
     turns: each sample's agent-loop fields (turn_scores, tool_rewards, num_turns), which the function finds in its
     extra_info as in verl."""
     texts = tokenizer.batch_decode(ro.input_ids[:, ro.prompt_len :].tolist(), skip_special_tokens=True)
@@ -69,6 +76,8 @@ def score(
         fields = {}
         if isinstance(s, dict):  # verl's functions may return {"score": ..., other fields}
             fields, s = dict(s), s["score"]
+        elif number_as_acc and src.fn is not None:
+            fields = {"acc": s}
         s = float(s)
         if src.overlong:
             s += src.overlong.penalty(int(lengths[i]))
@@ -82,9 +91,18 @@ def score_batch(
 ) -> StepBatch:
     """The batch with its scores and token scores: the outcome reward on each response's last token (verl's: the
     last one attended, which in a multi-turn response may be a tool's), 0 elsewhere."""
-    scores = score(tokenizer, src, rows, batch, n, turns)[0].to(batch.input_ids.device)
+    return score_batch_with_fields(tokenizer, src, rows, batch, n, turns)[0]
+
+
+def score_batch_with_fields(
+    tokenizer, src: RewardSource, rows: list[dict], batch: StepBatch, n: int, turns: list[dict] | None = None
+) -> tuple[StepBatch, list[dict]]:
+    """score_batch's batch, and each sample's fields as verl 0.9's reward loop records them (score's, with
+    number_as_acc): what DAPO's dynamic sampling may filter on."""
+    scores, _, fields = score(tokenizer, src, rows, batch, n, turns, number_as_acc=True)
+    scores = scores.to(batch.input_ids.device)
     attended = batch.attention_mask[:, batch.prompt_len :]
     last = (attended.sum(-1).long() - 1).clamp_min(0)
     token_scores = torch.zeros_like(batch.mask)
     token_scores[torch.arange(len(scores)), last] = scores
-    return batch.replace(scores=scores, token_scores=token_scores)
+    return batch.replace(scores=scores, token_scores=token_scores), fields

@@ -29,8 +29,8 @@ from .actor_weights import ActorWeights
 from .base import RankWorker
 from .phase_report import PhaseReport
 from .ppo_update import entropy_in_update
+from .step import dynamic_sampling, sources
 from .step import phases as step_phases
-from .step import sources
 from .step.context import OldLogProbs, Step, StepContext, batch_sum
 from .step.context import Sources as StepSources
 from .step.request import StepPlan, StepRequest
@@ -143,6 +143,8 @@ class TrainingWorker(RankWorker):
             rollout = step_phases.Generate(self.agent, self.reward, self.rank, estimator.needs_greedy_baseline)
         else:
             rollout = step_phases.PooledSamples(self.reward)
+        if cfg.algorithm.filter_groups.enable:  # generate() samples; the step trains on the groups the driver kept
+            rollout = dynamic_sampling.ScoredSamples(rollout, cfg.algorithm.filter_groups.metric)
         found = StepSources(
             rollout=rollout,
             actor=actor,
@@ -245,6 +247,19 @@ class TrainingWorker(RankWorker):
             self.report.leave()
         self._kept = done.kept
         return done.metrics
+
+    def generate(self, req: StepRequest) -> dynamic_sampling.Generated:
+        """DAPO's dynamic sampling (algorithm.filter_groups.enable): n samples of each of req.rows, scored, with each
+        one's value of the filter's metric (workers/step/dynamic_sampling.py); the step on the kept ones follows."""
+        self.global_step = req.global_step
+        self.agent.tracer.at(req.global_step)
+        phases = Phases(
+            device_sync(self.device), self.profiler.phase, lambda name: self.report.enter(name, req.global_step)
+        )
+        try:
+            return self.context.sources.rollout.generated(self.context, req, phases)
+        finally:
+            self.report.leave()
 
     def kept_batch(self) -> dict | None:
         """The last step's samples (its request's keep) on the CPU in verl's names, with each one's prompt number in

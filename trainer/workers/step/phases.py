@@ -16,7 +16,7 @@ from ...algos.variance_proxy import variance_proxy_metrics
 from ...batch.balance import balance
 from ...batch.exchange import pf_ppo_resample, sequence_parallel_share
 from ...batch.step_batch import StepBatch
-from ...reward.scoring import RewardSource, score_batch
+from ...reward.scoring import RewardSource, score_batch, score_batch_with_fields
 from ...rollout.engines import GREEDY
 from ..base import forked_rngs
 from .context import Step, StepContext
@@ -57,6 +57,10 @@ class Generate:
     greedy_baseline: bool  # the estimator's needs_greedy_baseline (ReMax)
 
     def __call__(self, ctx: StepContext, step: Step) -> Step:
+        return self.sampled(ctx, step)[0]
+
+    def sampled(self, ctx: StepContext, step: Step) -> tuple[Step, list[dict]]:
+        """The step with its scored batch, and each sample's reward fields (scoring.score_batch_with_fields)."""
         rows, plan, phases = step.request.rows, step.plan, step.phases
         n = ctx.cfg.actor_rollout_ref.rollout.n
         # the engine may drop its weights after its last generation of a step that ends in a weight sync
@@ -68,14 +72,14 @@ class Generate:
         step = step.report(turns.metrics())
         with phases("reward"):
             batch = StepBatch.from_rollout(ro.to(ctx.device), n, self.rank * len(rows) * n)
-            batch = score_batch(ctx.tok, self.reward, rows, batch, n, turns.extra_info())
+            batch, fields = score_batch_with_fields(ctx.tok, self.reward, rows, batch, n, turns.extra_info())
         if self.greedy_baseline:  # verl's ReMax: each prompt's greedy response (through the same loop), scored
             with phases("gen_max"):
                 greedy, turns = self.agent.generate(rows, 1, GREEDY, sync_follows=syncs)
                 greedy = StepBatch.from_rollout(greedy.to(ctx.device), 1)
                 baselines = score_batch(ctx.tok, self.reward, rows, greedy, 1, turns.extra_info()).scores
             batch = batch.replace(baselines=baselines.repeat_interleave(n))
-        return step.replace(batch=batch)
+        return step.replace(batch=batch), fields
 
 
 @dataclass(frozen=True)

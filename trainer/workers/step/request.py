@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ...batch.step_batch import StepBatch
     from ...rollout.engines import Rollout
 
 
@@ -14,7 +15,9 @@ class StepRequest:
     """One step on a worker's share of it. `rows`: the prompt rows this worker's engine generates n samples of each
     of; or, where a rollout pool generated (`samples`, a share cut by sample), each sample's prompt row, with each
     sample's agent-loop fields (`turns`, for the reward function) and `first_sample`, its first sample's number in the
-    step. `keep`: hold the step's samples for kept_batch (a curriculum sampler's update)."""
+    step. `scored`: under DAPO's dynamic sampling, the samples this worker trains on, generated and scored before
+    (TrainingWorker.generate) and kept by the driver, their groups numbered in the step. `keep`: hold the step's
+    samples for kept_batch (a curriculum sampler's update)."""
 
     rows: list[dict]
     global_step: int  # counts from 1
@@ -22,6 +25,7 @@ class StepRequest:
     samples: Rollout | None = None
     turns: list[dict] | None = None
     first_sample: int = 0
+    scored: StepBatch | None = None
     keep: bool = False
     # fully async: this update's place among the weight version's (1 to trigger_parameter_sync_step), else None
     local_step: int | None = None

@@ -383,7 +383,29 @@ FULLY_ASYNC = [*POOL, "data.train_batch_size=0", "async_training.staleness_thres
             [*FULLY_ASYNC, "async_training.use_trainer_do_validate=True"],
             "use_trainer_do_validate=True: validating on the training workers' own engines is not in rlrig",
         ),
-        (["data.gen_batch_size=4"], "data.gen_batch_size=4: DAPO's dynamic sampling .* is not in rlrig"),
+        (["data.gen_batch_size=4"], "data.gen_batch_size=4 differs from .* set algorithm.filter_groups.enable=True"),
+        (["algorithm.filter_groups.enable=True", *POOL], "filter_groups.enable=True with .*hybrid_engine=False"),
+        (
+            ["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=null"],
+            "^algorithm.filter_groups.metric must be set when group filtering is enabled",
+        ),
+        (
+            [
+                "algorithm.filter_groups.enable=True",
+                "algorithm.filter_groups.metric=seq_final_reward",
+                "algorithm.use_kl_in_reward=True",
+            ],
+            "metric=seq_final_reward with algorithm.use_kl_in_reward=True: rlrig applies the KL penalty after",
+        ),
+        (
+            ["algorithm.filter_groups.enable=True", "algorithm.filter_groups.max_inflight_gen_batches=2"],
+            "max_inflight_gen_batches=2: rlrig generates one generation batch at a time",
+        ),
+        (["algorithm.filter_groups.max_inflight_gen_batches=0"], "max_inflight_gen_batches=0 must be at least 1"),
+        (
+            ["algorithm.filter_groups.enable=True", "trainer.n_gpus_per_node=2", "data.gen_batch_size=1023"],
+            "data.gen_batch_size=1023 prompts cannot be shared by 2 workers",
+        ),
         (["actor_rollout_ref.hybrid_engine=False", "rollout.nnodes=0"], "rollout.nnodes and rollout.n_gpus_per_node"),
         (
             [*POOL, "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
@@ -475,6 +497,20 @@ def test_critic_strategy_is_taken_as_the_actors_only():
 )
 def test_a_generation_batch_equal_to_the_training_batch_is_taken(extra, gen_batch_size):
     assert parse_overrides(extra).data.gen_batch_size == gen_batch_size
+
+
+def test_dapo_dynamic_sampling_keys_are_taken_as_verl_spells_them():
+    cfg = parse_overrides(
+        [
+            "algorithm.filter_groups._target_=verl.trainer.config.FilterGroupsConfig",
+            "algorithm.filter_groups.enable=True",
+            "algorithm.filter_groups.metric=acc",
+            "algorithm.filter_groups.max_num_gen_batches=10",
+            "data.gen_batch_size=3072",
+        ]
+    )
+    fg = cfg.algorithm.filter_groups
+    assert (fg.enable, fg.metric, fg.max_num_gen_batches, cfg.data.gen_batch_size) == (True, "acc", 10, 3072)
 
 
 @pytest.mark.parametrize(
