@@ -1,7 +1,8 @@
 """A worker's engine with verl's agent loop in front of it, which every rollout goes through (as in verl): the rows
 whose loop is tool_agent (their agent_name, else rollout.agent.default_agent_loop) talk with their tools to the
-turn limits; single_turn_agent rows write one turn, which is one engine call for all of them. The ranks of a
-tensor-parallel engine agree on every wave, since each engine call is one for all of them."""
+turn limits; single_turn_agent rows write one turn, which is one engine call for all of them; rows whose loop is one
+of your own (agent/own_loops.py) run it, their generate calls batched. The ranks of a tensor-parallel engine agree
+on every wave, since each engine call is one for all of them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from ..rollout.engines.base import Rollout, Sampling
 from .interactions import load_interactions
 from .loop import LoopLimits, ToolAgentLoop, Trajectory, pack
+from .own_loops import OwnLoops, OwnTrajectory
 from .sanity import SanityCheck
 from .setup import agent_of, tool_schemas
 from .tool_parser import PARSERS
@@ -65,6 +67,15 @@ def check(tokenizer, cfg) -> SanityCheck | None:
     return SanityCheck(tokenizer, mode, d.apply_chat_template_kwargs, tool_schemas(d.tool_config_path))
 
 
+def interleaved(own: list[bool], ours: list[Trajectory], theirs: list[Trajectory], n: int) -> list[Trajectory]:
+    """Both kinds' trajectories back in their rows' order (n per row); own[i]: row i ran a loop of your own."""
+    out, a, b = [], iter(ours), iter(theirs)
+    for o in own:
+        source = b if o else a
+        out += [next(source) for _ in range(n)]
+    return out
+
+
 class AgentRollout:
     def __init__(self, engine, tokenizer, cfg):
         r = cfg.actor_rollout_ref.rollout
@@ -94,6 +105,7 @@ class AgentRollout:
             check(tokenizer, cfg),
         )
         self.R, self.pad, self.prompt_key = cfg.data.max_response_length, tokenizer.pad_token_id, cfg.data.prompt_key
+        self.own = OwnLoops.of(cfg, tokenizer, tools)
 
     def start(self, rows: list[dict], n: int) -> list[Trajectory]:
         """n trajectories of each row (prompt i's at i*n .. i*n+n-1), their interactions started."""
@@ -103,6 +115,21 @@ class AgentRollout:
         self, rows: list[dict], n: int, sampling: Sampling | None = None, sync_follows: bool = False
     ) -> tuple[Rollout, TurnStats]:
         """n samples of each row (prompt i's at rows i*n .. i*n+n-1), every turn of each in its response."""
+        names = [agent_of(r, self.default) for r in rows]
+        own = [self.own is not None and self.own.runs(name) for name in names]
+        ours = [r for r, o in zip(rows, own) if not o]
+        # every rank of a tensor-parallel engine steps through the waves, rows or none, unless all run loops of your own
+        trajs, reported = self._waves(ours, n, sampling) if ours or not any(own) else ([], True)
+        if any(own):
+            picked = [(r, name) for r, name, o in zip(rows, names, own) if o]
+            theirs, logps = self.own.generate(self.engine, [r for r, _ in picked], [m for _, m in picked], n, sampling)
+            trajs, reported = interleaved(own, trajs, theirs, n), reported and logps
+        self.engine.rest(sync_follows)
+        return self.finish(trajs, reported)
+
+    def _waves(self, rows: list[dict], n: int, sampling: Sampling | None) -> tuple[list[Trajectory], bool]:
+        """rlrig's own loops (single_turn_agent, tool_agent) over `rows`, wave by wave; whether the engine reported
+        log-probs."""
         engine = self.engine
         trajs = self.start(rows, n)
         wave, reported = 0, True
@@ -118,12 +145,11 @@ class AgentRollout:
             reported = reported and ro.engine_logp is not None
             self._absorb(live, ro, ro.engine_logp, [True] * len(live), t0, time.time_ns())
             wave += 1
-        engine.rest(sync_follows)
-        return self.finish(trajs, reported and wave > 0)
+        return trajs, reported and wave > 0
 
     def finish(self, trajs: list[Trajectory], with_logps: bool = True) -> tuple[Rollout, TurnStats]:
         """Ended trajectories as one Rollout, their interactions finalized."""
-        self.loop.finish(trajs)
+        self.loop.finish([t for t in trajs if not isinstance(t, OwnTrajectory)])
         return pack(trajs, self.R, self.pad, with_logps), TurnStats(trajs)
 
     def go_on(self, trajs: list[Trajectory], stopped, logprobs) -> None:

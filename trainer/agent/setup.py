@@ -5,6 +5,7 @@ could mislead."""
 from __future__ import annotations
 
 from ..errors import ConfigError
+from . import own_loops
 from .interactions import load_interactions
 from .loop import SINGLE_TURN, TOOL_AGENT
 from .tool_parser import PARSERS
@@ -31,12 +32,7 @@ def check(cfg, rows: list[dict]) -> str | None:
     r = cfg.actor_rollout_ref.rollout
     mt, default = r.multi_turn, r.agent.default_agent_loop
     names = {agent_of(row, default) for row in rows}
-    unknown = sorted(str(n) for n in names - set(AGENT_LOOPS))
-    if unknown:
-        raise ConfigError(
-            f"agent_name={unknown[0]} in the data: rlrig's agent loops are {' and '.join(AGENT_LOOPS)} (agent loops "
-            "of your own are not in rlrig); set the column to one of them"
-        )
+    own_loops.check(cfg, names)
     if TOOL_AGENT in names and mt.format not in PARSERS:
         raise ConfigError(
             f"actor_rollout_ref.rollout.multi_turn.format={mt.format}: rlrig's tool-call parsers are "

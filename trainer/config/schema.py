@@ -287,9 +287,10 @@ class TraceConfig:
 
 @dataclass
 class AgentLoopConfig:
-    # single_turn_agent | tool_agent, for rows with no agent_name (verl's agent_loop_config_path and
-    # custom_async_server, loops and servers of your own, are accepted at their default, null, only: verl_keys)
+    # single_turn_agent | tool_agent | a loop of your own, for rows with no agent_name (agent/own_loops.py;
+    # custom_async_server, a server of your own, is accepted at its default, null, only: verl_keys)
     default_agent_loop: str = "single_turn_agent"
+    agent_loop_config_path: str | None = None  # a YAML list of `name` + `_target_`: loops of your own, as verl's
 
 
 @dataclass

@@ -276,11 +276,6 @@ _AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
     ),
     ("rlrig validates in file order", {"data.validation_shuffle": "False"}),
     (
-        "agent loops of your own are not in rlrig; rollout.agent.default_agent_loop (or a row's agent_name) is "
-        "single_turn_agent or tool_agent",
-        {"actor_rollout_ref.rollout.agent.agent_loop_config_path": "null"},
-    ),
-    (
         "rlrig's agent loop talks to the engine in its own worker; a server class of your own is not in rlrig",
         {
             "actor_rollout_ref.rollout.agent.custom_async_server.path": "null",

@@ -12,6 +12,9 @@ from ..batch.step_batch import StepBatch
 from ..rollout.engines import Rollout
 from .managers import Overlong
 
+# the key under which an agent loop's own reward_score rides with its sample's agent-loop fields (agent/own_loops.py)
+LOOP_SCORE = "__agent_loop_reward_score__"
+
 
 @dataclass
 class RewardSource:
@@ -59,14 +62,19 @@ def score(
     """The reward of each sample (prompt i's n samples at rows i*n .. i*n+n-1), its decoded text, and the fields a
     reward function returned beside the score (verl's reward_extra_info: `acc`, `pred`, ...; {} for a number, or
     with number_as_acc {"acc": the number} before the overlong penalty, as verl 0.9's reward loop records it).
-    turns: each sample's agent-loop fields (turn_scores, tool_rewards, num_turns), which the function finds in its
-    extra_info as in verl."""
+    turns: each sample's agent-loop fields (turn_scores, tool_rewards, num_turns; a loop of your own's extra_fields),
+    which the function finds in its extra_info as in verl; a loop of your own's reward_score is the sample's score
+    as it stands (verl calls no reward function for it)."""
     texts = tokenizer.batch_decode(ro.input_ids[:, ro.prompt_len :].tolist(), skip_special_tokens=True)
     rm = src.model(*model_inputs(rows, ro, n, src)) if src.model else None
     lengths = ro.attention_mask[:, ro.prompt_len :].sum(-1).tolist()  # tool and user turns count (verl's dapo)
     out, extras = [], []
     for i, text in enumerate(texts):
         r = rows[i // n]
+        if turns is not None and LOOP_SCORE in turns[i]:  # an agent loop of your own scored it: no function called
+            out.append(float(turns[i][LOOP_SCORE]))
+            extras.append({})
+            continue
         if src.fn is None:
             s = rm[i]
         else:

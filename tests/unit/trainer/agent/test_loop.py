@@ -110,7 +110,8 @@ class Cfg:
         self.actor_rollout_ref = ns()
         self.actor_rollout_ref.rollout = ns()
         self.actor_rollout_ref.rollout.multi_turn = type("MT", (), mt)()
-        self.actor_rollout_ref.rollout.agent = type("AG", (), {"default_agent_loop": TOOL_AGENT})()
+        agent = {"default_agent_loop": TOOL_AGENT, "agent_loop_config_path": None}
+        self.actor_rollout_ref.rollout.agent = type("AG", (), agent)()
         self.actor_rollout_ref.rollout.trace = type("TR", (), dict(backend=None, token2text=False))()
         self.actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker = None
         self.trainer = type("T", (), {"project_name": "rlrig", "experiment_name": "default"})()

@@ -186,9 +186,9 @@ def test_interpolation_on_the_command_line_resolves_as_in_verl():
             "run.yaml:3: unknown config key 'data.train_batch_sise'; did you mean data.train_batch_size?",
         ),
         (
-            {"run.yaml": "actor_rollout_ref:\n  rollout:\n    agent:\n      agent_loop_config_path: loops.yaml\n"},
+            {"run.yaml": "actor_rollout_ref:\n  rollout:\n    agent:\n      custom_async_server: {path: s.py}\n"},
             [],
-            "run.yaml:4: actor_rollout_ref.rollout.agent.agent_loop_config_path: a verl key rlrig does not implement",
+            "run.yaml:4: actor_rollout_ref.rollout.agent.custom_async_server.path: a verl key rlrig does not implement",
         ),
         (
             {"run.yaml": "trainer:\n  total_epochs: many\n"},

@@ -143,7 +143,7 @@ def test_no_effect_keys_are_listed_by_print_config_with_their_reason():
     [
         ("actor_rollout_ref.rollout.total_rollout_steps=100", "top-level rollout.total_rollout_steps"),
         ("actor_rollout_ref.rollout.nnodes=2", "top-level rollout.nnodes"),
-        ("actor_rollout_ref.rollout.agent.agent_loop_config_path=loops.yaml", "agent loops of your own"),
+        ("actor_rollout_ref.rollout.agent.custom_async_server.path=s.py", "a server class of your own"),
         ("actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2", "Megatron"),
         ("critic.strategy=megatron", "rlrig shards the critic as it does the actor"),
         ("trainer.max_actor_ckpt_to_keep=3", "rlrig keeps every checkpoint"),
