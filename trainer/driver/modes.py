@@ -143,6 +143,8 @@ class DynamicSampling(Colocated):
     def plan(cls, cfg, sampler, prompts: int) -> tuple[int, int]:
         """The sampler draws generation batches; the steps are counted in them, as verl's data loader counts."""
         sampler.batch = cfg.data.gen_batch_size or cfg.data.train_batch_size
+        if sampler.steps_per_epoch() < 1:
+            raise ConfigError(f"data.gen_batch_size={sampler.batch} is larger than the {prompts} training prompts")
         return super().plan(cfg, sampler, prompts)
 
     def draw(self) -> list[dict] | None:

@@ -30,6 +30,10 @@ def single_worker(overrides: list[str], model_path: str | None = None):
     sampler = make_sampler(cfg.data, rows, cfg.data.train_batch_size)
     if sampler.curriculum:  # its update needs the driver's step (driver/curriculum.py)
         raise ConfigError("data.sampler: a curriculum sampler runs under rlrig train, not the single worker")
+    if cfg.algorithm.filter_groups.enable:  # the driver draws and keeps the groups (driver/dynamic_sampling.py)
+        raise ConfigError(
+            "algorithm.filter_groups.enable=True: dynamic sampling runs under rlrig train, not the single worker"
+        )
     from ..reward.reward_model import resolve_path
 
     rm_path = resolve_path(cfg.reward_model) if cfg.reward_model.enable else None  # colocated: scored in this process

@@ -37,6 +37,8 @@ class ScoredSamples:
     metric: str  # algorithm.filter_groups.metric
 
     def __call__(self, ctx: StepContext, step: Step) -> Step:
+        if step.request.scored is None:
+            raise RuntimeError("a step under dynamic sampling trains on the samples the driver kept (request.scored)")
         return step.replace(batch=step.request.scored.to(ctx.device))
 
     def generated(self, ctx: StepContext, req: StepRequest, phases: Phases) -> Generated:

@@ -180,3 +180,24 @@ def test_concat_pads_responses_on_the_right():
 def test_generation_metrics_sum_the_phases_and_combine_the_rest_by_rule():
     per_batch = [[{"timing_s/gen": 2.0, "num_turns/max": 1}, {"timing_s/gen": 3.0, "num_turns/max": 4}]] * 2
     assert generation_metrics(per_batch) == {"timing_s/gen": 6.0, "num_turns/max": 4}
+
+
+def test_the_run_is_planned_in_generation_batches_and_ends_with_the_epochs():
+    from types import SimpleNamespace
+
+    from rlrig.trainer.data.sampler import Sampler
+    from rlrig.trainer.driver.modes import DynamicSampling as Mode
+
+    cfg = config(4, 8)
+    cfg.trainer.total_epochs = 2
+    sampler = Sampler(20, cfg.data.train_batch_size, 1, True)
+    assert Mode.plan(cfg, sampler, 20) == (4, 4)  # 2 generation batches of 8 an epoch, as verl's data loader
+    assert sampler.batch == 8
+    prep = SimpleNamespace(cfg=cfg, pad_id=PAD, sampler=sampler, train_rows=[{"id": i} for i in range(20)])
+    mode = Mode(prep, SimpleNamespace(training=[None, None]))
+    drawn = []
+    while (rows := mode.draw()) is not None:
+        drawn.append((sampler.epoch, len(rows)))
+    assert drawn == [(0, 8), (0, 8), (1, 8), (1, 8)] and mode.exhausted()
+    with pytest.raises(ConfigError, match="^data.gen_batch_size=32 is larger than the 20 training prompts$"):
+        Mode.plan(config(4, 32), Sampler(20, 4, 1, True), 20)
