@@ -30,7 +30,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return train(cfg)
     except ConfigError as e:  # bad input, found where it was read; anything else is a bug and shows its traceback
-        print(f"rlrig: error: {e}", file=sys.stderr)
+        # one a worker raised arrives as Ray's error of the call (its traceback in its text): the worker's own line
+        cause = getattr(e, "cause", None)
+        print(f"rlrig: error: {cause if isinstance(cause, ConfigError) else e}", file=sys.stderr)
         return 2
 
 

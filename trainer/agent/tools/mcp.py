@@ -249,7 +249,7 @@ class McpServers:
         return f"{head}: {describe_error(error)}{server.last_stderr()}; {fix}"
 
     def gone(self, server: Server, error: BaseException) -> ToolServerError:
-        fix = "check that it stays up" if "url" in server.spec else "check why it exited (its stderr above)"
+        fix = "check that it stays up" if "url" in server.spec else "check why it exited"
         return ToolServerError(
             f"{self.where}: {server.describe()} is gone mid-run ({describe_error(error)}){server.last_stderr()}; {fix}"
         )
