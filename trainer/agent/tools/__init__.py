@@ -25,6 +25,7 @@ __all__ = ["BaseTool", "ToolResponse", "close_tools", "load_tools"]
 VERL_PORTS = {
     "verl.tools.gsm8k_tool.Gsm8kTool": "rlrig.trainer.agent.tools.gsm8k.Gsm8kTool",
     "verl.tools.mcp_base_tool.MCPBaseTool": "rlrig.trainer.agent.tools.mcp.MCPBaseTool",
+    "verl.tools.mcp_search_tool.MCPSearchTool": "rlrig.trainer.agent.tools.mcp_search.MCPSearchTool",
 }
 
 

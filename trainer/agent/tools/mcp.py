@@ -39,6 +39,9 @@ from typing import Any
 from ...errors import ConfigError
 from .base import BaseTool, ToolResponse, function_schema
 
+# a server's keys in the mcpServers file: a command's (stdio) or a url's; transport picks streamable-http or sse
+SERVER_KEYS = {"command", "args", "env", "cwd", "url", "headers", "transport", "auth_token"}
+MCP_KEYS = {"mcp_servers_config_path", "tool_selected_list"}  # verl's `mcp:` section
 DEFAULT_TIMEOUT = 30.0  # verl's MCPBaseTool default
 STOP_S = 10.0  # the SDK closes a stdio server's stdin, then terminates, then kills it: a few seconds at most
 
@@ -72,6 +75,12 @@ def read_servers(path: str, where: str) -> dict[str, dict]:
             f'{where}: {path} must be JSON {{"mcpServers": {{name: {{"command": ...}} or {{"url": ...}}}}}}'
         )
     for name, spec in servers.items():
+        unknown = sorted(set(spec) - SERVER_KEYS)
+        if unknown:
+            raise ConfigError(
+                f"{where}: {path}: server {name}: {', '.join(unknown)} not read by rlrig; "
+                f"a server's keys are {', '.join(sorted(SERVER_KEYS))}"
+            )
         if ("command" in spec) == ("url" in spec):
             raise ConfigError(f"{where}: {path}: server {name} needs a command (stdio) or a url, one of them")
         transport = spec.get("transport")
@@ -386,6 +395,11 @@ def load_mcp_tools(entry: dict, cls: type, where: str, opened: dict[str, McpServ
     section, config = entry.get("mcp"), entry["config"]
     if not isinstance(section, dict) or not isinstance(section.get("mcp_servers_config_path"), str):
         raise ConfigError(f"{where}: config.type mcp needs mcp.mcp_servers_config_path (a JSON file of mcpServers)")
+    unknown = sorted(set(section) - MCP_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"{where}: mcp.{unknown[0]} is not read by rlrig; the mcp section's keys are {sorted(MCP_KEYS)}"
+        )
     selected = section.get("tool_selected_list")
     path = section["mcp_servers_config_path"]
     servers = opened.get(path)

@@ -208,6 +208,7 @@ BOOM = "import sys; print('Traceback ...', file=sys.stderr); print('ImportError:
         ),
         ({"calc": {"command": "x", "url": "http://h"}}, 30, "server calc needs a command .* or a url, one of them"),
         ({"docs": {"url": "http://h", "transport": "ws"}}, 30, "transport=ws; use streamable-http or sse"),
+        ({"docs": {"url": "http://h", "keep_alive": True}}, 30, "server docs: keep_alive not read by rlrig"),
     ],
 )
 def test_a_server_that_does_not_start_is_one_line_naming_it(tmp_path, servers, timeout, says):
@@ -255,3 +256,23 @@ def test_one_rollout_step_calls_the_mcp_server_and_its_result_is_the_tool_turn(t
         whole, own = decode_parts(ro, i)
         assert whole == f"{call('37*48')}<tool_response>1776</tool_response>#### 1776{EOS}"
         assert own == f"{call('37*48')}#### 1776{EOS}"  # the server's answer is not the model's to learn
+
+
+def test_an_unknown_key_of_the_mcp_section_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="mcp.tool_list is not read by rlrig; the mcp section's keys are"):
+        load_tools(config(tmp_path, {"calc": stdio(*SERVER)}, tool_list=["calculator"]))
+
+
+def test_verls_mcp_search_tool_reads_a_search_answers_results():
+    """verl's example config's class (verl.tools.mcp_search_tool.MCPSearchTool), on a Tavily-like answer."""
+    from rlrig.trainer.agent.tools import VERL_PORTS
+    from rlrig.trainer.agent.tools.mcp_search import MCPSearchTool
+
+    assert VERL_PORTS["verl.tools.mcp_search_tool.MCPSearchTool"].endswith("mcp_search.MCPSearchTool")
+    tool = MCPSearchTool({"type": "mcp"}, CALC_SCHEMA)
+    answer = "{'query': 'rl', 'results': [{'title': 'a', 'url': 'u'}, {'title': 'b', 'url': 'v'}]}"
+    image = mcp_types.ImageContent(type="image", data="", mime_type="image/png")
+    parts = [mcp_types.TextContent(type="text", text=answer), image]
+    text, metadata = tool._parse_tool_result(parts)
+    assert text == '[{"title": "a", "url": "u"}, {"title": "b", "url": "v"}]'
+    assert (metadata["queries"], metadata["query_count"], metadata["total_results"]) == (["rl"], 1, 2)
