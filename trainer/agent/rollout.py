@@ -16,7 +16,7 @@ from .own_loops import OwnLoops, OwnTrajectory
 from .sanity import SanityCheck
 from .setup import agent_of, tool_schemas
 from .tool_parser import PARSERS
-from .tools import load_tools
+from .tools import close_tools, load_tools
 from .trace import Tracer
 
 # verl's num_turns/* and the tool calls per sample (tool_call_counts/*), and the loop's seconds per sample in generation
@@ -106,6 +106,10 @@ class AgentRollout:
         )
         self.R, self.pad, self.prompt_key = cfg.data.max_response_length, tokenizer.pad_token_id, cfg.data.prompt_key
         self.own = OwnLoops.of(cfg, tokenizer, tools)
+
+    def close(self) -> None:
+        """Stop what the tools hold (their MCP servers; the process's exit stops them too). Safe to repeat."""
+        close_tools(self.loop.tools)
 
     def start(self, rows: list[dict], n: int) -> list[Trajectory]:
         """n trajectories of each row (prompt i's at i*n .. i*n+n-1), their interactions started."""

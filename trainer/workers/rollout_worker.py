@@ -195,6 +195,8 @@ class RolloutWorker(PoolWorker):
         return scores.tolist(), texts, extras, [t.num_turns for t in turns.trajs]
 
     def _drop_engine(self) -> None:
+        if self.agent is not None:
+            self.agent.close()
         if self.engine is not None:
             self.engine.close()
         self.engine = self.agent = self.module = self.sync = None

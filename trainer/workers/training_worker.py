@@ -295,6 +295,8 @@ class TrainingWorker(RankWorker):
     def shutdown(self) -> None:
         if self.rm_scorer is not None:
             self.rm_scorer.close()
+        if self.agent is not None:
+            self.agent.close()
         if self.engine is not None:
             self.engine.close()
         super().shutdown()
