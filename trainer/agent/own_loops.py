@@ -261,7 +261,9 @@ class OwnLoops:
 
     def made(self) -> tuple[ConfigView, str | None]:
         if self._made is None:
-            self._made = ConfigView.of(self.cfg), model_type(self.cfg.actor_rollout_ref.model.path)
+            # the embedded model's run names no path: its tokenizer knows where it was loaded from
+            path = self.cfg.actor_rollout_ref.model.path or getattr(self.tok, "name_or_path", "")
+            self._made = ConfigView.of(self.cfg), model_type(path)
         return self._made
 
     @classmethod

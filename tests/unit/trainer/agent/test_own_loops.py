@@ -364,3 +364,21 @@ def test_engine_log_probs_reach_a_loop_and_its_sample(entries):
 
     ro, _ = AgentRollout(WithLogps(), TOK, config(entries, "single")).generate([row("1+2=")], 1)
     assert torch.equal(ro.engine_logp, -0.5 * ro.response_mask.float())
+
+
+def test_verls_own_single_turn_loop_runs_unchanged_beside_verl(tmp_path):
+    """verl 0.9.1's SingleTurnAgentLoop itself, subclassing verl's AgentLoopBase, named in the config file: it gets
+    verl's constructor arguments and server manager and its sample reaches the rollout (needs verl installed)."""
+    pytest.importorskip("verl.experimental.agent_loop.single_turn_agent_loop")
+    target = "verl.experimental.agent_loop.single_turn_agent_loop.SingleTurnAgentLoop"
+    path = loops_file(tmp_path, f"- name: verl_single\n  _target_: {target}\n")
+    engine = Engine()
+    ro, turns = AgentRollout(engine, TOK, config(path, "verl_single")).generate([row("12*3="), row("4*5=")], 2)
+    assert engine.calls == [(4, 1, 32)]
+    for i, q in enumerate(["12*3=", "12*3=", "4*5=", "4*5="]):
+        attended = ro.attention_mask[i, ro.prompt_len :].bool()
+        resp = ro.input_ids[i, ro.prompt_len :][attended].tolist()
+        assert TOK.decode(resp) == f"#### {len(ids(q))}{EOS}"
+        assert ro.response_mask[i][attended].tolist() == [1] * len(resp)
+    assert [t.num_turns for t in turns.trajs] == [2] * 4
+    assert all(i["turn_scores"] == [] and i["tool_rewards"] == [] for i in turns.extra_info())
