@@ -67,6 +67,13 @@ def test_dropped_groups_are_replaced_until_the_batch_is_full(tmp_path):
     # every prompt drawn is consumed: the checkpoint's place in the data is after all the step's generation batches
     trainer = json.loads((tmp_path / "run" / "global_step_2" / "trainer.json").read_text())
     assert (trainer["epoch"], trainer["pos"]) == (0, 4 * sum(m["train/num_gen_batches"] for m in rows))
+    # resumed, the next step draws on from there
+    r = rlrig(tmp_path, False, "trainer.save_freq=1", "trainer.total_training_steps=3")
+    assert r.returncode == 0 and "resumed from" in r.stderr, r.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["training/global_step"] for m in rows] == [1, 2, 3]
+    trainer = json.loads((tmp_path / "run" / "global_step_3" / "trainer.json").read_text())
+    assert (trainer["epoch"], trainer["pos"]) == (0, 4 * sum(m["train/num_gen_batches"] for m in rows))
 
 
 def test_a_step_past_max_num_gen_batches_stops_the_run_in_one_line(tmp_path):
