@@ -1,7 +1,8 @@
 """LoRA on the actor (actor_rollout_ref.model.lora_rank, lora_alpha, target_modules, exclude_modules,
 lora_adapter_path), applied with peft as verl applies it: the actor trains low-rank adapters over frozen
 weights, the reference is the same module with its adapters disabled (no second copy of the model), and a
-rollout engine receives merged weights, W + scaling * B @ A, under the base model's own parameter names.
+rollout engine receives merged weights, W + scaling * B @ A (per expert for a mixture of experts' fused experts,
+which peft adapts as parameters), under the base model's own parameter names.
 """
 
 from __future__ import annotations
