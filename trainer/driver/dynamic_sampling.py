@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,8 +26,10 @@ from .. import metrics as M
 from ..algos.filter_groups import kept_groups
 from ..batch.step_batch import StepBatch
 from ..errors import ConfigError
-from ..workers.step.dynamic_sampling import Generated
 from ..workers.timing import PHASES
+
+if TYPE_CHECKING:  # the worker's side (its phases, the agent loop) stays out of the driver's imports
+    from ..workers.step.dynamic_sampling import Generated
 
 # the per-sample fields that span the response columns, padded on the right with 0 where widened
 _RESPONSE_FIELDS = ("response_mask", "engine_logp", "token_scores")
