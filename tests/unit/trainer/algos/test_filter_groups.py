@@ -1,7 +1,10 @@
 """DAPO's group filter (algorithm.filter_groups): which groups are kept, and each sample's value of the metric, against
-hand-worked cases and verl's DAPO recipe's own rule (transcribed below: verl 0.9 keeps it inline in its recipe's
-trainer loop, and its v1 replay buffer's copy needs transfer_queue, so neither is importable here)."""
+hand-worked cases, verl's DAPO recipe's rule (transcribed below: the recipe keeps it inline in its trainer's loop)
+and verl 0.9.1's own filter function (its v1 replay buffer's, whose module needs transfer_queue: recorded on seeded
+random values by verl_filter_groups_golden.py into the .json beside it)."""
 
+import json
+import pathlib
 from collections import defaultdict
 
 import numpy as np
@@ -90,3 +93,15 @@ def test_the_fields_a_reward_function_returns_reach_the_filter_as_verl_records_t
     assert batch.scores.tolist() == pytest.approx([0.75 - 2.0, 0.75])  # the penalty is in the score, not in acc
     assert torch.equal(batch.token_scores.sum(-1), batch.scores)
     assert score(Letters(), src, rows, ro, 2)[2] == ([{}] * 2 if not isinstance(result, dict) else fields)
+
+
+GOLDEN = json.loads(pathlib.Path(__file__).with_name("verl_filter_groups_golden.json").read_text())
+
+
+@pytest.mark.parametrize("case", GOLDEN["cases"]["dapo_filtered_keys"])
+def test_the_groups_dropped_are_verl_own_filter_ones(case):
+    """verl 0.9.1's ReplayBuffer._dapo_filtered_keys, recorded by verl_filter_groups_golden.py."""
+    scores = case["values"] if case["metric"] == "reward" else [0.0] * len(case["values"])
+    values = sample_values(case["metric"], scores, [{"acc": v} for v in case["values"]])
+    kept = kept_groups(values, case["n"])
+    assert [g for g, k in enumerate(kept) if not k] == case["dropped"]
