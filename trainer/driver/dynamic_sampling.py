@@ -53,7 +53,7 @@ def too_many(num_gen_batches: int, max_num_gen_batches: int) -> str:
     )
 
 
-class DynamicSampling:
+class BatchFiller:
     """Fills a step's batch from generation batches. `draw()` gives the next generation batch's prompt rows (None:
     the data of trainer.total_epochs is used up); `generate(shares)` each worker's Generated for its share of them.
     Holds nothing between steps."""

@@ -134,7 +134,7 @@ class DynamicSampling(Colocated):
 
     def __init__(self, prep: Prepared, workers: Workers):
         super().__init__(prep, workers)
-        self.filler = dynamic_sampling.DynamicSampling(
+        self.filler = dynamic_sampling.BatchFiller(
             prep.cfg, prep.pad_id, len(workers.training), self.draw, self.generate
         )
         self.step_now = 0  # the step whose generation batches are being drawn

@@ -6,7 +6,7 @@ import torch
 
 from rlrig.trainer.batch.step_batch import StepBatch
 from rlrig.trainer.config.overrides import parse_overrides
-from rlrig.trainer.driver.dynamic_sampling import DynamicSampling, concat, generation_metrics
+from rlrig.trainer.driver.dynamic_sampling import BatchFiller, concat, generation_metrics
 from rlrig.trainer.errors import ConfigError
 from rlrig.trainer.workers.step.dynamic_sampling import Generated
 
@@ -46,7 +46,7 @@ def _samples(rows, prompts):
     return [(prompts[i * N + j], r["id"], j) for i, r in enumerate(rows) for j in range(N)]
 
 
-def filler(cfg, batches: list[list[dict]], workers: int = 2, drawn: list | None = None) -> DynamicSampling:
+def filler(cfg, batches: list[list[dict]], workers: int = 2, drawn: list | None = None) -> BatchFiller:
     it = iter(batches)
 
     def draw():
@@ -55,7 +55,7 @@ def filler(cfg, batches: list[list[dict]], workers: int = 2, drawn: list | None 
             drawn.append([r["id"] for r in got])
         return got
 
-    return DynamicSampling(cfg, PAD, workers, draw, lambda shares: [generated(s) for s in shares])
+    return BatchFiller(cfg, PAD, workers, draw, lambda shares: [generated(s) for s in shares])
 
 
 def row(i: int, *accs, width: int = 1) -> dict:
@@ -146,7 +146,7 @@ def test_the_data_running_out_before_the_batch_is_full_leaves_no_step():
 
 def test_a_metric_the_reward_function_did_not_return_is_one_line():
     cfg = config(2, 2, metric="pred")
-    f = DynamicSampling(
+    f = BatchFiller(
         cfg,
         PAD,
         2,
