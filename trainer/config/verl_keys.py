@@ -528,8 +528,8 @@ NO_EFFECT = {
     "update pass, which computes it unused); rlrig computes it only in the no-grad old-log-prob pass, a chunk of "
     "tokens at a time",
     "actor_rollout_ref.rollout.mode": "verl runs every rollout through its async agent loop (sync is removed from "
-    "verl); rlrig's rollouts run through its agent loop (single_turn_agent or tool_agent, by a row's agent_name or "
-    "rollout.agent.default_agent_loop) in either mode",
+    "verl); rlrig's rollouts run through its agent loop (single_turn_agent, tool_agent or a loop of your own, by a "
+    "row's agent_name or rollout.agent.default_agent_loop) in either mode",
     "actor_rollout_ref.rollout.multi_turn.enable": "verl's trainer stores it and picks no loop by it: a row's "
     "agent_name, else rollout.agent.default_agent_loop, picks single_turn_agent or tool_agent (rlrig says so at "
     "start when enable=True runs no tool_agent)",

@@ -382,3 +382,58 @@ def test_verls_own_single_turn_loop_runs_unchanged_beside_verl(tmp_path):
         assert ro.response_mask[i][attended].tolist() == [1] * len(resp)
     assert [t.num_turns for t in turns.trajs] == [2] * 4
     assert all(i["turn_scores"] == [] and i["tool_rewards"] == [] for i in turns.extra_info())
+
+
+VERL_RETRY = '''
+from uuid import uuid4
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
+
+
+class VerlRetry(AgentLoopBase):
+    """Held out: written for verl 0.9.1 alone, with verl's own token bookkeeping between two turns."""
+
+    async def run(self, sampling_params, **kwargs):
+        messages = list(kwargs["raw_prompt"])
+        prompt_ids = await self.ct_build_initial_tokens(messages)
+        ids, mask, logps = list(prompt_ids), [], []
+        for turn in range(2):
+            out = await self.server_manager.generate(
+                request_id=uuid4().hex, prompt_ids=ids, sampling_params=sampling_params
+            )
+            merged, mask, logps = await self.ct_merge_assistant_token(
+                ids, out.token_ids, mask, logps, [0.0] * len(out.token_ids)
+            )
+            ids = merged.token_ids
+            text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+            messages.append({"role": "assistant", "content": text})
+            if turn == 0:
+                updated = messages + [{"role": "user", "content": "again"}]
+                merged, mask, logps = await self.ct_merge_context_msg(messages, updated, ids, mask, logps)
+                ids, messages = merged.token_ids, updated
+        return AgentLoopOutput(
+            prompt_ids=prompt_ids, response_ids=ids[len(prompt_ids):], response_mask=mask, response_logprobs=logps,
+            reward_score=1.0, num_turns=4, metrics={}, extra_fields={"raw": kwargs["raw_prompt"][0]["content"]},
+        )
+'''
+
+
+def test_a_multi_turn_loop_written_for_verl_runs_unchanged_beside_verl(tmp_path, monkeypatch):
+    """A loop importing only verl (verl's AgentLoopBase and its continuous-token helpers), named in the config file:
+    its two turns, the masked user turn between them, its score and its extra fields (needs verl installed)."""
+    pytest.importorskip("verl.experimental.agent_loop.agent_loop")
+    (tmp_path / "verl_retry.py").write_text(VERL_RETRY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = loops_file(tmp_path, "- name: verl_retry\n  _target_: verl_retry.VerlRetry\n")
+    engine = Engine()
+    ro, turns = AgentRollout(engine, TOK, config(path, "verl_retry")).generate([row("3+4="), row("5+5=")], 2)
+    assert len(engine.calls) == 2  # four loops, two turns: an engine call a turn
+    for i in range(4):
+        attended = ro.attention_mask[i, ro.prompt_len :].bool()
+        mask = ro.response_mask[i][attended].tolist()
+        first = len(ids(f"#### 4{EOS}"))
+        assert mask[:first] == [1] * first and mask[first] == 0 and mask[-1] == 1
+        assert 0 < mask.count(0) < len(mask) - first
+    info = turns.extra_info()
+    assert [i[LOOP_SCORE] for i in info] == [1.0] * 4 and [i["raw"] for i in info] == ["3+4="] * 2 + ["5+5="] * 2
+    assert [t.num_turns for t in turns.trajs] == [4] * 4
