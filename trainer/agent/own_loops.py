@@ -26,7 +26,6 @@ from ..errors import ConfigError
 from ..reward.scoring import LOOP_SCORE
 from ..rollout.engines.base import Sampling
 from . import verl_api
-from .loading import read_entries
 from .loop import SINGLE_TURN, TOOL_AGENT, Trajectory
 from .server_manager import ServerManager
 
@@ -40,7 +39,11 @@ class ConfigView(dict):
     """The run's config as a loop reads it in verl (a DictConfig): attribute or key access, .get; the rollout section
     with verl's prompt_length and response_length (data.max_prompt_length, data.max_response_length)."""
 
-    __getattr__ = dict.get
+    def __getattr__(self, name: str):
+        try:
+            return self[name]
+        except KeyError:  # as OmegaConf's: a missing key raises, so getattr(cfg, key, default) works
+            raise AttributeError(f"the config has no key {name!r}") from None
 
     @classmethod
     def of(cls, cfg) -> ConfigView:
@@ -81,14 +84,16 @@ def config_entries(path: str | None) -> dict[str, dict]:
         raise ConfigError(f"rollout.agent.agent_loop_config_path={path}: no such file") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"rollout.agent.agent_loop_config_path={path}: not YAML ({str(e).splitlines()[0]})") from None
-    if isinstance(doc, dict) and "agent_loops" in doc:  # the tool config's shape, read as kindly
-        doc = read_entries(path, "agent_loops")
     if not isinstance(doc, list) or not all(isinstance(e, dict) and e.get("name") and e.get("_target_") for e in doc):
         raise ConfigError(
             f"rollout.agent.agent_loop_config_path={path}: expected a YAML list of entries with `name` and "
             "`_target_` (pkg.module.Class), as verl reads it"
         )
     return {str(e["name"]): dict(e) for e in doc}
+
+
+def first_line(e: BaseException) -> str:
+    return (str(e).splitlines() or [""])[0]
 
 
 def import_target(name: str, target) -> type:
@@ -102,7 +107,7 @@ def import_target(name: str, target) -> type:
         raise ConfigError(f"agent loop {name}: module {module} has no class {attr} (its _target_={target})") from None
     except Exception as e:
         raise ConfigError(
-            f"agent loop {name}: its _target_={target} cannot be imported ({type(e).__name__}: {e})"
+            f"agent loop {name}: its _target_={target} cannot be imported ({type(e).__name__}: {first_line(e)})"
         ) from None
     if not isinstance(cls, type) or not asyncio.iscoroutinefunction(getattr(cls, "run", None)):
         raise ConfigError(f"agent loop {name}: {target} is not an agent loop (an AgentLoopBase with `async def run`)")
@@ -310,7 +315,6 @@ class OwnLoops:
         except OwnLoopError:
             raise
         except Exception as e:
-            what = (str(e).splitlines() or [""])[0]
             raise OwnLoopError(
-                f"agent loop {name} ({entry['_target_']}) raised {type(e).__name__}: {what}{raised_where(e)}"
+                f"agent loop {name} ({entry['_target_']}) raised {type(e).__name__}: {first_line(e)}{raised_where(e)}"
             ) from e

@@ -24,6 +24,11 @@ class Request:
     answer: asyncio.Future
 
 
+def failed(tasks: list[asyncio.Task]) -> list[asyncio.Task]:
+    """The loops that raised (a loop that cancelled itself counts as one)."""
+    return [t for t in tasks if t.done() and (t.cancelled() or t.exception() is not None)]
+
+
 class ServerManager:
     """server_manager.generate for one batch of loops (verl's signature; images, videos and audio refused)."""
 
@@ -66,7 +71,7 @@ class ServerManager:
 
     async def settled(self, tasks: list[asyncio.Task]) -> None:
         """Until every running loop waits on generate, or one failed."""
-        while len(self.waiting) < self.running and not any(t.done() and t.exception() for t in tasks):
+        while len(self.waiting) < self.running and not failed(tasks):
             self.changed.clear()
             await self.changed.wait()
 
@@ -97,9 +102,11 @@ class ServerManager:
         try:
             while True:
                 await self.settled(tasks)
-                failed = [t for t in tasks if t.done() and t.exception()]
-                if failed:
-                    raise failed[0].exception()
+                bad = failed(tasks)
+                if bad and bad[0].cancelled():
+                    raise RuntimeError("an agent loop of your own cancelled itself; a loop must return its output")
+                if bad:
+                    raise bad[0].exception()
                 if not self.engine.agree(bool(self.waiting)):
                     break
                 self.flush()
