@@ -128,7 +128,7 @@ def rows(agent=None, **extra):
         # verl picks the loop by agent_name / default_agent_loop; enable alone runs single turn, and rlrig says so
         (["actor_rollout_ref.rollout.multi_turn.enable=True"], rows(), "no row runs tool_agent"),
         (["actor_rollout_ref.rollout.multi_turn.enable=True"], rows("tool_agent"), None),
-        ([], rows("react_agent"), "agent_name=react_agent in the data: rlrig's agent loops are"),
+        ([], rows("react_agent"), "agent_name=react_agent in the data: no agent loop of that name"),
         (["actor_rollout_ref.rollout.multi_turn.format=qwen"], rows("tool_agent"), "multi_turn.format=qwen"),
         (["actor_rollout_ref.rollout.multi_turn.format=qwen"], rows(), None),  # verl builds no parser then either
         (
