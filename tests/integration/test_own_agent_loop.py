@@ -43,7 +43,19 @@ def test_the_two_attempts_loop_learns(tmp_path):
     check_it_learned(two_attempts(tmp_path / "run", "actor_rollout_ref.rollout.name=hf", steps=100))
 
 
-def test_the_two_attempts_loop_runs_on_a_rollout_pool_of_its_own(tmp_path):
+# fully async without partial rollouts (with them, loops of your own are refused at start-up)
+FULLY_ASYNC = [
+    "data.train_batch_size=0",
+    "async_training.require_batches=2",
+    "async_training.trigger_parameter_sync_step=1",
+    "async_training.staleness_threshold=1.0",
+    "async_training.partial_rollout=False",
+    "rollout.total_rollout_steps=96",
+]
+
+
+@pytest.mark.parametrize("mode", ["one_step_off_policy", "fully_async_policy"])
+def test_the_two_attempts_loop_runs_on_a_rollout_pool_of_its_own(tmp_path, mode):
     pool = ["actor_rollout_ref.hybrid_engine=False", "actor_rollout_ref.rollout.free_cache_engine=False"]
     sizes = ["rollout.nnodes=1", "rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=1"]
     rows = two_attempts(
@@ -51,7 +63,8 @@ def test_the_two_attempts_loop_runs_on_a_rollout_pool_of_its_own(tmp_path):
         "actor_rollout_ref.rollout.name=hf",
         *pool,
         *sizes,
-        "trainer.async_mode=one_step_off_policy",
+        f"trainer.async_mode={mode}",
+        *(FULLY_ASYNC if mode == "fully_async_policy" else []),
         steps=3,
     )
     assert [m["training/global_step"] for m in rows] == [0, 1, 2, 3]
