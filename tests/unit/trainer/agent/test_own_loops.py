@@ -340,6 +340,27 @@ def test_loops_waiting_on_something_else_are_waited_for_before_the_engine_call()
     assert engine.calls == [(3, 1, 8)] and outs == [ids(f"#### 2{EOS}")] * 3
 
 
+def test_calls_with_different_samplings_go_to_the_engine_apart_each_cut_to_its_max_tokens():
+    from rlrig.trainer.agent.server_manager import ServerManager
+    from rlrig.trainer.rollout.engines.base import Sampling
+
+    engine = Engine()
+
+    async def one(manager, params):
+        out = await manager.generate(prompt_ids=ids("12="), sampling_params=params)
+        return out.token_ids
+
+    async def main():
+        manager = ServerManager(engine, Sampling(), 32, own_loops.sampling_of)
+        asks = [{"temperature": 1.0, "max_tokens": 3}, {"temperature": 0.0}, {"temperature": 1.0, "max_tokens": 5}]
+        return await manager.drive([one(manager, p) for p in asks])
+
+    outs = asyncio.run(main())
+    assert engine.calls == [(2, 1, 5), (1, 1, 32)]  # by sampling, in the order they came; the widest max_tokens
+    whole = ids(f"#### 3{EOS}")
+    assert outs == [whole[:3], whole, whole[:5]]
+
+
 @pytest.mark.parametrize(
     "params, sampling",
     [
