@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from rlrig.trainer.config.schema import RolloutConfig
 from rlrig.trainer.model.checkpoint_names import CheckpointLayout
@@ -31,8 +32,37 @@ def max_prob_diff(model, ro):
     return ((ro.engine_logp.exp() - lp.exp()).abs() * ro.response_mask).max().item()
 
 
+@pytest.fixture
+def moe_first():
+    """vLLM's model-parallel groups are process-wide and made for a process's first model: a dense engine left open
+    earlier in this pytest process (test_vllm_engine.py's module fixture) leaves them without an expert-parallel group,
+    which an MoE engine needs. They are dropped here, as closing that engine would (a run closes its engines)."""
+    from vllm.distributed import parallel_state as ps
+
+    if ps.model_parallel_is_initialized() and ps._EP is None:
+        ps.destroy_model_parallel()
+
+
+def test_an_moe_engine_beside_an_open_dense_one_in_the_same_process_is_one_line(tiny):
+    from rlrig.trainer.errors import ConfigError
+
+    path, tok, model = tiny
+    torch.set_num_threads(1)
+    ctx = EngineContext(model, tok, RolloutConfig(enforce_eager=True), 16, 8, path, "cpu", 1)
+    dense = make_engine(ENGINES["vllm"], ctx)
+    moe = tiny_moe.ensure("qwen3_moe")
+    ctx = EngineContext(
+        None, AutoTokenizer.from_pretrained(moe), RolloutConfig(enforce_eager=True), 16, 8, moe, "cpu", 1
+    )
+    try:
+        with pytest.raises(ConfigError, match="a mixture-of-experts vLLM engine beside a dense one still open"):
+            make_engine(ENGINES["vllm"], ctx)
+    finally:
+        dense.close()
+
+
 @pytest.mark.parametrize("family", tiny_moe.FAMILIES)
-def test_engine_logprobs_match_the_actor_after_each_sync(family):
+def test_engine_logprobs_match_the_actor_after_each_sync(family, moe_first):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(1)

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ...devices import gpu_index
+from ...errors import ConfigError
 from .base import (
     EngineContext,
     EngineUnavailable,
@@ -90,6 +91,11 @@ def repack_cpu_experts(model: torch.nn.Module) -> int:
             experts.process_weights_after_loading(layer)
             n += 1
     return n
+
+
+# vLLM's assertion when a process's model-parallel groups were made for a dense engine still open and an MoE engine
+# comes next
+EP_MISSING = "expert parallel group is not initialized"
 
 
 def external_launcher(cfg, device: str) -> bool:
@@ -251,16 +257,25 @@ class VLLMRollout(RolloutEngine):
             local_gpu = gpu_index() if device == "cuda" else 0
             os.environ.update(launcher_env(cfg, device, dist.get_rank(), dist.get_world_size(), local_gpu))
         # any failure to start (out of memory, a bug) is an error that shows its own cause, never a fallback
-        self.llm = vllm.LLM(
-            **engine_kwargs(
-                cfg,
-                ctx.model_path,
-                ctx.max_prompt_length + ctx.max_response_length,
-                device,
-                ctx.seed,
-                pass_config_fields(),
+        try:
+            self.llm = vllm.LLM(
+                **engine_kwargs(
+                    cfg,
+                    ctx.model_path,
+                    ctx.max_prompt_length + ctx.max_response_length,
+                    device,
+                    ctx.seed,
+                    pass_config_fields(),
+                )
             )
-        )
+        except AssertionError as e:
+            if EP_MISSING not in str(e):
+                raise
+            raise ConfigError(
+                f"{ctx.model_path}: a mixture-of-experts vLLM engine beside a dense one still open in this process: "
+                f"vLLM {vllm.__version__} makes its expert-parallel group only for the first model of a process; close "
+                "the dense engine first, or build the MoE engine in a process of its own"
+            ) from e
         if cfg.tensor_model_parallel_size > 1:
             from vllm.distributed.parallel_state import get_tp_group
 
