@@ -39,6 +39,9 @@ def check_it_learned(rows: list[dict]) -> None:
     assert all(r["num_turns/min"] == r["num_turns/max"] == 4 for r in rows if "num_turns/min" in r)
 
 
+# long (tests/e2e/long_runs.sh): CI shows the loop learning through vLLM (tests/vllm_tier/test_vllm_own_loop.py) and
+# trains it on hf in the pool tests below
+@pytest.mark.long
 def test_the_two_attempts_loop_learns(tmp_path):
     check_it_learned(two_attempts(tmp_path / "run", "actor_rollout_ref.rollout.name=hf", steps=100))
 
