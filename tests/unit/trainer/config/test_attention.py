@@ -5,15 +5,10 @@ import pytest
 
 from rlrig.trainer.config.overrides import parse_overrides
 from rlrig.trainer.errors import ConfigError
+from tests.helpers.gpu_config import GPU_MICRO
 
 KEY = "actor_rollout_ref.model.override_config.attn_implementation"
-GPU = [
-    "trainer.device=cuda",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
-    "critic.ppo_micro_batch_size_per_gpu=8",
-]
+GPU = ["trainer.device=cuda", *GPU_MICRO]
 
 
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])

@@ -8,6 +8,7 @@ from rlrig.trainer.config.overrides import parse_overrides
 from rlrig.trainer.errors import ConfigError
 from rlrig.trainer.model import chunked_logprobs as C
 from rlrig.trainer.model import compiled
+from tests.helpers.gpu_config import GPU_MICRO
 
 
 def run(math, base, targets, temperature, entropy_grad):
@@ -142,14 +143,6 @@ def test_no_notice_where_nothing_asks_for_compiling_or_everything_compiles():
     # Liger's kernels inside compiled blocks failed dynamo's tracing on an H200: such blocks stay eager, and it says so
     liger = parse_overrides(["trainer.device=cuda", *GPU_MICRO, "actor_rollout_ref.model.use_liger=True"])
     assert not compiled.blocks_compiled(liger, "actor", "cuda") and "use_liger" in compiled.start_notice(liger)
-
-
-GPU_MICRO = [
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
-    "critic.ppo_micro_batch_size_per_gpu=8",
-]
 
 
 def test_an_in_worker_reference_with_other_math_is_refused():

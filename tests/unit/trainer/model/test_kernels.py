@@ -11,6 +11,7 @@ import torch
 from rlrig.trainer.config.overrides import parse_overrides
 from rlrig.trainer.errors import ConfigError
 from rlrig.trainer.model import kernels
+from tests.helpers.gpu_config import GPU_MICRO
 
 KEY = "actor_rollout_ref.model.use_liger"
 
@@ -152,10 +153,3 @@ def test_each_node_checks_liger_against_the_model_before_any_worker_builds(monke
     critic_only = parse_overrides(["trainer.device=cuda", *GPU_MICRO, "critic.model.use_liger=True"])
     assert liger_check(critic_only, path, "cuda").startswith("critic.model.use_liger=True: Liger has no kernels")
     assert calls == []  # checked, not applied
-
-
-GPU_MICRO = [
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-    "critic.ppo_micro_batch_size_per_gpu=8",
-]
