@@ -73,9 +73,15 @@ FULLY_ASYNC = [
 ]
 
 
-# long: the synchronous pool, which CI keeps in test_rollout_pool (and the loop on a pool in the other two modes)
+# long: the synchronous pool and one step off-policy, which CI keeps in test_rollout_pool (and the loop on a pool
+# fully async, the mode whose partial rollouts carry a loop across a weight sync)
 @pytest.mark.parametrize(
-    "mode", [pytest.param("sync", marks=pytest.mark.long), "one_step_off_policy", "fully_async_policy"]
+    "mode",
+    [
+        pytest.param("sync", marks=pytest.mark.long),
+        pytest.param("one_step_off_policy", marks=pytest.mark.long),
+        "fully_async_policy",
+    ],
 )
 def test_the_tool_task_runs_on_a_rollout_pool_of_its_own(tmp_path, monkeypatch, mode):
     """The rollout workers run the loop, their samples' agent-loop fields and metrics travel to the trainer. Fully

@@ -57,7 +57,8 @@ FULLY_ASYNC = [
 ]
 
 
-@pytest.mark.parametrize("mode", ["one_step_off_policy", "fully_async_policy"])
+# long: one step off-policy, whose pool CI keeps in test_rollout_pool and test_multi_turn's loop
+@pytest.mark.parametrize("mode", [pytest.param("one_step_off_policy", marks=pytest.mark.long), "fully_async_policy"])
 def test_the_two_attempts_loop_runs_on_a_rollout_pool_of_its_own(tmp_path, mode):
     pool = ["actor_rollout_ref.hybrid_engine=False", "actor_rollout_ref.rollout.free_cache_engine=False"]
     sizes = ["rollout.nnodes=1", "rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=1"]
