@@ -91,6 +91,8 @@ for _family in (
     "timing_s/agent_loop/tool_calls",
 ):
     RULES.update({f"{_family}/min": MIN, f"{_family}/max": MAX, f"{_family}/mean": MEAN})
+# an OpenAI-client agent's samples that ended failed, timed out or over budget (agent/openai_agent.py): counts
+RULES.update({f"agent/openai/{_outcome}": SUM for _outcome in ("failed", "timed_out", "over_budget")})
 
 # families: the phases run in parallel on every worker, so the step waits for the slowest
 PREFIXES: dict[str, str] = {"timing_s/": MAX}

@@ -147,6 +147,10 @@ def check(cfg, names: set[str]) -> None:
             "class in rollout.agent.agent_loop_config_path (a YAML list of `name` + `_target_`) or pick one of them"
         )
     used = sorted(n for n in names if n in table)
+    for name in used:  # a loop class may check its entry's own keys at start-up (OpenAIAgentLoop does)
+        cls, entry = table[name]
+        if hasattr(cls, "check_entry"):
+            cls.check_entry(name, entry)
     if used and cfg.trainer.async_mode == FULLY_ASYNC and cfg.async_training.partial_rollout:
         raise ConfigError(
             f"agent loop {used[0]}: loops of your own do not run with async_training.partial_rollout=True in rlrig "
@@ -162,6 +166,7 @@ class OwnTrajectory(Trajectory):
     reported_turns: int = 0
     extra_fields: dict = field(default_factory=dict)
     reward_score: float | None = None
+    counters: dict = field(default_factory=dict)  # the loop's metrics.counters(): summed over the batch
 
     @property
     def num_turns(self) -> int:
@@ -198,6 +203,7 @@ def trajectory(name: str, out, prompt_limit: int, response_limit: int) -> tuple[
         reported_turns=int(out.num_turns),
         extra_fields=dict(out.extra_fields or {}),
         reward_score=out.reward_score,
+        counters=dict(out.metrics.counters()) if hasattr(out.metrics, "counters") else {},
         done=True,
     )
     R = response_limit

@@ -55,7 +55,12 @@ class TurnStats:
         return [record(t) for t in self.trajs]
 
     def metrics(self) -> dict:
-        return turn_metrics(self.records())
+        """The records' min, max and mean, and the sums of what loops of your own count (OpenAIAgentMetrics)."""
+        out = turn_metrics(self.records())
+        for t in self.trajs:
+            for name, value in t.counters.items() if isinstance(t, OwnTrajectory) else ():
+                out[name] = out.get(name, 0.0) + value
+        return out
 
 
 def check(tokenizer, cfg) -> SanityCheck | None:

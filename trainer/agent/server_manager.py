@@ -38,6 +38,20 @@ class ServerManager:
         self.running = 0
         self.changed = asyncio.Event()
         self.calls = 0  # engine calls made
+        self.services: dict[str, asyncio.Future] = {}
+
+    async def service(self, key: str, start):
+        """What the batch's loops share under `key` (an OpenAI endpoint): `await start()` on the first call, the same
+        object after; its `aclose()` is awaited when the batch ends."""
+        if key not in self.services:
+            self.services[key] = asyncio.ensure_future(start())
+        return await asyncio.shield(self.services[key])
+
+    async def close_services(self) -> None:
+        for made in self.services.values():
+            if made.done() and not made.cancelled() and made.exception() is None:
+                await made.result().aclose()
+        self.services = {}
 
     async def generate(
         self,
@@ -114,3 +128,4 @@ class ServerManager:
         finally:
             for t in tasks:
                 t.cancel()
+            await self.close_services()

@@ -189,12 +189,51 @@ def two_attempts() -> list[str]:
     ]
 
 
+OPENAI_AGENT_LOOPS = """\
+- name: calculator_agent
+  _target_: rlrig.trainer.agent.openai_agent.OpenAIAgentLoop
+  agent: rlrig.trainer.agent.openai_demo:solve
+  timeout_s: 120
+"""
+
+
+def write_once(path, text: str) -> None:
+    if not path.is_file() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+
+
+def openai_agent() -> list[str]:
+    """The embedded tool task solved by an agent written with the `openai` package (agent/openai_demo.py), which
+    drives the run's engine through its OpenAI-compatible endpoint (agent/openai_agent.py)."""
+    from ..embedded.tiny_model import cache_dir
+    from ..embedded.tool_model import task_files
+
+    if importlib.util.find_spec("openai") is None:
+        raise ConfigError("--preset openai-agent needs the openai package: pip install openai")
+    path = cache_dir().parent / "agent-loops" / "openai_agent.yaml"
+    write_once(path, OPENAI_AGENT_LOOPS)
+    train, test, _ = task_files("calculator_agent")
+    # the tool task's run (later keys win), its tool the agent's own: no tool config, the rows run the agent's loop
+    return [o for o in tools() if "tool_config_path" not in o] + [
+        f"data.train_files={train}",
+        f"data.val_files={test}",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={path}",
+        "actor_rollout_ref.rollout.agent.default_agent_loop=calculator_agent",
+        "trainer.experiment_name=openai-agent",
+        "trainer.default_local_dir=outputs/openai-agent",
+    ]
+
+
 PRESETS = {
     "embedded": lambda: list(EMBEDDED),
     "smollm2": smollm2,
     "tools": tools,
     "tools-mcp": tools_mcp,
     "two-attempts": two_attempts,
+    "openai-agent": openai_agent,
 }
 
 

@@ -67,8 +67,9 @@ def trace(a: int, b: int, direct: bool, eos: str) -> tuple[str, str]:
     return prompt, f"{call_text(a, b)}{eos}<tool_response>{a * b}</tool_response>#### {a * b}{eos}"
 
 
-def calculator_rows(n: int, split: str, seed: int) -> list[dict]:
-    """Products of two two-digit numbers in verl's schema, each row running verl's tool agent loop."""
+def calculator_rows(n: int, split: str, seed: int, agent: str = "tool_agent") -> list[dict]:
+    """Products of two two-digit numbers in verl's schema, each row running the agent loop named `agent` (verl's tool
+    agent loop unless told)."""
     from ..data.datasets import _row
 
     rng = random.Random(seed)
@@ -77,7 +78,7 @@ def calculator_rows(n: int, split: str, seed: int) -> list[dict]:
         a, b = problem(rng)
         q = f"{a}*{b}="
         row = _row("rlrig/calculator", q, str(a * b), split, i, q, f"#### {a * b}")
-        rows.append({**row, "agent_name": "tool_agent"})
+        rows.append({**row, "agent_name": agent})
     return rows
 
 
@@ -136,16 +137,19 @@ TOOL_CONFIG = """tools:
 """
 
 
-def task_files() -> tuple[str, str, str]:
-    """The task's training and test rows and its tool config, written once (as `rlrig data calculator` would) so the
-    run reads them like any user's files."""
+def task_files(agent: str = "tool_agent") -> tuple[str, str, str]:
+    """The task's training and test rows (run by the agent loop named `agent`) and its tool config, written once (as
+    `rlrig data calculator` would) so the run reads them like any user's files."""
     from ..data.datasets import write_parquet
 
-    root = cache_dir().parent / "data" / "calculator-v1"
+    root = cache_dir().parent / "data" / ("calculator-v1" if agent == "tool_agent" else f"calculator-v1-{agent}")
     train, test, tools = root / "train.parquet", root / "test.parquet", root / "calculator_tool_config.yaml"
     if not (train.is_file() and test.is_file() and tools.is_file()):
         root.mkdir(parents=True, exist_ok=True)
-        for path, rows in ((train, calculator_rows(2048, "train", 1)), (test, calculator_rows(64, "test", 2))):
+        for path, rows in (
+            (train, calculator_rows(2048, "train", 1, agent)),
+            (test, calculator_rows(64, "test", 2, agent)),
+        ):
             tmp = path.with_suffix(f".tmp{os.getpid()}")
             write_parquet(rows, tmp)
             os.replace(tmp, path)
