@@ -1,10 +1,12 @@
-"""Trainer subcommands of `rlrig`: data, export, plot."""
+"""Trainer subcommands of `rlrig`: data, export, plot, sandbox."""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
+
+from .reward.sandbox.cli import add_parser as add_sandbox_parser
 
 
 def cmd_data(args) -> int:
@@ -154,3 +156,4 @@ def add_subcommands(sub) -> None:
     p.add_argument("run_dir")
     p.add_argument("--out")
     p.set_defaults(func=cmd_plot)
+    add_sandbox_parser(sub)
