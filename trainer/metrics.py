@@ -37,6 +37,7 @@ RULES: dict[str, str] = {
     "actor/grad_norm": MEAN,
     "actor/lr": MEAN,
     "actor/reward_kl_penalty": MEAN,
+    "actor/moe_aux_loss": MEAN,
     "training/rollout_probs_diff_max": MAX,
     "training/rollout_probs_diff_mean": TOKEN_MEAN,
     "training/rollout_probs_diff_std": MEAN,
@@ -95,7 +96,11 @@ for _family in (
 RULES.update({f"agent/openai/{_outcome}": SUM for _outcome in ("failed", "timed_out", "over_budget")})
 
 # families: the phases run in parallel on every worker, so the step waits for the slowest
-PREFIXES: dict[str, str] = {"timing_s/": MAX}
+PREFIXES: dict[str, str] = {
+    "timing_s/": MAX,
+    # model/moe.py: every worker reports the whole batch's expert load (its counts summed over the workers)
+    "actor/moe/": MAX,
+}
 
 
 def rule(name: str) -> str:

@@ -322,6 +322,8 @@ class RolloutConfig:
     dtype: str = "auto"  # auto: bfloat16 on GPU, float32 (the actor's own) on CPU
     max_num_seqs: int | None = None
     cpu_kvcache_space_gb: int = 1  # rlrig: vLLM's CPU KV cache per engine (VLLM_CPU_KVCACHE_SPACE)
+    # every this many steps, an MoE's expert load over the steps since (model/moe.py: actor/moe/*); 0: none
+    moe_load_balance_metrics_interval: int = 0
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)

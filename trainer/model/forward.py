@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import packing, prefix_grouper, ulysses
+from . import moe, packing, prefix_grouper, ulysses
 from .chunked_logprobs import token_logprobs_and_entropy, token_sum_pi_squared
 from .fused_logprobs import fused_logprobs_and_entropy
 
@@ -133,12 +133,19 @@ def _head(fused: FusedHead | None, model, targets: torch.Tensor):
 
 
 def response_outputs(
-    model, input_ids, attention_mask, prompt_len, remove_padding=False, causal_lm=True, fused: FusedHead | None = None
+    model,
+    input_ids,
+    attention_mask,
+    prompt_len,
+    remove_padding=False,
+    causal_lm=True,
+    fused: FusedHead | None = None,
+    tap: moe.RouterTap | None = None,
 ):
     """The model's outputs where each response token is predicted (the position before it), and those
     tokens: padded ([B, R, ...], [B, R], None), or packed (see model/packing.py) ([N, ...], [N], the [B, R]
     slots they fill). Position ids respect left padding. `fused`: a causal LM's head computes that instead of
-    the logits."""
+    the logits. `tap`: an MoE's routers recorded over the forward's real tokens (model/moe.py)."""
     if remove_padding:
         pk = packing.pack(input_ids, attention_mask, prompt_len)
         targets = pk.input_ids.flatten()[pk.at]
@@ -146,7 +153,7 @@ def response_outputs(
             out = model(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False).logits
             return out.flatten(0, 1)[pk.at - 1], targets, pk.filled
         # the position before a response token is always in the same sequence
-        with head_at(model, pk.at - 1), _head(fused, model, targets) as take:
+        with head_at(model, pk.at - 1), _head(fused, model, targets) as take, moe.tapped(tap, lambda: pk.real):
             out = take(model(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False).logits)
         return out[0], targets, pk.filled
     resp = input_ids.shape[1] - prompt_len
@@ -155,7 +162,7 @@ def response_outputs(
     # the last token predicts nothing that is scored, so it is left out; a causal LM computes logits only for
     # the response positions: the prompt's are never needed
     keep = {"logits_to_keep": resp} if causal_lm else {}
-    with _head(fused if causal_lm else None, model, targets) as take:
+    with _head(fused if causal_lm else None, model, targets) as take, moe.tapped(tap, lambda: attention_mask[:, :-1]):
         out = model(
             input_ids=input_ids[:, :-1],
             attention_mask=attention_mask[:, :-1],
@@ -198,7 +205,8 @@ class ForwardOptions:
     `entropy_grad=False` keeps it out of the backward pass. with_sum_pi_squared: sum_v pi(v)^2 too (the optimal
     token baseline's). fused_head: the output head computes the log-probs and entropy of its input itself, never
     the logits (FusedHead; actor_rollout_ref.model.use_fused_kernels), which leaves no logits for sum_pi_squared or
-    for shared prompts."""
+    for shared prompts. tap: an MoE's routers recorded in each forward (model/moe.py: the auxiliary loss, the expert
+    load), a per-pass object the forwards of one pass share."""
 
     remove_padding: bool = False
     share_prompts: bool = False
@@ -208,6 +216,7 @@ class ForwardOptions:
     entropy_grad: bool = True
     with_sum_pi_squared: bool = False
     fused_head: bool = False
+    tap: moe.RouterTap | None = None
 
     @classmethod
     def of(cls, cfg, sp: ulysses.SeqParallel | None = None, **more) -> ForwardOptions:
@@ -243,10 +252,13 @@ def token_outputs(model, input_ids, attention_mask, prompt_len, opts: ForwardOpt
 
     if sp is not None:
         pk = packing.pack(input_ids, attention_mask, prompt_len, multiple=sp.size)
-        logits, mine = group_outputs(model, pk, sp, causal_lm=True, fused=fused)
+        with moe.tapped(opts.tap, lambda: ulysses.columns(pk.real, sp)):
+            logits, mine = group_outputs(model, pk, sp, causal_lm=True, fused=fused)
         outs = from_logits(logits, pk.input_ids.flatten()[pk.at][mine])
         return tuple(from_group(x, mine, pk.filled, sp) for x in outs)
     if opts.share_prompts:
+        if opts.tap is not None and opts.tap.active:
+            raise ValueError("an MoE's router statistics are not read with shared prompts (actor.use_prefix_grouper)")
         if opts.with_sum_pi_squared:
             raise ValueError("sum_pi_squared is not computed with shared prompts (actor.use_prefix_grouper)")
         pieces = [
@@ -255,7 +267,7 @@ def token_outputs(model, input_ids, attention_mask, prompt_len, opts: ForwardOpt
         logp = torch.cat([p[0] for p in pieces], 1)
         return logp, (torch.cat([p[1] for p in pieces], 1) if opts.with_entropy else None), None
     logits, targets, filled = response_outputs(
-        model, input_ids, attention_mask, prompt_len, opts.remove_padding, fused=fused
+        model, input_ids, attention_mask, prompt_len, opts.remove_padding, fused=fused, tap=opts.tap
     )
     outs = from_logits(logits, targets)
     if filled is not None:

@@ -20,6 +20,13 @@ class Packed:
     position_ids: torch.Tensor  # [rows, W]: 0.. per sequence; leftover tails count from 0 as a sequence of their own
     at: torch.Tensor  # [N] flat index into rows * W of each real response token
     filled: torch.Tensor  # [B, R] which response slots hold a real token
+    tokens: torch.Tensor  # [T] flat index into rows * W of every real token, in input_ids[attention_mask.bool()] order
+
+    @property
+    def real(self) -> torch.Tensor:
+        """[rows, W] bool: where the real tokens are (not the rows' tails)."""
+        flat = torch.zeros(self.input_ids.numel(), dtype=torch.bool, device=self.input_ids.device)
+        return flat.index_fill_(0, self.tokens, True).view(self.input_ids.shape)
 
 
 def first_fit(lengths: list[int], width: int) -> tuple[list[int], list[int], list[int]]:
@@ -52,7 +59,7 @@ def pack(
     pos = (cols - torch.tensor(used or [0], device=dev)[:, None]).clamp_min(0).flatten()  # the tails
     pos[dest[keep]] = rank[keep]
     filled = keep[:, prompt_len:]
-    return Packed(ids.view(rows, width), pos.view(rows, width), dest[:, prompt_len:][filled], filled)
+    return Packed(ids.view(rows, width), pos.view(rows, width), dest[:, prompt_len:][filled], filled, dest[keep])
 
 
 def unpack(values: torch.Tensor, filled: torch.Tensor) -> torch.Tensor:

@@ -115,6 +115,7 @@ def update_actor(
                         kl = algos.agg_loss(algos.kl_penalty(logp, batch.ref_logp[sl], a.kl_loss_type), m, agg)
                         loss = loss + a.kl_loss_coef * kl
                         mini.setdefault("actor/kl_loss", []).append(kl.detach())
+                    loss = loss + moe_aux_loss(forward, mini, size(sl) / plan.rows if glob else 1.0)
                     (loss if glob else loss * size(sl) / plan.rows).backward()
                     for k, v in (("actor/pg_loss", pg), *extra.items()):
                         mini.setdefault(k, []).append(v.detach() if torch.is_tensor(v) else v)  # bypass: floats too
@@ -124,6 +125,19 @@ def update_actor(
                 with offload.optimizer_on(t.opt, t.device, t.optimizer_offload):
                     t.opt.step()
     return to_host(stats), (first if own_old else old_logp)
+
+
+def moe_aux_loss(forward: ForwardOptions, mini: dict[str, list], weight: float) -> torch.Tensor | float:
+    """The MoE's auxiliary load-balancing loss of the micro batch's forward times the model's router_aux_loss_coef
+    (model/moe.py; 0 for a dense model or where the config asks for none), as transformers adds it to its causal LM's
+    loss, and reported as actor/moe_aux_loss. `weight`: the micro batch's share of the mini batch's rows where the
+    loss is not scaled by it afterwards (verl's engine workers' normalisation), so the mini batch's aux loss is the
+    mean of its micro batches' under either normalisation."""
+    aux = forward.tap.take_aux() if forward.tap is not None else None
+    if aux is None:
+        return 0.0
+    mini.setdefault("actor/moe_aux_loss", []).append(aux.detach())
+    return forward.tap.spec.aux_coef * weight * aux
 
 
 def to_host(stats: dict[str, list]) -> dict[str, list[float]]:

@@ -3,7 +3,7 @@ start_refusal as a Ray task on every node, so no worker is ever left without an 
 
 from __future__ import annotations
 
-from ..model import build, checkpoint_names, forward, kernels, lora, ulysses
+from ..model import build, checkpoint_names, forward, kernels, lora, moe, ulysses
 from ..model.micro_batches import sequence_parallel
 from ..rollout.engines import engine_class
 
@@ -84,6 +84,27 @@ def liger_check(cfg, model_path: str, device: str) -> str | None:
     return None
 
 
+def moe_check(cfg, model_path: str) -> str | None:
+    """An MoE actor whose routers the update records (model/moe.py: the config's auxiliary loss, the expert-load
+    metrics) cannot share prompts in its forwards (actor.use_prefix_grouper), asked of a weightless copy."""
+    a = cfg.actor_rollout_ref
+    if not a.actor.use_prefix_grouper:
+        return None
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(build.model_kwargs(a.model, model_path)["config"])
+    spec = moe.MoeSpec.of(model)
+    if spec is None or not (spec.aux_coef or a.rollout.moe_load_balance_metrics_interval > 0):
+        return None
+    return (
+        "actor_rollout_ref.actor.use_prefix_grouper=True: the forwards of shared prompts do not record an MoE's "
+        "routers, which its auxiliary loss (output_router_logits) and rollout.moe_load_balance_metrics_interval "
+        "need; set use_prefix_grouper=False"
+    )
+
+
 def start_refusal(cfg_dict: dict, model_path: str, device: str) -> str | None:
     """Why a training worker could not start on this node (its rollout engine; its model's heads under sequence
     parallelism), in one line, or None. The driver runs it as a task on every node before it builds any worker, so
@@ -100,4 +121,5 @@ def start_refusal(cfg_dict: dict, model_path: str, device: str) -> str | None:
         sequence_parallel_refusal(cfg, model_path)
         or fused_head_check(cfg, model_path)
         or liger_check(cfg, model_path, device)
+        or moe_check(cfg, model_path)
     )

@@ -8,6 +8,7 @@ A critic update `start`s with the batch and returns the call that waits for its 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -18,7 +19,7 @@ import torch.distributed as dist
 
 from ...algos.core_algos import AllReduce
 from ...batch.step_batch import StepBatch
-from ...model import lr_schedule, offload
+from ...model import lr_schedule, moe, offload
 from ...model.build import Models, Trainable
 from ...model.forward import ForwardOptions, in_micro_batches, token_outputs
 from ...model.micro_batches import MiniBatches
@@ -177,8 +178,15 @@ class ActorUpdate:
 
     @classmethod
     def of(cls, actor: Trainable, cfg, mini_batches, batch_sum: AllReduce, forward: ForwardOptions) -> ActorUpdate:
+        """An MoE actor's update also records its routers (model/moe.py): the model's auxiliary load-balancing loss
+        where its config asks for it, the expert load where rollout.moe_load_balance_metrics_interval is set."""
         sp = forward.sp
         dp = dist.get_world_size() // (sp.size if sp is not None else 1) if engine_workers(cfg) else None
+        spec = moe.MoeSpec.of(actor.module)
+        if spec is not None:
+            interval = cfg.actor_rollout_ref.rollout.moe_load_balance_metrics_interval
+            stats = moe.LoadStats() if interval > 0 else None
+            forward = dataclasses.replace(forward, tap=moe.RouterTap(spec, spec.routers(actor.module), True, stats))
         return cls(actor, cfg, mini_batches, batch_sum, forward, dp)
 
     def __call__(self, batch: StepBatch, global_step: int) -> tuple[dict, torch.Tensor | None]:
@@ -189,7 +197,11 @@ class ActorUpdate:
         mini = self.mini_batches(batch, a.ppo_micro_batch_size_per_gpu, key)
         glob = None if self.global_dp is None else global_batches(batch.mask, mini, self.global_dp, self.batch_sum)
         stats, actor_logp = update_actor(self.actor, batch, cfg, mini, self.batch_sum, self.forward, glob)
-        return {**out, **mean_stats(stats)}, actor_logp
+        out.update(mean_stats(stats))
+        tap, interval = self.forward.tap, cfg.actor_rollout_ref.rollout.moe_load_balance_metrics_interval
+        if tap is not None and tap.stats is not None and global_step % interval == 0:  # verl's: the interval's tokens
+            out.update(tap.stats.read("actor/moe", self.batch_sum))
+        return out, actor_logp
 
 
 # --- the choice, made once when the worker is built ---

@@ -1,0 +1,121 @@
+"""An MoE's routers seen from the trainer (model/moe.py), on a tiny random Qwen3-MoE and Mixtral: the auxiliary
+load-balancing loss over the real tokens equals transformers' own with an attention mask, packed or padded; the
+expert-load statistics count each real token's top-k picks once; and a training step adds the loss (with the
+model's coefficient) and reports verl's load-balance metrics at the interval."""
+
+import pytest
+import torch
+
+from rlrig.trainer.model import moe
+from rlrig.trainer.model.forward import ForwardOptions, token_logprobs
+from tests.helpers import tiny_moe
+
+
+def _batch(vocab: int, seed: int = 0):
+    """Left-padded prompts of 3..6 tokens and right-padded responses of 2..5, as the engines return them."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_len, resp_len, rows = 6, 5, 4
+    ids = torch.randint(3, vocab, (rows, prompt_len + resp_len), generator=g)
+    mask = torch.zeros_like(ids)
+    for r, (p, n) in enumerate(((3, 5), (6, 2), (4, 4), (5, 3))):
+        mask[r, prompt_len - p : prompt_len + n] = 1
+    return ids * mask, mask, prompt_len
+
+
+def _moe_model(family: str, **conf):
+    model, _ = tiny_moe.build(family)
+    for k, v in conf.items():
+        setattr(model.config, k, v)
+    return model.eval()
+
+
+@pytest.mark.parametrize("family", tiny_moe.FAMILIES)
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_aux_loss_is_transformers_own_over_the_real_tokens(family, packed):
+    model = _moe_model(family, output_router_logits=True, router_aux_loss_coef=0.02)
+    spec = moe.MoeSpec.of(model)
+    assert (spec.num_experts, spec.top_k, spec.aux_coef) == (8, 2, 0.02)
+    ids, mask, p = _batch(model.config.vocab_size)
+    tap = moe.RouterTap(spec, spec.routers(model), with_aux=True, stats=None)
+    token_logprobs(model, ids, mask, p, ForwardOptions(remove_padding=packed, tap=tap))
+    ours = tap.take_aux()
+    # the padded forward leaves out the last column (it predicts nothing scored); the packed one holds every token
+    cut = slice(None) if packed else slice(None, -1)
+    want = model(input_ids=ids[:, cut], attention_mask=mask[:, cut], output_router_logits=True).aux_loss
+    torch.testing.assert_close(ours, want)
+    assert ours.requires_grad and tap.take_aux() is None
+
+
+def test_padding_is_left_out_of_the_aux_loss():
+    model = _moe_model("qwen3_moe", output_router_logits=True)
+    ids, mask, p = _batch(model.config.vocab_size)
+    spec = moe.MoeSpec.of(model)
+    tap = moe.RouterTap(spec, spec.routers(model), with_aux=True, stats=None)
+    token_logprobs(model, ids, mask, p, ForwardOptions(remove_padding=True, tap=tap))
+    with_pad = model(input_ids=ids, output_router_logits=True).aux_loss  # every column counted, pad included
+    assert not torch.allclose(tap.take_aux(), with_pad)
+
+
+def test_no_aux_loss_unless_the_config_asks_and_a_dense_model_has_no_spec():
+    from rlrig.trainer.embedded.tiny_model import build_model, build_tokenizer
+
+    assert moe.MoeSpec.of(_moe_model("qwen3_moe")).aux_coef == 0  # output_router_logits defaults to False
+    assert moe.MoeSpec.of(_moe_model("mixtral", output_router_logits=True, router_aux_loss_coef=0.0)).aux_coef == 0
+    assert moe.MoeSpec.of(build_model(build_tokenizer())) is None
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_load_stats_count_each_real_tokens_picks(packed):
+    model = _moe_model("mixtral")
+    spec = moe.MoeSpec.of(model)
+    ids, mask, p = _batch(model.config.vocab_size)
+    stats = moe.LoadStats()
+    tap = moe.RouterTap(spec, spec.routers(model), with_aux=True, stats=stats)
+    assert tap.take_aux() is None  # no coefficient: no loss computed
+    with torch.no_grad():
+        token_logprobs(model, ids, mask, p, ForwardOptions(remove_padding=packed, tap=tap))
+    real = int(mask.sum() if packed else mask[:, :-1].sum())
+    assert stats.counts.shape == (2, 8) and stats.counts.sum(1).tolist() == [2.0 * real] * 2
+    assert float(stats.tokens) == real
+    out = stats.read("actor/moe")
+    assert stats.counts is None  # read starts over
+    for name in ("max_vio", "min_vio", "avg_vio", "router_entropy"):
+        assert {f"actor/moe/{name}/{s}" for s in ("layer_0", "layer_1", "max", "avg")} <= out.keys()
+    assert -1 <= out["actor/moe/min_vio/layer_0"] <= 0 <= out["actor/moe/max_vio/layer_0"] <= 7
+    assert 0 < out["actor/moe/router_entropy/layer_1"] <= torch.log(torch.tensor(8.0)).item() + 1e-6
+
+
+def test_load_stats_read_as_verl_computes_them():
+    stats = moe.LoadStats()
+    logits = [torch.zeros(4, 4)]  # uniform router: entropy log 4
+    picks = [torch.tensor([[0], [0], [1], [2]])]  # expert 0 twice, 1 and 2 once, 3 never
+    stats.add(logits, picks, torch.ones(4), 4)
+    out = stats.read("p")
+    # share [0.5, 0.25, 0.25, 0] x 4 - 1 = [1, 0, 0, -1]
+    assert out["p/max_vio/layer_0"] == 1.0 and out["p/min_vio/layer_0"] == -1.0 and out["p/avg_vio/layer_0"] == 0.5
+    assert out["p/router_entropy/layer_0"] == pytest.approx(torch.log(torch.tensor(4.0)).item())
+
+
+def test_without_a_tap_the_routers_are_not_hooked():
+    model = _moe_model("qwen3_moe")
+    spec = moe.MoeSpec.of(model)
+    tap = moe.RouterTap(spec, spec.routers(model), with_aux=False, stats=moe.LoadStats())
+    ids, mask, p = _batch(model.config.vocab_size)
+    with tap.around(mask):
+        assert all(r._forward_hooks for r in tap.routers)
+    assert not any(r._forward_hooks for r in tap.routers)
+
+
+def test_shared_prompts_with_the_routers_recorded_are_refused_at_start_up():
+    from rlrig.trainer.config.overrides import parse_overrides
+    from rlrig.trainer.workers.start_checks import moe_check
+
+    path = tiny_moe.ensure("qwen3_moe")
+    shared = "actor_rollout_ref.actor.use_prefix_grouper=True"
+    metrics = "actor_rollout_ref.rollout.moe_load_balance_metrics_interval=1"
+    aux = "+actor_rollout_ref.model.override_config.output_router_logits=True"
+    for keys in ([shared, metrics], [shared, aux]):
+        why = moe_check(parse_overrides([f"actor_rollout_ref.model.path={path}", *keys]), path)
+        assert why.startswith("actor_rollout_ref.actor.use_prefix_grouper=True: ") and "\n" not in why
+    assert moe_check(parse_overrides([f"actor_rollout_ref.model.path={path}", shared]), path) is None
+    assert moe_check(parse_overrides([f"actor_rollout_ref.model.path={path}", metrics]), path) is None
