@@ -493,6 +493,16 @@ class RewardModelRolloutConfig:
 
 
 @dataclass
+class SandboxFusionConfig:
+    """Code rewards in a SandboxFusion service (verl's sandbox_fusion.*): rows of a code data_source
+    (reward/sandbox_fusion.py's CODE_SOURCES) are scored by running their test cases there."""
+
+    url: str | None = None  # its /run_code URL; local: `rlrig sandbox` started beside the run; null: none
+    max_concurrent: int | None = 64  # requests in flight from each scoring process; null: 64
+    memory_limit_mb: int | None = 1024  # each submission's memory limit, sent with it; null: 1024
+
+
+@dataclass
 class RewardModelConfig:
     enable: bool = False  # score responses with a sequence-classification model (one label)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
@@ -513,6 +523,7 @@ class RewardModelConfig:
     use_reward_loop: bool = False
     rollout: RewardModelRolloutConfig = field(default_factory=RewardModelRolloutConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)  # its tool_config is the actor's (verl's default)
+    sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
 
 
 @dataclass

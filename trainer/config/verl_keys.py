@@ -27,6 +27,12 @@ ALIASES = {
     # critic.grad_clip, its engine workers with optim.clip_grad; both default to 1.0, and rlrig has one norm for each
     "actor_rollout_ref.actor.grad_clip": "actor_rollout_ref.actor.optim.clip_grad",
     "critic.grad_clip": "critic.optim.clip_grad",
+    # verl 0.9's places of sandbox fusion (reward.sandbox_fusion, and its legacy top-level sandbox_fusion)
+    **{
+        f"{section}sandbox_fusion.{k}": f"reward_model.sandbox_fusion.{k}"
+        for section in ("reward.", "")
+        for k in ("url", "max_concurrent", "memory_limit_mb")
+    },
 }
 
 
@@ -44,8 +50,6 @@ _RM_TOOL_CONFIG = (
 )
 # Whole families of verl keys, by prefix: what they are and what rlrig offers instead.
 REFUSED_PREFIXES = {
-    "reward_model.sandbox_fusion.": "verl's sandbox-fusion code execution is not in rlrig; score code with "
-    "custom_reward_function.path/name",
     # verl's profilers are (global_profiler.*, each role's profiler.*) but for these parts; their defaults are accepted
     "actor_rollout_ref.rollout.profiler.": "rlrig's rollout engines run inside the training workers, whose recording "
     "(actor_rollout_ref.actor.profiler) holds the gen phase, as verl's colocated worker's does; a profiler of the "
@@ -473,7 +477,6 @@ ACCEPTED_DEFAULTS = {
     "reward_model.reward_loop_source": ("register",),
     "reward_model.reward_loop_module_path": ("null", "None"),
     "reward_model.reward_loop_class_name": ("null", "None"),
-    "reward_model.sandbox_fusion.url": ("null", "None"),
     # rollout (the rollout pool), async_training
     "rollout.n": ("4",),
     "async_training.parallel_validate_and_rollout": ("False", "false"),

@@ -26,9 +26,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.print_config:
             print(json.dumps(cfg.described(), indent=2))
             return 0
+        from ..reward.sandbox.local import beside_run
         from .train import train
 
-        return train(cfg)
+        with beside_run(cfg) as run_cfg:  # reward_model.sandbox_fusion.url=local: rlrig sandbox for the run's length
+            return train(run_cfg)
     except ConfigError as e:  # bad input, found where it was read; anything else is a bug and shows its traceback
         # one a worker raised arrives as Ray's error of the call (its traceback in its text): the worker's own line
         cause = getattr(e, "cause", None)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Callable
+from functools import partial
 
 from ..data.extern import load_object
 from ..errors import ConfigError
+from .sandbox_fusion import CODE_SOURCES, SandboxClient, compute_score
 
 RULE_SOURCES = ("openai/gsm8k", "rlrig/arithmetic", "rlrig/calculator")
 
@@ -37,27 +39,61 @@ def gsm8k_score(
     return score if answer == str(ground_truth) else format_score
 
 
-def default_compute_score(data_source: str, solution: str, ground_truth: str, extra_info=None) -> float:
-    """The rule-based reward of RULE_SOURCES' rows (the GSM8K check, strict); a ValueError for another source."""
+def default_compute_score(
+    data_source: str, solution: str, ground_truth, extra_info=None, sandbox: SandboxClient | None = None
+) -> float:
+    """The rule-based reward of RULE_SOURCES' rows (the GSM8K check, strict); with a sandbox, the code reward of
+    CODE_SOURCES' rows (ground_truth: their test cases), as verl's default_compute_score; a ValueError for another
+    source."""
     if data_source in RULE_SOURCES:
         return gsm8k_score(solution, ground_truth)
+    if data_source in CODE_SOURCES and sandbox is not None:
+        return compute_score(sandbox, solution, ground_truth, continuous=True)
     raise ValueError(f"no rule-based reward for data_source {data_source!r}; set custom_reward_function.path and .name")
 
 
-def load_reward_fn(path: str | None, name: str) -> Callable:
-    """As verl's get_custom_reward_fn: `path` a .py file (file:// or bare) or pkg://module, `name` the function."""
-    if not path:
-        return default_compute_score
-    return load_object(path, name, "custom_reward_function.path/name")
+def sandbox_refusal(sf) -> str | None:
+    """reward_model.sandbox_fusion checked: url an http(s) /run_code URL or `local`, limits positive."""
+    if sf.url is not None and sf.url != "local" and not sf.url.startswith(("http://", "https://")):
+        return (
+            f"reward_model.sandbox_fusion.url={sf.url!r} is not a URL; give a SandboxFusion endpoint "
+            "(http://host:port/run_code) or local to start rlrig sandbox beside the run"
+        )
+    for key in ("max_concurrent", "memory_limit_mb"):
+        if getattr(sf, key) is not None and getattr(sf, key) < 1:
+            return f"reward_model.sandbox_fusion.{key}={getattr(sf, key)} must be at least 1 (null: verl's default)"
+    return None
 
 
-def check_sources(sources: set[str], custom_path: str | None) -> None:
-    """Before any worker starts: every data_source has a rule-based reward, or a custom function is set."""
-    unknown = sorted(sources - set(RULE_SOURCES))
+def load_reward_fn(path: str | None, name: str, sandbox_fusion=None) -> Callable:
+    """As verl's get_custom_reward_fn: `path` a .py file (file:// or bare) or pkg://module, `name` the function.
+    Without one, the default, which with sandbox_fusion.url set scores code rows in that sandbox (verl's
+    load_reward_manager: the sandbox is for the default function only)."""
+    if path:
+        return load_object(path, name, "custom_reward_function.path/name")
+    if sandbox_fusion is not None and sandbox_fusion.url:
+        client = SandboxClient.of(
+            sandbox_fusion.url, sandbox_fusion.max_concurrent or 64, sandbox_fusion.memory_limit_mb or 1024
+        )
+        return partial(default_compute_score, sandbox=client)
+    return default_compute_score
+
+
+def check_sources(sources: set[str], custom_path: str | None, sandbox_url: str | None = None) -> None:
+    """Before any worker starts: every data_source has a rule-based reward (code rows: a sandbox to run them), or
+    a custom function is set."""
+    unknown = sorted(sources - set(RULE_SOURCES) - (set(CODE_SOURCES) if sandbox_url else set()))
     if unknown and not custom_path:
+        code = [s for s in unknown if s in CODE_SOURCES]
+        hint = (
+            f"; data_source {', '.join(map(repr, code))} is scored by running its code: set "
+            "reward_model.sandbox_fusion.url (a SandboxFusion /run_code URL, or local to start rlrig sandbox)"
+            if code
+            else ""
+        )
         raise ConfigError(
             f"no rule-based reward for data_source {', '.join(map(repr, unknown))} (rlrig has "
-            f"{', '.join(RULE_SOURCES)}); set custom_reward_function.path and .name"
+            f"{', '.join(RULE_SOURCES)}); set custom_reward_function.path and .name{hint}"
         )
 
 
@@ -73,15 +109,18 @@ def reward_fn(cfg) -> Callable | None:
     rf = cfg.custom_reward_function
     if cfg.reward_model.enable and not rf.path:
         return None
-    return load_reward_fn(rf.path, rf.name)
+    return load_reward_fn(rf.path, rf.name, cfg.reward_model.sandbox_fusion)
 
 
 def check_reward_setup(cfg, sources: set[str]) -> None:
     """Before any worker starts: the reward function loads, every data_source has a rule, and a custom function
     used beside the reward model takes its score."""
+    why = sandbox_refusal(cfg.reward_model.sandbox_fusion)
+    if why:
+        raise ConfigError(why)
     rf, fn = cfg.custom_reward_function, reward_fn(cfg)  # a bad path or name stops here
     if not cfg.reward_model.enable:
-        check_sources(sources, rf.path)
+        check_sources(sources, rf.path, cfg.reward_model.sandbox_fusion.url)
     elif fn is not None and not takes_rm_score(fn):
         # verl's reward loop hands the function an HTTP router to its reward-model servers, which rlrig does not run
         raise ConfigError(

@@ -237,10 +237,6 @@ BASE = ["reward_model.enable=True"]
         ),
         (["reward_model.placement.resource=GPU"], "reward_model.placement.resource='GPU': name a custom resource"),
         (["reward_model.micro_batch_size_per_gpu=0"], "reward_model.micro_batch_size_per_gpu=0 must be at least 1"),
-        (
-            ["reward_model.sandbox_fusion.url=http://x"],
-            "reward_model.sandbox_fusion.url: a verl key rlrig does not implement",
-        ),
         (["trainer.placement_timeout_s=0"], "trainer.placement_timeout_s=0 must be positive"),
     ],
 )
