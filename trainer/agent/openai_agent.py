@@ -160,7 +160,7 @@ class OpenAIAgentLoop(AgentLoopBase):
         start = time.perf_counter()
         outcome, score = "", None
         try:
-            score = await asyncio.wait_for(call_agent(self.agent, endpoint.base_url, session.key, row), self.timeout)
+            score = await self.watched(call_agent(self.agent, endpoint.base_url, session.key, row), session, start)
             if score is not None and (isinstance(score, bool) or not isinstance(score, (int, float))):
                 outcome, score = "failed", None  # not a score: the sample is scored as a failed one
         except asyncio.TimeoutError:
@@ -171,6 +171,21 @@ class OpenAIAgentLoop(AgentLoopBase):
             outcome = "over_budget"
         endpoint.end(session, outcome or "returned")
         return await self.output(session, outcome, score, time.perf_counter() - start)
+
+    async def watched(self, agent, session: Session, start: float):
+        """The agent's result, or asyncio.TimeoutError once its own time (session.own_s) passes timeout_s. Its
+        calls' waits for the engine do not count: they wait for the whole batch, a hanging agent's included."""
+        task = asyncio.ensure_future(agent)
+        try:
+            while True:
+                left = self.timeout - session.own_s(start)
+                if left <= 0:
+                    raise asyncio.TimeoutError
+                done, _ = await asyncio.wait({task}, timeout=left)
+                if done:
+                    return task.result()
+        finally:
+            task.cancel()
 
     async def output(self, session: Session, outcome: str, score, took: float) -> AgentLoopOutput:
         t = session.tokens

@@ -59,8 +59,16 @@ class Session:
     tokens: SampleTokens = field(default_factory=SampleTokens)
     last: LastCall | None = None
     over_budget: bool = False
-    gen_s: float = 0.0
+    gen_s: float = 0.0  # seconds its calls waited for the engine
+    generating_since: float | None = None  # perf_counter() when the call waiting now was made
     ended: str | None = None
+
+    def own_s(self, start: float) -> float:
+        """The agent's own seconds since `start`: everything but its calls' waits for the engine (which wait for
+        the batch's other agents too)."""
+        now = time.perf_counter()
+        waiting = now - self.generating_since if self.generating_since is not None else 0.0
+        return now - start - self.gen_s - waiting
 
 
 def text_of(content) -> str:
@@ -283,11 +291,16 @@ class Endpoint:
             )
         asked = positive(body, "max_completion_tokens", "max_tokens")
         max_new = min(asked or room, room)
-        t0 = time.perf_counter()
-        out = await self.manager.generate(
-            request_id=uuid.uuid4().hex, prompt_ids=prompt, sampling_params={**session.params, "max_tokens": max_new}
-        )
-        session.gen_s += time.perf_counter() - t0
+        session.generating_since = t0 = time.perf_counter()
+        try:
+            out = await self.manager.generate(
+                request_id=uuid.uuid4().hex,
+                prompt_ids=prompt,
+                sampling_params={**session.params, "max_tokens": max_new},
+            )
+        finally:
+            session.gen_s += time.perf_counter() - t0
+            session.generating_since = None
         if session.ended is not None:  # the sample ended while the engine wrote this turn: it is not the sample's
             raise RequestError(400, f"this sample has ended ({session.ended})")
         ids = list(out.token_ids)

@@ -6,6 +6,7 @@ the entry's keys and the request's limits are checked."""
 import asyncio
 
 import pytest
+import torch
 
 from rlrig.trainer.agent.chat import Deltas, template_ids
 from rlrig.trainer.agent.openai_demo import CALCULATOR
@@ -313,3 +314,82 @@ def test_a_loops_counters_survive_pydantic():
         "agent/openai/timed_out": 0.0,
         "agent/openai/over_budget": 0.0,
     }
+
+
+# --- the real engine ---
+
+
+class Recording:
+    """An engine whose every generated token is recorded, prompt by prompt."""
+
+    def __init__(self, engine):
+        self.engine, self.written = engine, []
+
+    def generate(self, prompts, n, sampling=None, sync_follows=False, max_new=None, hold=False):
+        ro = self.engine.generate(prompts, n, sampling, sync_follows, max_new, hold)
+        for i, p in enumerate(prompts):
+            kept = ro.response_mask[i].bool()
+            self.written.append((list(p), ro.input_ids[i, ro.prompt_len :][kept].tolist()))
+        return ro
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def flaky(base_url, api_key, row):
+    """The demo's agent, but sample 1 raises after its first call and sample 2 hangs."""
+    from rlrig.trainer.agent.openai_demo import solve
+
+    how = row["extra_info"]["index"] % 4
+    if how in (1, 2):
+        openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0).chat.completions.create(
+            model="m", messages=row["messages"], tools=[CALCULATOR]
+        )
+        if how == 2:
+            import time
+
+            time.sleep(30)
+        raise RuntimeError("the agent's own bug")
+    return solve(base_url, api_key, row)
+
+
+@pytest.mark.process
+def test_the_demo_agent_through_the_hf_engine_trains_on_what_the_engine_generated(tmp_path):
+    """The embedded tool model on the hf engine: every sample's response is the engine's tokens (mask 1) and the
+    tool's (mask 0) in the order they came; a raising and a hanging agent end their samples only."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlrig.trainer.embedded.tool_model import ensure_tool_model
+    from rlrig.trainer.rollout import engines
+    from rlrig.trainer.rollout.engines import hf_engine
+
+    path = ensure_tool_model()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(path)
+    cfg = config(loops_file(tmp_path, f"{HERE}:flaky", timeout_s=3), "actor_rollout_ref.rollout.temperature=1.0")
+    engine = Recording(
+        hf_engine.HFRollout(engines.EngineContext(model, tok, cfg.actor_rollout_ref.rollout, 16, 48, path, "cpu", 0))
+    )
+    rows = [row(10 + i, 20 + i) for i in range(4)]
+    for i, r in enumerate(rows):
+        r["extra_info"]["index"] = i
+    ro, turns = AgentRollout(engine, tok, cfg).generate(rows, 2)
+    outcomes = [i["agent_outcome"] for i in turns.extra_info()]
+    assert outcomes == ["returned"] * 2 + ["failed"] * 2 + ["timed_out"] * 2 + ["returned"] * 2
+    m = turns.metrics()
+    assert (m["agent/openai/failed"], m["agent/openai/timed_out"], m["agent/openai/over_budget"]) == (2, 2, 0)
+    for i in range(8):
+        prompt, response, mask = sample(ro, i)
+        # walk the response: each run of the model's tokens is one engine call's tokens after the context before it
+        k = 0
+        while k < len(response):
+            if mask[k]:
+                context = prompt + response[:k]
+                # (a row's two samples share their first context: either's tokens may be this one's)
+                wrote = [w for p, w in engine.written if p == context and response[k : k + len(w)] == w]
+                assert wrote, f"sample {i}: tokens at {k} were not generated after the context before them"
+                assert all(mask[k : k + len(wrote[0])])
+                k += len(wrote[0])
+            else:
+                k += 1
+        assert sum(mask) > 0
