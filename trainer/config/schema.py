@@ -308,6 +308,8 @@ class RolloutConfig:
     # vLLM's prefix cache, SGLang's radix cache; hf: each prompt's prefill shared by its n samples
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # vLLM; None: data.max_prompt_length + data.max_response_length
+    # an engine's seed is this plus its index (verl's replica rank); None: trainer.seed in its place
+    seed: int | None = None
     load_format: str = "dummy"  # vLLM/SGLang: dummy starts from random weights, which the first sync replaces
     # extra arguments for the engine's constructor, by engine (verl's rollout.engine_kwargs.vllm.*, .sglang.*)
     engine_kwargs: dict = field(default_factory=lambda: {"vllm": {}, "sglang": {}})

@@ -57,6 +57,13 @@ def single_device(use_gpu: bool) -> torch.device:
     return torch.device("cuda", gpu_index()) if use_gpu else torch.device("cpu")
 
 
+def engine_seed(cfg: Config, replica: int, own: int) -> int:
+    """The seed of rollout engine number `replica`: verl's rollout.seed + replica where rollout.seed is given, else
+    `own`, the caller's seed drawn from trainer.seed."""
+    seed = cfg.actor_rollout_ref.rollout.seed
+    return own if seed is None else seed + replica
+
+
 @contextlib.contextmanager
 def forked_rngs(device: torch.device):
     """Random draws inside leave every global stream as it was: torch's (CPU and this GPU), NumPy's and Python's.

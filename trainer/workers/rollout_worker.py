@@ -30,7 +30,7 @@ from ..reward.scoring import RewardSource, score
 from ..rollout.engines import EngineContext, Rollout, Sampling, engine_class, make_engine
 from ..rollout.partial import Progress, go_on, packed
 from ..rollout.weight_sync import SyncGroup
-from .base import PoolWorker, collective_timeout, ensure_local_embedded_model, single_device
+from .base import PoolWorker, collective_timeout, engine_seed, ensure_local_embedded_model, single_device
 from .phase_report import PhaseReport
 
 SEED_STRIDE = 100_003  # rollout worker i draws from trainer.seed + (i + 1) x this: never a training rank's seed
@@ -57,7 +57,8 @@ class RolloutWorker(PoolWorker):
         self.cfg = cfg = from_dict(cfg_dict)
         a = cfg.actor_rollout_ref
         # the workers of one tensor-parallel engine sample the same tokens only from the same seed
-        seed = cfg.trainer.seed + SEED_STRIDE * (index // a.rollout.tensor_model_parallel_size + 1)
+        replica = index // a.rollout.tensor_model_parallel_size
+        seed = engine_seed(cfg, replica, cfg.trainer.seed + SEED_STRIDE * (replica + 1))
         random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
         self.device = single_device(use_gpu)
         if self.device.type == "cuda":

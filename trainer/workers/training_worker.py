@@ -26,7 +26,7 @@ from ..reward.scoring import score
 from ..rollout.engines import EngineContext, Sampling, engine_class, make_engine
 from . import checkpoint_state, profiling
 from .actor_weights import ActorWeights
-from .base import RankWorker
+from .base import RankWorker, engine_seed
 from .phase_report import PhaseReport
 from .ppo_update import entropy_in_update
 from .step import dynamic_sampling, sources
@@ -110,7 +110,8 @@ class TrainingWorker(RankWorker):
         cfg, a = self.cfg, self.cfg.actor_rollout_ref
         prec = self.models.actor.precision
         # the ranks of one tensor-parallel engine sample the same tokens only from the same seed
-        seed = cfg.trainer.seed + self.rank // a.rollout.tensor_model_parallel_size
+        replica = self.rank // a.rollout.tensor_model_parallel_size
+        seed = engine_seed(cfg, replica, cfg.trainer.seed + replica)
         dtype = prec.param_dtype if prec.mixed else None
         ctx = EngineContext.of(cfg, self.models.gen_module, self.tok, model_path, self.device.type, seed, dtype)
         return make_engine(engine_cls, ctx)
