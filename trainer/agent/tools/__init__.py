@@ -26,6 +26,7 @@ VERL_PORTS = {
     "verl.tools.gsm8k_tool.Gsm8kTool": "rlrig.trainer.agent.tools.gsm8k.Gsm8kTool",
     "verl.tools.mcp_base_tool.MCPBaseTool": "rlrig.trainer.agent.tools.mcp.MCPBaseTool",
     "verl.tools.mcp_search_tool.MCPSearchTool": "rlrig.trainer.agent.tools.mcp_search.MCPSearchTool",
+    "verl.tools.sandbox_fusion_tools.SandboxFusionTool": "rlrig.trainer.agent.tools.sandbox_fusion.SandboxFusionTool",
 }
 
 
