@@ -165,7 +165,7 @@ def compute_score(client: SandboxClient, completion: str, ground_truth, continuo
     cases = parse_cases(ground_truth) if code is not None else None
     if code is None or cases is None:
         return 0.0
-    results = check_cases(client, cases, code)
+    results = check_cases(client, cases, code, CASE_TIMEOUT)
     if not results:
         return 0.0
     considered = results[:10] if continuous else results

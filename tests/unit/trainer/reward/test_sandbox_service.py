@@ -22,7 +22,7 @@ from rlrig.trainer.reward.sandbox_fusion import SandboxClient, case_result, comp
 
 @pytest.fixture(scope="module")
 def url():
-    server = start("127.0.0.1", 0, max_concurrency=1, memory_limit_mb=512, timeout=1)
+    server = start("127.0.0.1", 0, max_concurrency=1, memory_limit_mb=512, timeout=5)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server.url
@@ -67,7 +67,7 @@ def test_run_code_as_verl_sends_it(url):
 
 
 def test_failures_in_protocol_terms(url):
-    _, looped = post(url, verl_body("while True: pass"))
+    _, looped = post(url, verl_body("while True: pass", timeout=1))
     assert looped["status"] == "Failed" and looped["run_result"]["status"] == "TimeLimitExceeded"
     assert case_result(looped, "x") == -3
     _, raised = post(url, verl_body("raise SystemExit(2)"))
@@ -101,13 +101,21 @@ TESTS = json.dumps({"inputs": ["1 2\n", "3 4\n", "10 -3\n"], "outputs": ["3\n", 
     [
         ("```python\na, b = map(int, input().split())\nprint(a + b)\n```", 1.0),
         ("```python\na, b = map(int, input().split())\nprint(a + b if a < 5 else 0)\n```", 2 / 3),
-        ("```python\nwhile True: pass\n```", 0.0),
         ("print(1)", 0.0),  # no code block
     ],
 )
 def test_code_reward_through_the_service(url, completion, score):
     client = SandboxClient.of(url, 4, 256)
     assert compute_score(client, completion, TESTS) == pytest.approx(score)
+
+
+def test_a_program_that_loops_scores_zero(url, monkeypatch):
+    from rlrig.trainer.reward import sandbox_fusion
+
+    monkeypatch.setattr(sandbox_fusion, "CASE_TIMEOUT", 1)
+    client = SandboxClient.of(url, 4, 256)
+    cases = {"inputs": ["1 2\n"], "outputs": ["3\n"]}
+    assert compute_score(client, "```python\nwhile True: pass\n```", cases) == 0.0
 
 
 def test_function_cases_and_the_default_reward(url):
