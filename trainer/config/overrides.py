@@ -70,10 +70,12 @@ def _dict_item(cfg: Config, key: str) -> tuple[dict, str] | None:
 
 
 def set_key(cfg: Config, key: str, raw: str) -> None:
-    key = verl_keys.ALIASES.get(key, key)
+    if verl_keys.not_given(key, raw):
+        return  # verl 0.9's "not given": OmegaConf's ???, or an old reward key at null
+    given, key = key, verl_keys.ALIASES.get(key, key)
     why = verl_keys.refusal(key, raw)
     if why:
-        raise ConfigError(why)
+        raise ConfigError(why if given == key else f"{given}, which is {why}")
     known = all_keys(cfg)
     if key not in known and (key in verl_keys.ACCEPTED_DEFAULTS or key in verl_keys.NO_EFFECT):
         return  # verl's default of a feature rlrig does not have, or a key that changes nothing for rlrig
@@ -197,6 +199,8 @@ def parse_overrides(overrides: list[str]) -> Config:
         # `+key=value` adds a key in Hydra; every key we accept already exists, so it just sets it.
         key = key.lstrip("+").strip()
         keys.add(key)
+        if verl_keys.filled_by_verl(key, raw):
+            continue  # verl's own `${...}` for a key it fills from another, which rlrig reads instead
         try:
             set_key(cfg, key, resolve(key, raw))
         except ConfigError as e:

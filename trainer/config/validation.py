@@ -193,7 +193,8 @@ def _rollout(cfg: Config) -> None:
             f"actor_rollout_ref.rollout.mode={r.mode}: verl's modes are async (its default) and sync; "
             "both give rlrig's single-turn rollout"
         )
-    unknown_engines = set(r.engine_kwargs) - set(ENGINES)
+    # an empty mapping for another engine is verl's default (engine_kwargs.trtllm: {}), which no engine reads
+    unknown_engines = {k for k, v in r.engine_kwargs.items() if k not in ENGINES and v}
     if unknown_engines:
         raise ConfigError(
             f"actor_rollout_ref.rollout.engine_kwargs.{sorted(unknown_engines)[0]}: rlrig's engines are "

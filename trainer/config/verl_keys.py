@@ -8,7 +8,7 @@ The tables, top to bottom: ALIASES; REFUSED_PREFIXES, families refused by prefix
 verl's default only, grouped by reason, and _TARGETS, the `_target_` dataclass names taken at verl's own, which
 REFUSED and ACCEPTED_DEFAULTS draw on; REFUSED, single keys refused; ACCEPTED_DEFAULTS, the values a refused key is
 accepted at; NO_EFFECT, keys accepted at any value; DEFAULTS_DIFFER and RLRIG_ONLY. `--print-config` lists the last
-three.
+three. The keys verl 0.9 added or moved are in verl09_keys.py, merged into these tables below.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
+from ..errors import ConfigError
+from . import verl09_keys
 from .literals import parse_literal
 
 # verl's other spellings of keys rlrig has, each taken as the key it names
@@ -627,8 +629,48 @@ RLRIG_ONLY = (
 )
 
 
+def _merge_verl09() -> None:
+    """verl 0.9's keys (verl09_keys.py) into the tables above; a key both take keeps its reason here and is taken
+    at either release's default."""
+    ALIASES.update(verl09_keys.ALIASES)
+    groups = [*verl09_keys.AT_DEFAULT_ONLY, verl09_keys.DISTILLATION]
+    for why, keys in groups:
+        for key, default in keys.items():
+            REFUSED.setdefault(key, why)
+            ACCEPTED_DEFAULTS[key] = (*ACCEPTED_DEFAULTS.get(key, ()), default)
+    for key, values in (*((k, (v,)) for k, v in verl09_keys.TARGETS.items()), *verl09_keys.ALSO_ACCEPTED.items()):
+        ACCEPTED_DEFAULTS[key] = (*ACCEPTED_DEFAULTS.get(key, ()), *values)
+    NO_EFFECT.update(verl09_keys.NO_EFFECT)
+    DEFAULTS_DIFFER.update(verl09_keys.DEFAULTS_DIFFER)
+
+
+_merge_verl09()
+MISSING = "???"  # OmegaConf's missing value: verl's configs write it for a key with no default
+
+
+def not_given(key: str, value) -> bool:
+    """True where verl 0.9 reads `key=value` as not given: OmegaConf's `???`, or null for an old reward key
+    (reward_model.*, custom_reward_function.*, sandbox_fusion.*), which verl copies into reward.* only when set."""
+    text = value.strip() if isinstance(value, str) else value
+    if text == MISSING:
+        return True
+    return key in verl09_keys.LEGACY_UNSET and (text is None or (isinstance(text, str) and text in ("null", "~")))
+
+
+def filled_by_verl(key: str, value) -> bool:
+    """True for verl's own `${...}` default of a key verl fills from another that rlrig reads instead."""
+    return isinstance(value, str) and verl09_keys.FILLED.get(key) == value.strip()
+
+
 def accepted_default(key: str, value: str) -> bool:
-    return any(parse_literal(value.strip()) == parse_literal(d) for d in ACCEPTED_DEFAULTS.get(key, ()))
+    return any(_same(value.strip(), d) for d in ACCEPTED_DEFAULTS.get(key, ()))
+
+
+def _same(text: str, default: str) -> bool:
+    try:
+        return parse_literal(text) == parse_literal(default)
+    except ConfigError:  # a path (~/...) or a list of names (a,b) as a YAML file writes them
+        return text.strip("'\"") == default
 
 
 def refusal(key: str, value: str) -> str | None:

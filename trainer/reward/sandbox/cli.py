@@ -16,8 +16,8 @@ def add_parser(sub) -> None:
         help="serve SandboxFusion's /run_code here: each submission in its own process, scratch directory and "
         "(where the machine allows) network namespace and uid, under memory, time, process and file-size limits",
     )
-    p.add_argument("--host", default=DEFAULTS["host"], help="address to listen on (default %(default)s)")
-    p.add_argument("--port", type=int, default=DEFAULTS["port"], help="0: any free port (default %(default)s)")
+    p.add_argument("--host", default=DEFAULTS["host"], help="address to listen on")
+    p.add_argument("--port", type=int, default=DEFAULTS["port"], help="0: any free port")
     p.add_argument(
         "--max-concurrency", type=int, default=DEFAULTS["max_concurrency"], help="submissions run at once; more wait"
     )
