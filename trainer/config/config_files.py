@@ -23,8 +23,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import ConfigError
-from .interpolation import as_raw
-from .literals import parse_literal
+from .literals import as_raw, yaml_value
 from .presets import with_preset
 from .schema import Config, all_keys
 
@@ -186,16 +185,14 @@ def _is_section(key: str) -> bool:
 
 
 def _raw(node: yaml.Node) -> str:
-    """A YAML value as override text: a plain scalar as written (so it parses as the same text would on the command
-    line), a quoted one as a string, a list or mapping as its Python literal."""
-    if isinstance(node, yaml.ScalarNode) and node.style is None:
-        return node.value or "null"  # `key:` with nothing after it is null in YAML
+    """A YAML value as override text that Hydra's parser reads back as the value OmegaConf loads from the file."""
     return as_raw(_value(node))
 
 
 def _value(node: yaml.Node):
     if isinstance(node, yaml.ScalarNode):
-        return parse_literal(node.value or "null") if node.style is None else node.value
+        # a plain scalar typed as OmegaConf's YAML loader types it (1e-6 a float, `~` and nothing null)
+        return yaml_value(node.value) if node.style is None else node.value
     if isinstance(node, yaml.SequenceNode):
         return [_value(n) for n in node.value]
     return {k.value: _value(v) for k, v in node.value}

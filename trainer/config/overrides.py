@@ -1,7 +1,7 @@
 """The one place that parses `KEY=VALUE` overrides onto the typed config, and reports unknown keys.
 
-Overrides use verl's dotted keys; values are Hydra/OmegaConf literals (null, True, numbers, ['a','b']). The
-FAQ's old `ray_init.*` spellings are accepted as aliases.
+Overrides use verl's dotted keys and are read by Hydra's own parser (config/literals.py), their `${...}` resolved
+by OmegaConf (config/interpolation.py). The FAQ's old `ray_init.*` spellings are accepted as aliases.
 """
 
 from __future__ import annotations
@@ -13,33 +13,27 @@ from . import verl_keys
 from .derived import derive
 from .domains import value_at
 from .interpolation import Resolver
-from .literals import parse_literal
+from .literals import as_raw, parse_override
 from .schema import Config, all_keys, canonical_strategy
 from .validation import validate
 
 
 def _coerce(value: Any, hint: Any, key: str) -> Any:
+    """A parsed value as the field's type, converted where OmegaConf converts it for verl's dataclass configs (the
+    text '1e-3' to a float field, 'yes' to a bool one), refused in one line where it does not."""
     text = str(hint)
     if value is None:
         if "None" in text or "Optional" in text or hint is Any:
             return None
         raise ConfigError(f"{key}=null is not allowed; give a value")
+    if value == "None" and "None" in text and any(t in text for t in ("int", "float", "bool")):
+        raise ConfigError(f"{key}=None: Hydra reads None as the text 'None'; write {key}=null for no value")
     if hint is bool or text == "bool":
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}={value!r}: expected True or False")
+        return _as_bool(value, key)
     if hint is int or text.startswith("int"):
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or (isinstance(value, float) and not value.is_integer())
-        ):
-            raise ConfigError(f"{key}={value!r}: expected a whole number")
-        return int(value)
+        return _as_int(value, key)
     if hint is float or text.startswith("float"):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}={value!r}: expected a number")
-        return float(value)
+        return _as_float(value, key)
     if hint is list or text.startswith("list"):
         return value if isinstance(value, list) else [value]
     if isinstance(value, list) and "list[str]" in text:  # a file or a list of files: data.train_files, val_files
@@ -48,9 +42,46 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         return str(value)
     if hint is dict or text.startswith("dict"):
         if not isinstance(value, dict):
-            raise ConfigError(f"{key}={value!r}: expected a mapping such as {{'key': 'value'}}")
+            raise ConfigError(f"{key}={value!r}: expected a mapping such as {{key: value}}")
         return value
     return value
+
+
+_TRUE, _FALSE = ("y", "yes", "on", "true"), ("n", "no", "off", "false")
+
+
+def _as_bool(value: Any, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ConfigError(f"{key}={value!r}: expected True or False")
+
+
+def _as_int(value: Any, key: str) -> int:
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            raise ConfigError(f"{key}={value!r}: expected a whole number") from None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (isinstance(value, float) and not value.is_integer())
+    ):
+        raise ConfigError(f"{key}={value!r}: expected a whole number")
+    return int(value)
+
+
+def _as_float(value: Any, key: str) -> float:
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            raise ConfigError(f"{key}={value!r}: expected a number") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{key}={value!r}: expected a number")
+    return float(value)
 
 
 def _dict_item(cfg: Config, key: str) -> tuple[dict, str] | None:
@@ -69,18 +100,19 @@ def _dict_item(cfg: Config, key: str) -> tuple[dict, str] | None:
     return None
 
 
-def set_key(cfg: Config, key: str, raw: str) -> None:
-    if verl_keys.not_given(key, raw):
+def set_key(cfg: Config, key: str, value: Any) -> None:
+    """`key` set to `value` (as Hydra parsed it), or refused in one line."""
+    if verl_keys.not_given(key, value):
         return  # verl 0.9's "not given": OmegaConf's ???, or an old reward key at null
     given, key = key, verl_keys.ALIASES.get(key, key)
-    why = verl_keys.refusal(key, raw)
+    why = verl_keys.refusal(key, as_raw(value))
     if why:
         raise ConfigError(why if given == key else f"{given}, which is {why}")
     known = all_keys(cfg)
     if key not in known and (key in verl_keys.ACCEPTED_DEFAULTS or key in verl_keys.NO_EFFECT):
         return  # verl's default of a feature rlrig does not have, or a key that changes nothing for rlrig
     if key not in known and (item := _dict_item(cfg, key)):
-        item[0][item[1]] = parse_literal(raw)
+        item[0][item[1]] = value
         return
     if key not in known:
         near = [s] if (s := verl_keys.suggest(key, known)) else []
@@ -91,7 +123,7 @@ def set_key(cfg: Config, key: str, raw: str) -> None:
     for p in parents:
         obj = getattr(obj, p)
     hint = get_type_hints(type(obj))[leaf]
-    setattr(obj, leaf, _coerce(parse_literal(raw), hint, key))
+    setattr(obj, leaf, _coerce(value, hint, key))
 
 
 FULLY_ASYNC = "fully_async_policy"
@@ -186,28 +218,30 @@ def rollout_pool_defaults(cfg: Config, keys: set[str]) -> None:
         cfg.algorithm.rollout_correction.bypass_mode = True
 
 
+def _named(item: str, step):
+    """step(), its error naming the file and line of a key from a config file (config/config_files.py)."""
+    try:
+        return step()
+    except ConfigError as e:
+        where = getattr(item, "where", None)
+        if where:
+            raise ConfigError(f"{where}: {e}") from None
+        raise
+
+
 def parse_overrides(overrides: list[str]) -> Config:
     """Overrides applied in order onto verl's defaults (a preset's, if any, come first: see config/presets.py; a
     config file's next: config/config_files.py), `${...}` in values resolved against the final values."""
     cfg = Config()
-    resolve = Resolver(overrides)
+    # `+key=value` adds a key in Hydra; every key we accept already exists, so it just sets it.
+    parsed = [_named(item, lambda item=item: parse_override(item)) for item in overrides]
+    resolve = Resolver(parsed)
     keys = set()
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} is not KEY=VALUE")
-        key, raw = item.split("=", 1)
-        # `+key=value` adds a key in Hydra; every key we accept already exists, so it just sets it.
-        key = key.lstrip("+").strip()
+    for item, (key, value) in zip(overrides, parsed):
         keys.add(key)
-        if verl_keys.filled_by_verl(key, raw):
+        if verl_keys.filled_by_verl(key, value):
             continue  # verl's own `${...}` for a key it fills from another, which rlrig reads instead
-        try:
-            set_key(cfg, key, resolve(key, raw))
-        except ConfigError as e:
-            where = getattr(item, "where", None)  # a key from a config file (config/config_files.py) names its line
-            if where:
-                raise ConfigError(f"{where}: {e}") from None
-            raise
+        _named(item, lambda key=key, value=value: set_key(cfg, key, resolve(key, value)))
     a = cfg.actor_rollout_ref.actor
     a.strategy = canonical_strategy(a.strategy)
     rollout_pool_defaults(cfg, keys)

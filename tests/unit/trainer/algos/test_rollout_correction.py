@@ -200,7 +200,7 @@ def test_every_loss_takes_the_weights(name):
             "is not a number or lower_upper",  # verl takes a number or a string, not a list
         ),
         (["algorithm.rollout_correction.loss_type=gspo"], "loss_type=gspo: choose one of ppo_clip, reinforce"),
-        (["algorithm.rollout_correction.bypass_mode=yes"], "bypass_mode='yes': expected True or False"),
+        (["algorithm.rollout_correction.bypass_mode=maybe"], "bypass_mode='maybe': expected True or False"),
         (
             ["algorithm.rollout_correction.bypass_mode=True", "actor_rollout_ref.rollout.name=hf"],
             "bypass_mode=True works on the engine's own log-probs, which the hf engine does not compute",

@@ -170,6 +170,23 @@ def test_preset_then_file_then_command_line(tmp_path):
     assert from_file(tmp_path).trainer.experiment_name != "embedded"
 
 
+def test_relative_env_and_list_interpolations_in_a_file_resolve(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLRIG_CONFIG_FILES_VAR", "from-env")
+    monkeypatch.delenv("RLRIG_CONFIG_FILES_UNSET", raising=False)
+    write(
+        tmp_path,
+        **{
+            "run.yaml": "trainer:\n  project_name: p\n  experiment_name: ${.project_name}-${oc.env:RLRIG_CONFIG_FILES_VAR}\n"
+            "  default_local_dir: ${oc.env:RLRIG_CONFIG_FILES_UNSET,/ck}/${..trainer.project_name}\n"
+            "data:\n  train_files: [x.parquet, '${trainer.project_name}.parquet']\n  val_files: a,b.parquet\n"
+        },
+    )
+    cfg = from_file(tmp_path, cli=[MODEL])
+    t = cfg.trainer
+    assert (t.experiment_name, t.default_local_dir) == ("p-from-env", "/ck/p")
+    assert (cfg.data.train_files, cfg.data.val_files) == (["x.parquet", "p.parquet"], "a,b.parquet")
+
+
 def test_interpolation_on_the_command_line_resolves_as_in_verl():
     cfg = parse_overrides(
         [MODEL, "trainer.experiment_name=e1", "trainer.default_local_dir=ck/${trainer.experiment_name}"]
@@ -243,20 +260,17 @@ def test_interpolation_on_the_command_line_resolves_as_in_verl():
         ),
         ({"run.yaml": "defaults: [ppo_trainer, _self_, _self_]\n"}, [], "run.yaml:1: _self_ is listed twice"),
         ({"run.yaml": "defaults: [ppo_trainer, run]\n"}, [], "(its defaults list includes itself)"),
+        # interpolations OmegaConf cannot resolve: its reason, after the file, line and key
         (
-            {"run.yaml": "trainer: {experiment_name: '${oc.env:USER}'}\n"},
+            {"run.yaml": "trainer: {experiment_name: '${oc.env:RLRIG_CONFIG_FILES_UNSET}'}\n"},
             [],
-            "run.yaml:1: trainer.experiment_name: ${oc.env:USER}: the resolver oc.env is not in rlrig",
-        ),
-        (
-            {"run.yaml": "trainer: {experiment_name: '${.project_name}'}\n"},
-            [],
-            "run.yaml:1: trainer.experiment_name: ${.project_name}: relative interpolations are not in rlrig",
+            "run.yaml:1: trainer.experiment_name: ${oc.env:RLRIG_CONFIG_FILES_UNSET}: KeyError raised while resolving "
+            "interpolation: \"Environment variable 'RLRIG_CONFIG_FILES_UNSET' not found\"",
         ),
         (
             {"run.yaml": "trainer: {experiment_name: '${no.such.key}'}\n"},
             [],
-            "run.yaml:1: trainer.experiment_name: ${no.such.key} names a key rlrig does not have",
+            "run.yaml:1: trainer.experiment_name: ${no.such.key}: Interpolation key 'no.such.key' not found",
         ),
         (
             {
@@ -264,9 +278,10 @@ def test_interpolation_on_the_command_line_resolves_as_in_verl():
                 "project_name: '${trainer.experiment_name}'}"
             },
             [],
-            "refers back to itself",
+            "Recursive interpolation detected",
         ),
-        ({"run.yaml": "trainer: {logger: ['${trainer.project_name}']}\n"}, [], "not in a list"),
+        # a comma on the command line is Hydra's sweep; in a YAML file it is text (below)
+        ({"run.yaml": "data: {train_batch_size: 8}\n"}, ["trainer.experiment_name=a,b"], "Hydra reads this as a sweep"),
         # a bad command-line key after a good file still fails as before, with no file named
         ({"run.yaml": "data: {train_batch_size: 8}\n"}, ["data.bogus=1"], "unknown config key 'data.bogus'"),
     ],

@@ -59,7 +59,7 @@ def test_dict_keys_take_hydra_items():
         [
             MODEL,
             "+data.apply_chat_template_kwargs.reasoning_effort=medium",
-            "actor_rollout_ref.model.override_config={'attention_dropout': 0.1}",
+            "actor_rollout_ref.model.override_config={attention_dropout:0.1}",
             "actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4",
         ]
     )

@@ -9,7 +9,7 @@ import pytest
 
 from rlrig.trainer.config import verl_keys
 from rlrig.trainer.config.interpolation import as_raw
-from rlrig.trainer.config.literals import parse_literal
+from rlrig.trainer.config.literals import parse_literal, yaml_value
 from rlrig.trainer.config.overrides import parse_overrides, set_key
 from rlrig.trainer.config.schema import Config, all_keys
 from rlrig.trainer.config.verl_keys import ALIASES
@@ -39,7 +39,7 @@ def verl_value(key: str, default: str) -> str:
     if not default and key in all_keys(Config()):  # a key of verl's examples, with no default in the table
         return as_raw(rlrig_default(key))
     if not m:
-        return default or "null"
+        return as_raw(yaml_value(default)) if default else "null"  # the table holds verl's YAML text
     ref, fallback = m.group(1).strip(), m.group(2)
     if ref in all_keys(Config()):
         return as_raw(rlrig_default(ref))
@@ -66,7 +66,7 @@ def known(key: str) -> bool:
 def outcome(key: str, value: str) -> str:
     """implemented | no-effect | accepted-at-default | refused | unknown, as `rlrig train KEY=VALUE` answers."""
     try:
-        set_key(Config(), key, value)
+        set_key(Config(), key, parse_literal(value))
     except ConfigError as e:
         text = str(e)
         assert "\n" not in text, text
@@ -109,7 +109,7 @@ def test_every_verl_key_at_its_default_is_implemented_accepted_or_refused_never_
 
 
 def _another(default: str) -> str:
-    v = parse_literal(default.strip())
+    v = yaml_value(default.strip())
     if isinstance(v, bool):
         return str(not v)
     if v is None or isinstance(v, (list, dict)):
