@@ -241,11 +241,11 @@ class Endpoint:
         messages = [message(m) for m in raw]
         prompt = self.chat_prompt(session, messages, tools)
         ids, logps, finish = await self.generate(session, prompt, body)
-        text = self.tok.decode(ids, skip_special_tokens=True)
+        text, raw = self.tok.decode(ids, skip_special_tokens=True), self.tok.decode(ids, skip_special_tokens=False)
         reply: dict = {"role": "assistant", "content": text}
-        calls = self.parse(self.tok.decode(ids, skip_special_tokens=False)) if tools else []
+        calls = self.parse(raw) if tools else []
         if calls:
-            reply["content"] = HERMES.sub("", text).strip()
+            reply["content"] = self.outside_calls(raw)
             reply["tool_calls"] = [
                 {
                     "id": f"call_{uuid.uuid4().hex[:24]}",
@@ -307,6 +307,14 @@ class Endpoint:
         session.tokens.add(prompt, ids, out.log_probs)
         cut = len(ids) >= max_new and not (ids and ids[-1] in self.eos)
         return ids, out.log_probs, "length" if cut else "stop"
+
+    def outside_calls(self, raw: str) -> str:
+        """The turn's text less its tool calls (hermes blocks, the one format rlrig parses) and special tokens: the
+        tags may be special tokens, which a plain decode would drop, leaving the calls' JSON in the content."""
+        text = HERMES.sub("", raw)
+        for special in self.tok.all_special_tokens:
+            text = text.replace(special, "")
+        return text.strip()
 
     def token_logprobs(self, ids: list[int], logps: list[float]) -> list[dict]:
         return [

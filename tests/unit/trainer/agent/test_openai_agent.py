@@ -280,6 +280,48 @@ def test_the_endpoint_refuses_other_keys_and_what_it_cannot_do(tmp_path):
     assert response == ids("#### 7")[:3] and mask == [1, 1, 1]  # the one call that reached the engine
 
 
+def rewrites(base_url, api_key, row):
+    """Sends back an answer other than the model's, then asks again, then continues by token ids."""
+    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    client.chat.completions.create(model="m", messages=row["messages"])
+    edited = [*row["messages"], {"role": "assistant", "content": "#### 8"}, {"role": "user", "content": "1+1="}]
+    again = client.chat.completions.create(model="m", messages=edited)
+    context = template_ids(TOK, edited, {}) + ids(again.choices[0].message.content + EOS)
+    client.completions.create(model="m", prompt=context + ids("2="), max_tokens=2)
+    return None
+
+
+def test_an_agent_that_rewrites_the_models_turn_trains_on_what_the_engine_read(tmp_path):
+    import sys
+
+    sys.modules[HERE].rewrites = rewrites
+    engine = Engine()
+    ro, turns = AgentRollout(engine, TOK, config(loops_file(tmp_path, f"{HERE}:rewrites"))).generate([row(5, 5)], 1)
+    prompt, response, mask = sample(ro, 0)
+    answer = ids(f"#### 7{EOS}")
+    shared = len(ids("#### "))  # the model wrote `#### 7`, the agent sent back `#### 8`: they share `#### `
+    assert prompt == ids("5*5=")
+    assert [p for p, _ in engine.written][1] == template_ids(
+        TOK, [*row(5, 5)["prompt"], {"role": "assistant", "content": "#### 8"}, {"role": "user", "content": "1+1="}], {}
+    )
+    rendered = ids(f"8{EOS}1+1=")
+    assert response == answer[:shared] + rendered + answer + ids("2=") + answer[:2]
+    assert mask == [1] * shared + [0] * len(rendered) + [1] * len(answer) + [0, 0] + [1, 1]
+    assert turns.extra_info()[0]["agent_calls"] == 3 and LOOP_SCORE not in turns.extra_info()[0]
+
+
+def test_the_outcome_counts_add_up_over_the_workers():
+    from rlrig.trainer.metrics import reduce
+
+    one = {"agent/openai/failed": 1.0, "agent/openai/timed_out": 0.0, "agent/openai/over_budget": 2.0}
+    two = {"agent/openai/failed": 3.0, "agent/openai/timed_out": 1.0, "agent/openai/over_budget": 0.0}
+    assert reduce([one, two]) == {
+        "agent/openai/failed": 4.0,
+        "agent/openai/timed_out": 1.0,
+        "agent/openai/over_budget": 2.0,
+    }
+
+
 @pytest.mark.parametrize(
     "keys, message",
     [
