@@ -526,6 +526,19 @@ DISTILLATION = (
     },
 )
 
+# Keys taken only as verl's own `${...}` (FILLED), which no group above names: why another value is refused
+FILLED_ONLY = {
+    **{
+        f"actor_rollout_ref.rollout.trace.{k}": f"rlrig names its traces' MLflow experiment by trainer.{k}, verl's "
+        "default for this key; set that"
+        for k in ("project_name", "experiment_name")
+    },
+    **{
+        f"{_TEACHER}inference.{k}": DISTILLATION[0]
+        for k in ("name", "dtype", "prompt_length", "response_length", "temperature")
+    },
+}
+
 # The dataclasses verl 0.9 builds its new sections into, taken at verl's own; the names are as canonical keys
 TARGETS = {
     **_each(_FSDP, {"qat._target_": "verl.workers.config.QATEngineConfig"}),

@@ -640,6 +640,8 @@ def _merge_verl09() -> None:
             ACCEPTED_DEFAULTS[key] = (*ACCEPTED_DEFAULTS.get(key, ()), default)
     for key, values in (*((k, (v,)) for k, v in verl09_keys.TARGETS.items()), *verl09_keys.ALSO_ACCEPTED.items()):
         ACCEPTED_DEFAULTS[key] = (*ACCEPTED_DEFAULTS.get(key, ()), *values)
+    for key, why in verl09_keys.FILLED_ONLY.items():
+        REFUSED.setdefault(key, why)
     NO_EFFECT.update(verl09_keys.NO_EFFECT)
     DEFAULTS_DIFFER.update(verl09_keys.DEFAULTS_DIFFER)
 

@@ -72,9 +72,15 @@ def test_every_verl_0_9_key_at_its_default_is_taken_never_unknown():
         assert says in got[key], got[key]
 
 
-def test_verl_own_interpolations_are_its_defaults():
+def test_every_verl_0_9_key_at_another_value_is_taken_or_refused_never_unknown():
+    plain = {k: d for k, d in DEFAULTS.items() if not d.startswith("${") and d != "???"}
+    assert [k for k, d in plain.items() if answer(k, _another(d)) == "unknown"] == []
+
+
+def test_verl_own_interpolations_are_its_defaults_and_another_value_is_not_unknown():
     for key, text in verl_keys.verl09_keys.FILLED.items():
         assert DEFAULTS[key] == text, key
+        assert answer(key, "7777") != "unknown", key
 
 
 def test_the_whole_file_passes_validation_with_the_micro_batches_verl_asks_for():
