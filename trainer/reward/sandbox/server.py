@@ -48,7 +48,12 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         if self.path.rstrip("/") != "/run_code":
             return self._send(404, json.dumps({"detail": f"no {self.path}: rlrig sandbox serves POST /run_code"}))
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0:
+            return self._send(400, json.dumps({"detail": "Content-Length must be a whole number of bytes"}))
         if length > MAX_BODY:
             return self._send(413, json.dumps({"detail": f"request body over {MAX_BODY // 2**20} MB"}))
         try:

@@ -82,6 +82,8 @@ def test_bad_requests(url):
     assert code == 422 and answer["detail"] == "code must be a string"
     assert post(url, {**verl_body("x"), "files": {"../x": ""}})[0] == 422
     assert post(url.replace("/run_code", "/other"), verl_body("x"))[0] == 404
+    with urllib.request.urlopen(url.replace("/run_code", "/v1/ping"), timeout=10) as resp:
+        assert resp.read() == b"pong"
 
 
 def test_requests_past_the_concurrency_wait(url):
