@@ -21,8 +21,6 @@ NAME = "verl_0.9.1_ppo_trainer"
 DEFAULTS = dict(flatten(yaml.safe_load((FOLDER / f"{NAME}.yaml").read_text())))
 # verl's null (an unseeded shuffle) is not implemented: rlrig's sampler replays its order from the seed on resume
 DEFAULT_REFUSED_BY_SCHEMA = {"data.seed"}
-# a key another change of the same release decides (verl's MoE load-balance metrics)
-DECIDED_ELSEWHERE = {"actor_rollout_ref.rollout.moe_load_balance_metrics_interval"}
 REFUSED = "a verl key rlrig does not implement: "
 # verl defaults for 8 GPUs, taken and then checked against this machine (one CPU worker): a check of the value
 CHECKED_ON_THIS_MACHINE = {
@@ -64,9 +62,9 @@ def test_the_file_is_verl_0_9_1_generated_config():
 
 def test_every_verl_0_9_key_at_its_default_is_taken_never_unknown():
     got = classification()
-    unknown = sorted(k for k, v in got.items() if v == "unknown" and k not in DECIDED_ELSEWHERE)
+    unknown = sorted(k for k, v in got.items() if v == "unknown")
     assert unknown == []
-    refused = {k: v for k, v in got.items() if v != "accepted" and k not in DECIDED_ELSEWHERE}
+    refused = {k: v for k, v in got.items() if v != "accepted"}
     assert set(refused) <= DEFAULT_REFUSED_BY_SCHEMA | set(CHECKED_ON_THIS_MACHINE), refused
     for key, says in CHECKED_ON_THIS_MACHINE.items():
         assert says in got[key], got[key]
@@ -92,7 +90,7 @@ def test_the_whole_file_passes_validation_with_the_micro_batches_verl_asks_for()
     (seed,) = [o for o in overrides if o.startswith("data.seed=")]
     with pytest.raises(ConfigError, match=r"verl_0.9.1_ppo_trainer.yaml:\d+: data.seed=null is not allowed"):
         parse_overrides([seed])
-    taken = [o for o in overrides if o is not seed and not o.startswith(tuple(DECIDED_ELSEWHERE))]
+    taken = [o for o in overrides if o is not seed]
     with pytest.raises(ConfigError, match="ppo_micro_batch_size_per_gpu.* unset: on GPUs"):
         parse_overrides(taken)
     given = [*(f"{k}=4" for k in MICRO_BATCHES), "actor_rollout_ref.rollout.name=vllm"]
