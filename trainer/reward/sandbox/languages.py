@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import subprocess
 import sys
 from dataclasses import dataclass
 
@@ -16,7 +17,8 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Language:
     """One language: `source` is the code's file name in the scratch directory; `compile` runs first (None:
-    interpreted) and must leave what `run` starts; `tools` are the programs both need on PATH; `install` is
+    interpreted) and must leave what `run` starts; `tools` are the programs both need on PATH ({py}: the
+    sandbox's Python, {pytest}: that Python able to import pytest); `install` is
     what the refusal tells the user to install; address_space: whether RLIMIT_AS can hold its runtime (V8 and the
     JVM reserve far more address space than they use, so they get their own heap flag instead)."""
 
@@ -37,7 +39,7 @@ LANGUAGES = {
             "pytest",
             "test_main.py",
             ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_main.py"),
-            ("{py}",),
+            ("{py}", "{pytest}"),
             "pytest for the sandbox's Python (pip install pytest)",
         ),
         Language("bash", "main.sh", ("bash", "main.sh"), ("bash",), "bash"),
@@ -130,11 +132,14 @@ class Toolchain:
     @classmethod
     def detect(cls, unprivileged: bool) -> Toolchain:
         paths = {}
-        for tool in {t for lang in LANGUAGES.values() for t in lang.tools if t != "{py}"}:
+        for tool in {t for lang in LANGUAGES.values() for t in lang.tools if not t.startswith("{")}:
             found = shutil.which(tool)
             if found and (not unprivileged or reachable_by_others(found)):
                 paths[tool] = found
-        return cls(find_python(unprivileged), paths)
+        python = find_python(unprivileged)
+        if python and subprocess.run([python, "-c", "import pytest"], capture_output=True, check=False).returncode == 0:
+            paths["{pytest}"] = python  # the pytest language: this Python can import pytest
+        return cls(python, paths)
 
     def missing(self, lang: Language) -> list[str]:
         return [t for t in lang.tools if (self.python is None if t == "{py}" else t not in self.paths)]

@@ -122,3 +122,14 @@ def test_language_not_here(runner):
     )
     assert "not run by rlrig sandbox" in run(runner, "x", language="lean").message
     assert "not a language rlrig sandbox knows" in run(runner, "x", language="cobol").message
+
+
+def test_pytest_runs_where_the_sandbox_python_has_it(runner):
+    resp = run(runner, "def test_sum():\n    assert 1 + 1 == 2\n", language="pytest")
+    if "{pytest}" in runner.tools.paths:
+        assert resp.status == "Success" and "1 passed" in resp.run_result.stdout
+    else:
+        assert resp.message == (
+            "language pytest is not available on this sandbox: install pytest for the sandbox's Python "
+            "(pip install pytest)"
+        )
