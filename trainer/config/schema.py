@@ -58,6 +58,8 @@ class OptimConfig:
     warmup_style: str | None = None  # verl's older name for lr_scheduler_type; wins when set
     min_lr_ratio: float = 0.0  # cosine: the lr it decays to, as a fraction of lr
     num_cycles: float = 0.5  # cosine: half a cosine wave from lr down to min_lr_ratio * lr
+    # cosine: False counts the steps from 1 (verl's torchtitan setting), so step k takes step k + 1's rate
+    zero_indexed_step: bool = True
 
 
 @dataclass

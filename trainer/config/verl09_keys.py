@@ -268,10 +268,6 @@ _HYBRID = _each(
 # {reason: {key: verl 0.9's default}}, as verl_keys._AT_DEFAULT_ONLY
 AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
     (
-        "rlrig's learning-rate schedule counts steps from 0 (verl's zero_indexed_step=True)",
-        _each(("actor_rollout_ref.actor.optim.", "critic.optim."), {"zero_indexed_step": "True"}),
-    ),
-    (
         "verl's no_sync gradient accumulation and fixed-length padding (its Megatron engine's) are not in rlrig",
         {
             **_each(_FSDP, {"use_no_sync_for_gradient_accumulation": "False", "pad_to_length": "False"}),

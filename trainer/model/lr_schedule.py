@@ -31,6 +31,8 @@ def lr_factor(
 
 def lr_at(optim, step: int, total_steps: int) -> float:
     style = optim.warmup_style or optim.lr_scheduler_type
+    if style == "cosine" and not optim.zero_indexed_step:  # verl hands zero_indexed_step to its cosine schedule only
+        step += 1
     return optim.lr * lr_factor(
         step, total_steps, warmup_steps(optim, total_steps), style, optim.min_lr_ratio, optim.num_cycles
     )

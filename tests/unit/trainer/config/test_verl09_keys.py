@@ -2,6 +2,7 @@
 ships): every leaf key, at verl's default, is taken or refused in one line naming it, never unknown; the file passed
 whole as --config-path/--config-name reaches rlrig's validation; the new layout's keys set what the old ones set."""
 
+import math
 import pathlib
 
 import pytest
@@ -209,7 +210,6 @@ def test_rollout_seed_seeds_engine_r_with_seed_plus_r_as_verl():
         ("distillation.enabled=True", "on-policy distillation is not in rlrig yet"),
         ("trainer.v1.trainer_mode=separate_async", "rlrig's trainer.async_mode"),
         ("actor_rollout_ref.rollout.full_determinism=True", "deterministic mode is not in rlrig"),
-        ("actor_rollout_ref.actor.optim.zero_indexed_step=False", "counts steps from 0"),
     ],
 )
 def test_a_new_key_rlrig_does_not_implement_is_refused_in_one_line_naming_it(override, says):
@@ -217,3 +217,37 @@ def test_a_new_key_rlrig_does_not_implement_is_refused_in_one_line_naming_it(ove
         parse_overrides(["actor_rollout_ref.model.path=/m", override])
     text = str(e.value)
     assert text.startswith(override.split("=")[0]) and says in text and "\n" not in text, text
+
+
+def _verl_cosine(step: int, warmup: int, total: int, min_ratio: float, zero_indexed_step: bool) -> float:
+    """verl 0.9.1's get_cosine_schedule_with_warmup lr_lambda (verl/utils/torch_functional.py), as its FSDP engine
+    calls it (init_lr_ratio not given: 0, num_cycles 0.5)."""
+    if not zero_indexed_step:
+        step += 1
+    if step < warmup:
+        return step / max(1, warmup)
+    progress = (step - warmup) / max(1, total - warmup)
+    return max(min_ratio, math.cos(math.pi * 0.5 * 2.0 * progress) * (1 - min_ratio) * 0.5 + (1 + min_ratio) * 0.5)
+
+
+@pytest.mark.parametrize("zero_indexed", [True, False])
+def test_zero_indexed_step_moves_the_cosine_schedule_as_verl(zero_indexed):
+    from rlrig.trainer.model.lr_schedule import lr_at
+
+    optim = "actor_rollout_ref.actor.optim"
+    cfg = parse_overrides(
+        [
+            "actor_rollout_ref.model.path=/m",
+            f"{optim}.lr_scheduler_type=cosine",
+            f"{optim}.lr_warmup_steps=3",
+            f"{optim}.lr=1.0",
+            f"{optim}.zero_indexed_step={zero_indexed}",
+        ]
+    )
+    o = cfg.actor_rollout_ref.actor.optim
+    assert [lr_at(o, s, 10) for s in range(10)] == pytest.approx(
+        [_verl_cosine(s, 3, 10, 0.0, zero_indexed) for s in range(10)]
+    )
+    constant = parse_overrides(["actor_rollout_ref.model.path=/m", f"{optim}.zero_indexed_step={zero_indexed}"])
+    o = constant.actor_rollout_ref.actor.optim
+    assert [lr_at(o, s, 10) for s in range(3)] == [o.lr] * 3  # verl's constant schedule does not read it
