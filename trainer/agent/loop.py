@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import ConfigError
-from ..rollout.engines.base import Rollout, left_pad
+from ..rollout.engines.base import Rollout, left_pad, routed_layout
 from .chat import Deltas
 from .interactions import BaseInteraction
 from .sanity import SanityCheck
@@ -72,6 +72,9 @@ class Trajectory:
     calls: list[FunctionCall] = field(default_factory=list)  # the last turn's, waiting to run
     turn: list[int] = field(default_factory=list)  # a turn a weight sync halted (a partial rollout): its tokens so far
     trace: SampleTrace | None = None  # its rollout trace's spans (agent/trace.py), if it is traced
+    # the engine's routed experts over prompt + ids [tokens, layers, k], from its latest turn (which read every token
+    # before it), as verl's tool agent loop keeps them; None where the engine records none
+    routed: torch.Tensor | None = None
     done: bool = False
 
     @property
@@ -299,6 +302,8 @@ def pack(trajs: list[Trajectory], response_length: int, pad_id: int, with_logps:
         attn[i, :k] = 1
         rmask[i, :k] = torch.tensor(t.mask[:k], dtype=torch.long)
         logp[i, :k] = torch.tensor(t.logps[:k])
+    attention = torch.cat([mask, attn], 1)
+    routed = routed_layout([getattr(t, "routed", None) for t in trajs], attention)  # loops of your own record none
     return Rollout(
-        torch.cat([ids, resp], 1), torch.cat([mask, attn], 1), rmask, ids.shape[1], logp * rmask if with_logps else None
+        torch.cat([ids, resp], 1), attention, rmask, ids.shape[1], logp * rmask if with_logps else None, routed
     )

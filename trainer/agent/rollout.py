@@ -191,6 +191,8 @@ class AgentRollout:
             if t.trace is not None:
                 self.tracer.generation(t.trace, start, end, t.prompt + t.ids, new)
             t.add(new, model=True, logps=logp[i][kept].tolist()[: len(new)] if logp is not None else None)
+            routed = ro.routing_of(i)  # this call read the trajectory's every token before its last
+            t.routed = routed[: len(t.prompt) + len(t.ids)] if routed is not None else t.routed
             t.turn += new
             t.gen_s += took
             if ended[i] or len(t.ids) >= self.R:

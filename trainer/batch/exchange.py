@@ -10,7 +10,7 @@ import torch.distributed as dist
 from ..algos import pf_ppo
 from ..model.parallel import gather_rows
 from ..rollout.engines.base import left_pad_to
-from .step_batch import StepBatch
+from .step_batch import SEQUENCE_FIELDS, StepBatch
 
 
 def exchange(batch: StepBatch, rows: torch.Tensor, pad_id: int, group=None) -> StepBatch:
@@ -24,11 +24,14 @@ def exchange(batch: StepBatch, rows: torch.Tensor, pad_id: int, group=None) -> S
     width, p = int(width.item()), batch.prompt_len
     widen = lambda t, fill: torch.cat([left_pad_to(t[:, :p], width, fill), t[:, p:]], 1)
     fields = batch.per_sample()
-    fields["input_ids"], fields["attention_mask"] = widen(batch.input_ids, pad_id), widen(batch.attention_mask, 0)
+    spans = [k for k, v in fields.items() if v is not None and StepBatch.spans_prompt(k)]
+    for k in spans:
+        fill = SEQUENCE_FIELDS[k]
+        fields[k] = widen(fields[k], pad_id if fill is None else fill)
     taken = {k: None if v is None else gather_rows(v, group)[rows] for k, v in fields.items()}
     used = taken["attention_mask"][:, :width].any(0).nonzero()
     first = int(used[0]) if len(used) else width - 1
-    taken["input_ids"], taken["attention_mask"] = taken["input_ids"][:, first:], taken["attention_mask"][:, first:]
+    taken.update({k: taken[k][:, first:] for k in spans})
     return StepBatch(prompt_len=width - first, **taken)
 
 

@@ -16,6 +16,9 @@ import torch
 
 from ..rollout.engines.base import Rollout
 
+# the per-sample fields over the prompt and response columns, by what their padding holds (None: the pad token)
+SEQUENCE_FIELDS = {"input_ids": None, "attention_mask": 0, "routed_experts": -1}
+
 
 @dataclass
 class StepBatch:
@@ -36,18 +39,27 @@ class StepBatch:
     advantages: torch.Tensor | None = None  # [B, R]
     returns: torch.Tensor | None = None  # [B, R]
     is_weights: torch.Tensor | None = None  # [B, R]: rollout correction's importance weights
+    # [B, P + R, layers, k] int16: each token's experts, -1 where none (model/moe.py): the engine's
+    # (rollout.enable_rollout_routing_replay), or the old-log-prob pass's (actor.router_replay.mode=R2)
+    routed_experts: torch.Tensor | None = None
 
     @classmethod
     def from_rollout(cls, ro: Rollout, n: int, first_sample: int = 0) -> StepBatch:
         """A fresh batch from what an engine sampled, n samples a prompt, its first row the step's sample number
         `first_sample` (a share may start inside a prompt's samples, batch/split_groups.py)."""
         group = (first_sample + torch.arange(len(ro.input_ids), device=ro.input_ids.device)) // n
-        return cls(ro.input_ids, ro.attention_mask, ro.response_mask, ro.prompt_len, group, ro.engine_logp)
+        b = cls(ro.input_ids, ro.attention_mask, ro.response_mask, ro.prompt_len, group, ro.engine_logp)
+        return b.replace(routed_experts=ro.routed_experts)
 
     @property
     def mask(self) -> torch.Tensor:
         """[B, R] float response mask, the weight of every token in the losses."""
         return self.response_mask.float()
+
+    @staticmethod
+    def spans_prompt(name: str) -> bool:
+        """Whether a per-sample field spans the prompt columns too ([B, P + R, ...]), not the responses' alone."""
+        return name in SEQUENCE_FIELDS
 
     def __len__(self) -> int:
         return len(self.input_ids)

@@ -205,6 +205,16 @@ class CheckpointConfig:
 
 
 @dataclass
+class RouterReplayConfig:
+    """verl's actor.router_replay (its RouterReplayConfig) for an MoE actor (model/moe.py): disabled; R2, the
+    old-log-prob pass's routing replayed in the update; R3, the rollout engine's routing
+    (rollout.enable_rollout_routing_replay) replayed in every training forward. Its record_file and replay_file are
+    taken at verl's default (null) only."""
+
+    mode: str = "disabled"
+
+
+@dataclass
 class ActorConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6))
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
@@ -248,6 +258,7 @@ class ActorConfig:
     # rollout, reference and colocated critic passes run on the same groups' samples
     ulysses_sequence_parallel_size: int = 1
     profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
+    router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)
 
 
 @dataclass
@@ -328,6 +339,9 @@ class RolloutConfig:
     cpu_kvcache_space_gb: int = 1  # rlrig: vLLM's CPU KV cache per engine (VLLM_CPU_KVCACHE_SPACE)
     # every this many steps, an MoE's expert load over the steps since (model/moe.py: actor/moe/*); 0: none
     moe_load_balance_metrics_interval: int = 0
+    # the engine returns the experts it routed each token to (vLLM's and SGLang's routed experts), which
+    # actor.router_replay.mode=R3 replays in training (model/moe.py)
+    enable_rollout_routing_replay: bool = False
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)

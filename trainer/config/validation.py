@@ -69,6 +69,7 @@ def validate(cfg: Config) -> None:
         validate_reward_model,
         validate_lora,
         validate_rollout_correction,
+        validate_router_replay,
         _pools,
         _rollout_pool,
         validate_profiler,
@@ -609,6 +610,48 @@ def validate_rollout_correction(cfg: Config) -> None:
     why = rollout_is_refusal(rc, cfg.actor_rollout_ref.rollout.name) if cfg.actor_rollout_ref.hybrid_engine else None
     if why:
         raise ConfigError(why)
+
+
+ROUTER_REPLAY_MODES = ("disabled", "R2", "R3")
+
+
+def validate_router_replay(cfg: Config) -> None:
+    """MoE routing replay (model/moe.py), as verl's RouterReplayConfig and its config checks allow it; what rlrig
+    does not build is refused. The model and the engine are asked at start-up (workers/start_checks.py)."""
+    a = cfg.actor_rollout_ref
+    mode, k = a.actor.router_replay.mode, "actor_rollout_ref.actor.router_replay.mode"
+    recorded = a.rollout.enable_rollout_routing_replay
+    if mode not in ROUTER_REPLAY_MODES:  # verl: ValueError(Invalid router_replay mode ...)
+        raise ConfigError(f"{k}={mode}: choose one of {', '.join(ROUTER_REPLAY_MODES)}")
+    if mode == "R2" and cfg.algorithm.rollout_correction.bypass_mode:  # verl's utils/config.py
+        raise ConfigError(
+            f"{k}=R2 requires algorithm.rollout_correction.bypass_mode=False: R2 records routes while recomputing "
+            "actor old_log_probs, but bypass mode skips that forward"
+        )
+    if mode == "R2" and recorded:  # verl's ray_trainer: the two cannot be enabled simultaneously
+        raise ConfigError(
+            f"{k}=R2 and actor_rollout_ref.rollout.enable_rollout_routing_replay=True cannot be enabled "
+            "simultaneously: the engine's routing is replayed only in R3 mode; set one of them"
+        )
+    if mode == "R3" and not recorded:
+        raise ConfigError(
+            f"{k}=R3 replays the engine's routing, which actor_rollout_ref.rollout.enable_rollout_routing_replay=True "
+            "records; set it"
+        )
+    if mode == "disabled":
+        return
+    if a.actor.ulysses_sequence_parallel_size > 1:
+        raise ConfigError(
+            f"{k}={mode} with actor_rollout_ref.actor.ulysses_sequence_parallel_size="
+            f"{a.actor.ulysses_sequence_parallel_size}: routing replay under sequence parallelism is not in rlrig"
+        )
+    if a.actor.use_prefix_grouper:
+        raise ConfigError(f"{k}={mode}: the forwards of shared prompts (actor.use_prefix_grouper) replay no routing")
+    if mode == "R3" and cfg.trainer.async_mode == "fully_async_policy" and cfg.async_training.partial_rollout:
+        raise ConfigError(
+            f"{k}=R3 with async_training.partial_rollout=True: a sample drawn across weight syncs keeps no routing in "
+            "rlrig; set partial_rollout=False"
+        )
 
 
 def rollout_is_refusal(rc, engine: str) -> str | None:

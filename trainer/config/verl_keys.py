@@ -168,13 +168,14 @@ _AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
         {"actor_rollout_ref.actor.checkpoint.async_save": "False", "critic.checkpoint.async_save": "False"},
     ),
     (
-        "MoE router replay is not in rlrig",
+        "rlrig's MoE routing replay keeps the routing in the step's batch (actor.router_replay.mode R2 or R3), never "
+        "in files, and the reference routes as its own router does",
         {
             **_each(
                 ("actor_rollout_ref.actor.router_replay.", "actor_rollout_ref.ref.router_replay."),
-                {"mode": "disabled", "record_file": "null", "replay_file": "null"},
+                {"record_file": "null", "replay_file": "null"},
             ),
-            "actor_rollout_ref.rollout.enable_rollout_routing_replay": "False",
+            "actor_rollout_ref.ref.router_replay.mode": "disabled",
         },
     ),
     ("rlrig's engines stop at EOS", {"actor_rollout_ref.rollout.ignore_eos": "False"}),

@@ -118,10 +118,11 @@ def concat(parts: list[StepBatch], pad_id: int) -> StepBatch:
     def widened(p: StepBatch, name: str, t: torch.Tensor | None) -> torch.Tensor | None:
         if t is None or t.dim() == 1:
             return t
-        fill = pad_id if name == "input_ids" else 0
-        right = lambda r: torch.nn.functional.pad(r, (0, resp - r.shape[1]), value=fill)  # noqa: E731
-        if name in ("input_ids", "attention_mask"):
-            left = torch.nn.functional.pad(t[:, : p.prompt_len], (width - p.prompt_len, 0), value=fill)
+        fill = pad_id if name == "input_ids" else -1 if name == "routed_experts" else 0
+        extra = (0, 0) * (t.dim() - 2)  # routed_experts' layer and expert dimensions
+        right = lambda r: torch.nn.functional.pad(r, (*extra, 0, resp - r.shape[1]), value=fill)  # noqa: E731
+        if StepBatch.spans_prompt(name):
+            left = torch.nn.functional.pad(t[:, : p.prompt_len], (*extra, width - p.prompt_len, 0), value=fill)
             return torch.cat([left, right(t[:, p.prompt_len :])], 1)
         if name in _RESPONSE_FIELDS:
             return right(t)

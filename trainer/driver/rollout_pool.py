@@ -53,12 +53,14 @@ def merge(parts: list[Rollout], pad_id: int) -> Rollout:
         return torch.cat([left_pad_to(t[:, : p.prompt_len], width, value), t[:, p.prompt_len :]], 1)
 
     logps = [p.engine_logp for p in parts]
+    routed = [p.routed_experts for p in parts]
     return Rollout(
         torch.cat([widened(p, p.input_ids, pad_id) for p in parts]),
         torch.cat([widened(p, p.attention_mask, 0) for p in parts]),
         torch.cat([p.response_mask for p in parts]),
         width,
         torch.cat(logps) if all(x is not None for x in logps) else None,
+        torch.cat([widened(p, r, -1) for p, r in zip(parts, routed)]) if all(r is not None for r in routed) else None,
     )
 
 

@@ -153,7 +153,11 @@ def response_outputs(
             out = model(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False).logits
             return out.flatten(0, 1)[pk.at - 1], targets, pk.filled
         # the position before a response token is always in the same sequence
-        with head_at(model, pk.at - 1), _head(fused, model, targets) as take, moe.tapped(tap, lambda: pk.real):
+        with (
+            head_at(model, pk.at - 1),
+            _head(fused, model, targets) as take,
+            moe.tapped(tap, lambda: moe.Layout.packed(pk, attention_mask)),
+        ):
             out = take(model(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False).logits)
         return out[0], targets, pk.filled
     resp = input_ids.shape[1] - prompt_len
@@ -162,7 +166,10 @@ def response_outputs(
     # the last token predicts nothing that is scored, so it is left out; a causal LM computes logits only for
     # the response positions: the prompt's are never needed
     keep = {"logits_to_keep": resp} if causal_lm else {}
-    with _head(fused if causal_lm else None, model, targets) as take, moe.tapped(tap, lambda: attention_mask[:, :-1]):
+    with (
+        _head(fused if causal_lm else None, model, targets) as take,
+        moe.tapped(tap, lambda: moe.Layout.padded(attention_mask)),
+    ):
         out = model(
             input_ids=input_ids[:, :-1],
             attention_mask=attention_mask[:, :-1],
@@ -252,7 +259,9 @@ def token_outputs(model, input_ids, attention_mask, prompt_len, opts: ForwardOpt
 
     if sp is not None:
         pk = packing.pack(input_ids, attention_mask, prompt_len, multiple=sp.size)
-        with moe.tapped(opts.tap, lambda: ulysses.columns(pk.real, sp)):
+        with moe.tapped(
+            opts.tap, lambda: moe.Layout.columns(ulysses.columns(moe.Layout.packed(pk, attention_mask).real, sp))
+        ):
             logits, mine = group_outputs(model, pk, sp, causal_lm=True, fused=fused)
         outs = from_logits(logits, pk.input_ids.flatten()[pk.at][mine])
         return tuple(from_group(x, mine, pk.filled, sp) for x in outs)

@@ -19,6 +19,13 @@ import torch
 
 # the config attributes that give an MoE's expert count, by family (transformers' names)
 _EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")
+# the families whose router rlrig can replay: softmax over the experts, the top-k's gates their probabilities, divided
+# by their sum where the router normalises them (by the model type: the router's norm_topk_prob, or always)
+REPLAYABLE: dict[str, Callable[[torch.nn.Module], bool]] = {
+    "qwen2_moe": lambda router: bool(router.norm_topk_prob),
+    "qwen3_moe": lambda router: bool(router.norm_topk_prob),
+    "mixtral": lambda router: True,
+}
 
 
 def _pretrained(model: torch.nn.Module):
@@ -65,6 +72,61 @@ class MoeSpec:
         """The model's routers, one a layer, in layer order."""
         return [m for m in model.modules() if isinstance(m, self.router)]
 
+    def replay_refusal(self) -> str | None:
+        """Why this family's routing cannot be replayed, or None."""
+        if self.model_type in REPLAYABLE:
+            return None
+        return (
+            f"routing replay is built for {', '.join(REPLAYABLE)}, whose routers rlrig can replay, not "
+            f"{self.model_type}"
+        )
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a forward's real tokens are: in the model's input ([rows, W], flat `tokens` [T]) and in the batch's
+    padded [B, S] layout (`keep`, the same T tokens in the same order). Routing moves between the two: the batch
+    holds it as [B, S, layers, k] (the step batch's routed_experts, -1 where none was recorded), a forward's routers
+    see it as [rows * W, layers, k]."""
+
+    shape: tuple[int, int]
+    tokens: torch.Tensor
+    keep: torch.Tensor | None  # None: a sequence-parallel rank's columns, whose routing stays in the forward
+
+    @property
+    def real(self) -> torch.Tensor:
+        flat = torch.zeros(self.shape[0] * self.shape[1], dtype=torch.bool, device=self.tokens.device)
+        return flat.index_fill_(0, self.tokens, True).view(self.shape)
+
+    @classmethod
+    def padded(cls, attention_mask: torch.Tensor) -> Layout:
+        """The padded forward's: the model reads [B, S - 1] (the last token predicts nothing scored)."""
+        inp = attention_mask[:, :-1].bool()
+        keep = torch.cat((inp, torch.zeros_like(inp[:, :1])), 1)
+        return cls(tuple(inp.shape), inp.flatten().nonzero().squeeze(1), keep)
+
+    @classmethod
+    def packed(cls, pk, attention_mask: torch.Tensor) -> Layout:
+        """The packed forward's (model/packing.Packed): every real token, in input_ids[attention_mask.bool()] order."""
+        return cls(tuple(pk.input_ids.shape), pk.tokens, attention_mask.bool())
+
+    @classmethod
+    def columns(cls, real: torch.Tensor) -> Layout:
+        """A sequence-parallel rank's share of the packed rows: its columns' real tokens `real` [rows, W / sp]."""
+        return cls(tuple(real.shape), real.flatten().nonzero().squeeze(1), None)
+
+    def to_input(self, routing: torch.Tensor) -> torch.Tensor:
+        """[B, S, L, k] -> [rows * W, L, k], -1 where the input holds no real token."""
+        flat = routing.new_full((self.shape[0] * self.shape[1], *routing.shape[2:]), -1)
+        flat[self.tokens] = routing[self.keep.to(routing.device)]
+        return flat
+
+    def from_input(self, routing: torch.Tensor) -> torch.Tensor:
+        """[rows * W, L, k] -> [B, S, L, k], -1 where the batch holds no token the forward read."""
+        out = routing.new_full((*self.keep.shape, *routing.shape[1:]), -1)
+        out[self.keep.to(routing.device)] = routing[self.tokens]
+        return out
+
 
 class LoadStats:
     """Expert load over the real tokens of every routed forward, summed as device tensors: the top-k picks per layer
@@ -109,48 +171,88 @@ class LoadStats:
         return out
 
 
-class RouterTap:
-    """What a forward of an MoE model collects from its routers (`around`, one forward at a time): the auxiliary
-    loss of that forward (`aux`, with its graph, where the spec has a coefficient and `with_aux`), and the expert
-    load into `stats` (where `stats` is given). `routers`: the model's routers (MoeSpec.routers), hooked only inside
-    `around`, so passes without a tap see the model untouched."""
+def replayed(out: tuple, routing: torch.Tensor, renorm: bool) -> tuple:
+    """A router's (logits, gates, experts) with each token's experts taken from `routing` [tokens, k] where it holds
+    one (>= 0; the router's own choice elsewhere), and the gates recomputed as the router computes them, from its own
+    probabilities at those experts: softmax over the experts, divided by their sum where the router normalises. The
+    gates keep their graph to the router's weight, so its loss still trains it."""
+    logits, gates, own = out
+    have = routing[:, :1] >= 0
+    experts = torch.where(have, routing.to(own.device, own.dtype), own)
+    chosen = logits.float().softmax(-1).gather(-1, experts)
+    if renorm:
+        chosen = chosen / chosen.sum(-1, keepdim=True)
+    return (logits, chosen.to(gates.dtype), experts, *out[3:])
 
-    def __init__(self, spec: MoeSpec, routers: list[torch.nn.Module], with_aux: bool, stats: LoadStats | None):
+
+class RouterTap:
+    """What a forward of an MoE model does with its routers (`around`, one forward at a time): the auxiliary loss of
+    that forward (`aux`, with its graph, where the spec has a coefficient and `with_aux`); the expert load into
+    `stats` (where given); with `record`, each real token's experts, kept as `recorded` [B, S, layers, k] in the
+    batch's layout (-1 where none); and routing replay, each token's experts those of `feed`'s [B, S, layers, k]
+    (model/moe.replayed). `routers`: the model's routers (MoeSpec.routers), hooked only inside `around`, so passes
+    without a tap see the model untouched. Not thread-safe: one forward at a time."""
+
+    def __init__(
+        self,
+        spec: MoeSpec,
+        routers: list[torch.nn.Module],
+        with_aux: bool,
+        stats: LoadStats | None,
+        record: bool = False,
+        replay: bool = False,
+    ):
         self.spec, self.routers, self.with_aux, self.stats = spec, routers, with_aux and spec.aux_coef != 0, stats
+        self.record, self.replay = record, replay
+        self.renorm = [REPLAYABLE[spec.model_type](r) for r in routers] if replay else []
         self.aux: torch.Tensor | None = None
+        self.recorded: torch.Tensor | None = None  # the last forward's, with `record`
+        self.pass_routing: torch.Tensor | None = None  # a whole pass's, in row order (workers/step/sources.py)
+        self.routing: torch.Tensor | None = None
 
     @property
     def active(self) -> bool:
-        return self.with_aux or self.stats is not None
+        return self.with_aux or self.stats is not None or self.record or (self.replay and self.routing is not None)
+
+    def feed(self, routing: torch.Tensor | None) -> None:
+        """The next forward's recorded routing [B, S, layers, k] (its rows), or None: the routers' own."""
+        self.routing = routing if self.replay else None
 
     @contextmanager
-    def around(self, real: torch.Tensor):
-        """Hooks the routers for one forward of a [rows, W] input whose real tokens `real` [rows, W] marks."""
+    def around(self, layout: Layout):
+        """Hooks the routers for one forward whose real tokens `layout` places."""
         logits: dict[int, torch.Tensor] = {}
         picks: dict[int, torch.Tensor] = {}
+        routing = None if self.routing is None else layout.to_input(self.routing)
 
-        def record(i: int):
+        def hook_of(i: int):
             def hook(_, __, out):
+                if routing is not None:
+                    out = replayed(out, routing[:, i], self.renorm[i])
                 logits[i] = out[self.spec.logits_index] if isinstance(out, tuple) else out
-                idx = out[-1] if isinstance(out, tuple) and not out[-1].is_floating_point() else None
+                idx = out[2] if isinstance(out, tuple) and len(out) > 2 and not out[2].is_floating_point() else None
                 picks[i] = idx if idx is not None else logits[i].topk(self.spec.top_k, -1).indices
+                return out if routing is not None else None
 
             return hook
 
-        handles = [r.register_forward_hook(record(i)) for i, r in enumerate(self.routers)]
+        handles = [r.register_forward_hook(hook_of(i)) for i, r in enumerate(self.routers)]
         try:
             yield
         finally:
             for h in handles:
                 h.remove()
-        layers = [logits[i] for i in sorted(logits)]
+            self.routing = None
+        layers, chosen = [logits[i] for i in sorted(logits)], [picks[i] for i in sorted(picks)]
         if not layers:
             return
         if self.with_aux:
             s = self.spec
-            self.aux = s.aux_loss(tuple(layers), s.num_experts, s.top_k, real.reshape(-1).to(layers[0].device))
+            self.aux = s.aux_loss(tuple(layers), s.num_experts, s.top_k, layout.real.reshape(-1).to(layers[0].device))
         if self.stats is not None:
-            self.stats.add(layers, [picks[i] for i in sorted(picks)], real, self.spec.num_experts)
+            self.stats.add(layers, chosen, layout.real, self.spec.num_experts)
+        if self.record:
+            self.recorded = layout.from_input(torch.stack([c.detach().to(torch.int16) for c in chosen], 1))
 
     def take_aux(self) -> torch.Tensor | None:
         """The last forward's auxiliary loss (once)."""
@@ -159,10 +261,10 @@ class RouterTap:
 
 
 @contextmanager
-def tapped(tap: RouterTap | None, real: Callable[[], torch.Tensor]):
-    """`tap.around` over the forward inside, `real` giving its input's real-token mask; nothing without a tap."""
+def tapped(tap: RouterTap | None, layout: Callable[[], Layout]):
+    """`tap.around` over the forward inside, `layout` giving where its real tokens are; nothing without a tap."""
     if tap is None or not tap.active:
         yield
         return
-    with tap.around(real()):
+    with tap.around(layout()):
         yield

@@ -22,12 +22,6 @@ class Packed:
     filled: torch.Tensor  # [B, R] which response slots hold a real token
     tokens: torch.Tensor  # [T] flat index into rows * W of every real token, in input_ids[attention_mask.bool()] order
 
-    @property
-    def real(self) -> torch.Tensor:
-        """[rows, W] bool: where the real tokens are (not the rows' tails)."""
-        flat = torch.zeros(self.input_ids.numel(), dtype=torch.bool, device=self.input_ids.device)
-        return flat.index_fill_(0, self.tokens, True).view(self.input_ids.shape)
-
 
 def first_fit(lengths: list[int], width: int) -> tuple[list[int], list[int], list[int]]:
     """(row of each sequence, its first column there, how full each row is): longest first, each into

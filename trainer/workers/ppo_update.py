@@ -100,6 +100,8 @@ def update_actor(
                 mini: dict[str, list] = {}
                 for sl in micros:
                     m, ids, attention = mask[sl], batch.input_ids[sl], batch.attention_mask[sl]
+                    if forward.tap is not None:  # routing replay (actor.router_replay.mode): the rows' routing
+                        forward.tap.feed(None if batch.routed_experts is None else batch.routed_experts[sl])
                     with t.precision.autocast():
                         logp, ent = token_logprobs(t.train, ids, attention, batch.prompt_len, forward)
                     if own_old:  # on-policy: one epoch, one mini batch, so these are the old log-probs

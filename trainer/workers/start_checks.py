@@ -84,11 +84,13 @@ def liger_check(cfg, model_path: str, device: str) -> str | None:
     return None
 
 
-def moe_check(cfg, model_path: str) -> str | None:
-    """An MoE actor whose routers the update records (model/moe.py: the config's auxiliary loss, the expert-load
-    metrics) cannot share prompts in its forwards (actor.use_prefix_grouper), asked of a weightless copy."""
+def moe_check(cfg, model_path: str, engine: str = "hf", device: str = "cpu") -> str | None:
+    """An MoE actor's routers (model/moe.py), asked of a weightless copy: recorded by the update (the config's
+    auxiliary loss, the expert-load metrics), they cannot be in forwards of shared prompts (actor.use_prefix_grouper);
+    routing replay needs an MoE of a family it is built for, and R3 an engine that returns routed experts."""
     a = cfg.actor_rollout_ref
-    if not a.actor.use_prefix_grouper:
+    replay, recorded = a.actor.router_replay.mode != "disabled", a.rollout.enable_rollout_routing_replay
+    if not (a.actor.use_prefix_grouper or replay or recorded):
         return None
     import torch
     from transformers import AutoModelForCausalLM
@@ -96,6 +98,13 @@ def moe_check(cfg, model_path: str) -> str | None:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(build.model_kwargs(a.model, model_path)["config"])
     spec = moe.MoeSpec.of(model)
+    recording = "actor_rollout_ref.rollout.enable_rollout_routing_replay=True"
+    if replay or recorded:
+        key = f"actor_rollout_ref.actor.router_replay.mode={a.actor.router_replay.mode}" if replay else recording
+        why = "the model has no mixture-of-experts routers" if spec is None else spec.replay_refusal()
+        if why:
+            return f"{key}: {why}"
+        return recording_refusal(recording, engine, device) if recorded else None
     if spec is None or not (spec.aux_coef or a.rollout.moe_load_balance_metrics_interval > 0):
         return None
     return (
@@ -103,6 +112,23 @@ def moe_check(cfg, model_path: str) -> str | None:
         "routers, which its auxiliary loss (output_router_logits) and rollout.moe_load_balance_metrics_interval "
         "need; set use_prefix_grouper=False"
     )
+
+
+def recording_refusal(key: str, engine: str, device: str) -> str | None:
+    """rollout.enable_rollout_routing_replay: an engine that returns each token's experts (vLLM's
+    enable_return_routed_experts, SGLang's), where it can."""
+    if engine == "hf":
+        return (
+            f"{key}: the hf engine does not return the experts it routed each token to; use "
+            "actor_rollout_ref.rollout.name=vllm or sglang, or actor_rollout_ref.actor.router_replay.mode=R2 "
+            "without it"
+        )
+    if engine == "vllm" and device == "cpu":  # vLLM's aux-output connector runs in Model Runner V2, which needs Triton
+        return (
+            f"{key}: vLLM returns routed experts only from its Model Runner V2, which needs Triton (a GPU); "
+            "on CPU use actor_rollout_ref.actor.router_replay.mode=R2 without it"
+        )
+    return None
 
 
 def start_refusal(cfg_dict: dict, model_path: str, device: str) -> str | None:
@@ -121,5 +147,5 @@ def start_refusal(cfg_dict: dict, model_path: str, device: str) -> str | None:
         sequence_parallel_refusal(cfg, model_path)
         or fused_head_check(cfg, model_path)
         or liger_check(cfg, model_path, device)
-        or moe_check(cfg, model_path)
+        or moe_check(cfg, model_path, cls.name, device)
     )

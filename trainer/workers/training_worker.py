@@ -133,6 +133,7 @@ class TrainingWorker(RankWorker):
                 actor_forward,
                 with_sum_pi_squared=a.actor.calculate_sum_pi_squared,
                 with_entropy=not entropy_in_update(a.actor),  # actor/entropy from this pass, as verl 0.9's
+                tap=sources.old_pass_tap(m.actor.module, cfg),
             ),
             self._micro_batches,
         )

@@ -19,22 +19,36 @@ class Rollout:
     response_mask: torch.Tensor  # [B, R]: 1 up to and including EOS
     prompt_len: int
     engine_logp: torch.Tensor | None = None  # [B, R] log-probs the engine reported, when it does
+    # [B, P + R, layers, k] int16: the experts the engine routed each token to, -1 where it recorded none (padding,
+    # the last token, which it never read); rollout.enable_rollout_routing_replay
+    routed_experts: torch.Tensor | None = None
 
     def rows(self, sl: slice) -> Rollout:
         """The rows `sl` of every tensor (the prompt width unchanged)."""
         logp = self.engine_logp[sl] if self.engine_logp is not None else None
-        return Rollout(self.input_ids[sl], self.attention_mask[sl], self.response_mask[sl], self.prompt_len, logp)
+        routed = self.routed_experts[sl] if self.routed_experts is not None else None
+        return Rollout(
+            self.input_ids[sl], self.attention_mask[sl], self.response_mask[sl], self.prompt_len, logp, routed
+        )
 
     def to(self, device) -> Rollout:
         """The same batch with its tensors on `device`."""
         logp = self.engine_logp.to(device) if self.engine_logp is not None else None
+        routed = self.routed_experts.to(device) if self.routed_experts is not None else None
         return Rollout(
             self.input_ids.to(device),
             self.attention_mask.to(device),
             self.response_mask.to(device),
             self.prompt_len,
             logp,
+            routed,
         )
+
+    def routing_of(self, i: int) -> torch.Tensor | None:
+        """Row i's routing over its real tokens in order (its prompt's, then its response's) [tokens, layers, k]."""
+        if self.routed_experts is None:
+            return None
+        return self.routed_experts[i][self.attention_mask[i].bool()]
 
 
 @dataclass(frozen=True)
@@ -210,8 +224,11 @@ def pack_responses(
     max_new: int,
     pad_id: int,
     eos_id: int,
+    routed: list | None = None,
 ) -> Rollout:
-    """An engine's token lists (prompt i's samples at rows i*n .. i*n+n-1) as a padded Rollout."""
+    """An engine's token lists (prompt i's samples at rows i*n .. i*n+n-1) as a padded Rollout. `routed`: each
+    sequence's routing over its prompt and response tokens in order ([tokens, layers, k], as vLLM returns it: the
+    last token, never read, has none), or None."""
     expanded = [p for p in prompts for _ in range(n)]
     if len(responses) != len(expanded):
         raise ValueError(f"engine returned {len(responses)} sequences for {len(expanded)} requested")
@@ -229,7 +246,26 @@ def pack_responses(
     resp = resp.masked_fill(rmask == 0, pad_id)
     if logp is not None:
         logp = logp * rmask
-    return Rollout(torch.cat([ids, resp], 1), torch.cat([mask, rmask], 1), rmask, ids.shape[1], logp)
+    attention = torch.cat([mask, rmask], 1)
+    routing = routed_layout(routed, attention) if routed is not None else None
+    return Rollout(torch.cat([ids, resp], 1), attention, rmask, ids.shape[1], logp, routing)
+
+
+def routed_layout(routed: list, attention: torch.Tensor) -> torch.Tensor | None:
+    """Each sequence's routing over its real tokens in order ([tokens, layers, k], arrays or tensors, None where the
+    engine returned none) laid out as its tokens are in the batch ([B, S, layers, k] int16, -1 where none), or None
+    when no sequence has any. Routing past a sequence's tokens (a response cut to its room) is dropped."""
+    shape = next((tuple(r.shape[1:]) for r in routed if r is not None), None)
+    if shape is None:
+        return None
+    out = torch.full((*attention.shape, *shape), -1, dtype=torch.int16)
+    for i, r in enumerate(routed):
+        if r is None:
+            continue
+        at = attention[i].bool().nonzero().squeeze(1).cpu()
+        r = torch.as_tensor(r)[: len(at)].to(torch.int16)
+        out[i, at[: len(r)]] = r
+    return out
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -244,8 +280,8 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
 
 
 def left_pad_to(t: torch.Tensor, width: int, value) -> torch.Tensor:
-    """[B, P] left-padded prompt columns widened to `width` (more padding on the left)."""
-    return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value)
+    """[B, P, ...] left-padded prompt columns widened to `width` (more padding on the left)."""
+    return torch.nn.functional.pad(t, (0, 0) * (t.dim() - 2) + (width - t.shape[1], 0), value=value)
 
 
 class EngineUnavailable(RuntimeError):

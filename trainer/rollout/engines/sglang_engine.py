@@ -81,6 +81,8 @@ def engine_kwargs(cfg, model_path: str, max_model_len: int, seed: int, gpu: int 
         disable_radix_cache=not cfg.enable_prefix_caching,
         log_level="error",
     )
+    if cfg.enable_rollout_routing_replay:  # each request's meta_info carries its tokens' experts, as verl asks
+        kw["enable_return_routed_experts"] = True
     return {**kw, **cfg.engine_kwargs.get("sglang", {})}  # rollout.engine_kwargs.sglang.*: the user's word is last
 
 
@@ -98,14 +100,16 @@ def sampling_params(s: Sampling, max_new: int, eos_id: int) -> dict:
     return out
 
 
-def unpack(outputs: list[dict]) -> tuple[list[list[int]], list[list[float]]]:
-    """Token ids and their log-probs from Engine.generate(..., return_logprob=True) results;
-    meta_info.output_token_logprobs holds (logprob, token_id, text) per generated token."""
-    tokens, logps = [], []
+def unpack(outputs: list[dict]) -> tuple[list[list[int]], list[list[float]], list]:
+    """Token ids, their log-probs and routed experts from Engine.generate(..., return_logprob=True) results;
+    meta_info.output_token_logprobs holds (logprob, token_id, text) per generated token, meta_info.routed_experts
+    (with return_routed_experts, the tokenizer skipped) [prompt + response - 1, layers, k], as verl reads it."""
+    tokens, logps, routed = [], [], []
     for o in outputs:
         tokens.append(list(o["output_ids"]))
         logps.append([float(t[0]) for t in o["meta_info"]["output_token_logprobs"]])
-    return tokens, logps
+        routed.append(o["meta_info"].get("routed_experts"))
+    return tokens, logps, routed
 
 
 def tp_engine_kwargs(layout: tp_groups.NodeLayout, tp: int, dist_init_addr: str, rank: int) -> dict:
@@ -188,18 +192,22 @@ class SGLangRollout(RolloutEngine):
                 raise RuntimeError("the SGLang engine released its weights for a sync that never came; sync first")
             self._resume(KV)
             expanded = [p for p in asked for _ in range(n)]  # sample i*n..i*n+n-1 belong to prompt i
+            routing = {"return_routed_experts": True} if self.cfg.enable_rollout_routing_replay else {}
             outs = self.engine.generate(
                 input_ids=expanded,
                 return_logprob=True,
                 sampling_params=sampling_params(sampling or Sampling.of(self.cfg), max_new, self.tok.eos_token_id),
+                **routing,
             )
             result[0] = unpack(outs)
             if not hold:
                 self.rest(sync_follows)
         if self.group is not None:
             dist.broadcast_object_list(result, src=self.members[0], group=self.group)
-        tokens, logps = (x[mine] for x in result[0])
-        return pack_responses(prompts, n, tokens, logps, max_new, self.tok.pad_token_id, self.tok.eos_token_id)
+        tokens, logps, routed = (x[mine] for x in result[0])
+        routed = routed if self.cfg.enable_rollout_routing_replay else None
+        eos, pad = self.tok.eos_token_id, self.tok.pad_token_id
+        return pack_responses(prompts, n, tokens, logps, max_new, pad, eos, routed)
 
     def rest(self, sync_follows=False) -> None:
         """With rollout.free_cache_engine, the KV cache's memory released (the weights' too when a sync follows)."""

@@ -169,6 +169,8 @@ def engine_kwargs(cfg, model_path: str, max_model_len: int, device: str, seed: i
     )
     if cfg.max_num_seqs:
         kw["max_num_seqs"] = cfg.max_num_seqs
+    if cfg.enable_rollout_routing_replay:  # each request's output carries its tokens' experts, as verl asks
+        kw["enable_return_routed_experts"] = True
     kw.update(compiled_passes(cfg, device, pass_fields))
     kw.update(cfg.engine_kwargs.get("vllm", {}))  # rollout.engine_kwargs.vllm.*: the user's word is last
     if external_launcher(cfg, device):
@@ -307,14 +309,25 @@ class VLLMRollout(RolloutEngine):
         )
         asked, mine = self._asked(prompts)
         outs = self.llm.generate([{"prompt_token_ids": p} for p in asked], params, use_tqdm=False)[mine]
-        responses, logps = [], []
+        responses, logps, routed = [], [], []
         for out in outs:
             for c in out.outputs:
                 responses.append(list(c.token_ids))
                 logps.append(sampled_logprobs(c.token_ids, c.logprobs))
+                # [prompt + response - 1, layers, k]; None unless asked for (older vLLMs have no such field)
+                routed.append(getattr(c, "routed_experts", None))
         if not hold:
             self.rest(sync_follows)
-        return pack_responses(prompts, n, responses, logps, max_new, self.tok.pad_token_id, self.tok.eos_token_id)
+        eos, pad, routed = self.tok.eos_token_id, self.tok.pad_token_id, self._routed(routed)
+        return pack_responses(prompts, n, responses, logps, max_new, pad, eos, routed)
+
+    def _routed(self, routed: list) -> list | None:
+        """The outputs' routed experts where the engine records them (rollout.enable_rollout_routing_replay)."""
+        if not self.cfg.enable_rollout_routing_replay:
+            return None
+        if any(r is None for r in routed):
+            raise RuntimeError("vLLM returned no routed experts though enable_return_routed_experts is on")
+        return routed
 
     def rest(self, sync_follows=False) -> None:
         """On GPU with rollout.free_cache_engine, the engine asleep until the next rollout."""
@@ -376,7 +389,9 @@ class VLLMRollout(RolloutEngine):
         responses = [list(o.token_ids) if o else [] for o in outs]
         logps = [sampled_logprobs(o.token_ids, o.logprobs) if o else [] for o in outs]
         eos, pad = self.tok.eos_token_id, self.tok.pad_token_id
-        return pack_responses(prompts, 1, responses, logps, max_new, pad, eos), ended
+        # an aborted request's output keeps the routing of the tokens it has
+        routed = self._routed([getattr(o, "routed_experts", None) for o in outs]) if all(outs) else None
+        return pack_responses(prompts, 1, responses, logps, max_new, pad, eos, routed), ended
 
     def close(self) -> None:
         """Shuts the engine core down while the process groups are still there."""

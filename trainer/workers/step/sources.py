@@ -23,8 +23,6 @@ from ...model import lr_schedule, moe, offload
 from ...model.build import Models, Trainable
 from ...model.forward import ForwardOptions, in_micro_batches, token_outputs
 from ...model.micro_batches import MiniBatches
-from ...reward.managers import overlong
-from ...reward.rules import reward_fn
 from ...reward.scoring import RewardSource
 from ..ppo_update import engine_workers, global_batches, mean_stats, update_actor
 from ..timing import Phases
@@ -48,15 +46,25 @@ class LocalLogProbs:
     around: Callable[[], AbstractContextManager] = contextlib.nullcontext
 
     def __call__(self, batch: StepBatch) -> torch.Tensor:
+        tap, recorded = self.forward.tap, []
+
         def part(sl):
+            if tap is not None:  # routing replay (R3): the rows' recorded routing
+                tap.feed(None if batch.routed_experts is None else batch.routed_experts[sl])
             with self.precision.autocast():
                 ids, mask = batch.input_ids[sl], batch.attention_mask[sl]
                 logp, *more = token_outputs(self.module, ids, mask, batch.prompt_len, self.forward)
+            if tap is not None and tap.record:
+                recorded.append(tap.recorded)
             more = [x for x in more if x is not None]
             return torch.stack((logp, *more), 1) if more else logp
 
         with self.around():
-            return in_micro_batches(self.micro_batches(batch, self.micro, self.budget_key), part)
+            parts = self.micro_batches(batch, self.micro, self.budget_key)
+            out = in_micro_batches(parts, part)
+        if recorded:  # R2: the routing this pass took, in row order, for the update to replay
+            tap.pass_routing = in_micro_batches(parts, lambda _: recorded.pop(0))
+        return out
 
 
 @dataclass(frozen=True)
@@ -130,6 +138,8 @@ def old_logprobs(actor: LocalLogProbs, batch: StepBatch) -> tuple[StepBatch, tor
     from the same logits, as verl's old-log-prob pass), and the entropy [B, R] where the pass computes it."""
     f = actor.forward
     out = actor(batch)
+    if f.tap is not None and f.tap.record:  # actor.router_replay.mode=R2: the update replays this pass's routing
+        batch = batch.replace(routed_experts=f.tap.pass_routing)
     if not (f.with_entropy or f.with_sum_pi_squared):
         return batch.replace(old_logp=out), None
     cols = iter(out.unbind(1))
@@ -186,7 +196,9 @@ class ActorUpdate:
         if spec is not None:
             interval = cfg.actor_rollout_ref.rollout.moe_load_balance_metrics_interval
             stats = moe.LoadStats() if interval > 0 else None
-            forward = dataclasses.replace(forward, tap=moe.RouterTap(spec, spec.routers(actor.module), True, stats))
+            replay = replays_routing(cfg)
+            tap = moe.RouterTap(spec, spec.routers(actor.module), True, stats, replay=replay)
+            forward = dataclasses.replace(forward, tap=tap)
         return cls(actor, cfg, mini_batches, batch_sum, forward, dp)
 
     def __call__(self, batch: StepBatch, global_step: int) -> tuple[dict, torch.Tensor | None]:
@@ -207,6 +219,21 @@ class ActorUpdate:
 # --- the choice, made once when the worker is built ---
 
 
+def replays_routing(cfg) -> bool:
+    """actor.router_replay.mode R2 or R3: the actor's update replays the batch's routed_experts (model/moe.py)."""
+    return cfg.actor_rollout_ref.actor.router_replay.mode in ("R2", "R3")
+
+
+def old_pass_tap(module: torch.nn.Module, cfg) -> moe.RouterTap | None:
+    """The old-log-prob pass's routers under routing replay: recorded (R2, for the update to replay) or replaying
+    the engine's routing (R3); None otherwise."""
+    mode = cfg.actor_rollout_ref.actor.router_replay.mode
+    spec = moe.MoeSpec.of(module) if mode in ("R2", "R3") else None
+    if spec is None:
+        return None
+    return moe.RouterTap(spec, spec.routers(module), False, None, record=mode == "R2", replay=mode == "R3")
+
+
 def reward_source(cfg, tok, model_path: str, scorer, pool) -> RewardSource:
     """The reward function and, with reward_model.enable, the reward model: `scorer` where it is held here, else its
     pool (`pool`, a RewardWorker's Ray handle). Its input tokenizer is the policy's where the config names none
@@ -223,7 +250,7 @@ def reward_source(cfg, tok, model_path: str, scorer, pool) -> RewardSource:
 
         same = rm.model.input_tokenizer in ("", model_path)
         input_tok = tok if same else AutoTokenizer.from_pretrained(rm.model.input_tokenizer)
-    return RewardSource(reward_fn(cfg), model, input_tok, cfg.data.prompt_key, overlong(rm))
+    return RewardSource.of(cfg, tok, model, input_tok)
 
 
 def reference_source(cfg, m: Models, pool, device: torch.device, forward: ForwardOptions, micro_batches):

