@@ -62,8 +62,15 @@ def actor_fused_kernels(cfg: Config) -> None:
         )
 
 
+# torch.Generator().initial_seed(): verl shuffles with a torch.Generator it seeds only where data.seed is given, so
+# data.seed=null gives every run the same order, drawn from this seed
+TORCH_DEFAULT_SEED = 67280421310721
+
+
 def derive(cfg: Config) -> None:
     model_load_dtype(cfg)
+    if cfg.data.seed is None:
+        cfg.data.seed = TORCH_DEFAULT_SEED
     actor_fused_kernels(cfg)
     if cfg.data.tool_config_path is None:  # verl: ${oc.select:actor_rollout_ref.rollout.multi_turn.tool_config_path}
         cfg.data.tool_config_path = cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path

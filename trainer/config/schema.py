@@ -38,7 +38,7 @@ class DataConfig:
     truncation: str = "error"  # error | left | right
     prompt_key: str = "prompt"
     shuffle: bool = True
-    seed: int = 1
+    seed: int | None = 1  # null: the seed of an unseeded torch.Generator, which verl's sampler then shuffles with
     apply_chat_template_kwargs: dict = field(default_factory=dict)  # passed to the tokenizer's apply_chat_template
     # the tools rendered into every prompt (single-turn ones too); None: multi_turn.tool_config_path's, as in verl
     tool_config_path: str | None = None

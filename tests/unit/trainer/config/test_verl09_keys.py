@@ -6,10 +6,12 @@ import math
 import pathlib
 
 import pytest
+import torch
 import yaml
 
 from rlrig.trainer.config import verl_keys
 from rlrig.trainer.config.config_files import load
+from rlrig.trainer.config.derived import TORCH_DEFAULT_SEED
 from rlrig.trainer.config.overrides import parse_overrides
 from rlrig.trainer.config.schema import Config
 from rlrig.trainer.errors import ConfigError
@@ -20,8 +22,6 @@ from .verl_keys_table.generate import flatten
 FOLDER = pathlib.Path(__file__).with_name("verl_keys_table")
 NAME = "verl_0.9.1_ppo_trainer"
 DEFAULTS = dict(flatten(yaml.safe_load((FOLDER / f"{NAME}.yaml").read_text())))
-# verl's null (an unseeded shuffle) is not implemented: rlrig's sampler replays its order from the seed on resume
-DEFAULT_REFUSED_BY_SCHEMA = {"data.seed"}
 REFUSED = "a verl key rlrig does not implement: "
 # verl defaults for 8 GPUs, taken and then checked against this machine (one CPU worker): a check of the value
 CHECKED_ON_THIS_MACHINE = {
@@ -66,7 +66,7 @@ def test_every_verl_0_9_key_at_its_default_is_taken_never_unknown():
     unknown = sorted(k for k, v in got.items() if v == "unknown")
     assert unknown == []
     refused = {k: v for k, v in got.items() if v != "accepted"}
-    assert set(refused) <= DEFAULT_REFUSED_BY_SCHEMA | set(CHECKED_ON_THIS_MACHINE), refused
+    assert set(refused) <= set(CHECKED_ON_THIS_MACHINE), refused
     for key, says in CHECKED_ON_THIS_MACHINE.items():
         assert says in got[key], got[key]
 
@@ -84,14 +84,10 @@ def test_verl_own_interpolations_are_its_defaults_and_another_value_is_not_unkno
 
 def test_the_whole_file_passes_validation_with_the_micro_batches_verl_asks_for():
     """The generated file read as `--config-path FOLDER --config-name verl_0.9.1_ppo_trainer`: no key unknown or
-    refused but data.seed=null (an unseeded shuffle, which rlrig does not implement), and with what verl too refuses
-    to run without (the micro batches; the engine, ??? in the file), the config is rlrig's."""
-    overrides = load(str(FOLDER), NAME)
-    assert len(overrides) > 850
-    (seed,) = [o for o in overrides if o.startswith("data.seed=")]
-    with pytest.raises(ConfigError, match=r"verl_0.9.1_ppo_trainer.yaml:\d+: data.seed=null is not allowed"):
-        parse_overrides([seed])
-    taken = [o for o in overrides if o is not seed]
+    refused, and with what verl too refuses to run without (the micro batches; the engine, ??? in the file), the
+    config is rlrig's."""
+    taken = load(str(FOLDER), NAME)
+    assert len(taken) > 850
     with pytest.raises(ConfigError, match="ppo_micro_batch_size_per_gpu.* unset: on GPUs"):
         parse_overrides(taken)
     given = [*(f"{k}=4" for k in MICRO_BATCHES), "actor_rollout_ref.rollout.name=vllm"]
@@ -104,6 +100,7 @@ def test_the_whole_file_passes_validation_with_the_micro_batches_verl_asks_for()
     )
     assert cfg.reward_model.rollout.name == Config().reward_model.rollout.name  # verl's ??? is not given
     assert cfg.custom_reward_function.name == "compute_score"
+    assert cfg.data.seed == TORCH_DEFAULT_SEED == torch.Generator().initial_seed()  # verl's data.seed: null
 
 
 MICRO_BATCHES = (

@@ -19,9 +19,8 @@ TABLE = pathlib.Path(__file__).with_name("verl_keys_table") / "verl_trainer_keys
 ROWS = [line.split("\t") for line in TABLE.read_text().splitlines() if line and not line.startswith("#")]
 DEFAULTS = {key: default for key, default, _ in ROWS}
 
-# Implemented keys whose verl default the parser refuses today (the schema's type: reported, in other files' hands)
-# verl's null (an unseeded shuffle) is not implemented: rlrig's sampler replays its order from the seed on resume
-DEFAULT_REFUSED_BY_SCHEMA = {"data.seed"}
+# Implemented keys whose verl default the parser refuses (none: data.seed=null is torch's default generator seed)
+DEFAULT_REFUSED_BY_SCHEMA: set[str] = set()
 REFUSED = "a verl key rlrig does not implement: "
 SELECT = re.compile(r"\$\{(?:oc\.select:)?([^,}]+)(?:,([^}]*))?\}")
 
