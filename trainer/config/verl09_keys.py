@@ -585,6 +585,7 @@ NO_EFFECT = {
 
 # Where rlrig's default is not verl 0.9's, and why.
 DEFAULTS_DIFFER = {
+    "data.seed": "verl's default is null (its sampler's unseeded torch.Generator); rlrig's is 1, a seed of its own",
     "actor_rollout_ref.rollout.seed": "verl's default is 42 (an engine's seed is it plus the engine's index); "
     "rlrig's null seeds the engines from trainer.seed the same way",
 }
