@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole GPU check, within 9 minutes on one GPU (RLRIG_GPU_CHECK_S, default 540 s, for all of it):
 # bench/gpu_step.py at the 0.5B shape, eager under FSDP2 and DDP with the update's profile; the same with verl's
-# kernel switches on (fused head, Liger, compiled log-prob math and blocks); the 7B shape (8 of its 28 layers,
-# gradient checkpointing, fused head) with its profile; then tests/gpu, the cases of these switches first. Every run
+# kernel switches on (fused head, Liger, compiled log-prob math and blocks); Qwen3-30B-A3B's mixture of experts (4 of
+# its 48 layers) against the dense model of the same active parameters; the 7B shape (8 of its 28 layers, gradient
+# checkpointing, fused head) with its profile; then tests/gpu, the cases of these switches first. Every run
 # takes random responses of the full length (--no-gen: the update's cost is in its tokens) and verl's token-budget
 # micro batches. Each part has a limit of its own and tests/gpu the time left, so a slow or failing part leaves the
 # others theirs. Logs and JSON go to $OUT (else ./gpu-out).
@@ -37,6 +38,8 @@ part step_0.5b 150 "$py" bench/gpu_step.py "${common[@]}" "${eager[@]}" --strate
     --json "$out/step_0.5b.json"
 part step_0.5b_kernels 110 "$py" bench/gpu_step.py "${common[@]}" "${fused[@]}" \
     --override actor_rollout_ref.model.use_liger=True --strategies fsdp --json "$out/step_0.5b_kernels.json"
+part step_moe 120 "$py" bench/gpu_step.py --shape 30b-a3b,30b-a3b-dense --prompts 16 "${common[@]}" "${eager[@]}" \
+    "${fused[@]}" --strategies fsdp --json "$out/step_moe.json"
 part step_7b 120 "$py" bench/gpu_step.py --shape 7b --prompts 16 "${common[@]}" "${eager[@]}" "${fused[@]}" \
     --strategies fsdp --profile --json "$out/step_7b.json"
 new="compiled_log_prob or liger_steps or gradient_checkpointing_recomputes or fsdp_packed or bf16_mixed"

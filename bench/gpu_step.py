@@ -4,16 +4,19 @@ an 8192^3 matrix product in the same run. Not a timed test: a device is lent onl
 
 Shapes (random weights, built offline): --shape 0.5b, Qwen2.5-0.5B's (494M parameters, tied 152k vocabulary);
 --shape 7b, Qwen2.5-7B's width with --layers of its 28 decoder layers (default 8, so that the actor's fp32 weights
-and Adam state and the reference fit one GPU) and gradient checkpointing. 32 prompts x 8 samples x 512 response
-tokens, GRPO with a KL loss against the reference, two mini batches (so the old log-prob pass runs). --no-gen: random
-responses of the full length instead of hf generation (the update's cost is in its tokens, not what they say).
---token-budget N: verl's use_dynamic_bsz micro batches of at most N tokens (else --micro rows). --strategies
-fsdp,ddp: the same step under each, and FSDP2's time over DDP's. --profile: one more step with its update under
-torch.profiler, and the update's GPU time by bucket (bench/gpu_profile.py). Targets: update MFU >= 35% at 0.5b and
->= 40% at 7b in bf16; FSDP2 at most 1.15x DDP's step. bench/gpu_check.sh runs the whole GPU check.
+and Adam state and the reference fit one GPU) and gradient checkpointing; --shape 30b-a3b, Qwen3-30B-A3B's mixture
+of experts (128 experts, 8 a token) with --layers of its 48 (default 4), and 30b-a3b-dense, the dense Qwen3 of the
+same active parameters (its MLP as wide as 8 experts): `--shape 30b-a3b,30b-a3b-dense` runs both and prints the
+MoE's update tokens/s and MFU against the dense model's (MFU counts the active parameters only). 32 prompts x 8
+samples x 512 response tokens, GRPO with a KL loss against the reference, two mini batches (so the old log-prob pass
+runs). --no-gen: random responses of the full length instead of hf generation (the update's cost is in its tokens,
+not what they say). --token-budget N: verl's use_dynamic_bsz micro batches of at most N tokens (else --micro rows).
+--strategies fsdp,ddp: the same step under each, and FSDP2's time over DDP's. --profile: one more step with its
+update under torch.profiler, and the update's GPU time by bucket (bench/gpu_profile.py). Targets: update MFU >= 35%
+at 0.5b and >= 40% at 7b in bf16; FSDP2 at most 1.15x DDP's step. bench/gpu_check.sh runs the whole GPU check.
 
-    python bench/gpu_step.py [--shape 0.5b|7b] [--precisions fp32,bf16] [--strategies fsdp,ddp] [--no-gen]
-        [--token-budget 32768] [--profile] [--override KEY=VALUE ...] [--json OUT]
+    python bench/gpu_step.py [--shape 0.5b|7b|30b-a3b,30b-a3b-dense] [--precisions fp32,bf16]
+        [--strategies fsdp,ddp] [--no-gen] [--token-budget 32768] [--profile] [--override KEY=VALUE ...] [--json OUT]
 """
 
 from __future__ import annotations
@@ -26,10 +29,17 @@ from dataclasses import replace
 
 
 def matmul_params(module) -> int:
-    """Parameters that take part in a matrix product per token: all but an untied input embedding (a lookup)."""
+    """Parameters that take part in a matrix product per token: all but an untied input embedding (a lookup) and,
+    in a mixture of experts, the experts a token is not routed to (of E fused experts, k take each token)."""
     emb = module.get_input_embeddings().weight
     head = module.get_output_embeddings().weight
-    return sum(p.numel() for p in module.parameters()) - (emb.numel() if emb is not head else 0)
+    total = sum(p.numel() for p in module.parameters()) - (emb.numel() if emb is not head else 0)
+    cfg = module.config
+    experts, k = getattr(cfg, "num_experts", 0) or 0, getattr(cfg, "num_experts_per_tok", 0) or 0
+    if experts:
+        fused = sum(p.numel() for name, p in module.named_parameters() if ".experts." in name)
+        total -= fused * (experts - k) // experts
+    return total
 
 
 def matmul_peak_tflops(n: int = 8192, reps: int = 10) -> float:
@@ -191,13 +201,17 @@ def run(precision: str, strategy: str, path: str, args) -> dict:
     }
 
 
-def main() -> None:
+SHAPES = {"0.5b": "QWEN2_0_5B", "7b": "QWEN2_5_7B", "30b-a3b": "QWEN3_30B_A3B", "30b-a3b-dense": "QWEN3_30B_A3B_DENSE"}
+LAYERS = {"7b": 8, "30b-a3b": 4, "30b-a3b-dense": 4}  # default --layers: the actor's fp32 Adam state fits one GPU
+
+
+def parse_args():
     p = argparse.ArgumentParser()
     p.add_argument("--precisions", default="fp32,bf16")
     p.add_argument("--strategies", default="fsdp", help="fsdp,ddp: the same step under each (FSDP2 against DDP)")
-    p.add_argument("--shape", choices=("0.5b", "7b"), default="0.5b")
-    p.add_argument("--layers", type=int, default=8, help="--shape 7b: decoder layers (Qwen2.5-7B has 28)")
-    p.add_argument("--checkpointing", default=None, help="gradient checkpointing (default: on for 7b)")
+    p.add_argument("--shape", default="0.5b", help=f"comma-separated, of {', '.join(SHAPES)}")
+    p.add_argument("--layers", type=int, default=None, help="decoder layers of 7b / 30b-a3b (default 8 / 4)")
+    p.add_argument("--checkpointing", default=None, help="gradient checkpointing (default: on but at 0.5b)")
     p.add_argument("--profile", action="store_true", help="the last step under torch.profiler: the update's buckets")
     p.add_argument("--no-gen", action="store_true", help="random responses of the full length instead of generating")
     p.add_argument("--override", action="append", default=[], help="a further verl override (repeatable)")
@@ -210,72 +224,113 @@ def main() -> None:
     p.add_argument("--remove-padding", default="True")
     p.add_argument("--json")
     p.add_argument("--device", default="cuda", help="cpu: a dry run of the script with a tiny shape (--tiny)")
-    p.add_argument("--tiny", action="store_true", help="a 2-layer model: checks the script, measures nothing")
+    p.add_argument("--tiny", action="store_true", help="2 layers of 64: checks the script, measures nothing")
     args = p.parse_args()
+    unknown = [s for s in args.shape.split(",") if s not in SHAPES]
+    if unknown:
+        p.error(f"--shape {unknown[0]}: choose from {', '.join(SHAPES)}")
+    return args
 
+
+def shape_of(name: str, args):
+    from rlrig.trainer.embedded import synthetic
+
+    shape = getattr(synthetic, SHAPES[name])
+    if name in LAYERS:
+        shape = replace(shape, num_hidden_layers=args.layers or LAYERS[name])
+    if args.tiny:  # the same kind of model, 2 layers of 64 (4 experts, 2 a token)
+        small = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2)
+        small |= dict(num_key_value_heads=2, max_position_embeddings=1024)
+        if shape.num_experts:
+            small |= dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64)
+        shape = replace(shape, **small, head_dim=32 if shape.head_dim else None)
+    return shape
+
+
+def report(r: dict, peak: float) -> None:
+    m = r["metrics"]
+    upd = m["timing_s/update_actor"]
+    r["update_mfu"] = 6 * r["params"] * r["tokens"] * r["epochs"] / upd / (peak * 1e12)
+    r["update_tokens_s"] = r["tokens"] * r["epochs"] / upd
+    print(
+        f"\n== {r['shape']} {r['precision']} {r['strategy']}: {r['params'] / 1e6:.0f}M matmul parameters (active); "
+        f"{r['tokens']:.0f} tokens, {r['response_tokens']:.0f} in responses; "
+        f"step {m['step_s']:.1f} s; peak GPU memory {m.get('perf/max_memory_allocated_gb', 0):.1f} GB"
+    )
+    print(f"{'phase':16} {'seconds':>8} {'tokens/s':>10}")
+    for k in ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights"):
+        s = m.get(f"timing_s/{k}", 0.0)
+        count = r["response_tokens"] if k == "gen" else r["tokens"]
+        print(f"{k:16} {s:8.2f} {count / s if s > 0.001 else float('nan'):10.0f}")
+    print(
+        f"update MFU {100 * r['update_mfu']:.1f}% of the measured bf16 peak (6 x params x tokens x epochs / update s)"
+    )
+    if r["buckets"]:
+        from gpu_profile import table
+
+        print(f"\nthe update's GPU time by bucket (torch.profiler, one more step):\n{table(r['buckets'])}")
+
+
+def comparisons(results: list[dict]) -> None:
+    bf16 = [r for r in results if r["precision"] == "bf16"]
+    for shape in dict.fromkeys(r["shape"] for r in results):
+        by_strategy = {r["strategy"]: r["metrics"] for r in bf16 if r["shape"] == shape}
+        if {"fsdp", "ddp"} <= by_strategy.keys():
+            f, d = by_strategy["fsdp"], by_strategy["ddp"]
+            print(
+                f"\n{shape} FSDP2 / DDP (bf16): step {f['step_s'] / d['step_s']:.2f}x, "
+                f"update {f['timing_s/update_actor'] / d['timing_s/update_actor']:.2f}x (target <= 1.15x)"
+            )
+        first = [r for r in results if r["shape"] == shape and r["strategy"] == results[0]["strategy"]]
+        by = {r["precision"]: r["metrics"] for r in first}
+        if {"fp32", "bf16"} <= by.keys():
+            a, b = by["fp32"], by["bf16"]
+            print(
+                f"\n{shape} bf16 vs fp32: step {a['step_s'] / b['step_s']:.2f}x faster, "
+                f"update {a['timing_s/update_actor'] / b['timing_s/update_actor']:.2f}x, "
+                f"generation {a['timing_s/gen'] / b['timing_s/gen']:.2f}x; peak memory "
+                f"{b.get('perf/max_memory_allocated_gb', 0) / a.get('perf/max_memory_allocated_gb', 1):.2f}x"
+            )
+        goal = {"0.5b": 0.35, "7b": 0.40}.get(shape)
+        mine = [r for r in bf16 if r["shape"] == shape]
+        if goal and mine:
+            met = "met" if mine[0]["update_mfu"] >= goal else "NOT met"
+            print(f"target update MFU >= {goal:.0%} (bf16, {shape}): {met}")
+    moe = next((r for r in bf16 if r["shape"] == "30b-a3b"), None)
+    dense = next((r for r in bf16 if r["shape"] == "30b-a3b-dense" and moe and r["strategy"] == moe["strategy"]), None)
+    if moe and dense:
+        print(
+            f"\nMoE / dense of the same active parameters (bf16, {moe['strategy']}): update tokens/s "
+            f"{moe['update_tokens_s'] / dense['update_tokens_s']:.2f}x, MFU {100 * moe['update_mfu']:.1f}% vs "
+            f"{100 * dense['update_mfu']:.1f}%"
+        )
+
+
+def main() -> None:
+    args = parse_args()
     import torch
 
-    from rlrig.trainer.embedded.synthetic import QWEN2_0_5B, QWEN2_5_7B, Shape, ensure_model
+    from rlrig.trainer.embedded.synthetic import ensure_model
 
-    if args.checkpointing is None:
-        args.checkpointing = str(args.shape == "7b")
-    shape = QWEN2_0_5B if args.shape == "0.5b" else replace(QWEN2_5_7B, num_hidden_layers=args.layers)
-    if args.tiny:
-        shape = Shape(151936, 64, 128, 2, 2, 2, 1024)
-    t0 = time.perf_counter()
-    path = ensure_model(shape, dtype="bfloat16" if args.shape == "7b" else None)
-    print(f"model {args.shape}: {shape} ({time.perf_counter() - t0:.0f} s to build or find)")
     if args.device == "cuda":
         peak = matmul_peak_tflops()
         print(f"device: {torch.cuda.get_device_name()}; bf16 8192^3 matrix product: {peak:.0f} TFLOP/s")
     else:
         peak = 1.0
+    checkpointing = args.checkpointing
     results = []
-    for prec, strategy in [(p, s) for p in args.precisions.split(",") for s in args.strategies.split(",")]:
-        r = run(prec, strategy, path, args)
-        m = r["metrics"]
-        upd = m["timing_s/update_actor"]
-        r["update_mfu"] = 6 * r["params"] * r["tokens"] * r["epochs"] / upd / (peak * 1e12)
-        results.append(r)
-        print(
-            f"\n== {prec} {strategy}: {r['params'] / 1e6:.0f}M matmul parameters; {r['tokens']:.0f} tokens, "
-            f"{r['response_tokens']:.0f} in responses; "
-            f"step {m['step_s']:.1f} s; peak GPU memory {m.get('perf/max_memory_allocated_gb', 0):.1f} GB"
-        )
-        print(f"{'phase':16} {'seconds':>8} {'tokens/s':>10}")
-        for k in ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights"):
-            s = m.get(f"timing_s/{k}", 0.0)
-            count = r["response_tokens"] if k == "gen" else r["tokens"]
-            print(f"{k:16} {s:8.2f} {count / s if s > 0.001 else float('nan'):10.0f}")
-        print(
-            f"update MFU {100 * r['update_mfu']:.1f}% of the measured bf16 peak "
-            "(6 x params x tokens x epochs / update seconds)"
-        )
-        if r["buckets"]:
-            from gpu_profile import table
-
-            print(f"\nthe update's GPU time by bucket (torch.profiler, one more step):\n{table(r['buckets'])}")
-    by_strategy = {r["strategy"]: r["metrics"] for r in results if r["precision"] == "bf16"}
-    if {"fsdp", "ddp"} <= by_strategy.keys():
-        f, d = by_strategy["fsdp"], by_strategy["ddp"]
-        print(
-            f"\nFSDP2 / DDP (bf16): step {f['step_s'] / d['step_s']:.2f}x, "
-            f"update {f['timing_s/update_actor'] / d['timing_s/update_actor']:.2f}x (target <= 1.15x)"
-        )
-    by = {r["precision"]: r["metrics"] for r in results if r["strategy"] == results[0]["strategy"]}
-    if {"fp32", "bf16"} <= by.keys():
-        a, b = by["fp32"], by["bf16"]
-        print(
-            f"\nbf16 vs fp32: step {a['step_s'] / b['step_s']:.2f}x faster, "
-            f"update {a['timing_s/update_actor'] / b['timing_s/update_actor']:.2f}x, "
-            f"generation {a['timing_s/gen'] / b['timing_s/gen']:.2f}x; peak memory "
-            f"{b.get('perf/max_memory_allocated_gb', 0) / a.get('perf/max_memory_allocated_gb', 1):.2f}x"
-        )
-    target = [r for r in results if r["precision"] == "bf16"]
-    if target:
-        goal = 0.35 if args.shape == "0.5b" else 0.40
-        met = "met" if target[0]["update_mfu"] >= goal else "NOT met"
-        print(f"target update MFU >= {goal:.0%} (bf16, {args.shape}): {met}")
+    for name in args.shape.split(","):
+        shape = shape_of(name, args)
+        args.checkpointing = checkpointing if checkpointing is not None else str(name != "0.5b")
+        t0 = time.perf_counter()
+        path = ensure_model(shape, dtype="bfloat16" if name != "0.5b" and not args.tiny else None)
+        print(f"model {name}: {shape} ({time.perf_counter() - t0:.0f} s to build or find)")
+        for prec, strategy in [(p, s) for p in args.precisions.split(",") for s in args.strategies.split(",")]:
+            r = run(prec, strategy, path, args)
+            r["shape"] = name
+            report(r, peak)
+            results.append(r)
+    comparisons(results)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"peak_tflops": peak, "results": results}, f, indent=1)
