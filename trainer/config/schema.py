@@ -536,6 +536,10 @@ class RewardModelConfig:
     forward_max_token_len_per_gpu: int | None = None  # None: critic.forward_max_token_len_per_gpu
     reward_manager: str = "naive"  # naive | dapo (the overlong penalty, reward_kwargs.overlong_buffer_cfg)
     reward_kwargs: dict = field(default_factory=dict)
+    # a reward manager of your own (reward/own_managers.py) when reward_manager is not naive or dapo, or with
+    # importlib: verl 0.9's reward.reward_manager.source (register | importlib) and module.path (its file)
+    reward_loop_source: str = "register"
+    reward_loop_module_path: str | None = None
     # True: the reward model scores through a vLLM engine in pooling mode (verl's reward loop, reward_model.rollout.*);
     # False: through transformers, as verl's legacy RewardModelWorker
     use_reward_loop: bool = False

@@ -25,6 +25,9 @@ ALIASES = {
     "ray_init.num_cpus": "ray_kwargs.ray_init.num_cpus",
     "ray_init.timeline_file": "ray_kwargs.timeline_json_file",
     "trainer.nnode": "trainer.nnodes",  # the FAQ's spelling
+    # verl's reward_manager section: a reward manager of your own (reward/own_managers.py)
+    "reward_manager.source": "reward_model.reward_loop_source",
+    "reward_manager.module.path": "reward_model.reward_loop_module_path",
     # verl's legacy FSDP workers (its default, use_legacy_worker_impl=auto) clip with actor.grad_clip and
     # critic.grad_clip, its engine workers with optim.clip_grad; both default to 1.0, and rlrig has one norm for each
     "actor_rollout_ref.actor.grad_clip": "actor_rollout_ref.actor.optim.clip_grad",
@@ -294,14 +297,6 @@ _AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
         {"data.datagen.path": "null", "data.datagen.name": "null"},
     ),
     (
-        "reward-manager classes of your own are not in rlrig; reward_model.reward_manager is naive or dapo",
-        {
-            "reward_manager.source": "register",
-            "reward_manager.module.path": "null",
-            "reward_manager.module.name": "custom_reward_manager",
-        },
-    ),
-    (
         "rlrig keeps its validation samples in val_generations.jsonl (trainer.log_val_generations); dumping every "
         "rollout is not in rlrig",
         {"trainer.rollout_data_dir": "null", "trainer.validation_data_dir": "null"},
@@ -425,12 +420,6 @@ REFUSED = {
     "reward_model.launch_reward_fn_async": "rlrig scores in the step, not asynchronously during the log-prob pass",
     "reward_model.ulysses_sequence_parallel_size": "sequence parallelism for the reward model is not in rlrig (the "
     "actor's, reference's and critic's are)",
-    "reward_model.reward_loop_source": "a reward-loop class of your own is not in rlrig; its reward loop scores "
-    "with vLLM in pooling mode",
-    "reward_model.reward_loop_module_path": "a reward-loop class of your own is not in rlrig; its reward loop scores "
-    "with vLLM in pooling mode",
-    "reward_model.reward_loop_class_name": "a reward-loop class of your own is not in rlrig; its reward loop scores "
-    "with vLLM in pooling mode",
     **{
         f"reward_model.{k}": "the prime recipe's implicit reward model, trained with the policy, is not in rlrig"
         for k in ("mini_batch_size", "model.beta_train", "model.optim.grad_clip", "model.optim.lr", "model.update")
@@ -477,9 +466,6 @@ ACCEPTED_DEFAULTS = {
     "reward_model.micro_batch_size": ("null", "None"),
     "reward_model.launch_reward_fn_async": ("False", "false"),
     "reward_model.ulysses_sequence_parallel_size": ("1",),
-    "reward_model.reward_loop_source": ("register",),
-    "reward_model.reward_loop_module_path": ("null", "None"),
-    "reward_model.reward_loop_class_name": ("null", "None"),
     # rollout (the rollout pool), async_training
     "rollout.n": ("4",),
     "async_training.parallel_validate_and_rollout": ("False", "false"),
@@ -513,7 +499,14 @@ ACCEPTED_DEFAULTS = {
 
 # Keys accepted because, for rlrig, they change nothing at any value; accepted and not stored, and `--print-config`
 # lists them with the reason.
+_OWN_CLASS = (
+    "verl 0.9 does not read it: its reward loop loads the class reward.reward_manager.name names "
+    "(reward_model.reward_manager) from module.path"
+)
 NO_EFFECT = {
+    # reward_manager: verl 0.9 moves reward_loop_class_name to module.name, and reads neither
+    "reward_manager.module.name": _OWN_CLASS,
+    "reward_model.reward_loop_class_name": _OWN_CLASS,
     # data
     "data.return_raw_chat": "rlrig applies the chat template itself on the driver; raw or templated, the engine gets "
     "the same tokens",

@@ -1,6 +1,7 @@
 """verl's reward managers (reward_model.reward_manager): how a sample's score becomes its reward.
 naive: the score as it is; dapo: plus DAPO's soft penalty for responses that run into the length limit
-(reward_model.reward_kwargs.overlong_buffer_cfg.*, and max_resp_len)."""
+(reward_model.reward_kwargs.overlong_buffer_cfg.*, and max_resp_len). Any other name, or
+reward_model.reward_loop_source=importlib, is a reward manager of your own (reward/own_managers.py)."""
 
 from __future__ import annotations
 
@@ -29,11 +30,17 @@ class Overlong:
         return min(-(response_len - expected) / self.length * self.penalty_factor, 0.0)
 
 
+def is_own(rm_cfg) -> bool:
+    """Whether reward_model names a reward manager of your own rather than rlrig's naive or dapo."""
+    return rm_cfg.reward_loop_source != "register" or rm_cfg.reward_manager not in MANAGERS
+
+
 def overlong(rm_cfg) -> Overlong | None:
-    """The dapo manager's overlong penalty, or None; every reward_kwargs key checked as verl's managers take them."""
+    """The dapo manager's overlong penalty, or None; every reward_kwargs key checked as verl's managers take them.
+    A manager of your own reads reward_kwargs itself (verl's config.reward.reward_kwargs): None, nothing checked."""
     name, kw, key = rm_cfg.reward_manager, rm_cfg.reward_kwargs, "reward_model.reward_kwargs"
-    if name not in MANAGERS:
-        raise ConfigError(f"reward_model.reward_manager={name}: rlrig has verl's {', '.join(MANAGERS)} reward managers")
+    if is_own(rm_cfg):
+        return None
     unknown = sorted(set(kw) - KWARGS[name])
     if unknown:
         raise ConfigError(

@@ -10,6 +10,7 @@ from functools import partial
 
 from ..data.extern import load_object
 from ..errors import ConfigError
+from .managers import is_own
 from .sandbox_fusion import CODE_SOURCES, SandboxClient, compute_score
 
 RULE_SOURCES = ("openai/gsm8k", "rlrig/arithmetic", "rlrig/calculator")
@@ -119,6 +120,9 @@ def check_reward_setup(cfg, sources: set[str]) -> None:
     if why:
         raise ConfigError(why)
     rf, fn = cfg.custom_reward_function, reward_fn(cfg)  # a bad path or name stops here
+    if is_own(cfg.reward_model):
+        check_own_manager(cfg)
+        return
     if not cfg.reward_model.enable:
         check_sources(sources, rf.path, cfg.reward_model.sandbox_fusion.url)
     elif fn is not None and not takes_rm_score(fn):
@@ -127,3 +131,18 @@ def check_reward_setup(cfg, sources: set[str]) -> None:
             f"custom_reward_function {rf.name} in {rf.path} is used with reward_model.enable=True: rlrig "
             "calls it with the model's score as the keyword rm_score; add an rm_score parameter"
         )
+
+
+def check_own_manager(cfg) -> None:
+    """A reward manager of your own: its class loads and is one, and no reward model scores beside it. It decides
+    itself which data sources it scores (through compute_score or not), so they are not checked here."""
+    from .own_managers import resolve
+
+    if cfg.reward_model.enable:
+        # verl hands such a manager an HTTP router to its reward-model servers, which rlrig does not run
+        raise ConfigError(
+            f"reward.reward_manager.name={cfg.reward_model.reward_manager} (a reward manager of your own) with "
+            "reward_model.enable=True: rlrig runs no reward-model server for it to call; score with the reward "
+            "model through rlrig's naive manager, or without reward_model.enable"
+        )
+    resolve(cfg)

@@ -10,7 +10,9 @@ import torch
 
 from ..batch.step_batch import StepBatch
 from ..rollout.engines import Rollout
-from .managers import Overlong
+from .managers import Overlong, overlong
+from .own_managers import OwnManager
+from .rules import reward_fn
 
 # the key under which an agent loop's own reward_score rides with its sample's agent-loop fields (agent/own_loops.py)
 LOOP_SCORE = "__agent_loop_reward_score__"
@@ -22,7 +24,8 @@ class RewardSource:
     reads it for every batch. `fn(data_source, solution_str, ground_truth, extra_info[, rm_score=...])` returns a
     number or verl's dict with "score" and fields of its own; it gets rm_score when a reward model scores too.
     `model(kind, inputs)` scores model_inputs()'s conversations or token lists, one float each. At least one of
-    them is set; the dapo manager's overlong penalty is added to whatever they give."""
+    them is set; the dapo manager's overlong penalty is added to whatever they give. `own`, where set, scores every
+    sample instead (a reward manager of your own, reward/own_managers.py); fn is then its compute_score."""
 
     fn: Callable | None  # the rule or custom function; None: the reward model's score is the reward
     model: Callable[[str, list], list[float]] | None  # ("chats" | "ids", inputs) -> the reward model's scores
@@ -30,6 +33,15 @@ class RewardSource:
     input_tokenizer: object | None
     prompt_key: str
     overlong: Overlong | None  # the dapo manager's penalty
+    own: OwnManager | None = None  # a reward manager of your own: its run_single's score and reward_extra_info
+
+    @classmethod
+    def of(cls, cfg, tokenizer, model=None, input_tokenizer=None) -> RewardSource:
+        """The run's: its reward function (rules.reward_fn), the dapo manager's penalty, a reward manager of your
+        own built with that function as its compute_score."""
+        fn = reward_fn(cfg)
+        own = OwnManager.of(cfg, tokenizer, fn)
+        return cls(fn, model, input_tokenizer, cfg.data.prompt_key, overlong(cfg.reward_model), own)
 
 
 def model_inputs(rows: list[dict], ro: Rollout, n: int, src: RewardSource) -> tuple[str, list]:
@@ -68,12 +80,17 @@ def score(
     texts = tokenizer.batch_decode(ro.input_ids[:, ro.prompt_len :].tolist(), skip_special_tokens=True)
     rm = src.model(*model_inputs(rows, ro, n, src)) if src.model else None
     lengths = ro.attention_mask[:, ro.prompt_len :].sum(-1).tolist()  # tool and user turns count (verl's dapo)
+    own = own_scores(src.own, rows, ro, n, turns) if src.own else {}
     out, extras = [], []
     for i, text in enumerate(texts):
         r = rows[i // n]
         if turns is not None and LOOP_SCORE in turns[i]:  # an agent loop of your own scored it: no function called
             out.append(float(turns[i][LOOP_SCORE]))
             extras.append({})
+            continue
+        if i in own:  # verl's reward loop: the manager's score as it is, its reward_extra_info as the fields
+            out.append(own[i][0])
+            extras.append(own[i][1])
             continue
         if src.fn is None:
             s = rm[i]
@@ -92,6 +109,25 @@ def score(
         out.append(s)
         extras.append(fields)
     return torch.tensor(out), texts, extras
+
+
+def own_scores(
+    own: OwnManager, rows: list[dict], ro: Rollout, n: int, turns: list[dict] | None
+) -> dict[int, tuple[float, dict]]:
+    """A reward manager of your own's score and reward_extra_info of each sample no agent loop of your own scored,
+    by sample: each handed over with its real prompt and response tokens."""
+    todo = [i for i in range(len(ro.input_ids)) if turns is None or LOOP_SCORE not in turns[i]]
+    P, mask = ro.prompt_len, ro.attention_mask.bool()
+    samples = [
+        (
+            rows[i // n],
+            ro.input_ids[i, :P][mask[i, :P]].tolist(),
+            ro.input_ids[i, P:][mask[i, P:]].tolist(),
+            None if turns is None else turns[i],
+        )
+        for i in todo
+    ]
+    return dict(zip(todo, own.scores(samples), strict=True))
 
 
 def score_batch(

@@ -24,8 +24,6 @@ from ..model import build
 from ..model.checkpoint_names import CheckpointLayout
 from ..model.forward import ForwardOptions, token_outputs
 from ..model.precision import resolve
-from ..reward.managers import overlong
-from ..reward.rules import reward_fn
 from ..reward.scoring import RewardSource, score
 from ..rollout.engines import EngineContext, Rollout, Sampling, engine_class, make_engine
 from ..rollout.partial import Progress, go_on, packed
@@ -96,7 +94,7 @@ class RolloutWorker(PoolWorker):
         config = build.model_kwargs(a.model, model_path)["config"] if cls.checkpoint_layout else None
         self.layout = CheckpointLayout.of(config) if config is not None else None
         self.agent = AgentRollout(self.engine, self.tok, cfg)
-        self.reward = RewardSource(reward_fn(cfg), None, None, cfg.data.prompt_key, overlong(cfg.reward_model))
+        self.reward = RewardSource.of(cfg, self.tok)
         self.sync: SyncGroup | None = None
         self.version = 0  # how many weight syncs this engine has taken: the policy its samples come from
         self.report, self.step = PhaseReport(f"rollout {index}"), 0  # the head's watchdog watches it as a rank

@@ -112,7 +112,6 @@ def test_external_lib_is_imported_or_refused(tmp_path, monkeypatch):
     "override,words",
     [
         ("critic.model.lora_rank=8", "a verl key rlrig does not implement: LoRA on the critic"),
-        ("reward_model.reward_loop_class_name=MyLoop", "a reward-loop class of your own is not in rlrig"),
         ("actor_rollout_ref.rollout.agent.custom_async_server.path=my.py", "a server class of your own is not in"),
         ("actor_rollout_ref.rollout.sglang_rollout_mode=server", "verl refuses it as well"),
         ("algorithm.rollout_correction.rollout_token_veto_threshold=1e-4", "token veto is not in its rollout"),

@@ -217,7 +217,6 @@ BASE = ["reward_model.enable=True"]
             "reward_model.rollout.skip_tokenizer_init: a verl key rlrig does not implement: the reward engine renders "
             "text with its tokenizer",
         ),
-        (["reward_model.reward_manager=prime"], "reward_model.reward_manager=prime: rlrig has verl's naive, dapo"),
         (
             ["reward_model.enable_resource_pool=True", "reward_model.nnodes=1"],
             "reward_model.enable_resource_pool=True needs reward_model.nnodes",
