@@ -59,6 +59,7 @@ class Session:
     tokens: SampleTokens = field(default_factory=SampleTokens)
     last: LastCall | None = None
     over_budget: bool = False
+    busy: bool = False  # a call of it is being answered
     gen_s: float = 0.0  # seconds its calls waited for the engine
     generating_since: float | None = None  # perf_counter() when the call waiting now was made
     ended: str | None = None
@@ -191,17 +192,27 @@ class Endpoint:
     async def handle(self, request: web.Request, answer) -> web.Response:
         try:
             session = self.session_of(request)
+            if session.busy:  # two calls at once would each continue the same context: no one sequence
+                raise RequestError(400, "this sample has a call in flight: a sample's calls are made one at a time")
+            session.busy = True
             try:
-                body = await request.json()
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                raise RequestError(400, "the request body must be JSON") from None
-            if not isinstance(body, dict):
-                raise RequestError(400, "the request body must be a JSON object")
-            refuse_unsupported(body)
-            return web.json_response(await answer(session, body))
+                return web.json_response(await answer(session, await self.body(request)))
+            finally:
+                session.busy = False
         except RequestError as e:
             error = {"message": str(e), "type": e.kind, "param": None, "code": None}
             return web.json_response({"error": error}, status=e.status)
+
+    @staticmethod
+    async def body(request: web.Request) -> dict:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise RequestError(400, "the request body must be JSON") from None
+        if not isinstance(body, dict):
+            raise RequestError(400, "the request body must be a JSON object")
+        refuse_unsupported(body)
+        return body
 
     async def chat(self, request: web.Request) -> web.Response:
         return await self.handle(request, self._chat)

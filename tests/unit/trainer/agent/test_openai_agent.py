@@ -243,6 +243,26 @@ def test_a_raising_or_hanging_agent_ends_its_sample_only(tmp_path):
     assert len(response) == 48  # the budget, filled
 
 
+async def two_at_once(base_url, api_key, row):
+    """Sample 0 asks twice at once, while sample 1's call, made later, holds the engine call back."""
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    ask = lambda: client.chat.completions.create(model="m", messages=row["messages"])
+    if row["extra_info"]["index"] == 1:
+        await asyncio.sleep(0.5)
+        await ask()
+        return 1.0
+    results = await asyncio.gather(ask(), ask(), return_exceptions=True)
+    refused = [r for r in results if isinstance(r, openai.BadRequestError)]
+    assert len(refused) == 1 and "a call in flight" in str(refused[0]), results
+    return 1.0
+
+
+def test_a_samples_calls_are_made_one_at_a_time(tmp_path):
+    path = loops_file(tmp_path, f"{HERE}:two_at_once")
+    _, turns = AgentRollout(Engine(), TOK, config(path)).generate([row(2, 3, index=0), row(2, 3, index=1)], 1)
+    assert [(i["agent_outcome"], i["agent_calls"]) for i in turns.extra_info()] == [("returned", 1)] * 2
+
+
 def test_the_endpoint_refuses_other_keys_and_what_it_cannot_do(tmp_path):
     seen = {}
 
