@@ -100,6 +100,7 @@ PREFIXES: dict[str, str] = {
     "timing_s/": MAX,
     # model/moe.py: every worker reports the whole batch's expert load (its counts summed over the workers)
     "actor/moe/": MAX,
+    "rollout/moe/": MAX,
 }
 
 

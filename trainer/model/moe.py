@@ -133,12 +133,32 @@ class LoadStats:
     and expert [L, E], the router entropy per layer [L] and the tokens counted. `read` turns them into verl's
     load-balance metrics (its rollout/moe/* from routed experts: max_vio, min_vio, avg_vio, the token share of the
     most and least loaded expert times the expert count, minus 1) plus the router's mean entropy per layer, under a
-    prefix, and starts over."""
+    prefix, and starts over. `engine`: counted from an engine's routed experts (add_routed), which carry no router
+    probabilities: no entropy, and verl's count of assignments instead."""
 
-    def __init__(self):
+    def __init__(self, engine: bool = False):
+        self.engine = engine
         self.counts: torch.Tensor | None = None
         self.entropy: torch.Tensor | None = None
         self.tokens: torch.Tensor | None = None
+
+    def add_routed(self, routed: torch.Tensor, response_mask: torch.Tensor, num_experts: int):
+        """An engine's routed experts of the response tokens ([B, R, L, k], -1 where none), as verl counts them:
+        each sequence's last response token left out (the engine never read it)."""
+        with torch.no_grad():
+            mask = response_mask.bool()
+            pos = torch.arange(mask.shape[1], device=mask.device)
+            last = torch.where(mask, pos, -1).amax(-1, keepdim=True)
+            picks = routed[mask & (pos != last)].long()  # [tokens, L, k]
+            w = (picks >= 0).float()
+            counts = torch.stack([
+                torch.zeros(num_experts, device=picks.device).scatter_add(0, p.clamp_min(0).flatten(), q.flatten())
+                for p, q in zip(picks.unbind(1), w.unbind(1))
+            ])  # fmt: skip
+            self.counts = counts if self.counts is None else self.counts + counts
+            self.entropy = counts.new_zeros(len(counts))
+            tokens = w[:, 0, 0].sum()
+            self.tokens = tokens if self.tokens is None else self.tokens + tokens
 
     def add(self, logits: list[torch.Tensor], picks: list[torch.Tensor], real: torch.Tensor, num_experts: int):
         with torch.no_grad():
@@ -163,8 +183,12 @@ class LoadStats:
         share = counts / counts.sum(1, keepdim=True).clamp_min(1.0)
         dev = share * experts - 1.0
         parts = {"max_vio": dev.max(1).values, "min_vio": dev.min(1).values, "avg_vio": dev.abs().mean(1)}
-        parts["router_entropy"] = ent / tokens.clamp_min(1.0)
         out = {}
+        if self.engine:  # verl's: whether any routing came, and how many top-k assignments
+            out[f"{prefix}/routed_experts_found"] = float(counts.sum() > 0)
+            out[f"{prefix}/routed_expert_assignments"] = float(counts.sum())
+        else:
+            parts["router_entropy"] = ent / tokens.clamp_min(1.0)
         for name, per_layer in parts.items():
             out.update({f"{prefix}/{name}/layer_{i}": float(v) for i, v in enumerate(per_layer)})
             out[f"{prefix}/{name}/max"], out[f"{prefix}/{name}/avg"] = float(per_layer.max()), float(per_layer.mean())

@@ -185,6 +185,8 @@ class ActorUpdate:
     # verl's engine workers' normalisation (use_legacy_worker_impl=disable): the data-parallel ranks the mini batches'
     # counts are summed over; None: the legacy workers', each micro batch weighed by its own rows
     global_dp: int | None
+    # verl's rollout/moe/* load metrics, from the engine's routed experts of the batches trained on (model/moe.py)
+    rollout_load: moe.LoadStats | None = None
 
     @classmethod
     def of(cls, actor: Trainable, cfg, mini_batches, batch_sum: AllReduce, forward: ForwardOptions) -> ActorUpdate:
@@ -199,6 +201,8 @@ class ActorUpdate:
             replay = replays_routing(cfg)
             tap = moe.RouterTap(spec, spec.routers(actor.module), True, stats, replay=replay)
             forward = dataclasses.replace(forward, tap=tap)
+            if stats is not None and cfg.actor_rollout_ref.rollout.enable_rollout_routing_replay:
+                return cls(actor, cfg, mini_batches, batch_sum, forward, dp, moe.LoadStats(engine=True))
         return cls(actor, cfg, mini_batches, batch_sum, forward, dp)
 
     def __call__(self, batch: StepBatch, global_step: int) -> tuple[dict, torch.Tensor | None]:
@@ -211,8 +215,13 @@ class ActorUpdate:
         stats, actor_logp = update_actor(self.actor, batch, cfg, mini, self.batch_sum, self.forward, glob)
         out.update(mean_stats(stats))
         tap, interval = self.forward.tap, cfg.actor_rollout_ref.rollout.moe_load_balance_metrics_interval
+        if self.rollout_load is not None and batch.routed_experts is not None:
+            routed = batch.routed_experts[:, batch.prompt_len :]
+            self.rollout_load.add_routed(routed, batch.response_mask, tap.spec.num_experts)
         if tap is not None and tap.stats is not None and global_step % interval == 0:  # verl's: the interval's tokens
             out.update(tap.stats.read("actor/moe", self.batch_sum))
+            if self.rollout_load is not None:
+                out.update(self.rollout_load.read("rollout/moe", self.batch_sum))
         return out, actor_logp
 
 

@@ -184,3 +184,17 @@ def test_routing_replay_is_refused_for_a_family_it_is_not_built_for():
         spec = moe.MoeSpec.of(AutoModelForCausalLM.from_config(conf))
     assert spec is not None and "not olmoe" in spec.replay_refusal()
     assert moe.MoeSpec.of(_moe_model("mixtral")).replay_refusal() is None
+
+
+def test_an_engines_routed_experts_count_as_verl_counts_them():
+    """verl's _compute_rollout_moe_load_counts: the response tokens' top-k picks, each sequence's last one left out."""
+    routed = torch.tensor([[[[0, 1]], [[0, 2]], [[3, 3]]], [[[1, 2]], [[-1, -1]], [[0, 0]]]])  # [B=2, R=3, L=1, k=2]
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    stats = moe.LoadStats(engine=True)
+    stats.add_routed(routed, mask, 4)
+    # row 0: its first two tokens (the third is its last); row 1: its first (its second is its last)
+    assert stats.counts.tolist() == [[2.0, 2.0, 2.0, 0.0]] and float(stats.tokens) == 3
+    out = stats.read("rollout/moe")
+    assert out["rollout/moe/routed_expert_assignments"] == 6 and out["rollout/moe/routed_experts_found"] == 1.0
+    assert out["rollout/moe/max_vio/layer_0"] == pytest.approx(2 / 6 * 4 - 1)
+    assert out["rollout/moe/min_vio/layer_0"] == -1.0 and not any("entropy" in k for k in out)

@@ -124,7 +124,11 @@ def test_r3_replays_the_engines_routing_and_shrinks_the_training_rollout_gap(mon
     """Where the engine routes otherwise (a perturbed router), the trainer's probabilities drift from the engine's;
     with R3 every training forward routes every token as the engine did, and the gap shrinks."""
     plain, _ = _gap([], monkeypatch)
-    replayed, spy = _gap(["actor_rollout_ref.actor.router_replay.mode=R3"], monkeypatch)
+    interval = "actor_rollout_ref.rollout.moe_load_balance_metrics_interval=1"
+    replayed, spy = _gap(["actor_rollout_ref.actor.router_replay.mode=R3", interval], monkeypatch)
+    # verl's rollout/moe/* from the engine's routed experts, beside the update's own actor/moe/*
+    assert replayed["rollout/moe/routed_expert_assignments"] > 0 and "rollout/moe/max_vio/layer_1" in replayed
+    assert "actor/moe/router_entropy/layer_0" in replayed
     fed = [(f, used) for _, f, used in spy.seen if f is not None]
     assert fed and all(torch.equal(f[f[:, 0, 0] >= 0], used[f[:, 0, 0] >= 0]) for f, used in fed)
     for stat in ("mean", "max"):
