@@ -230,6 +230,7 @@ class RouterTap:
         self.record, self.replay = record, replay
         self.renorm = [REPLAYABLE[spec.model_type](r) for r in routers] if replay else []
         self.aux: torch.Tensor | None = None
+        self._held: list = []  # hooks a replaying forward keeps for its backward pass
         self.recorded: torch.Tensor | None = None  # the last forward's, with `record`
         self.pass_routing: torch.Tensor | None = None  # a whole pass's, in row order (workers/step/sources.py)
         self.routing: torch.Tensor | None = None
@@ -239,8 +240,16 @@ class RouterTap:
         return self.with_aux or self.stats is not None or self.record or (self.replay and self.routing is not None)
 
     def feed(self, routing: torch.Tensor | None) -> None:
-        """The next forward's recorded routing [B, S, layers, k] (its rows), or None: the routers' own."""
+        """The next forward's recorded routing [B, S, layers, k] (its rows), or None: the routers' own. The last
+        forward's replay ends here (see `around`)."""
+        self.release()
         self.routing = routing if self.replay else None
+
+    def release(self) -> None:
+        """Unhooks the routers a replaying forward left hooked for its backward pass."""
+        for h in self._held:
+            h.remove()
+        self._held = []
 
     @contextmanager
     def around(self, layout: Layout):
@@ -261,11 +270,15 @@ class RouterTap:
             return hook
 
         handles = [r.register_forward_hook(hook_of(i)) for i, r in enumerate(self.routers)]
+        # gradient checkpointing runs the routers again in the backward pass, which must route as the forward did:
+        # a replaying forward with a graph leaves its hooks on until the next feed or release
+        hold = routing is not None and torch.is_grad_enabled()
         try:
             yield
         finally:
-            for h in handles:
+            for h in handles if not hold else ():
                 h.remove()
+            self._held = handles if hold else []
             self.routing = None
         layers, chosen = [logits[i] for i in sorted(logits)], [picks[i] for i in sorted(picks)]
         if not layers:

@@ -212,7 +212,11 @@ class ActorUpdate:
         key = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
         mini = self.mini_batches(batch, a.ppo_micro_batch_size_per_gpu, key)
         glob = None if self.global_dp is None else global_batches(batch.mask, mini, self.global_dp, self.batch_sum)
-        stats, actor_logp = update_actor(self.actor, batch, cfg, mini, self.batch_sum, self.forward, glob)
+        try:
+            stats, actor_logp = update_actor(self.actor, batch, cfg, mini, self.batch_sum, self.forward, glob)
+        finally:
+            if self.forward.tap is not None:  # the last micro batch's replay, kept for its backward pass
+                self.forward.tap.release()
         out.update(mean_stats(stats))
         tap, interval = self.forward.tap, cfg.actor_rollout_ref.rollout.moe_load_balance_metrics_interval
         if self.rollout_load is not None and batch.routed_experts is not None:

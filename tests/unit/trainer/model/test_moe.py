@@ -198,3 +198,26 @@ def test_an_engines_routed_experts_count_as_verl_counts_them():
     assert out["rollout/moe/routed_expert_assignments"] == 6 and out["rollout/moe/routed_experts_found"] == 1.0
     assert out["rollout/moe/max_vio/layer_0"] == pytest.approx(2 / 6 * 4 - 1)
     assert out["rollout/moe/min_vio/layer_0"] == -1.0 and not any("entropy" in k for k in out)
+
+
+@pytest.mark.parametrize("family", tiny_moe.FAMILIES)
+def test_replay_holds_through_gradient_checkpointings_recompute(family):
+    """The backward pass runs each checkpointed layer again, its router included: it must route as the replayed
+    forward did, so the gradients equal those of the same replay without checkpointing."""
+    grads = []
+    for checkpointing in (False, True):
+        model = _moe_model(family).train()
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        ids, mask, p = _batch(model.config.vocab_size)
+        with torch.no_grad():
+            _, own = _record(model, ids, mask, p, True)
+        spec = moe.MoeSpec.of(model)
+        tap = moe.RouterTap(spec, spec.routers(model), False, None, replay=True)
+        tap.feed(torch.where(own >= 0, (own + 3) % 8, own))
+        logp, _ = token_logprobs(model, ids, mask, p, ForwardOptions(remove_padding=True, tap=tap))
+        logp.sum().backward()
+        tap.release()
+        assert not any(r._forward_hooks for r in tap.routers)
+        grads.append(torch.cat([q.grad.flatten() for q in model.parameters() if q.grad is not None]))
+    torch.testing.assert_close(grads[1], grads[0])
