@@ -269,7 +269,9 @@ _HYBRID = _each(
 # {reason: {key: verl 0.9's default}}, as verl_keys._AT_DEFAULT_ONLY
 AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
     (
-        "verl's no_sync gradient accumulation and fixed-length padding (its Megatron engine's) are not in rlrig",
+        "rlrig's FSDP reduces the gradients after every micro batch (verl's default, "
+        "use_no_sync_for_gradient_accumulation=False); padding packed micro batches to a bucket length "
+        "(pad_to_length) is not in rlrig",
         {
             **_each(_FSDP, {"use_no_sync_for_gradient_accumulation": "False", "pad_to_length": "False"}),
             **_each(_FSDP, {"pad_to_length_bucket": "1024"}),
@@ -290,11 +292,8 @@ AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
         {"actor_rollout_ref.actor.policy_loss.dro_beta": "null"},
     ),
     (
-        "rlrig loads a checkpoint's weights strictly (verl's default)",
-        _each(("actor_rollout_ref.actor.checkpoint.", "critic.checkpoint."), {"strict": "True"}),
-    ),
-    (
-        "rlrig's profiler writes its traces where global_profiler.save_path says and runs no command after them",
+        "rlrig leaves Nsight Systems reports in Ray's session logs (verl's relocate_results=False) and runs no "
+        "command after profiling (finish_hook_cmd)",
         {
             **_each(
                 (*(f"{p}profiler." for p in _ROLES), _GLOBAL_PROFILER, "actor_rollout_ref.rollout.profiler."),
@@ -322,7 +321,7 @@ AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
         ),
     ),
     (
-        "Ascend's precision debugger is not in rlrig",
+        "Ascend's precision debugger (msprobe) is not in rlrig",
         _each(
             (
                 *(f"{p}profiler.{_PRECISION}" for p in (*_ROLES, "actor_rollout_ref.rollout.")),
@@ -373,7 +372,7 @@ AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
         {"critic.model.hf_config_path": "null", "critic.model.custom_chat_template": "null"},
     ),
     (
-        "the critic computes no log-probs, so verl's fused kernels do nothing for it",
+        "fused kernels for the critic are not in rlrig (the actor's are actor_rollout_ref.model.use_fused_kernels)",
         {"critic.model.use_fused_kernels": "False", "critic.model.fused_kernel_options.impl_backend": "torch"},
     ),
     (
@@ -435,8 +434,8 @@ AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
         ),
     ),
     (
-        "rlrig's trainer is one: its step is verl's v1 sync trainer (use_v1=True, trainer_mode=sync); verl's async "
-        "modes are rlrig's trainer.async_mode (one_step_off_policy, fully_async_policy)",
+        "rlrig's trainer steps as verl's default v1 sync trainer does (generate, then train on those samples); "
+        "rlrig's other modes are trainer.async_mode=one_step_off_policy or fully_async_policy with a rollout pool",
         {
             "trainer.use_v1": "True",
             "trainer.v1.trainer_mode": "sync",
@@ -576,6 +575,11 @@ ALSO_ACCEPTED = {
 }
 
 NO_EFFECT = {
+    **{
+        f"{p}checkpoint.strict": "read only by verl's Megatron backend (the strict check of its Hugging Face weight "
+        "export); verl's FSDP engine does not read it, nor does rlrig"
+        for p in ("actor_rollout_ref.actor.", "critic.")
+    },
     **{
         f"{p}entropy_from_logits_chunk_size": "rlrig computes log-probs and entropy a chunk of tokens at a time with a "
         "backward of its own (trainer/model/chunked_logprobs.py); verl's chunk size of its entropy chunking changes "

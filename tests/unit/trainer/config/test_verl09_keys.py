@@ -204,8 +204,7 @@ def test_rollout_seed_seeds_engine_r_with_seed_plus_r_as_verl():
         ("critic.fsdp.qat.enable=True", "quantization-aware training is not in rlrig"),
         ("critic.fsdp.offload_policy=True", "no prefetch or CPU offload policy"),
         ("reward.reward_model.rollout.temperature=0.7", "a generative reward model's sampling"),
-        ("distillation.enabled=True", "on-policy distillation is not in rlrig yet"),
-        ("trainer.v1.trainer_mode=separate_async", "rlrig's trainer.async_mode"),
+        ("trainer.v1.trainer_mode=separate_async", "trainer.async_mode=one_step_off_policy"),
         ("actor_rollout_ref.rollout.full_determinism=True", "deterministic mode is not in rlrig"),
     ],
 )
