@@ -64,7 +64,9 @@ class MoeSpec:
         if not experts or getattr(recorder, "target_class", None) is None:
             return None
         coef = float(getattr(conf, "router_aux_loss_coef", 0) or 0) if getattr(conf, "output_router_logits", 0) else 0
-        fn = getattr(sys.modules[type(base).__module__], "load_balancing_loss_func", None)
+        # the model's own module: FSDP2 makes a subclass of the model's class in a module of its own
+        found = (getattr(sys.modules.get(c.__module__), "load_balancing_loss_func", None) for c in type(base).__mro__)
+        fn = next((f for f in found if f is not None), None)
         return cls(conf.model_type, int(experts), int(conf.num_experts_per_tok), recorder.target_class,
                    recorder.index or 0, coef if fn is not None else 0.0, fn)  # fmt: skip
 

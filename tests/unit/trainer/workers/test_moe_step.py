@@ -135,3 +135,19 @@ def test_r3_replays_the_engines_routing_and_shrinks_the_training_rollout_gap(mon
         key = f"training/rollout_probs_diff_{stat}"
         print(key, "without replay", plain[key], "with R3", replayed[key])
         assert replayed[key] < plain[key]
+
+
+def test_under_fsdp_with_checkpointing_the_aux_loss_and_r2_replay_run_through_a_step(monkeypatch):
+    spy = RoutingSpy(monkeypatch)
+    keys = [
+        "actor_rollout_ref.actor.strategy=fsdp",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        "actor_rollout_ref.actor.router_replay.mode=R2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "+actor_rollout_ref.model.override_config.output_router_logits=True",
+        "actor_rollout_ref.rollout.moe_load_balance_metrics_interval=1",
+    ]
+    (out,) = _steps(keys, 1)
+    update = [(fed, used) for kind, fed, used in spy.seen if kind == "update"]
+    assert len(update) == 2 and all(fed is not None and torch.equal(fed, used) for fed, used in update)
+    assert out["actor/moe_aux_loss"] > 0 and "actor/moe/max_vio/layer_0" in out
