@@ -321,11 +321,12 @@ class VLLMRollout(RolloutEngine):
         eos, pad, routed = self.tok.eos_token_id, self.tok.pad_token_id, self._routed(routed)
         return pack_responses(prompts, n, responses, logps, max_new, pad, eos, routed)
 
-    def _routed(self, routed: list) -> list | None:
-        """The outputs' routed experts where the engine records them (rollout.enable_rollout_routing_replay)."""
+    def _routed(self, routed: list, whole: bool = True) -> list | None:
+        """The outputs' routed experts where the engine records them (rollout.enable_rollout_routing_replay). `whole`:
+        every request finished, so each has them (vLLM gives an unfinished one's none)."""
         if not self.cfg.enable_rollout_routing_replay:
             return None
-        if any(r is None for r in routed):
+        if whole and any(r is None for r in routed):
             raise RuntimeError("vLLM returned no routed experts though enable_return_routed_experts is on")
         return routed
 
@@ -389,8 +390,8 @@ class VLLMRollout(RolloutEngine):
         responses = [list(o.token_ids) if o else [] for o in outs]
         logps = [sampled_logprobs(o.token_ids, o.logprobs) if o else [] for o in outs]
         eos, pad = self.tok.eos_token_id, self.tok.pad_token_id
-        # an aborted request's output keeps the routing of the tokens it has
-        routed = self._routed([getattr(o, "routed_experts", None) for o in outs]) if all(outs) else None
+        # vLLM returns routing only for finished requests: an aborted one's tokens go on with none (-1)
+        routed = self._routed([getattr(o, "routed_experts", None) for o in outs], whole=False)
         return pack_responses(prompts, 1, responses, logps, max_new, pad, eos, routed), ended
 
     def close(self) -> None:
