@@ -17,6 +17,7 @@ from ..profiler_settings import ROLE_KEYS, TOOL_RECORDS_CPU, TORCH_CONTENTS, rol
 from ..reward.managers import overlong
 from ..rollout.engines import ENGINES
 from ..rollout.engines import NAMES as ENGINE_NAMES
+from .distillation_checks import validate_distillation
 from .domains import DOMAINS, value_at
 from .schema import (
     CHECKPOINT_CONTENTS,
@@ -70,6 +71,7 @@ def validate(cfg: Config) -> None:
         validate_lora,
         validate_rollout_correction,
         validate_router_replay,
+        validate_distillation,
         _pools,
         _rollout_pool,
         validate_profiler,
@@ -628,6 +630,14 @@ def validate_router_replay(cfg: Config) -> None:
             f"{k}=R2 requires algorithm.rollout_correction.bypass_mode=False: R2 records routes while recomputing "
             "actor old_log_probs, but bypass mode skips that forward"
         )
+    at = cfg.async_training
+    if mode == "R2" and cfg.trainer.async_mode == "fully_async_policy" and at.use_rollout_log_probs:
+        if not at.compute_prox_log_prob:  # the engine's log-probs stand for the old ones: no pass to record in
+            raise ConfigError(
+                f"{k}=R2 records routes while recomputing the actor's old log-probs, which "
+                "async_training.use_rollout_log_probs=True skips; set async_training.compute_prox_log_prob=True or "
+                "use R3"
+            )
     if mode == "R2" and recorded:  # verl's ray_trainer: the two cannot be enabled simultaneously
         raise ConfigError(
             f"{k}=R2 and actor_rollout_ref.rollout.enable_rollout_routing_replay=True cannot be enabled "

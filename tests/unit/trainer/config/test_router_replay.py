@@ -25,6 +25,10 @@ def test_modes_and_their_pairings_as_verl_checks_them():
         f"{MODE}=R2", "algorithm.rollout_correction.bypass_mode=True", "actor_rollout_ref.rollout.name=vllm"
     )
     assert "cannot be enabled simultaneously" in _error(f"{MODE}=R2", f"{RECORD}=True")
+    pool = ["actor_rollout_ref.hybrid_engine=False", "rollout.nnodes=1", "rollout.n_gpus_per_node=1"]
+    fully_async = [*pool, "data.train_batch_size=0", "async_training.staleness_threshold=0.5"]
+    fully_async += ["trainer.async_mode=fully_async_policy", "async_training.use_rollout_log_probs=True"]
+    assert "which async_training.use_rollout_log_probs=True skips" in _error(f"{MODE}=R2", *fully_async)
     assert f"which {RECORD}=True records; set it" in _error(f"{MODE}=R3")
     for ok in ([f"{MODE}=R2"], [f"{MODE}=R3", f"{RECORD}=True"], [f"{RECORD}=True"], []):
         validate(parse_overrides(ok))
