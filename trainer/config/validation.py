@@ -17,7 +17,6 @@ from ..profiler_settings import ROLE_KEYS, TOOL_RECORDS_CPU, TORCH_CONTENTS, rol
 from ..reward.managers import overlong
 from ..rollout.engines import ENGINES
 from ..rollout.engines import NAMES as ENGINE_NAMES
-from .distillation_checks import validate_distillation
 from .domains import DOMAINS, value_at
 from .schema import (
     CHECKPOINT_CONTENTS,
@@ -71,7 +70,6 @@ def validate(cfg: Config) -> None:
         validate_lora,
         validate_rollout_correction,
         validate_router_replay,
-        validate_distillation,
         _pools,
         _rollout_pool,
         validate_profiler,
