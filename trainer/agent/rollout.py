@@ -30,15 +30,21 @@ RECORDED = (
 
 
 def record(t: Trajectory) -> dict:
-    return dict(zip(RECORDED, (t.num_turns, t.tool_calls, t.gen_s, t.tool_s)))
+    """A sample's record: RECORDED, and what a loop of your own counts (OpenAIAgentMetrics.counters)."""
+    out = dict(zip(RECORDED, (t.num_turns, t.tool_calls, t.gen_s, t.tool_s)))
+    return {**out, **t.counters} if isinstance(t, OwnTrajectory) else out
 
 
 def turn_metrics(records: list[dict]) -> dict:
-    """The samples' records as min, max and mean of each (nothing for no samples)."""
+    """The samples' records as min, max and mean of each (nothing for no samples), the counts summed."""
     out = {}
     for name in RECORDED if records else ():
         values = [r[name] for r in records]
         out.update({f"{name}/min": min(values), f"{name}/max": max(values), f"{name}/mean": sum(values) / len(values)})
+    for r in records:
+        for name, value in r.items():
+            if name not in RECORDED:
+                out[name] = out.get(name, 0.0) + value
     return out
 
 
@@ -55,12 +61,7 @@ class TurnStats:
         return [record(t) for t in self.trajs]
 
     def metrics(self) -> dict:
-        """The records' min, max and mean, and the sums of what loops of your own count (OpenAIAgentMetrics)."""
-        out = turn_metrics(self.records())
-        for t in self.trajs:
-            for name, value in t.counters.items() if isinstance(t, OwnTrajectory) else ():
-                out[name] = out.get(name, 0.0) + value
-        return out
+        return turn_metrics(self.records())
 
 
 def check(tokenizer, cfg) -> SanityCheck | None:

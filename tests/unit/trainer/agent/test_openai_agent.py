@@ -11,7 +11,7 @@ import torch
 from rlrig.trainer.agent.chat import Deltas, template_ids
 from rlrig.trainer.agent.openai_demo import CALCULATOR
 from rlrig.trainer.agent.openai_tokens import SampleTokens
-from rlrig.trainer.agent.rollout import AgentRollout
+from rlrig.trainer.agent.rollout import AgentRollout, turn_metrics
 from rlrig.trainer.agent.setup import check
 from rlrig.trainer.config.overrides import parse_overrides
 from rlrig.trainer.embedded.tool_model import CALL_CLOSE, CALL_OPEN, build_tool_tokenizer
@@ -236,6 +236,12 @@ def test_a_raising_or_hanging_agent_ends_its_sample_only(tmp_path):
     assert [i.get(LOOP_SCORE) for i in info] == [1.0, None, None, None, 0.5, None, 1.0, None]
     m = turns.metrics()
     assert (m["agent/openai/failed"], m["agent/openai/timed_out"], m["agent/openai/over_budget"]) == (2, 2, 1)
+    # a rollout pool's samples carry their records to the trainer, which counts them the same way
+    assert {k: v for k, v in turn_metrics(turns.records()).items() if k.startswith("agent/")} == {
+        "agent/openai/failed": 2.0,
+        "agent/openai/timed_out": 2.0,
+        "agent/openai/over_budget": 1.0,
+    }
     for i in range(len(rows)):  # each sample kept what its calls recorded: its first turn at least
         _, response, mask = sample(ro, i)
         assert response[: len(ids(f"#### 7{EOS}")[:4])] == ids(f"#### 7{EOS}")[:4] and mask[0] == 1
