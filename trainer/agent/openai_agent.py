@@ -27,6 +27,7 @@ import asyncio
 import importlib
 import importlib.util
 import inspect
+import numbers
 import os
 import threading
 import time
@@ -161,7 +162,7 @@ class OpenAIAgentLoop(AgentLoopBase):
         outcome, score = "", None
         try:
             score = await self.watched(call_agent(self.agent, endpoint.base_url, session.key, row), session, start)
-            if score is not None and (isinstance(score, bool) or not isinstance(score, (int, float))):
+            if score is not None and (isinstance(score, bool) or not isinstance(score, numbers.Real)):
                 outcome, score = "failed", None  # not a score: the sample is scored as a failed one
         except asyncio.TimeoutError:
             outcome = "timed_out"
