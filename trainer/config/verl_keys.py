@@ -378,6 +378,12 @@ REFUSED = {
         f"actor_rollout_ref.actor.policy_loss.{k}"
         for k in ("clip_cov_lb", "clip_cov_ratio", "clip_cov_ub", "loss_mode")
     },
+    # verl 0.9's examples/sapo_trainer scripts write +policy_loss.tau_pos, which its PolicyLossConfig refuses
+    **{
+        f"actor_rollout_ref.actor.policy_loss.{k}": f"not a key of verl 0.9's PolicyLossConfig (verl stops there "
+        f"with a TypeError); SAPO reads actor_rollout_ref.actor.{k} in verl and rlrig: set that"
+        for k in ("tau_pos", "tau_neg")
+    },
     "actor_rollout_ref.actor.max_token_len": "not a key of verl's actor; set "
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
     "actor_rollout_ref.actor.optim.lr_decay_style": "Megatron's optimizer key; rlrig's is "
