@@ -138,6 +138,7 @@ DOMAINS: dict[str, Domain] = {
     **_sampling("actor_rollout_ref.rollout"),
     **_sampling("actor_rollout_ref.rollout.val_kwargs"),
     "actor_rollout_ref.rollout.max_num_batched_tokens": COUNT,
+    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": COUNT,
     "actor_rollout_ref.rollout.max_model_len": COUNT_OR_NULL,
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": COUNT_OR_NULL,
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": COUNT_OR_NULL,

@@ -307,6 +307,20 @@ class AgentLoopConfig:
 
 
 @dataclass
+class CheckpointEngineConfig:
+    """verl 0.9's rollout.checkpoint_engine: how the actor's weights reach the engines. rlrig's is verl's naive
+    backend (the training workers hand the weights over themselves); backend and engine_kwargs are taken at verl's."""
+
+    # the most bytes of weights one transfer packs (MiB): SGLang's update_weights_from_tensor calls and the rollout
+    # pool's broadcasts; verl's default is 2048, rlrig's 512 keeps the packing buffers small for CPU runs
+    update_weights_bucket_megabytes: int = 512
+
+    @property
+    def bucket_bytes(self) -> int:
+        return self.update_weights_bucket_megabytes << 20
+
+
+@dataclass
 class RolloutConfig:
     name: str = "hf"
     mode: str = "async"  # async (verl's default and only mode today) or sync (older verl): see verl_keys.NO_EFFECT
@@ -345,6 +359,7 @@ class RolloutConfig:
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
+    checkpoint_engine: CheckpointEngineConfig = field(default_factory=CheckpointEngineConfig)
 
 
 @dataclass
@@ -678,6 +693,52 @@ class GlobalProfilerConfig:
 
 
 @dataclass
+class DistillationLossConfig:
+    """verl 0.9's distillation.distillation_loss (algos/distillation.py); topk and log_prob_min_clamp, read only by
+    its top-k modes, are verl_keys.NO_EFFECT."""
+
+    loss_mode: str = "k3"  # one of algos/distillation.ESTIMATOR_MODES
+    use_task_rewards: bool = True  # the task's PPO loss too, the distillation loss weighed by the coef below
+    distillation_loss_coef: float = 1.0
+    loss_max_clamp: float | None = None
+    use_policy_gradient: bool = False  # the negated per-token loss as advantages of PPO's clipped surrogate
+    policy_loss_mode: str = "vanilla"  # verl builds only vanilla
+    clip_ratio: float = 0.2
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+
+
+@dataclass
+class TeacherModelConfig:
+    key: str | None = None  # routes samples among several teachers (refused); verl names a single one "default"
+    model_path: str | None = None
+
+
+@dataclass
+class TeacherModelsConfig:
+    teacher_model: TeacherModelConfig = field(default_factory=TeacherModelConfig)
+
+
+@dataclass
+class DistillationConfig:
+    """verl 0.9's on-policy distillation: the teacher's log-probs of the student's samples, computed by the hf
+    engine in every training worker (nnodes=0, rlrig's colocated placement) or in a pool of its own (nnodes x
+    n_gpus_per_node workers, each a whole teacher, as the reference's pool)."""
+
+    enabled: bool = False
+    n_gpus_per_node: int = 8
+    nnodes: int = 0
+    teacher_key: str = "data_source"  # chooses among several teachers (refused); no effect with one
+    distillation_loss: DistillationLossConfig = field(default_factory=DistillationLossConfig)
+    teacher_models: TeacherModelsConfig = field(default_factory=TeacherModelsConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+
+    @property
+    def own_pool(self) -> bool:
+        return self.enabled and self.nnodes > 0
+
+
+@dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
@@ -690,6 +751,7 @@ class Config:
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
     global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -712,6 +774,8 @@ class Config:
             pools["actor_rollout_ref.ref"] = ref
         if rm.enable_resource_pool and rm.enable:
             pools["reward_model"] = rm
+        if self.distillation.own_pool:
+            pools["distillation"] = self.distillation
         return pools
 
     def described(self) -> dict:

@@ -208,7 +208,6 @@ _AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
         "rlrig hands weights to its engines in the training workers' process (verl's naive backend)",
         {
             "actor_rollout_ref.rollout.checkpoint_engine.backend": "naive",
-            "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": "2048",
             "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs": "{}",
         },
     ),
@@ -601,6 +600,8 @@ DEFAULTS_DIFFER = {
     "reward_model.model.path": "verl's default is ~/models/FsfairX-LLaMA3-RM-v0.1; rlrig's empty default is its "
     "embedded tiny reward model",
     "rollout.n_gpus_per_node": "verl's recipe default is 8; rlrig's is 1, as its trainer.n_gpus_per_node",
+    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": "verl's default is 2048; rlrig's "
+    "is 512, smaller packing buffers for CPU runs (the weights that arrive are the same)",
 }
 
 # rlrig's own keys, with no verl counterpart.

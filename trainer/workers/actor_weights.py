@@ -58,7 +58,8 @@ class ActorWeights:
             self._gather_for_rank0()
             return 0
         with offload.module_on(actor.module, self.device, actor.param_offload):
-            return self.sync.send(self.tensors(actor.precision.param_dtype), own=self._sent_from)
+            bucket = self.cfg.actor_rollout_ref.rollout.checkpoint_engine.bucket_bytes
+            return self.sync.send(self.tensors(actor.precision.param_dtype), bucket, own=self._sent_from)
 
     def _gather_for_rank0(self) -> None:
         """A rank other than 0 while rank 0 walks the full tensors: under FSDP each is an all-gather every rank joins;

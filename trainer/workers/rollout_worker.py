@@ -121,7 +121,8 @@ class RolloutWorker(PoolWorker):
     def receive_weights(self, version: int) -> None:
         """The weights training rank 0 is sending, straight into the engine, bucket by bucket."""
         with self._reported("sync_rollout_weights"):
-            weights = self.sync.receive(self.engine.in_place)
+            bucket = self.cfg.actor_rollout_ref.rollout.checkpoint_engine.bucket_bytes
+            weights = self.sync.receive(self.engine.in_place, bucket)
             self.engine.sync_weights(self.layout(weights) if self.layout is not None else weights)
         self.version = version
 

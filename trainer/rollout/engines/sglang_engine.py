@@ -5,8 +5,9 @@ only the group's first worker talks to it (the other nodes' Engine objects have 
 group's prompts are generated at once and each worker keeps its own; for a weight sync each worker hands
 over CUDA IPC handles of its own full tensors, and SGLang's TP rank i opens those of worker i.
 
-Weights reach the engine with `update_weights_from_tensor` (CUDA IPC handles, no disk), in buckets of
-at most BUCKET_BYTES in the engine's dtype, so the whole model is never materialised twice on the GPU.
+Weights reach the engine with `update_weights_from_tensor` (CUDA IPC handles, no disk), in buckets of at most
+rollout.checkpoint_engine.update_weights_bucket_megabytes in the engine's dtype, so the whole model is never
+materialised twice on the GPU.
 Between rollouts `release_memory_occupation` hands the KV cache back to training when free_cache_engine is on,
 and the weights too when the caller syncs new ones before the next rollout (generate's sync_follows): SGLang drops
 released weights with no host copy, so they are released only where the sync overwrites them anyway.
@@ -237,7 +238,7 @@ class SGLangRollout(RolloutEngine):
         update = WeightUpdate(self.engine if self.leads else None, self.describe())
         with update:
             if self.group is None:
-                for i, chunk in enumerate(buckets(weights, self.dtype)):
+                for i, chunk in enumerate(buckets(weights, self.dtype, self.cfg.checkpoint_engine.bucket_bytes)):
                     update.bucket(i, chunk)
             else:
                 self._hand_over(weights, update)
@@ -254,7 +255,7 @@ class SGLangRollout(RolloutEngine):
         from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
 
         monkey_patch_torch_reductions()  # handles name GPUs by UUID: the schedulers number the GPUs differently
-        for i, chunk in enumerate(buckets(weights, self.dtype)):
+        for i, chunk in enumerate(buckets(weights, self.dtype, self.cfg.checkpoint_engine.bucket_bytes)):
             handles = [(name, MultiprocessingSerializer.serialize(t.detach())) for name, t in chunk]
             gathered = [None] * len(self.members) if self.leads else None
             dist.gather_object(handles, gathered, dst=self.members[0], group=self.group)

@@ -1,7 +1,11 @@
 """verl 0.9 keys rlrig implements (issue: every key of verl 0.9's config does what verl does with it): each key's
 effect, table-driven, and the keys verl 0.9.1 itself refuses refused in one line with the fix."""
 
+import contextlib
+from types import SimpleNamespace
+
 import pytest
+import torch
 
 from rlrig.trainer.config.overrides import parse_overrides
 from rlrig.trainer.errors import ConfigError
@@ -25,3 +29,59 @@ def test_sapo_temperatures_under_policy_loss_are_refused_as_verl_0_9_refuses_the
     assert "\n" not in text and text.startswith(override[1:].split("=")[0]) and "set that" in text and fix in text
     cfg = parse_overrides([MODEL, f"{fix}=1.5"])
     assert cfg.actor_rollout_ref.actor.tau_pos + cfg.actor_rollout_ref.actor.tau_neg in (1.5 + 1.05, 1.0 + 1.5)
+
+
+QUARTER_MIB = [(f"w{i}", (2**16,), torch.float32) for i in range(16)]  # 16 tensors of 256 KiB, none sent alone
+
+
+@pytest.mark.parametrize("megabytes,transfers", [(None, 1), (1, 4), (2, 2), (4, 1)])
+def test_update_weights_bucket_megabytes_is_the_weight_syncs_bucket(megabytes, transfers):
+    """verl 0.9's rollout.checkpoint_engine.update_weights_bucket_megabytes (bytes = MiB << 20) cuts the weights into
+    transfers: the rollout pool's broadcasts (both sides) and SGLang's update_weights_from_tensor calls."""
+    from rlrig.trainer.rollout.engines.sglang_engine import buckets as sglang_buckets
+    from rlrig.trainer.rollout.weight_sync import Entry, buckets
+
+    key = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"
+    cfg = parse_overrides([MODEL] + ([f"{key}={megabytes}"] if megabytes else []))
+    limit = cfg.actor_rollout_ref.rollout.checkpoint_engine.bucket_bytes
+    assert limit == (megabytes or 512) << 20
+    assert len(buckets([Entry(*e) for e in QUARTER_MIB], limit)) == transfers
+    weights = [(n, torch.zeros(s, dtype=d)) for n, s, d in QUARTER_MIB]
+    assert len(list(sglang_buckets(iter(weights), torch.float32, limit))) == transfers
+
+
+def test_the_pools_both_sides_cut_by_the_configured_bucket():
+    from rlrig.trainer.workers.actor_weights import ActorWeights
+    from rlrig.trainer.workers.rollout_worker import RolloutWorker
+
+    cfg = parse_overrides([MODEL, "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=3"])
+    seen = []
+    sync = SimpleNamespace(
+        send=lambda tensors, bucket_bytes, own=None: seen.append(("send", bucket_bytes)) or 0,
+        receive=lambda in_place, bucket_bytes: seen.append(("receive", bucket_bytes)) or iter(()),
+    )
+    sender = ActorWeights.__new__(ActorWeights)
+    actor = SimpleNamespace(
+        module=torch.nn.Linear(1, 1), param_offload=False, precision=SimpleNamespace(param_dtype=None)
+    )
+    sender.cfg, sender.models, sender.device, sender.sync, sender._sent_from = (
+        cfg,
+        SimpleNamespace(actor=actor),
+        torch.device("cpu"),
+        sync,
+        None,
+    )
+    sender.tensors = lambda dtype: iter(())
+    sender.push()
+    receiver = RolloutWorker.__new__(RolloutWorker)
+    receiver.cfg, receiver.sync, receiver.layout = cfg, sync, None
+    receiver.engine = SimpleNamespace(in_place=None, sync_weights=lambda w: list(w))
+    receiver.report, receiver.step = SimpleNamespace(during=lambda *a: contextlib.nullcontext()), 0
+    getattr(RolloutWorker.receive_weights, "__wrapped__", RolloutWorker.receive_weights)(receiver, 1)
+    assert seen == [("send", 3 << 20), ("receive", 3 << 20)]
+
+
+def test_a_bucket_of_no_megabytes_is_refused_in_one_line():
+    with pytest.raises(ConfigError) as e:
+        parse_overrides([MODEL, "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=0"])
+    assert "update_weights_bucket_megabytes" in str(e.value) and "\n" not in str(e.value)
