@@ -227,6 +227,64 @@ def openai_agent() -> list[str]:
     ]
 
 
+
+def distill() -> list[str]:
+    """On-policy distillation on the embedded task (distillation.*): a student pre-trained for a third of the
+    embedded model's steps (embedded/distill_student.py) learns from the embedded model's log-probs of its own
+    samples, with the k3 estimator as a direct loss and no task reward in the loss (the score is only watched)."""
+    from ..embedded.distill_student import ensure_student
+    from ..embedded.tiny_model import ensure_tiny_model
+
+    return EMBEDDED + [
+        f"actor_rollout_ref.model.path={ensure_student()}",
+        "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "distillation.enabled=True",
+        f"distillation.teacher_models.teacher_model.model_path={ensure_tiny_model()}",
+        "distillation.distillation_loss.loss_mode=k3",
+        "distillation.distillation_loss.use_task_rewards=False",
+        "trainer.total_training_steps=40",
+        "trainer.test_freq=20",
+        "trainer.save_freq=40",
+        "trainer.experiment_name=distill",
+        "trainer.default_local_dir=outputs/distill",
+    ]
+
+
+def code() -> list[str]:
+    """The embedded code task (embedded/code_model.py): two-digit products to print with a Python program, scored by
+    running it in `rlrig sandbox`, started beside the run (reward_model.sandbox_fusion.url=local), through verl's
+    code reward on codecontests rows."""
+    from ..embedded.code_model import ensure_code_model, task_files
+
+    train, test = task_files()
+    return [
+        f"actor_rollout_ref.model.path={ensure_code_model()}",
+        f"data.train_files={train}",
+        f"data.val_files={test}",
+        "reward_model.sandbox_fusion.url=local",
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.name=auto",
+        "actor_rollout_ref.rollout.enforce_eager=True",
+        "actor_rollout_ref.actor.strategy=ddp",
+        "data.train_batch_size=16",
+        "data.max_prompt_length=8",
+        "data.max_response_length=12",
+        "actor_rollout_ref.rollout.n=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+        "actor_rollout_ref.actor.optim.lr=5e-4",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "trainer.total_training_steps=40",
+        "trainer.device=cpu",
+        "trainer.n_gpus_per_node=2",
+        "trainer.test_freq=20",
+        "trainer.val_before_train=True",
+        "trainer.save_freq=40",
+        "trainer.experiment_name=code",
+        "trainer.default_local_dir=outputs/code",
+    ]
+
+
 PRESETS = {
     "embedded": lambda: list(EMBEDDED),
     "smollm2": smollm2,
@@ -234,6 +292,8 @@ PRESETS = {
     "tools-mcp": tools_mcp,
     "two-attempts": two_attempts,
     "openai-agent": openai_agent,
+    "code": code,
+    "distill": distill,
 }
 
 
