@@ -227,30 +227,6 @@ def openai_agent() -> list[str]:
     ]
 
 
-
-def distill() -> list[str]:
-    """On-policy distillation on the embedded task (distillation.*): a student pre-trained for a third of the
-    embedded model's steps (embedded/distill_student.py) learns from the embedded model's log-probs of its own
-    samples, with the k3 estimator as a direct loss and no task reward in the loss (the score is only watched)."""
-    from ..embedded.distill_student import ensure_student
-    from ..embedded.tiny_model import ensure_tiny_model
-
-    return EMBEDDED + [
-        f"actor_rollout_ref.model.path={ensure_student()}",
-        "actor_rollout_ref.rollout.name=hf",
-        "actor_rollout_ref.actor.use_kl_loss=False",
-        "distillation.enabled=True",
-        f"distillation.teacher_models.teacher_model.model_path={ensure_tiny_model()}",
-        "distillation.distillation_loss.loss_mode=k3",
-        "distillation.distillation_loss.use_task_rewards=False",
-        "trainer.total_training_steps=40",
-        "trainer.test_freq=20",
-        "trainer.save_freq=40",
-        "trainer.experiment_name=distill",
-        "trainer.default_local_dir=outputs/distill",
-    ]
-
-
 def code() -> list[str]:
     """The embedded code task (embedded/code_model.py): two-digit products to print with a Python program, scored by
     running it in `rlrig sandbox`, started beside the run (reward_model.sandbox_fusion.url=local), through verl's
@@ -293,7 +269,6 @@ PRESETS = {
     "two-attempts": two_attempts,
     "openai-agent": openai_agent,
     "code": code,
-    "distill": distill,
 }
 
 
