@@ -644,6 +644,9 @@ class TrainerConfig:
 @dataclass
 class RayInitConfig:
     num_cpus: int | None = None
+    # Ray's runtime_env for the whole run (env_vars, working_dir, py_executable, pip, ...), passed to ray.init as verl
+    # passes it (driver/prepare.ray_init_kwargs)
+    runtime_env: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -465,38 +465,15 @@ AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
         "replaying dumped rollouts is not in rlrig",
         _each(("skip.rollout.", "skip.rollout_tq.", "skip.async_rollout."), _SKIPPED),
     ),
-    (
-        "rlrig's Ray workers run the driver's Python",
-        {"ray_kwargs.ray_init.runtime_env.py_executable": "null"},
-    ),
 ]
 
-# On-policy distillation: taken with distillation.enabled=False (verl's default) and every other key at its default.
+# On-policy distillation (config/schema.DistillationConfig): the teacher's engine settings, taken at verl's defaults.
 _TEACHER = "distillation.teacher_models.teacher_model."
 DISTILLATION = (
-    "on-policy distillation is not in rlrig yet",
+    "rlrig computes the teacher's log-probs with the hf engine (in the training workers, or in distillation's own "
+    "pool with distillation.nnodes); a teacher served by vLLM or SGLang, and its engine settings, are not in rlrig",
     {
-        "distillation.enabled": "False",
-        "distillation.n_gpus_per_node": "8",
-        "distillation.nnodes": "0",
-        "distillation.teacher_key": "data_source",
-        **_each(
-            ("distillation.distillation_loss.",),
-            {
-                "loss_mode": "k3",
-                "topk": "32",
-                "use_task_rewards": "True",
-                "distillation_loss_coef": "1.0",
-                "loss_max_clamp": "null",
-                "log_prob_min_clamp": "null",
-                "use_policy_gradient": "False",
-                "policy_loss_mode": "vanilla",
-                "clip_ratio": "0.2",
-                "clip_ratio_low": "0.2",
-                "clip_ratio_high": "0.2",
-            },
-        ),
-        **_each((_TEACHER,), {"key": "null", "model_path": "null", "num_replicas": "0"}),
+        f"{_TEACHER}num_replicas": "0",
         **_each(
             (f"{_TEACHER}inference.",),
             {
@@ -521,6 +498,17 @@ DISTILLATION = (
         ),
     },
 )
+# distillation_loss keys only verl's top-k modes read (refused by config/distillation_checks.py)
+DISTILLATION_NO_EFFECT = {
+    f"distillation.distillation_loss.{k}": "read only by verl's top-k distillation modes (forward_kl_topk), which "
+    "rlrig does not build; the estimator modes it builds do not read it"
+    for k in ("topk", "log_prob_min_clamp")
+}
+# Keys under these that rlrig does not have, refused with the reason (verl adds teachers as new keys)
+REFUSED_NEW_KEYS = {
+    "distillation.teacher_models.": "several teachers chosen per sample by distillation.teacher_key are not in "
+    "rlrig; give the one teacher as distillation.teacher_models.teacher_model.model_path",
+}
 
 # Keys taken only as verl's own `${...}` (FILLED), which no group above names: why another value is refused
 FILLED_ONLY = {
@@ -575,6 +563,7 @@ ALSO_ACCEPTED = {
 }
 
 NO_EFFECT = {
+    **DISTILLATION_NO_EFFECT,
     **{
         f"{p}checkpoint.strict": "read only by verl's Megatron backend (the strict check of its Hugging Face weight "
         "export); verl's FSDP engine does not read it, nor does rlrig"

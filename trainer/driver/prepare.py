@@ -80,13 +80,30 @@ def prepare(cfg, mode: type[Mode]) -> Prepared:
     )
 
 
+def ray_init_kwargs(cfg, environ=None) -> dict:
+    """ray.init's arguments from ray_kwargs.ray_init, as verl's main_ppo passes them: num_cpus (not when joining a
+    cluster at RAY_ADDRESS, whose size is its own) and runtime_env (env_vars, working_dir, py_executable, pip, ...),
+    its unset (null) fields left out and env_vars' values as text, which Ray requires."""
+    init, environ = cfg.ray_kwargs.ray_init, os.environ if environ is None else environ
+    kwargs: dict = {"log_to_driver": True}
+    if init.num_cpus is not None and not environ.get("RAY_ADDRESS"):
+        kwargs["num_cpus"] = init.num_cpus
+    runtime_env = {k: v for k, v in init.runtime_env.items() if v is not None}
+    if isinstance(runtime_env.get("env_vars"), dict):
+        runtime_env["env_vars"] = {str(k): _env_text(v) for k, v in runtime_env["env_vars"].items()}
+    if runtime_env:
+        kwargs["runtime_env"] = runtime_env
+    return kwargs
+
+
+def _env_text(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def start_ray(cfg) -> None:
     import ray
 
-    if cfg.ray_kwargs.ray_init.num_cpus is not None and not os.environ.get("RAY_ADDRESS"):
-        ray.init(num_cpus=cfg.ray_kwargs.ray_init.num_cpus)
-    else:
-        ray.init(log_to_driver=True)
+    ray.init(**ray_init_kwargs(cfg))
 
 
 def load_model_side(cfg, model_path: str) -> tuple[object, dict | None]:

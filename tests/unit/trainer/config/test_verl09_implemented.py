@@ -85,3 +85,47 @@ def test_a_bucket_of_no_megabytes_is_refused_in_one_line():
     with pytest.raises(ConfigError) as e:
         parse_overrides([MODEL, "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=0"])
     assert "update_weights_bucket_megabytes" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "overrides,environ,kwargs",
+    [
+        ([], {}, {"log_to_driver": True}),
+        (["ray_kwargs.ray_init.num_cpus=3"], {}, {"log_to_driver": True, "num_cpus": 3}),
+        # joining a running cluster: its size is its own
+        (["ray_kwargs.ray_init.num_cpus=3"], {"RAY_ADDRESS": "h:6379"}, {"log_to_driver": True}),
+        # verl's default runtime_env.py_executable=null is no field for Ray
+        (["ray_kwargs.ray_init.runtime_env.py_executable=null"], {}, {"log_to_driver": True}),
+        (
+            [
+                "+ray_kwargs.ray_init.runtime_env.env_vars.NCCL_DEBUG=INFO",
+                "+ray_kwargs.ray_init.runtime_env.env_vars.CUDA_LAUNCH_BLOCKING=1",
+                "+ray_kwargs.ray_init.runtime_env.env_vars.X=true",
+                "+ray_kwargs.ray_init.runtime_env.working_dir=/code",
+                "ray_kwargs.ray_init.runtime_env.py_executable='uv run'",
+            ],
+            {},
+            {
+                "log_to_driver": True,
+                "runtime_env": {
+                    "env_vars": {"NCCL_DEBUG": "INFO", "CUDA_LAUNCH_BLOCKING": "1", "X": "true"},
+                    "working_dir": "/code",
+                    "py_executable": "uv run",
+                },
+            },
+        ),
+    ],
+)
+def test_ray_init_takes_ray_kwargs_ray_init_as_verl_passes_it(overrides, environ, kwargs, monkeypatch):
+    """verl's main_ppo: ray.init(**ray_kwargs.ray_init) with its runtime_env; env_vars' values as the text Ray takes."""
+    import sys
+
+    from rlrig.trainer.driver import prepare
+
+    cfg = parse_overrides([MODEL, *overrides])
+    assert prepare.ray_init_kwargs(cfg, environ) == kwargs
+    called = []
+    monkeypatch.setitem(sys.modules, "ray", SimpleNamespace(init=lambda **kw: called.append(kw)))
+    monkeypatch.setattr(prepare.os, "environ", environ)
+    prepare.start_ray(cfg)
+    assert called == [kwargs]
