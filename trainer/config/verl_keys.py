@@ -110,7 +110,6 @@ _AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
                     "wrap_policy.min_num_params": "0",
                     "offload_policy": "False",
                     "forward_prefetch": "False",
-                    "use_orig_params": "False",
                 },
             ),
         },
@@ -520,6 +519,12 @@ NO_EFFECT = {
     "data.use_shm": "rlrig reads the data files from their path as they are",
     # actor_rollout_ref
     "actor_rollout_ref.model.use_shm": "rlrig loads the model from its path as it is",
+    **{
+        f"{p}use_orig_params": "verl passes it only to FSDP1 (strategy=fsdp), where True hands the optimizer the "
+        "original parameters instead of flat ones, the same elementwise AdamW update; under FSDP2 (verl's fsdp2, "
+        "rlrig's fsdp and fsdp2) parameters are always the originals"
+        for p in _FSDP
+    },
     **{
         f"{p}{k}": "rlrig computes log-probs and entropy a chunk of tokens at a time with a backward of its own, "
         "keeping no fp32 copy of the logits and no softmax (trainer/model/chunked_logprobs.py): the memory verl's "

@@ -129,3 +129,23 @@ def test_ray_init_takes_ray_kwargs_ray_init_as_verl_passes_it(overrides, environ
     monkeypatch.setattr(prepare.os, "environ", environ)
     prepare.start_ray(cfg)
     assert called == [kwargs]
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "actor_rollout_ref.actor.fsdp_config.use_orig_params",
+        "actor_rollout_ref.ref.fsdp_config.use_orig_params",
+        "critic.model.fsdp_config.use_orig_params",
+        "critic.fsdp.use_orig_params",
+    ],
+)
+@pytest.mark.parametrize("value", ["True", "False"])
+def test_use_orig_params_is_taken_at_any_value_with_its_reason(key, value):
+    """verl's FSDP engine passes use_orig_params to FSDP1 alone; FSDP2's parameters are the originals."""
+    from rlrig.trainer.config import verl_keys
+
+    before = parse_overrides([MODEL])
+    assert parse_overrides([MODEL, f"{key}={value}"]) == before
+    canonical = verl_keys.ALIASES.get(key, key)
+    assert "FSDP1" in verl_keys.NO_EFFECT[canonical]
