@@ -134,6 +134,8 @@ DOMAINS: dict[str, Domain] = {
     # SAPO's gate is sigmoid(tau (r - 1)) * 4 / tau
     "actor_rollout_ref.actor.tau_pos": POSITIVE,
     "actor_rollout_ref.actor.tau_neg": POSITIVE,
+    # verl's compute_policy_loss_dro: raise ValueError unless dro_beta > 0 (loss_mode=dro needs it: algorithm_checks)
+    "actor_rollout_ref.actor.policy_loss.dro_beta": above(0, nullable=True),
     "actor_rollout_ref.actor.kl_loss_coef": NON_NEGATIVE,
     **_sampling("actor_rollout_ref.rollout"),
     **_sampling("actor_rollout_ref.rollout.val_kwargs"),

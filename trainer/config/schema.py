@@ -142,6 +142,7 @@ class PolicyLossConfig:
     clip_cov_ub: float = 5.0
     kl_cov_ratio: float = 0.0002  # kl_cov: share of tokens with the |log ratio| penalty
     ppo_kl_coef: float = 0.1
+    dro_beta: float | None = None  # dro: the log-ratio's quadratic penalty, required (positive) with loss_mode=dro
 
 
 # multi_turn.tokenization_sanity_check_mode: how the agent loop (agent/sanity.py) treats a sample whose tokens differ

@@ -17,6 +17,8 @@ from ..profiler_settings import ROLE_KEYS, TOOL_RECORDS_CPU, TORCH_CONTENTS, rol
 from ..reward.managers import overlong
 from ..rollout.engines import ENGINES
 from ..rollout.engines import NAMES as ENGINE_NAMES
+from .algorithm_checks import validate_algorithm_keys
+from .distillation_checks import validate_distillation
 from .domains import DOMAINS, value_at
 from .schema import (
     CHECKPOINT_CONTENTS,
@@ -65,11 +67,13 @@ def validate(cfg: Config) -> None:
         _actor,
         _fused_kernels,
         _algorithm,
+        validate_algorithm_keys,
         validate_filter_groups,
         validate_reward_model,
         validate_lora,
         validate_rollout_correction,
         validate_router_replay,
+        validate_distillation,
         _pools,
         _rollout_pool,
         validate_profiler,

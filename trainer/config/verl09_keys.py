@@ -288,10 +288,6 @@ AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
         },
     ),
     (
-        "verl's DRO loss is not in rlrig; policy_loss.loss_mode names the losses it has",
-        {"actor_rollout_ref.actor.policy_loss.dro_beta": "null"},
-    ),
-    (
         "rlrig leaves Nsight Systems reports in Ray's session logs (verl's relocate_results=False) and runs no "
         "command after profiling (finish_hook_cmd)",
         {

@@ -1,6 +1,6 @@
 """The policy losses. A new one is a module in this package that calls `register`, plus its import below."""
 
-from . import cispo, clip_cov, geo_mean, gpg, gspo, kl_cov, sapo, vanilla  # noqa: E402,F401  (each registers itself)
+from . import cispo, clip_cov, dro, geo_mean, gpg, gspo, kl_cov, sapo, vanilla  # noqa: E402,F401  (each registers itself)
 from .registry import POLICY_LOSSES, PolicyLoss, register
 
 __all__ = ["POLICY_LOSSES", "PolicyLoss", "register", "get"]

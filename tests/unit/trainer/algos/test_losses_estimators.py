@@ -140,7 +140,8 @@ def test_every_registered_name_is_accepted_by_config():
             ["actor_rollout_ref.model.path=/m", f"algorithm.adv_estimator={name}", "actor_rollout_ref.rollout.n=2", spp]
         )
     for name in policy_losses.POLICY_LOSSES:
-        parse_overrides(["actor_rollout_ref.model.path=/m", f"actor_rollout_ref.actor.policy_loss.loss_mode={name}"])
+        pl = "actor_rollout_ref.actor.policy_loss"
+        parse_overrides(["actor_rollout_ref.model.path=/m", f"{pl}.loss_mode={name}", f"{pl}.dro_beta=0.1"])
 
 
 def test_remax_through_a_worker_scores_each_prompts_greedy_response():

@@ -44,7 +44,7 @@ def test_agg_loss(case):
 def actor_config() -> ActorConfig:
     a = ActorConfig(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
     a.tau_pos, a.tau_neg = 1.0, 1.05
-    a.policy_loss.kl_cov_ratio, a.policy_loss.ppo_kl_coef = 0.2, 0.1
+    a.policy_loss.kl_cov_ratio, a.policy_loss.ppo_kl_coef, a.policy_loss.dro_beta = 0.2, 0.1, 0.3
     return a
 
 

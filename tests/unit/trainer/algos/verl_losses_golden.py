@@ -36,11 +36,12 @@ LOSSES = {
     "geo_mean": "compute_policy_loss_geo_mean",
     "cispo": "compute_policy_loss_cispo",
     "kl_cov": "compute_policy_loss_kl_cov",
+    "dro": "compute_policy_loss_dro",
 }
 # the actor's keys the losses read, as rlrig's ActorConfig names them (policy_loss.* under policy_loss)
 ACTOR = {"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0}
 ACTOR |= {"tau_pos": 1.0, "tau_neg": 1.05}
-POLICY_LOSS = {"kl_cov_ratio": 0.2, "ppo_kl_coef": 0.1}
+POLICY_LOSS = {"kl_cov_ratio": 0.2, "ppo_kl_coef": 0.1, "dro_beta": 0.3}
 
 
 def r4(t: torch.Tensor) -> torch.Tensor:

@@ -149,3 +149,46 @@ def test_use_orig_params_is_taken_at_any_value_with_its_reason(key, value):
     assert parse_overrides([MODEL, f"{key}={value}"]) == before
     canonical = verl_keys.ALIASES.get(key, key)
     assert "FSDP1" in verl_keys.NO_EFFECT[canonical]
+
+
+@pytest.mark.parametrize(
+    "overrides,error",
+    [
+        (
+            ["actor_rollout_ref.actor.policy_loss.loss_mode=dro", "actor_rollout_ref.actor.policy_loss.dro_beta=0.1"],
+            None,
+        ),
+        # verl reads dro_beta only in its DRO loss
+        (["actor_rollout_ref.actor.policy_loss.dro_beta=0.1"], None),
+        (["actor_rollout_ref.actor.policy_loss.loss_mode=dro"], "set actor_rollout_ref.actor.policy_loss.dro_beta"),
+        (
+            ["actor_rollout_ref.actor.policy_loss.loss_mode=dro", "actor_rollout_ref.actor.policy_loss.dro_beta=0"],
+            "actor_rollout_ref.actor.policy_loss.dro_beta",
+        ),
+    ],
+)
+def test_dro_needs_a_positive_beta_as_verl(overrides, error):
+    from rlrig.trainer.config.validation import validate
+
+    if error is None:
+        validate(parse_overrides([MODEL, *overrides]))
+        return
+    with pytest.raises(ConfigError) as e:
+        validate(parse_overrides([MODEL, *overrides]))
+    assert error in str(e.value) and "\n" not in str(e.value)
+
+
+def test_dro_loss_moves_the_policy_as_its_formula():
+    """-(logp A - beta/2 (logp - old)^2): at logp = old the gradient is -A per token; beta pulls logp back to old."""
+    from rlrig.trainer.algos import policy_losses
+    from rlrig.trainer.config.schema import ActorConfig
+
+    a = ActorConfig()
+    a.policy_loss.dro_beta = 2.0
+    old = torch.tensor([[-1.0, -2.0]])
+    logp = old.clone().requires_grad_()
+    loss, metrics = policy_losses.get("dro").fn(
+        old, logp, torch.tensor([[1.0, -1.0]]), torch.ones(1, 2), a, "token-sum"
+    )
+    loss.backward()
+    assert logp.grad.tolist() == [[-1.0, 1.0]] and float(metrics["actor/ppo_kl"]) == 0.0
