@@ -21,3 +21,34 @@ def test_vllm_cpu_cannot_return_routed_experts_as_the_refusal_says(monkeypatch):
     with pytest.raises(ValidationError, match="Model Runner V2|Triton"):
         vllm.LLM(**kw)
     assert "Model Runner V2, which needs Triton" in recording_refusal("k", "vllm", "cpu")
+
+
+@pytest.mark.long
+def test_r2_the_aux_loss_and_the_load_metrics_train_with_vllm_and_r3_is_refused_on_cpu(tmp_path):
+    """`rlrig train` with vLLM colocated: R2 replay over two mini batches, the aux loss and the expert-load metrics
+    in metrics.jsonl, the engine agreeing with the actor after every sync; R3 (which needs vLLM's routed experts) is
+    refused at start-up in one line on this CPU."""
+    import subprocess
+    import sys
+
+    from tests.vllm_tier.test_vllm_moe import train
+
+    keys = [
+        "actor_rollout_ref.actor.router_replay.mode=R2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "+actor_rollout_ref.model.override_config.output_router_logits=True",
+        "actor_rollout_ref.rollout.moe_load_balance_metrics_interval=1",
+    ]
+    rows, _ = train(tmp_path / "run", "qwen3_moe", *keys)
+    for m in rows:
+        assert m["actor/moe_aux_loss"] > 0 and -1 <= m["actor/moe/min_vio/avg"] <= 0 <= m["actor/moe/max_vio/max"]
+        assert "actor/moe/router_entropy/layer_1" in m
+    r3 = ["actor_rollout_ref.actor.router_replay.mode=R3"]
+    r3 += ["actor_rollout_ref.rollout.enable_rollout_routing_replay=True"]
+    r = subprocess.run(
+        [sys.executable, "-m", "rlrig.trainer.driver.main", "--", "ray_kwargs.ray_init.num_cpus=2",
+         f"actor_rollout_ref.model.path={tiny_moe.ensure('qwen3_moe')}", "actor_rollout_ref.rollout.name=vllm", *r3,
+         f"trainer.default_local_dir={tmp_path / 'r3'}"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode != 0 and "Model Runner V2, which needs Triton" in r.stderr, r.stderr[-3000:]
