@@ -9,7 +9,7 @@ import torch
 from rlrig.trainer.batch.step_batch import StepBatch
 from rlrig.trainer.driver.dynamic_sampling import concat
 from rlrig.trainer.driver.rollout_pool import merge
-from rlrig.trainer.rollout.engines.base import left_pad_to, pack_responses
+from rlrig.trainer.rollout.engines.base import left_pad_to, pack_responses, routed_layout
 
 PAD, EOS, L, K = 0, 1, 2, 2
 
@@ -71,3 +71,32 @@ def test_the_engines_are_asked_for_routed_experts_only_with_the_key():
     on, off = RolloutConfig(enable_rollout_routing_replay=True), RolloutConfig()
     assert vllm_engine.engine_kwargs(on, "/m", 64, "cuda", 0)["enable_return_routed_experts"] is True
     assert "enable_return_routed_experts" not in vllm_engine.engine_kwargs(off, "/m", 64, "cuda", 0)
+
+
+def test_a_tool_rounds_sample_carries_its_last_turns_routing_over_every_token(tmp_path):
+    """Two turns and a tool's reply between them: the sample's routing is what the last turn's call returned for the
+    whole context (prompt, first turn, tool reply) and its own tokens, each token's where it sits."""
+    from rlrig.trainer.agent.rollout import AgentRollout
+    from tests.unit.trainer.agent.test_loop import EOS as END
+    from tests.unit.trainer.agent.test_loop import TOK, Cfg, ScriptedEngine, call, row
+
+    def routing(seq: list[int]) -> np.ndarray:  # each token's experts from its id and place; none for the last
+        return np.array([[[(t + j) % 8, (t + j + 1) % 8]] * L for j, t in enumerate(seq)][:-1])
+
+    class RoutedEngine(ScriptedEngine):
+        def generate(self, prompts, n, sampling=None, sync_follows=False, max_new=None, hold=False):
+            ro = super().generate(prompts, n, sampling, sync_follows, max_new, hold)
+            seqs = [ro.input_ids[i][ro.attention_mask[i].bool()].tolist() for i in range(len(ro.input_ids))]
+            ro.routed_experts = routed_layout([routing(s) for s in seqs], ro.attention_mask)
+            return ro
+
+    tools = tmp_path / "tools.yaml"
+    tools.write_text(
+        "tools:\n  - class_name: rlrig.trainer.agent.tools.calculator.CalculatorTool\n    config: {type: native}\n"
+    )
+    engine = RoutedEngine({"12*3=": call("12*3"), "</tool_response>": f"#### 36{END}"})
+    ro, _ = AgentRollout(engine, TOK, Cfg(str(tools))).generate([row("12*3=")], 1)
+    assert len(engine.calls) == 2  # the tool round: two turns
+    seq = ro.input_ids[0][ro.attention_mask[0].bool()].tolist()
+    got = ro.routing_of(0)
+    assert torch.equal(got[:-1], torch.as_tensor(routing(seq)).to(torch.int16)) and (got[-1] == -1).all()
