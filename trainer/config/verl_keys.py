@@ -632,6 +632,7 @@ RLRIG_ONLY = (
     "critic.enable_resource_pool",
     "critic.nnodes",
     "critic.n_gpus_per_node",
+    "distillation.placement.resource",
 )
 
 
@@ -653,6 +654,18 @@ def _merge_verl09() -> None:
 
 
 _merge_verl09()
+# verl 0.9's free-form sections at a new place: every key under the old one's prefix
+PREFIX_ALIASES = {"reward.reward_kwargs.": "reward_model.reward_kwargs."}
+
+
+def aliased(key: str) -> str:
+    """The key rlrig stores for `key`: its alias (ALIASES, PREFIX_ALIASES), or the key itself."""
+    if key in ALIASES:
+        return ALIASES[key]
+    prefix = next((p for p in PREFIX_ALIASES if key.startswith(p)), None)
+    return PREFIX_ALIASES[prefix] + key[len(prefix) :] if prefix else key
+
+
 MISSING = "???"  # OmegaConf's missing value: verl's configs write it for a key with no default
 
 

@@ -173,7 +173,7 @@ def test_the_manager_reads_verl_09s_config_and_a_loops_own_score_is_not_handed_t
     keys = [k.format(f=manager_file) for k in SPELLINGS["verl 0.9, importlib"]]
     turns = [{"num_turns": 2} for _ in range(4)]
     turns[1][LOOP_SCORE] = 0.75  # an agent loop of your own scored it: verl calls no reward manager for it
-    scores, extras = scored(config(*keys, "reward_model.reward_kwargs.bonus=0.5"), turns)
+    scores, extras = scored(config(*keys, "+reward.reward_kwargs.bonus=0.5"), turns)  # verl 0.9's place
     assert scores == [1.5, 0.75, 1.5, 0.5] and extras[1] == {}
     assert len(CALLS_MODULE[0]) == 3
 
