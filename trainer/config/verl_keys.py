@@ -632,7 +632,6 @@ RLRIG_ONLY = (
     "critic.enable_resource_pool",
     "critic.nnodes",
     "critic.n_gpus_per_node",
-    "distillation.placement.resource",
 )
 
 
