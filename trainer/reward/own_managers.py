@@ -23,6 +23,7 @@ import functools
 import importlib.util
 import inspect
 import sys
+import threading
 
 import numpy as np
 import torch
@@ -130,6 +131,12 @@ def check_class(cls, name: str) -> None:
         raise ConfigError(f"reward manager {name}: {what}.run_single must be `async def run_single(self, data)`")
     if inspect.isabstract(cls):
         raise ConfigError(f"reward manager {name}: {what} leaves abstract methods undefined; define run_single")
+    if any("assemble_rm_scores" in vars(k) for k in cls.__mro__ if k not in bases and k is not object):
+        # verl places the scores in the batch through it; rlrig's step places each on the response's last token
+        raise ConfigError(
+            f"reward manager {name}: {what} overrides assemble_rm_scores, which rlrig does not call (each score goes "
+            "on the response's last token, as verl's own assemble_rm_scores puts it); remove the override"
+        )
 
 
 def verl_config(cfg):
@@ -248,6 +255,7 @@ class OwnManager:
     def __init__(self, cls: type, name: str, manager, loop: asyncio.AbstractEventLoop, make, prompt_key: str):
         self.cls, self.name, self.manager, self.loop = cls, name, manager, loop
         self.make, self.prompt_key = make, prompt_key
+        self.lock = threading.Lock()
 
     @property
     def what(self) -> str:
@@ -288,7 +296,8 @@ class OwnManager:
         async def run_all():
             return await asyncio.gather(*(self.manager.run_single(d) for d in data), return_exceptions=True)
 
-        results = self.loop.run_until_complete(run_all()) if data else []
+        with self.lock:  # one batch at a time on the manager's loop, whichever thread asks
+            results = self.loop.run_until_complete(run_all()) if data else []
         return [self.checked(out) for out in results]
 
     def checked(self, out) -> tuple[float, dict]:

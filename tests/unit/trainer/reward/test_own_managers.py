@@ -213,6 +213,15 @@ class OldStyle:
 class Sync(RewardManagerBase):
     def run_single(self, data):
         return {"reward_score": 1.0}
+
+
+class Placed(RewardManagerBase):
+    async def run_single(self, data):
+        return {"reward_score": 1.0}
+
+    @classmethod
+    def assemble_rm_scores(cls, data, scores):
+        return None
 """
 
 
@@ -228,6 +237,7 @@ class Sync(RewardManagerBase):
         (["source=importlib", "module.path={b}", "name=NotOne"], "is not a RewardManagerBase; subclass"),
         (["source=importlib", "module.path={b}", "name=OldStyle"], "AbstractRewardManager"),
         (["source=importlib", "module.path={b}", "name=Sync"], "async def run_single"),
+        (["source=importlib", "module.path={b}", "name=Placed"], "overrides assemble_rm_scores, which rlrig does not"),
     ],
 )
 def test_a_bad_reward_manager_is_refused_at_start_up_in_one_line(manager_file, keys, words):
