@@ -38,12 +38,12 @@ def group_holding(rank: int, partition: list[list[int]]) -> tuple[object, list[i
 
 def gather_rows(t: torch.Tensor, group=None) -> torch.Tensor:
     """Every rank's rows in rank order (each rank holds as many); of `group`'s ranks (None: all)."""
-    flag = t.dtype == torch.bool  # not every backend gathers bool
-    t = t.to(torch.uint8) if flag else t
+    # not every backend gathers bool, and NCCL has no int16 (routed experts): gathered in a type it has
+    kept = t.dtype
+    t = t.to(torch.uint8) if kept == torch.bool else t.to(torch.int32) if kept == torch.int16 else t
     parts = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
     dist.all_gather(parts, t.contiguous(), group=group)
-    out = torch.cat(parts)
-    return out.bool() if flag else out
+    return torch.cat(parts).to(kept)
 
 
 def broadcast_from_rank0(module: torch.nn.Module) -> None:

@@ -4,6 +4,7 @@ place when batches are merged (a rollout pool's workers), concatenated (dynamic 
 agent loop's turns make a trajectory."""
 
 import numpy as np
+import pytest
 import torch
 
 from rlrig.trainer.batch.step_batch import StepBatch
@@ -100,3 +101,40 @@ def test_a_tool_rounds_sample_carries_its_last_turns_routing_over_every_token(tm
     seq = ro.input_ids[0][ro.attention_mask[0].bool()].tolist()
     got = ro.routing_of(0)
     assert torch.equal(got[:-1], torch.as_tensor(routing(seq)).to(torch.int16)) and (got[-1] == -1).all()
+
+
+def _prompt_widths_differ(rank: int):
+    """Rank 0's prompts are three tokens wide, rank 1's one: exchange widens them to one width."""
+    prompts = [[5, 6, 7]] if rank == 0 else [[8]]
+    routed = [_routing(len(prompts[0]) + 2, 10 * rank)]
+    return StepBatch.from_rollout(pack_responses(prompts, 1, [[3, 3, 3]], None, 3, PAD, EOS, routed), 1, rank)
+
+
+def _exchange_worker(rank, world, port, out_dir):
+    import os
+
+    import torch.distributed as dist
+
+    from rlrig.trainer.batch.exchange import exchange
+    from rlrig.trainer.workers import training_worker as worker  # noqa: F401  (before the group exists)
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    swapped = exchange(_prompt_widths_differ(rank), torch.tensor([1 - rank]), PAD)  # each takes the other's sample
+    torch.save({"routing": swapped.routed_experts, "attention": swapped.attention_mask}, f"{out_dir}/{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.process
+def test_samples_moved_between_workers_keep_each_tokens_routing(tmp_path):
+    import torch.multiprocessing as mp
+
+    from rlrig.entrypoint.cluster.ports import kernel_free_port
+
+    mp.spawn(_exchange_worker, args=(2, kernel_free_port(), str(tmp_path)), nprocs=2)
+    for rank in range(2):
+        got = torch.load(tmp_path / f"{rank}.pt")
+        sent = _prompt_widths_differ(1 - rank)
+        mine = got["routing"][0][got["attention"][0].bool()]
+        assert got["routing"].dtype == torch.int16
+        assert torch.equal(mine, sent.routed_experts[0][sent.attention_mask[0].bool()])
