@@ -18,6 +18,7 @@ VERL_NAMES = {
     "rewards": "token_level_rewards",
     "old_logp": "old_log_probs",
     "ref_logp": "ref_log_prob",
+    "teacher_logp": "teacher_logprobs",
     "values": "values",
     "advantages": "advantages",
     "returns": "returns",

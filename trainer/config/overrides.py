@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, get_type_hints
 
 from ..errors import ConfigError
-from . import verl_keys
+from . import verl09_keys, verl_keys
 from .derived import derive
 from .domains import value_at
 from .interpolation import Resolver
@@ -114,6 +114,8 @@ def set_key(cfg: Config, key: str, value: Any) -> None:
     if key not in known and (item := _dict_item(cfg, key)):
         item[0][item[1]] = value
         return
+    if key not in known and (why := new_key_refusal(key)):
+        raise ConfigError(f"{key}: {why}")
     if key not in known:
         near = [s] if (s := verl_keys.suggest(key, known)) else []
         hint = f"; did you mean {near[0]}?" if near else "; run `rlrig train --print-config` to list the keys"
@@ -124,6 +126,11 @@ def set_key(cfg: Config, key: str, value: Any) -> None:
         obj = getattr(obj, p)
     hint = get_type_hints(type(obj))[leaf]
     setattr(obj, leaf, _coerce(value, hint, key))
+
+
+def new_key_refusal(key: str) -> str | None:
+    """Why a key verl adds under a section (a second teacher) is refused, or None (then it is unknown)."""
+    return next((why for p, why in verl09_keys.REFUSED_NEW_KEYS.items() if key.startswith(p)), None)
 
 
 FULLY_ASYNC = "fully_async_policy"

@@ -632,6 +632,7 @@ RLRIG_ONLY = (
     "critic.enable_resource_pool",
     "critic.nnodes",
     "critic.n_gpus_per_node",
+    "distillation.placement.resource",
 )
 
 

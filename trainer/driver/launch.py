@@ -58,6 +58,7 @@ def plan_pools(cfg) -> list[placement.Pool]:
         cfg.critic.placement.resource if cfg.critic_in_use and "critic" not in own else None,
         rm.placement.resource if rm.enable and "reward_model" not in own else None,
         cfg.actor_rollout_ref.ref.placement.resource if cfg.ref_in_use and "actor_rollout_ref.ref" not in own else None,
+        cfg.distillation.placement.resource if cfg.distillation.enabled and "distillation" not in own else None,
     ]
     labelled = sorted({n.rank for n in placement.cluster_nodes()} - {None}, key=int)
     # one group per node, pinned to the alive ranks in order unless a resource decides where workers go
@@ -85,6 +86,7 @@ def start_workers(cfg, model_path: str, rm_path: str | None) -> Workers:
     from ..workers.critic_worker import CriticWorker
     from ..workers.ref_worker import RefWorker
     from ..workers.reward_worker import RewardModelWorker
+    from ..workers.teacher import TeacherWorker, teacher_path
     from ..workers.training_worker import Peers, TrainingWorker
 
     t, use_gpu, cfg_dict = cfg.trainer, cfg.trainer.device == "cuda", cfg.to_dict()
@@ -121,9 +123,11 @@ def start_workers(cfg, model_path: str, rm_path: str | None) -> Workers:
                 actor.options(**opts(k, i), **nsight).remote(cfg_dict, i, n, master, model_path) for i in range(n)
             ]
             continue
-        cls, path = {"actor_rollout_ref.ref": (RefWorker, model_path), "reward_model": (RewardModelWorker, rm_path)}[
-            prefix
-        ]
+        cls, path = {
+            "actor_rollout_ref.ref": (RefWorker, model_path),
+            "reward_model": (RewardModelWorker, rm_path),
+            "distillation": (TeacherWorker, teacher_path(cfg)),
+        }[prefix]
         side[prefix] = [
             ray.remote(cls).options(**opts(k, i), **nsight).remote(cfg_dict, path, use_gpu, i) for i in range(n)
         ]
@@ -148,7 +152,9 @@ def start_workers(cfg, model_path: str, rm_path: str | None) -> Workers:
     actor = ray.remote(TrainingWorker)
     training = []
     for r in range(world):
-        peers = Peers(pick("reward_model", r), pick("actor_rollout_ref.ref", r), pick("critic", r))
+        peers = Peers(
+            pick("reward_model", r), pick("actor_rollout_ref.ref", r), pick("critic", r), pick("distillation", r)
+        )
         training.append(
             actor.options(**opts(0, r), **nsight).remote(cfg_dict, r, world, master, model_path, rm_path, peers)
         )
@@ -172,6 +178,7 @@ def describe_placement(cfg, workers: Workers, rm_path: str | None) -> str:
             ("ref", cfg.ref_in_use and "actor_rollout_ref.ref" not in side),
             ("critic", cfg.critic_in_use and "critic" not in side),
             (f"reward_model ({rm_path})", rm_path and "reward_model" not in side),
+            ("distillation teacher", cfg.distillation.enabled and "distillation" not in side),
         )
         if here
     ]

@@ -18,6 +18,7 @@ import torch
 from ..algos import core_algos as algos
 from ..algos import policy_losses
 from ..algos.bypass_loss import bypass_loss
+from ..algos.distillation import DistillationLoss, distillation_loss
 from ..batch.step_batch import StepBatch
 from ..model import offload, parallel
 from ..model.build import Trainable
@@ -40,7 +41,9 @@ def training(t: Trainable):
 
 # verl's engine reports the losses it normalises over the global batch as sums over the micro batches (its
 # AggregationType.SUM): the mini batch's loss; its other metrics stay means
-GLOBAL_SUMS = ("actor/pg_loss", "actor/entropy", "actor/kl_loss")
+GLOBAL_SUMS = ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "distillation/loss")
+# verl reports these as the extremes over the micro batches (its AggregationType.MIN and MAX)
+EXTREMES = {"distillation/loss_min": min, "distillation/loss_max": max}
 
 
 def engine_workers(cfg) -> bool:
@@ -84,6 +87,7 @@ def update_actor(
     a, rc = cfg.actor_rollout_ref.actor, cfg.algorithm.rollout_correction
     loss_fn = bypass_loss(rc, allreduce) if rc.bypass_mode else policy_losses.get(a.policy_loss.loss_mode).fn
     old_logp, mask, adv, is_w = batch.old_logp, batch.mask, batch.advantages, batch.is_weights
+    distill = DistillationLoss.of(cfg)  # distillation.enabled: the teacher's loss joins (algos/distillation.py)
     stats: dict[str, list] = {}
     # one epoch of one mini batch: verl's dp_actor takes the update's own log-probs as the old ones (dp_actor.py:591),
     # in bypass mode too, where they stand in for the engine's (so there the bypass loss's ratio is 1)
@@ -107,7 +111,8 @@ def update_actor(
                     if own_old:  # on-policy: one epoch, one mini batch, so these are the old log-probs
                         first[sl] = logp.detach()
                     old = logp.detach() if own_old else old_logp[sl]
-                    pg, extra = loss_fn(old, logp, adv[sl], m, a, agg, None if is_w is None else is_w[sl])
+                    w = None if is_w is None else is_w[sl]
+                    pg, extra = loss_fn(old, logp, adv[sl], m, a, agg, w)
                     loss = pg
                     if with_entropy:
                         entropy = algos.agg_loss(ent, m, agg)
@@ -117,6 +122,11 @@ def update_actor(
                         kl = algos.agg_loss(algos.kl_penalty(logp, batch.ref_logp[sl], a.kl_loss_type), m, agg)
                         loss = loss + a.kl_loss_coef * kl
                         mini.setdefault("actor/kl_loss", []).append(kl.detach())
+                    if distill is not None:  # verl's distillation_ppo_loss: with the task's loss, or alone
+                        dl, dm = distillation_loss(logp, old, batch.teacher_logp[sl], m, distill, agg, w)
+                        loss = (loss if distill.use_task_rewards else 0.0) + distill.coef * dl
+                        for k, v in {**dm, "distillation/loss": dl}.items():
+                            mini.setdefault(k, []).append(v.detach())
                     loss = loss + moe_aux_loss(forward, mini, size(sl) / plan.rows if glob else 1.0)
                     (loss if glob else loss * size(sl) / plan.rows).backward()
                     for k, v in (("actor/pg_loss", pg), *extra.items()):
@@ -126,7 +136,9 @@ def update_actor(
                 stats.setdefault("actor/grad_norm", []).append(parallel.grad_norm_tensor(t.module, a.optim.clip_grad))
                 with offload.optimizer_on(t.opt, t.device, t.optimizer_offload):
                     t.opt.step()
-    return to_host(stats), (first if own_old else old_logp)
+    host = to_host(stats)
+    host.update({k: [pick(host[k])] for k, pick in EXTREMES.items() if k in host})
+    return host, (first if own_old else old_logp)
 
 
 def moe_aux_loss(forward: ForwardOptions, mini: dict[str, list], weight: float) -> torch.Tensor | float:

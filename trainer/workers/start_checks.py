@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..model import build, checkpoint_names, forward, kernels, lora, moe, ulysses
 from ..model.micro_batches import sequence_parallel
 from ..rollout.engines import engine_class
+from . import teacher
 
 
 def layout_refusal(model_path: str, load_kwargs: dict, engine_cls) -> str | None:
@@ -148,4 +149,5 @@ def start_refusal(cfg_dict: dict, model_path: str, device: str) -> str | None:
         or fused_head_check(cfg, model_path)
         or liger_check(cfg, model_path, device)
         or moe_check(cfg, model_path, cls.name, device)
+        or teacher.tokenizer_refusal(cfg, model_path)
     )

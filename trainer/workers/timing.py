@@ -18,6 +18,7 @@ PHASES = (
     "sp_share",
     "old_log_prob",
     "ref",
+    "teacher",
     "values",
     "adv",
     "pf_ppo",

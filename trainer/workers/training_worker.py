@@ -34,6 +34,7 @@ from .step import phases as step_phases
 from .step.context import OldLogProbs, Step, StepContext, batch_sum
 from .step.context import Sources as StepSources
 from .step.request import StepPlan, StepRequest
+from .teacher import teacher_source
 from .timing import Phases, device_sync
 
 
@@ -45,6 +46,7 @@ class Peers:
     reward_model: object = None
     ref: object = None
     critic: object = None
+    teacher: object = None  # distillation's teacher (workers/teacher.py)
 
 
 class TrainingWorker(RankWorker):
@@ -156,6 +158,7 @@ class TrainingWorker(RankWorker):
             critic_update=critic_update,
             actor_update=sources.ActorUpdate.of(m.actor, cfg, self._mini_batches, total, actor_forward),
             sync_engine=self._sync_engine if self.engine is not None else None,
+            teacher=teacher_source(cfg, self.device, peers.teacher, self._micro_batches),
         )
         return StepContext(
             cfg=cfg,

@@ -85,7 +85,7 @@ class OldLogProbs:
 @dataclass(frozen=True)
 class Sources:
     """Where each of the step's passes runs, chosen once (workers/step/sources.py); None where the run has no such
-    model (no reference, no critic) or no engine here to sync.
+    model (no reference, no critic, no distillation teacher) or no engine here to sync.
 
     rollout: the phase that yields the scored batch: this worker's engine generating (phases.Generate), or a rollout
     pool's samples that came with the request (phases.PooledSamples). actor: the actor's old log-prob pass, and
@@ -99,6 +99,8 @@ class Sources:
     critic_update: LocalCriticUpdate | RemoteCriticUpdate | None
     actor_update: ActorUpdate
     sync_engine: Callable[[], None] | None  # the actor's weights into this worker's engine
+    # distillation's teacher (workers/teacher.py): sources.LocalLogProbs | sources.RemoteLogProbs
+    teacher: Callable[[StepBatch], torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)

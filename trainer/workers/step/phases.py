@@ -34,6 +34,7 @@ def run(ctx: StepContext, step: Step) -> Step:
         with torch.no_grad():
             step = old_log_probs(ctx, step)
             step = reference_log_probs(ctx, step)
+            step = teacher_log_probs(ctx, step)
             step = critic_values(ctx, step)
         step = advantages(ctx, step)
         step = pf_ppo(ctx, step)
@@ -116,7 +117,7 @@ def share_sequence_parallel(ctx: StepContext, step: Step) -> Step:
         return step.replace(batch=sequence_parallel_share(step.batch, ctx.sp, ctx.pad_id))
 
 
-# --- the no-grad passes: old log-probs, the reference's, the critic's values ---
+# --- the no-grad passes: old log-probs, the reference's, the teacher's, the critic's values ---
 
 
 def old_log_probs(ctx: StepContext, step: Step) -> Step:
@@ -148,6 +149,14 @@ def reference_log_probs(ctx: StepContext, step: Step) -> Step:
         return step
     with step.phases("ref"):
         return step.fill(ref_logp=ctx.sources.ref(step.batch))
+
+
+def teacher_log_probs(ctx: StepContext, step: Step) -> Step:
+    """distillation.enabled: the teacher's log-probs of the sampled tokens, timed as verl's teacher phase."""
+    if ctx.sources.teacher is None:
+        return step
+    with step.phases("teacher"):
+        return step.fill(teacher_logp=ctx.sources.teacher(step.batch))
 
 
 def critic_values(ctx: StepContext, step: Step) -> Step:

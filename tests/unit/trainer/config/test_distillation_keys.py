@@ -1,0 +1,97 @@
+"""distillation.* (verl 0.9's on-policy distillation): each key rlrig implements reaches the typed config, each it
+does not is refused at start-up in one line naming it, and the teacher must read the student's token ids."""
+
+import pytest
+
+from rlrig.trainer.config.overrides import parse_overrides
+from rlrig.trainer.errors import ConfigError
+
+BASE = ["actor_rollout_ref.model.path=/m"]
+ON = [*BASE, "distillation.enabled=True", "distillation.teacher_models.teacher_model.model_path=/t"]
+LOSS = "distillation.distillation_loss."
+TEACHER = "distillation.teacher_models.teacher_model."
+
+
+@pytest.mark.parametrize(
+    "override, read, value",
+    [
+        (f"{LOSS}loss_mode=k2", lambda c: c.distillation.distillation_loss.loss_mode, "k2"),
+        (f"{LOSS}loss_mode=low_var_kl", lambda c: c.distillation.distillation_loss.loss_mode, "low_var_kl"),
+        (f"{LOSS}use_task_rewards=False", lambda c: c.distillation.distillation_loss.use_task_rewards, False),
+        (f"{LOSS}distillation_loss_coef=0.5", lambda c: c.distillation.distillation_loss.distillation_loss_coef, 0.5),
+        (f"{LOSS}loss_max_clamp=10.0", lambda c: c.distillation.distillation_loss.loss_max_clamp, 10.0),
+        (f"{LOSS}use_policy_gradient=True", lambda c: c.distillation.distillation_loss.use_policy_gradient, True),
+        (f"{LOSS}clip_ratio_high=0.28", lambda c: c.distillation.distillation_loss.clip_ratio_high, 0.28),
+        ("distillation.teacher_key=task", lambda c: c.distillation.teacher_key, "task"),
+        (f"{TEACHER}key=gsm8k", lambda c: c.distillation.teacher_models.teacher_model.key, "gsm8k"),
+        ("distillation.nnodes=1", lambda c: "distillation" in c.own_pools(), True),
+    ],
+)  # fmt: skip
+def test_a_distillation_key_reaches_the_config(override, read, value):
+    assert read(parse_overrides([*ON, override])) == value
+
+
+@pytest.mark.parametrize("override", [f"{LOSS}topk=64", f"{LOSS}log_prob_min_clamp=-10.0"])
+def test_what_only_the_top_k_modes_read_is_taken_as_changing_nothing(override):
+    from rlrig.trainer.config import verl_keys
+
+    parse_overrides([*ON, override])
+    assert "top-k" in verl_keys.NO_EFFECT[override.split("=")[0]]
+
+
+def test_colocated_by_default_and_verls_own_spelling_of_k1_as_a_policy_gradient():
+    cfg = parse_overrides([*ON, f"{LOSS}loss_mode=k1", f"{LOSS}use_policy_gradient=True"])
+    assert cfg.own_pools() == {} and cfg.distillation.enabled
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (["distillation.enabled=True"], "distillation.teacher_models.teacher_model.model_path"),
+        ([f"{LOSS}loss_mode=forward_kl_topk"], "needs the teacher's top-k log-probs"),
+        ([f"{LOSS}loss_mode=k4"], "choose one of kl, k1, abs, mse, k2, low_var_kl, k3"),
+        ([f"{LOSS}loss_mode=k1"], "use_policy_gradient=True"),
+        ([f"{LOSS}policy_loss_mode=gspo"], "only vanilla"),
+        ([f"{LOSS}loss_max_clamp=0"], "must be positive"),
+        (["distillation.nnodes=1", "distillation.n_gpus_per_node=0"], "needs both at least 1"),
+        (["+distillation.teacher_models.teacher_model2.model_path=/u"], "several teachers"),
+        (["distillation.teacher_models.teacher_model.inference.name=vllm"], "served by vLLM or SGLang"),
+        (["distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size=1"], "hf engine"),
+        (["distillation.teacher_models.teacher_model.num_replicas=2"], "hf engine"),
+    ],
+)
+def test_what_rlrig_does_not_build_is_refused_in_one_line(overrides, says):
+    base = BASE if overrides[0] == "distillation.enabled=True" else ON
+    with pytest.raises(ConfigError) as e:
+        parse_overrides([*base, *overrides])
+    text = str(e.value)
+    assert says in text and "\n" not in text, text
+    assert text.startswith("distillation."), text
+
+
+def test_verls_defaults_are_taken_with_distillation_off():
+    cfg = parse_overrides([*BASE, "distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size=2"])
+    assert not cfg.distillation.enabled
+
+
+@pytest.fixture
+def tokenizers(tmp_path):
+    from rlrig.trainer.embedded.tiny_model import char_vocab, tokenizer_from_vocab
+
+    same, other = tmp_path / "same", tmp_path / "other"
+    tokenizer_from_vocab(char_vocab()).save_pretrained(same)
+    tokenizer_from_vocab({**char_vocab(), "x": len(char_vocab())}).save_pretrained(other)
+    return str(same), str(other)
+
+
+def test_a_teacher_with_another_tokenizer_is_refused(tokenizers):
+    from rlrig.trainer.workers.teacher import tokenizer_refusal
+
+    same, other = tokenizers
+    cfg = parse_overrides(
+        [*BASE, "distillation.enabled=True", f"distillation.teacher_models.teacher_model.model_path={same}"]
+    )
+    assert tokenizer_refusal(cfg, same) is None
+    why = tokenizer_refusal(cfg, other)
+    assert why.startswith("distillation.teacher_models.teacher_model.model_path=") and "share one tokenizer" in why
+    assert tokenizer_refusal(parse_overrides(BASE), other) is None  # distillation off: nothing to check

@@ -1,0 +1,96 @@
+"""The distillation teacher (distillation.enabled): its log-probs of the student's sampled tokens, from the hf
+engine's forward pass over prompt and response, at temperature 1 as verl's teacher computes them (prompt
+log-probs are a forward pass: verl sets its teacher's temperature to 1 whatever the rollout's). Where it runs is
+chosen once (teacher_source): a whole copy held in every training worker (distillation.nnodes=0), or a pool of its
+own (TeacherWorker, nnodes x n_gpus_per_node workers) that the training workers send their samples to, as the
+reference's pool."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..batch.step_batch import StepBatch
+from ..config.schema import from_dict
+from ..model import micro_batches as batching
+from ..model.build import load_kwargs, load_reference
+from ..model.forward import ForwardOptions, in_micro_batches, token_logprobs
+from .base import PoolWorker, ensure_local_embedded_model, single_device
+from .step.sources import LocalLogProbs, RemoteLogProbs
+
+# the teacher's passes take the reference's micro batches and token budget (verl's teacher is a server of its own)
+MICRO_KEY = "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"
+
+
+def teacher_path(cfg) -> str | None:
+    return cfg.distillation.teacher_models.teacher_model.model_path if cfg.distillation.enabled else None
+
+
+def load_teacher(cfg, device: torch.device):
+    """(the frozen teacher, whole, on `device`, its precision): loaded as the reference is, from the teacher's
+    path with the actor's model.* load arguments."""
+    return load_reference(cfg, teacher_path(cfg), device, "ddp")
+
+
+def teacher_forward(cfg) -> ForwardOptions:
+    return dataclasses.replace(ForwardOptions.of(cfg), temperature=1.0, share_prompts=False, fused_head=False)
+
+
+def teacher_source(cfg, device: torch.device, pool, micro_batches):
+    """The teacher's log-probs [B, R]: from its pool (`pool`, a TeacherWorker's Ray handle), from a copy held here,
+    or None (distillation off)."""
+    if not cfg.distillation.enabled:
+        return None
+    if pool is not None:
+        return RemoteLogProbs(pool, device)
+    module, prec = load_teacher(cfg, device)
+    micro = cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
+    return LocalLogProbs(module, prec, micro, MICRO_KEY, teacher_forward(cfg), micro_batches)
+
+
+def tokenizer_refusal(cfg, model_path: str) -> str | None:
+    """The teacher scores the student's token ids, so both must read them alike: the same vocabulary, ids and
+    special tokens."""
+    path = teacher_path(cfg)
+    if path is None:
+        return None
+    from transformers import AutoTokenizer
+
+    kw = load_kwargs(cfg.actor_rollout_ref.model)
+    student, teacher = AutoTokenizer.from_pretrained(model_path, **kw), AutoTokenizer.from_pretrained(path, **kw)
+    same = student.get_vocab() == teacher.get_vocab() and student.all_special_ids == teacher.all_special_ids
+    if same:
+        return None
+    return (
+        f"distillation.teacher_models.teacher_model.model_path={path}: its tokenizer is not the student's "
+        f"({model_path}); the teacher scores the student's token ids, so both must share one tokenizer"
+    )
+
+
+class TeacherWorker(PoolWorker):
+    """A worker of the teacher's own pool (distillation.nnodes > 0): a whole teacher on one device, computing the
+    log-probs of the samples the training workers send it. Forward passes only, so no process group."""
+
+    def __init__(self, cfg_dict: dict, model_path: str, use_gpu: bool, rank: int = 0):
+        """model_path: the teacher's; rank: this worker's place in the pool."""
+        cfg = from_dict(cfg_dict)
+        self.device = single_device(use_gpu)
+        ensure_local_embedded_model(model_path)
+        self.model, self.precision = load_reference(cfg, model_path, self.device, "ddp")
+        self.micro = cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
+        self.forward = teacher_forward(cfg)
+        self.budget = batching.token_budgets(cfg)[MICRO_KEY]
+
+    @torch.no_grad()
+    def logprobs(self, batch: StepBatch) -> torch.Tensor:
+        """[B, R] log-probs of the response tokens, on the CPU for the trip back."""
+        ids, mask = batch.input_ids.to(self.device), batch.attention_mask.to(self.device)
+        lengths = mask.sum(-1).tolist() if self.budget else []
+        parts = batching.plan(lengths, 0, len(ids), self.micro, self.budget, lambda k: k)
+
+        def part(p):
+            with self.precision.autocast():
+                return token_logprobs(self.model, ids[p], mask[p], batch.prompt_len, self.forward)[0]
+
+        return in_micro_batches(parts, part).cpu()
