@@ -119,7 +119,7 @@ def test_vanilla_weighs_each_tokens_loss_by_hand():
 def test_every_loss_takes_the_weights(name):
     """Weights of 1 change nothing; weights of 2 double the loss (every loss is linear in its tokens' weights,
     geo_mean through their geometric mean per sequence)."""
-    cfg = parse_overrides([]).actor_rollout_ref.actor
+    cfg = parse_overrides(["actor_rollout_ref.actor.policy_loss.dro_beta=0.3"]).actor_rollout_ref.actor  # read by dro
     g = torch.Generator().manual_seed(0)
     old = -torch.rand(3, 5, generator=g)
     logp = old + 0.1 * torch.randn(3, 5, generator=g)
