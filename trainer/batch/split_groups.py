@@ -18,7 +18,16 @@ from ..algos.core_algos import local
 from ..algos.estimators.registry import AdvantageInput
 from ..model.parallel import gather_rows, group_holding
 
-TENSORS = ("token_rewards", "mask", "values", "baselines", "old_logp", "sum_pi_squared", "is_weights")
+TENSORS = (
+    "token_rewards",
+    "mask",
+    "values",
+    "baselines",
+    "old_logp",
+    "sum_pi_squared",
+    "is_weights",
+    "components",
+)
 
 
 def peer_group(rank: int, world: int, sp_size: int):

@@ -31,6 +31,7 @@ class StepBatch:
     scores: torch.Tensor | None = None  # [B]: outcome scores
     token_scores: torch.Tensor | None = None  # [B, R]: the score on each response's last token, 0 elsewhere
     baselines: torch.Tensor | None = None  # [B]: the greedy response's score of each sample's prompt (ReMax)
+    reward_components: torch.Tensor | None = None  # [B, K]: algorithm.gdpo_reward_keys' values (GDPO)
     old_logp: torch.Tensor | None = None  # [B, R]: the actor's log-probs before the update
     sum_pi_squared: torch.Tensor | None = None  # [B, R]: sum_v pi(v)^2 of the actor before the update (OTB)
     ref_logp: torch.Tensor | None = None  # [B, R]: the reference model's log-probs

@@ -1,5 +1,5 @@
-"""verl 0.9's algorithm keys whose checks verl makes only when the step first reads them (GDPO's reward keys, DRO's
-beta), made at start-up here, each in one line naming the key and the fix."""
+"""verl 0.9's algorithm keys whose checks verl makes only when the step first reads them (GDPO's reward keys and
+weights, DRO's beta), made at start-up here, each in one line naming the key and the fix."""
 
 from __future__ import annotations
 
@@ -16,5 +16,25 @@ def validate_dro(cfg) -> None:
         )
 
 
+def validate_gdpo(cfg) -> None:
+    """verl's compute_gdpo_outcome_advantage asserts gdpo_reward_keys; its weights are one per key."""
+    al = cfg.algorithm
+    keys, weights = al.gdpo_reward_keys, al.gdpo_reward_weights
+    if al.adv_estimator != "gdpo":
+        return
+    if not keys:
+        raise ConfigError(
+            "algorithm.adv_estimator=gdpo needs the reward components it normalizes one by one: set "
+            "algorithm.gdpo_reward_keys to the keys of the dict your reward function returns, e.g. "
+            "[format_reward,accuracy_reward]"
+        )
+    if weights is not None and len(weights) != len(keys):
+        raise ConfigError(
+            f"algorithm.gdpo_reward_weights has {len(weights)} weights for {len(keys)} algorithm.gdpo_reward_keys: "
+            "give one weight per key, or leave it out (1 each)"
+        )
+
+
 def validate_algorithm_keys(cfg) -> None:
     validate_dro(cfg)
+    validate_gdpo(cfg)

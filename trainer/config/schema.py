@@ -485,6 +485,10 @@ class AlgorithmConfig:
     pf_ppo: PfPpoConfig = field(default_factory=PfPpoConfig)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    # gdpo: the reward function's fields each sample is scored by (its returned dict's keys), each normalized within
+    # its group on its own, and their weights in the sum (None: 1 each)
+    gdpo_reward_keys: list[str] | None = None
+    gdpo_reward_weights: list[float] | None = None
 
 
 @dataclass

@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # the worker's side (its phases, the agent loop) stays out of
 
 # the per-sample fields that span the response columns, padded on the right with 0 where widened
 _RESPONSE_FIELDS = ("response_mask", "engine_logp", "token_scores")
+_ROW_FIELDS = ("reward_components",)  # [B, K]: one row a sample, as wide in every batch
 
 
 @dataclass
@@ -116,7 +117,7 @@ def concat(parts: list[StepBatch], pad_id: int) -> StepBatch:
     resp = max(p.input_ids.shape[1] - p.prompt_len for p in parts)
 
     def widened(p: StepBatch, name: str, t: torch.Tensor | None) -> torch.Tensor | None:
-        if t is None or t.dim() == 1:
+        if t is None or t.dim() == 1 or name in _ROW_FIELDS:
             return t
         fill = pad_id if name == "input_ids" else -1 if name == "routed_experts" else 0
         extra = (0, 0) * (t.dim() - 2)  # routed_experts' layer and expert dimensions

@@ -6,6 +6,7 @@ from . import gae, grpo  # noqa: F401
 
 # isort: split
 from . import (  # noqa: E402,F401
+    gdpo,
     gpg,
     grpo_passk,
     opo,

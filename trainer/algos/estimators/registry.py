@@ -31,6 +31,9 @@ class AdvantageInput:
     old_logp: torch.Tensor | None = None  # [B, R]: the actor's log-probs before the update
     sum_pi_squared: torch.Tensor | None = None  # [B, R]: sum_v pi(v)^2 at each response token, where declared
     is_weights: torch.Tensor | None = None  # [B, R]: rollout correction's importance weights (rollout_is)
+    # [B, K]: each sample's reward components (algorithm.gdpo_reward_keys, in order), where declared
+    components: torch.Tensor | None = None
+    component_weights: list[float] | None = None  # [K]: algorithm.gdpo_reward_weights (None: all 1)
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ class Estimator:
     )
     # the old-log-prob pass also yields sum_pi_squared (actor.calculate_sum_pi_squared=True, as verl asserts)
     needs_sum_pi_squared: bool = False
+    # each sample's reward components: the reward function's fields algorithm.gdpo_reward_keys names
+    needs_reward_components: bool = False
 
 
 ESTIMATORS: dict[str, Estimator] = {}
@@ -60,6 +65,7 @@ def register(
     needs_groups: bool = False,
     needs_greedy_baseline: bool = False,
     needs_sum_pi_squared: bool = False,
+    needs_reward_components: bool = False,
 ):
     """Registers `fn(x: AdvantageInput) -> (advantages, returns)`, both [B, R] and 0 outside the mask, as
     algorithm.adv_estimator=`name`. The needs_* flags declare what it reads (Estimator's fields say what each
@@ -69,7 +75,9 @@ def register(
     def deco(fn):
         if name in ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is registered twice")
-        ESTIMATORS[name] = Estimator(name, fn, needs_critic, needs_groups, needs_greedy_baseline, needs_sum_pi_squared)
+        ESTIMATORS[name] = Estimator(
+            name, fn, needs_critic, needs_groups, needs_greedy_baseline, needs_sum_pi_squared, needs_reward_components
+        )
         return fn
 
     return deco

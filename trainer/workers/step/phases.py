@@ -16,6 +16,7 @@ from ...algos.variance_proxy import variance_proxy_metrics
 from ...batch.balance import balance
 from ...batch.exchange import pf_ppo_resample, sequence_parallel_share
 from ...batch.step_batch import StepBatch
+from ...reward.components import reward_components
 from ...reward.scoring import RewardSource, score_batch, score_batch_with_fields
 from ...rollout.engines import GREEDY
 from ..base import forked_rngs
@@ -74,6 +75,7 @@ class Generate:
         with phases("reward"):
             batch = StepBatch.from_rollout(ro.to(ctx.device), n, self.rank * len(rows) * n)
             batch, fields = score_batch_with_fields(ctx.tok, self.reward, rows, batch, n, turns.extra_info())
+            batch = with_components(ctx, batch, fields)
         if self.greedy_baseline:  # verl's ReMax: each prompt's greedy response (through the same loop), scored
             with phases("gen_max"):
                 greedy, turns = self.agent.generate(rows, 1, GREEDY, sync_follows=syncs)
@@ -94,7 +96,23 @@ class PooledSamples:
         req, n = step.request, ctx.cfg.actor_rollout_ref.rollout.n
         with step.phases("reward"):
             ro = StepBatch.from_rollout(req.samples.to(ctx.device), n, req.first_sample)
-            return step.replace(batch=score_batch(ctx.tok, self.reward, req.rows, ro, 1, req.turns))
+            if not needs_components(ctx):
+                return step.replace(batch=score_batch(ctx.tok, self.reward, req.rows, ro, 1, req.turns))
+            batch, fields = score_batch_with_fields(ctx.tok, self.reward, req.rows, ro, 1, req.turns)
+            return step.replace(batch=with_components(ctx, batch, fields))
+
+
+def needs_components(ctx: StepContext) -> bool:
+    return estimators.get(ctx.cfg.algorithm.adv_estimator).needs_reward_components
+
+
+def with_components(ctx: StepContext, batch: StepBatch, fields: list[dict]) -> StepBatch:
+    """GDPO's reward components (algorithm.gdpo_reward_keys) from each sample's reward fields, where the estimator
+    reads them."""
+    if not needs_components(ctx):
+        return batch
+    keys = ctx.cfg.algorithm.gdpo_reward_keys
+    return batch.replace(reward_components=reward_components(fields, keys, batch.input_ids.device))
 
 
 # --- moving samples between workers ---
@@ -193,6 +211,8 @@ def advantages(ctx: StepContext, step: Step) -> Step:
             batch.old_logp,
             batch.sum_pi_squared,
             batch.is_weights,
+            components=batch.reward_components,
+            component_weights=al.gdpo_reward_weights,
         )
         adv, returns = ctx.estimate(adv_in)
     return step.replace(batch=batch.replace(rewards=rewards, advantages=adv, returns=returns)).report(out)

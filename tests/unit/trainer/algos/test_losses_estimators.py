@@ -136,8 +136,15 @@ def test_every_registered_name_is_accepted_by_config():
 
     for name, est in estimators.ESTIMATORS.items():
         spp = f"actor_rollout_ref.actor.calculate_sum_pi_squared={est.needs_sum_pi_squared}"
+        keys = "algorithm.gdpo_reward_keys=[acc]"  # read by gdpo alone, as in verl
         parse_overrides(
-            ["actor_rollout_ref.model.path=/m", f"algorithm.adv_estimator={name}", "actor_rollout_ref.rollout.n=2", spp]
+            [
+                "actor_rollout_ref.model.path=/m",
+                f"algorithm.adv_estimator={name}",
+                "actor_rollout_ref.rollout.n=2",
+                spp,
+                keys,
+            ]
         )
     for name in policy_losses.POLICY_LOSSES:
         pl = "actor_rollout_ref.actor.policy_loss"

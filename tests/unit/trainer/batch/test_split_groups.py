@@ -41,6 +41,8 @@ def _whole_batch() -> AdvantageInput:
         old_logp=-rand(PROMPTS * N, R) * mask,
         sum_pi_squared=rand(PROMPTS * N, R) * mask,
         is_weights=(0.5 + rand(PROMPTS * N, R)) * mask,
+        components=torch.randint(0, 3, (PROMPTS * N, 2), generator=g).float(),
+        component_weights=[1.0, 0.5],
     )
 
 

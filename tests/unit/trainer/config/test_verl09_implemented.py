@@ -192,3 +192,37 @@ def test_dro_loss_moves_the_policy_as_its_formula():
     )
     loss.backward()
     assert logp.grad.tolist() == [[-1.0, 1.0]] and float(metrics["actor/ppo_kl"]) == 0.0
+
+
+@pytest.mark.parametrize(
+    "overrides,error",
+    [
+        (["algorithm.adv_estimator=gdpo", "+algorithm.gdpo_reward_keys=[acc,fmt]"], None),
+        (
+            [
+                "algorithm.adv_estimator=gdpo",
+                "algorithm.gdpo_reward_keys=[acc,fmt]",
+                "algorithm.gdpo_reward_weights=[1,2]",
+            ],
+            None,
+        ),
+        (["algorithm.gdpo_reward_keys=[acc]"], None),  # read by gdpo alone, as in verl
+        (["algorithm.adv_estimator=gdpo"], "set algorithm.gdpo_reward_keys"),
+        (
+            [
+                "algorithm.adv_estimator=gdpo",
+                "algorithm.gdpo_reward_keys=[acc,fmt]",
+                "algorithm.gdpo_reward_weights=[1]",
+            ],
+            "1 weights for 2 algorithm.gdpo_reward_keys",
+        ),
+    ],
+)
+def test_gdpo_needs_its_reward_keys_as_verl(overrides, error):
+    if error is None:
+        cfg = parse_overrides([MODEL, "actor_rollout_ref.rollout.n=2", *overrides])
+        assert cfg.algorithm.gdpo_reward_keys
+        return
+    with pytest.raises(ConfigError) as e:
+        parse_overrides([MODEL, "actor_rollout_ref.rollout.n=2", *overrides])
+    assert error in str(e.value) and "\n" not in str(e.value)
