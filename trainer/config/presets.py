@@ -261,6 +261,31 @@ def code() -> list[str]:
     ]
 
 
+def distill() -> list[str]:
+    """On-policy distillation on the embedded task (distillation.*): a student pre-trained for a third of the
+    embedded model's steps (embedded/distill_student.py) learns from the embedded model's log-probs of its own
+    samples: k1 as policy-gradient advantages (per token, log teacher - log student), as Thinking Machines' recipe,
+    with no task reward in the loss (the score is only watched)."""
+    from ..embedded.distill_student import ensure_student
+    from ..embedded.tiny_model import ensure_tiny_model
+
+    return EMBEDDED + [
+        f"actor_rollout_ref.model.path={ensure_student()}",
+        "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "distillation.enabled=True",
+        f"distillation.teacher_models.teacher_model.model_path={ensure_tiny_model()}",
+        "distillation.distillation_loss.loss_mode=k1",
+        "distillation.distillation_loss.use_policy_gradient=True",
+        "distillation.distillation_loss.use_task_rewards=False",
+        "trainer.total_training_steps=60",
+        "trainer.test_freq=20",
+        "trainer.save_freq=60",
+        "trainer.experiment_name=distill",
+        "trainer.default_local_dir=outputs/distill",
+    ]
+
+
 PRESETS = {
     "embedded": lambda: list(EMBEDDED),
     "smollm2": smollm2,
@@ -268,6 +293,7 @@ PRESETS = {
     "tools-mcp": tools_mcp,
     "two-attempts": two_attempts,
     "openai-agent": openai_agent,
+    "distill": distill,
     "code": code,
 }
 
