@@ -381,9 +381,8 @@ AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
     ),
     (
         "verl's Megatron LoRA block; its FSDP engine reads only lora.merge from it. rlrig's LoRA is "
-        "actor_rollout_ref.model.lora_rank, lora_alpha, target_modules (the critic has none), and rlrig hands its "
-        "engines the adapter merged into the weights",
-        _each(("actor_rollout_ref.model.lora.", "critic.model.lora."), {**_MEGATRON_LORA, "merge": "False"}),
+        "actor_rollout_ref.model.lora_rank, lora_alpha, target_modules (the critic has none)",
+        _each(("actor_rollout_ref.model.lora.", "critic.model.lora."), _MEGATRON_LORA),
     ),
     (
         "the reward model scores with one engine per GPU group; a generative reward model's sampling, "
@@ -559,6 +558,11 @@ ALSO_ACCEPTED = {
 }
 
 NO_EFFECT = {
+    "actor_rollout_ref.model.lora.merge": "rlrig hands its engines the LoRA adapter merged into the weights, as "
+    "verl's True does; verl's False hands vLLM or SGLang the adapter to apply beside the base weights, the same "
+    "policy (in exact arithmetic) through another transport",
+    "critic.model.lora.merge": "verl reads it where the actor's weights reach the rollout engines; the critic's never "
+    "do",
     **DISTILLATION_NO_EFFECT,
     **{
         f"{p}checkpoint.strict": "read only by verl's Megatron backend (the strict check of its Hugging Face weight "

@@ -695,8 +695,8 @@ def _same(text: str, default: str) -> bool:
 
 
 def refusal(key: str, value: str) -> str | None:
-    """Why `key=value` is refused, or None."""
-    if accepted_default(key, value):
+    """Why `key=value` is refused, or None (a NO_EFFECT key at any value, under a refused prefix too)."""
+    if accepted_default(key, value) or key in NO_EFFECT:
         return None
     why = REFUSED.get(key) or next((w for p, w in REFUSED_PREFIXES.items() if key.startswith(p)), None)
     if why is None and key.endswith("._target_"):

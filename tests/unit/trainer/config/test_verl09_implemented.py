@@ -226,3 +226,16 @@ def test_gdpo_needs_its_reward_keys_as_verl(overrides, error):
     with pytest.raises(ConfigError) as e:
         parse_overrides([MODEL, "actor_rollout_ref.rollout.n=2", *overrides])
     assert error in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("value", ["True", "False"])
+def test_lora_merge_is_taken_at_either_value_as_rlrigs_merged_sync(value):
+    """verl's model.lora.merge=True merges the adapter into the weights the engines get, which rlrig always does;
+    False (verl's default) hands the engine the adapter, the same policy."""
+    from rlrig.trainer.config import verl_keys
+
+    lora = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.target_modules=all-linear"]
+    before = parse_overrides([MODEL, *lora])
+    assert parse_overrides([MODEL, *lora, f"actor_rollout_ref.model.lora.merge={value}"]) == before
+    assert "merged into the weights" in verl_keys.NO_EFFECT["actor_rollout_ref.model.lora.merge"]
+    assert parse_overrides([MODEL, f"critic.model.lora.merge={value}"]) == parse_overrides([MODEL])
