@@ -51,7 +51,7 @@ def test_policy_loss_registry_and_unknown_names():
     assert "vanilla" in policy_losses.POLICY_LOSSES
     with pytest.raises(
         ConfigError,
-        match=r"loss_mode=.nope.: choose one of vanilla, cispo, clip_cov, geo_mean, gpg, gspo, kl_cov, sapo",
+        match=r"loss_mode=.nope.: choose one of vanilla, cispo, clip_cov, dro, geo_mean, gpg, gspo, kl_cov, sapo",
     ):
         parse_overrides([MODEL, "actor_rollout_ref.actor.policy_loss.loss_mode=nope"])
     with pytest.raises(ValueError, match="registered twice"):
