@@ -112,9 +112,19 @@ PREFIXES: dict[str, str] = {
 }
 
 
+# families whose middle part is the user's (gdpo/<reward key>/<stat>): the rule by the last part
+BY_LAST_PART: dict[str, dict[str, str]] = {
+    # reward/components.py: mean and std are the whole batch's on every worker, max and min each worker's own
+    "gdpo/": {"mean": MEAN, "std": MEAN, "max": MAX, "min": MIN},
+}
+
+
 def rule(name: str) -> str:
     if name in RULES:
         return RULES[name]
+    for prefix, by_last in BY_LAST_PART.items():
+        if name.startswith(prefix) and name.rsplit("/", 1)[-1] in by_last:
+            return by_last[name.rsplit("/", 1)[-1]]
     for prefix, how in PREFIXES.items():
         if name.startswith(prefix):
             return how

@@ -33,3 +33,23 @@ def _number(v) -> bool:
     except (TypeError, ValueError):
         return False
     return True
+
+
+def component_metrics(components: torch.Tensor, keys: list[str], batch_sum) -> dict:
+    """verl's gdpo/<key>/{mean,std,max,min} over the whole batch: mean and std (numpy's, the population's) from
+    sums over every worker (`batch_sum`, a collective), so each worker reports the batch's; max and min are this
+    worker's, which metrics.py takes the largest and smallest of."""
+    c = components.double()
+    count = torch.full((c.shape[1],), float(len(c)), dtype=c.dtype, device=c.device)
+    n, total, squares = batch_sum(torch.stack([count, c.sum(0), (c * c).sum(0)]))
+    mean = total / n.clamp_min(1)
+    std = (squares / n.clamp_min(1) - mean**2).clamp_min(0).sqrt()
+    out = {}
+    for i, key in enumerate(keys):
+        out |= {
+            f"gdpo/{key}/mean": mean[i].item(),
+            f"gdpo/{key}/std": std[i].item(),
+            f"gdpo/{key}/max": c[:, i].max().item(),
+            f"gdpo/{key}/min": c[:, i].min().item(),
+        }
+    return out

@@ -16,7 +16,7 @@ from ...algos.variance_proxy import variance_proxy_metrics
 from ...batch.balance import balance
 from ...batch.exchange import pf_ppo_resample, sequence_parallel_share
 from ...batch.step_batch import StepBatch
-from ...reward.components import reward_components
+from ...reward.components import component_metrics, reward_components
 from ...reward.scoring import RewardSource, score_batch, score_batch_with_fields
 from ...rollout.engines import GREEDY
 from ..base import forked_rngs
@@ -215,6 +215,8 @@ def advantages(ctx: StepContext, step: Step) -> Step:
             component_weights=al.gdpo_reward_weights,
         )
         adv, returns = ctx.estimate(adv_in)
+        if batch.reward_components is not None:  # verl's GDPO reports its components (a collective: every worker)
+            out.update(component_metrics(batch.reward_components, al.gdpo_reward_keys, ctx.batch_sum))
     return step.replace(batch=batch.replace(rewards=rewards, advantages=adv, returns=returns)).report(out)
 
 

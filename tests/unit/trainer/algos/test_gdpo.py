@@ -77,13 +77,17 @@ def test_gdpo_through_a_worker_normalizes_each_reward_field(tmp_path):
             return seen["out"]
 
         w.context = dataclasses.replace(w.context, estimate=estimate)
-        w.step(StepRequest(next(batches), global_step=1, kl_coef=0.0))
+        out = w.step(StepRequest(next(batches), global_step=1, kl_coef=0.0))
     x = seen["x"]
     assert x.components.shape == (12, 2) and x.component_weights == [1.0, 0.5]
     assert set(x.components[:, 0].tolist()) <= {0.0, 1.0} and set(x.components[:, 1].tolist()) <= {0.0, 1.0, 2.0}
     assert x.token_rewards.abs().sum() == 0  # the score is 0: what moves the policy is the fields
     expected = gdpo_advantages(x.components, x.mask, x.index, [1.0, 0.5], True)[0]
     torch.testing.assert_close(seen["out"][0], expected)
+    for i, key in enumerate(("acc", "fmt")):  # verl's gdpo/<key>/* metrics: numpy's mean, std, max, min
+        values = x.components[:, i].double().numpy()
+        got = [out[f"gdpo/{key}/{s}"] for s in ("mean", "std", "max", "min")]
+        assert got == pytest.approx([values.mean(), values.std(), values.max(), values.min()])
 
 
 @pytest.mark.parametrize(
@@ -104,3 +108,22 @@ def test_components_are_the_reward_fields_named(fields, says):
     with pytest.raises(RuntimeError) as e:
         reward_components(fields, ["acc", "fmt"], "cpu")
     assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_component_metrics_over_workers_are_the_whole_batchs():
+    """Two workers' shares: each reports the batch's mean and std; metrics.py merges them into verl's numbers."""
+    import numpy as np
+
+    from rlrig.trainer import metrics as M
+    from rlrig.trainer.reward.components import component_metrics
+
+    shares = [torch.tensor([[1.0, 0.0], [0.0, 2.0]]), torch.tensor([[1.0, 1.0], [1.0, 5.0], [0.5, 0.0]])]
+    summed = lambda t: sum(  # noqa: E731  (each worker's stacked sums, added as the all-reduce would)
+        torch.stack([torch.full((2,), float(len(s))), s.double().sum(0), (s.double() ** 2).sum(0)]) for s in shares
+    )
+    merged = M.reduce([component_metrics(s, ["acc", "fmt"], summed) for s in shares])
+    whole = torch.cat(shares).numpy()
+    for i, key in enumerate(("acc", "fmt")):
+        want = [whole[:, i].mean(), whole[:, i].std(), whole[:, i].max(), whole[:, i].min()]
+        assert [merged[f"gdpo/{key}/{s}"] for s in ("mean", "std", "max", "min")] == pytest.approx(want)
+    assert np.isclose(merged["gdpo/fmt/std"], np.std([0.0, 2.0, 1.0, 5.0, 0.0]))
