@@ -1,0 +1,135 @@
+"""Expert parallelism for transformers' fused mixtures of experts (Qwen2/3-MoE, Mixtral, and every experts module
+that holds `gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I] the way `use_experts_implementation` declares them):
+each rank of a process group of `ep` ranks keeps E/ep consecutive experts of every layer (rank r experts
+[r*E/ep, (r+1)*E/ep)), and a layer's forward sends each (token, expert) pair to the rank that owns the expert with
+an all-to-all, runs the local experts there, and sends the outputs back the same way, where they are weighted by the
+router's gates and summed per token as transformers' experts forward does.
+
+The all-to-alls are torch.distributed.nn.functional's, which are differentiable: an expert's gradient on its owner
+is the sum over every rank's tokens routed to it. With each rank's loss the mean of its own batch (data parallelism's
+convention), that sum is `ep` times the gradient the data-parallel average gives the other parameters; `parallelize`
+divides expert gradients by `grad_divisor` (the data-parallel world that averages the others) so the two agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def _fused_experts(module: nn.Module) -> bool:
+    """True for an experts module in transformers' fused layout this file can shard (gated, concatenated,
+    not transposed, no bias, no post-expert norm)."""
+    return (
+        isinstance(getattr(module, "gate_up_proj", None), nn.Parameter)
+        and isinstance(getattr(module, "down_proj", None), nn.Parameter)
+        and getattr(module, "num_experts", None) is not None
+        and getattr(module, "has_gate", True)
+        and getattr(module, "is_concatenated", True)
+        and not getattr(module, "is_transposed", False)
+        and not getattr(module, "has_bias", False)
+        and not getattr(module, "has_post_expert_norm", False)
+    )
+
+
+def experts_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """(qualified name, module) of every fused experts module of `model`, in module order."""
+    return ((name, m) for name, m in model.named_modules() if _fused_experts(m))
+
+
+def _a2a(x: torch.Tensor, send: list[int], recv: list[int], group) -> torch.Tensor:
+    """Rows of `x` sent `send[r]` to rank r; the rows received, `recv[r]` from rank r, in rank order."""
+    from torch.distributed.nn.functional import all_to_all_single
+
+    out = x.new_empty((sum(recv), *x.shape[1:]))
+    return all_to_all_single(out, x.contiguous(), recv, send, group=group)
+
+
+class ExpertParallelExperts(nn.Module):
+    """A fused experts module of which this rank holds experts [first, first + local): `forward(hidden_states [T, H],
+    top_k_index [T, K], top_k_weights [T, K]) -> [T, H]` returns what the whole module's forward returns for these
+    tokens, provided every rank of `group` calls it for the same layer (each with its own tokens). An expert index
+    outside [0, num_experts) (transformers' marker of a token routed nowhere) contributes nothing."""
+
+    def __init__(self, experts: nn.Module, group, grad_divisor: float = 1.0):
+        super().__init__()
+        ep, rank = dist.get_world_size(group), dist.get_rank(group)
+        total = int(experts.num_experts)
+        if total % ep:
+            raise ValueError(
+                f"{total} experts do not split evenly over {ep} expert-parallel ranks; "
+                "choose an expert-parallel size that divides the expert count"
+            )
+        self.group, self.ep, self.num_experts, self.local = group, ep, total, total // ep
+        self.first = rank * self.local
+        self.act_fn = experts.act_fn
+        own = slice(self.first, self.first + self.local)
+        self.gate_up_proj = nn.Parameter(experts.gate_up_proj.detach()[own].clone())
+        self.down_proj = nn.Parameter(experts.down_proj.detach()[own].clone())
+        if grad_divisor != 1.0:
+            for p in (self.gate_up_proj, self.down_proj):
+                p.register_hook(lambda g, d=grad_divisor: g / d)
+
+    def _local(self, x: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
+        """Each row of `x` through the local expert `expert[row]` (ungated: the gates apply on the sender)."""
+        out = x.new_zeros((x.shape[0], self.down_proj.shape[1]))
+        for e in torch.unique(expert).tolist():
+            rows = torch.where(expert == e)[0]
+            gate, up = nn.functional.linear(x[rows], self.gate_up_proj[e]).chunk(2, dim=-1)
+            out = out.index_add(0, rows, nn.functional.linear(self.act_fn(gate) * up, self.down_proj[e]))
+        return out
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+        k = top_k_index.shape[-1]
+        expert = top_k_index.reshape(-1)
+        token = torch.arange(hidden_states.shape[0], device=expert.device).repeat_interleave(k)
+        gates = top_k_weights.reshape(-1)
+        kept = (expert >= 0) & (expert < self.num_experts)
+        expert, token, gates = expert[kept], token[kept], gates[kept]
+        # pairs sorted by expert, so each rank's share is one consecutive run (experts are owned in ranges)
+        order = torch.argsort(expert, stable=True)
+        expert, token, gates = expert[order], token[order], gates[order]
+        with torch.no_grad():
+            per_expert = torch.bincount(expert, minlength=self.num_experts)
+            from_each = torch.empty_like(per_expert)
+            dist.all_to_all_single(from_each, per_expert, group=self.group)
+            send = per_expert.view(self.ep, self.local).sum(1).tolist()
+            from_each = from_each.view(self.ep, self.local)  # [source rank, local expert]
+            recv = from_each.sum(1).tolist()
+            local_expert = torch.arange(self.local, device=expert.device).repeat(self.ep)
+            local_expert = local_expert.repeat_interleave(from_each.reshape(-1))
+        arrived = _a2a(hidden_states[token], send, recv, self.group)
+        returned = _a2a(self._local(arrived, local_expert), recv, send, self.group)
+        weighted = returned * gates[:, None].to(returned.dtype)
+        out = torch.zeros_like(hidden_states)
+        return out.index_add(0, token, weighted.to(out.dtype))
+
+
+def parallelize(model: nn.Module, group, grad_divisor: float = 1.0) -> list[str]:
+    """Replace every fused experts module of `model` by its expert-parallel shard over `group` (see
+    ExpertParallelExperts); the names of the replaced modules. Every rank of `group` must hold the same weights
+    (the full model, as loaded); each then keeps only its experts. Raises ValueError for a model without fused
+    experts, or an expert count `group`'s size does not divide."""
+    found = list(experts_modules(model))
+    if not found:
+        raise ValueError(f"{type(model).__name__} has no fused experts module (gate_up_proj, down_proj) to shard")
+    for name, experts in found:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, ExpertParallelExperts(experts, group, grad_divisor))
+    return [name for name, _ in found]
+
+
+def gather_experts(module: ExpertParallelExperts) -> dict[str, torch.Tensor]:
+    """The whole layer's `gate_up_proj` and `down_proj` [E, ...], every rank of the module's group receiving them
+    (for a weight sync or a checkpoint in transformers' fused layout)."""
+    full = {}
+    for name in ("gate_up_proj", "down_proj"):
+        shard = getattr(module, name).detach().contiguous()
+        parts = [torch.empty_like(shard) for _ in range(module.ep)]
+        dist.all_gather(parts, shard, group=module.group)
+        full[name] = torch.cat(parts)
+    return full
