@@ -14,7 +14,7 @@ from ..errors import ConfigError
 from ..model import attention, compiled, kernels
 from ..model.micro_batches import mini_batch_prompts, per_worker_mini_batch, sequence_parallel, token_budgets
 from ..profiler_settings import ROLE_KEYS, TOOL_RECORDS_CPU, TORCH_CONTENTS, role_profile
-from ..reward.managers import overlong
+from ..reward.managers import check_name, overlong
 from ..rollout.engines import ENGINES
 from ..rollout.engines import NAMES as ENGINE_NAMES
 from .algorithm_checks import validate_algorithm_keys
@@ -711,6 +711,7 @@ def validate_lora(cfg: Config) -> None:
 def validate_reward_model(cfg: Config) -> None:
     rm = cfg.reward_model
     overlong(rm)  # the manager and its reward_kwargs, whether or not a model scores
+    check_name(rm, cfg.custom_reward_function.path)
     if rm.enable and rm.use_reward_loop:
         validate_reward_loop(rm.rollout, rm.enable_resource_pool, cfg.trainer.n_gpus_per_node)
 

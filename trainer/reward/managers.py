@@ -35,6 +35,25 @@ def is_own(rm_cfg) -> bool:
     return rm_cfg.reward_loop_source != "register" or rm_cfg.reward_manager not in MANAGERS
 
 
+# verl 0.9's own reward-loop managers beside naive and dapo: they run as classes of your own where verl is installed
+VERL_REGISTERED = ("gdpo", "rate_limited", "remote")
+
+
+def check_name(rm_cfg, custom_path: str | None) -> None:
+    """With source=register and no file to @register a name in (custom_reward_function.path or
+    reward_loop_module_path), the name is one of rlrig's or verl 0.9's own."""
+    name = rm_cfg.reward_manager
+    if rm_cfg.reward_loop_source != "register" or custom_path or rm_cfg.reward_loop_module_path:
+        return
+    if name not in (*MANAGERS, *VERL_REGISTERED):
+        raise ConfigError(
+            f"reward_model.reward_manager={name}: no reward manager of that name; rlrig's are {', '.join(MANAGERS)} "
+            f"(verl 0.9's {', '.join(VERL_REGISTERED)} run where verl is installed). A class of your own is named by "
+            "reward.reward_manager.source=importlib with module.path, or @register-ed in the file "
+            "custom_reward_function.path loads"
+        )
+
+
 def overlong(rm_cfg) -> Overlong | None:
     """The dapo manager's overlong penalty, or None; every reward_kwargs key checked as verl's managers take them.
     A manager of your own reads reward_kwargs itself (verl's config.reward.reward_kwargs): None, nothing checked."""
