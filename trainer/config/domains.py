@@ -141,6 +141,12 @@ DOMAINS: dict[str, Domain] = {
     **_sampling("actor_rollout_ref.rollout.val_kwargs"),
     "actor_rollout_ref.rollout.max_num_batched_tokens": COUNT,
     "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": COUNT,
+    # verl's TorchProfilerScheduleConfig: assert value >= 0
+    **{
+        f"{role}.profiler.tool_config.torch.schedule.{k}": NON_NEGATIVE
+        for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
+        for k in ("skip_first", "wait", "warmup", "active", "repeat")
+    },
     "actor_rollout_ref.rollout.max_model_len": COUNT_OR_NULL,
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": COUNT_OR_NULL,
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": COUNT_OR_NULL,

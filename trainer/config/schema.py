@@ -79,6 +79,9 @@ class FsdpConfig:
     # FSDP's shard group: -1 (or at least the workers) shards over all of them; k shards over groups of k consecutive
     # workers, each group a replica (HSDP, verl's create_device_mesh): all-gathers stay inside a node for k <= 8
     fsdp_size: int = -1
+    # rlrig's own key (verl's FSDP engine has none; its Megatron engine's is expert_model_parallel_size): the ranks a
+    # mixture of experts' experts are split over (model/expert_parallel.py). Refused above 1 until the workers use it
+    expert_parallel_size: int = 1
     # each FSDP unit frees its gathered parameters after its forward (verl's default); False keeps them until the
     # backward: faster, the memory of the whole unsharded model. No effect where the shard group is one rank
     reshard_after_forward: bool = True

@@ -169,6 +169,11 @@ def _strategy(cfg: Config) -> None:
         else t.nnodes * t.n_gpus_per_node,
     }
     for prefix, fc in fsdp_configs(cfg).items():
+        if fc.expert_parallel_size != 1:
+            raise ConfigError(
+                f"{prefix}.expert_parallel_size={fc.expert_parallel_size}: expert parallelism in training is not yet "
+                "wired into rlrig's workers; leave it 1"
+            )
         size, workers = fc.fsdp_size, pools[prefix]
         if size == -1:
             continue

@@ -303,13 +303,6 @@ AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
         },
     ),
     (
-        "rlrig's torch profiler records every mini batch of a profiled step (verl's schedule with active=0)",
-        _each(
-            tuple(f"{p}profiler.tool_config.torch.schedule." for p in _ROLES),
-            {"skip_first": "0", "wait": "0", "warmup": "0", "active": "0", "repeat": "0"},
-        ),
-    ),
-    (
         "rlrig's torch_memory profiler writes a snapshot after each profiled step (verl's default)",
         _each(
             (*(f"{p}profiler.tool_config." for p in _ROLES), f"{_GLOBAL_PROFILER}global_tool_config."),

@@ -633,6 +633,7 @@ RLRIG_ONLY = (
     "critic.nnodes",
     "critic.n_gpus_per_node",
     "distillation.placement.resource",
+    *(f"{p}expert_parallel_size" for p in _FSDP),
 )
 
 

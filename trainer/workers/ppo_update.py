@@ -26,6 +26,7 @@ from ..model.forward import ForwardOptions, token_logprobs
 from ..model.forward import values as critic_values
 from ..model.micro_batches import MiniBatches, size
 from ..model.ulysses import SeqParallel
+from .profiling import mini_batch_done
 
 
 @contextmanager
@@ -136,6 +137,7 @@ def update_actor(
                 stats.setdefault("actor/grad_norm", []).append(parallel.grad_norm_tensor(t.module, a.optim.clip_grad))
                 with offload.optimizer_on(t.opt, t.device, t.optimizer_offload):
                     t.opt.step()
+                mini_batch_done()  # a scheduled torch profiler steps once per mini batch, as verl's
     host = to_host(stats)
     host.update({k: [pick(host[k])] for k, pick in EXTREMES.items() if k in host})
     return host, (first if own_old else old_logp)
@@ -186,6 +188,7 @@ def update_critic(t: Trainable, batch: StepBatch, cfg, plan: MiniBatches, sp: Se
                 stats.setdefault("critic/grad_norm", []).append(parallel.grad_norm_tensor(t.module, c.optim.clip_grad))
                 with offload.optimizer_on(t.opt, t.device, t.optimizer_offload):
                     t.opt.step()
+                mini_batch_done()  # a scheduled torch profiler steps once per mini batch, as verl's
     return to_host(stats)
 
 

@@ -74,3 +74,15 @@ def test_a_model_without_fused_experts_is_refused():
 
     with pytest.raises(ValueError, match="has no fused experts module"):
         parallelize(torch.nn.Linear(2, 2), group=None)
+
+
+@pytest.mark.parametrize(
+    "key", ["actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.model.fsdp_config"]
+)
+def test_expert_parallel_size_is_refused_until_the_workers_use_it(key):
+    from rlrig.trainer.config.overrides import parse_overrides
+    from rlrig.trainer.errors import ConfigError
+
+    parse_overrides([f"{key}.expert_parallel_size=1"])
+    with pytest.raises(ConfigError, match=f"{key}.expert_parallel_size=2: expert parallelism in training is not yet"):
+        parse_overrides([f"{key}.expert_parallel_size=2"])
