@@ -31,6 +31,9 @@ class RoleProfile:
     contents: tuple[str, ...]  # torch's
     max_entries: int  # torch_memory's
     stack_depth: int
+    # torch's schedule over the update's mini batches (skip_first, wait, warmup, active, repeat); None: active=0,
+    # every mini batch recorded
+    schedule: tuple[int, int, int, int, int] | None = None
 
     def chooses(self, rank: int) -> bool:
         """verl's DistProfiler (profile.py:100-108): when enabled, every rank, the listed ones, or rank 0."""
@@ -54,4 +57,11 @@ def role_profile(cfg, role: str) -> RoleProfile:
         contents=tuple(tc.torch.contents),
         max_entries=tc.torch_memory.trace_alloc_max_entries or mem.trace_alloc_max_entries,
         stack_depth=tc.torch_memory.stack_depth or mem.stack_depth,
+        schedule=torch_schedule(tc.torch.schedule),
     )
+
+
+def torch_schedule(s) -> tuple[int, int, int, int, int] | None:
+    """verl's TorchProfilerScheduleConfig as torch.profiler.schedule's arguments in order; None where active=0
+    (verl's `enabled`: no schedule)."""
+    return (s.skip_first, s.wait, s.warmup, s.active, s.repeat) if s.active > 0 else None

@@ -163,9 +163,22 @@ class NsysToolConfig:
 
 
 @dataclass
+class TorchProfilerScheduleConfig:
+    """verl 0.9's torch.profiler.schedule over the update's mini batches (workers/profiling.py): skip_first, then
+    (wait, warmup, active) x repeat; active=0 records every mini batch."""
+
+    skip_first: int = 0
+    wait: int = 0
+    warmup: int = 0
+    active: int = 0
+    repeat: int = 0  # 0: until the recording ends; one window a step where a window spans the step (not discrete)
+
+
+@dataclass
 class TorchProfilerToolConfig:
     contents: list = field(default_factory=list)  # cpu, cuda, memory, shapes, stack; [] records cpu and cuda
     discrete: bool = False  # a trace per phase rather than one per window of steps
+    schedule: TorchProfilerScheduleConfig = field(default_factory=TorchProfilerScheduleConfig)
 
 
 @dataclass

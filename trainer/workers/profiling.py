@@ -82,31 +82,69 @@ def register_tool(name: str):
     return add
 
 
+# the process's running torch profiler with a schedule, which the update's mini batches advance (torch.profiler is
+# process-wide, as verl's Profiler._active_prof)
+_SCHEDULED: list[torch.profiler.profile] = []
+UPDATE_FOLDERS = ("actor_update", "critic_update")  # discrete mode: the phases the schedule applies to
+
+
+def mini_batch_done() -> None:
+    """After each mini batch of the actor's or critic's update: a scheduled torch profiler moves one step, as verl's
+    DistProfiler.step (nothing otherwise)."""
+    if _SCHEDULED:
+        _SCHEDULED[0].step()
+
+
 @register_tool("torch")
 class TorchTool(Tool):
-    """torch.profiler, its chrome trace written when the recording ends (verl torch_profile.py:25-60)."""
+    """torch.profiler, its chrome trace written when the recording ends (verl torch_profile.py). With a schedule
+    (profiler.tool_config.torch.schedule, active > 0) the update's mini batches walk it: a window of steps records
+    every phase before the update and then the mini batches the schedule keeps (repeat 0 is one window there, as
+    verl's); in discrete mode the update's own trace is scheduled, the other phases' are whole. A schedule's later
+    windows go to files of their own (_part1, _part2, ...)."""
 
     prof = None
 
     def begin(self, profile: RoleProfile, folder: str, stem: str) -> None:
-        path = Path(profile.save_path) / folder / f"{stem}_prof_rank-{self.rank}.json.gz"
+        path = Path(profile.save_path) / folder / f"{stem}_prof_rank-{self.rank}"
         path.parent.mkdir(parents=True, exist_ok=True)
         contents, acts = set(profile.contents), []
         if not contents or "cpu" in contents:
             acts.append(torch.profiler.ProfilerActivity.CPU)
         if (not contents or "cuda" in contents) and self.device.type == "cuda":
             acts.append(torch.profiler.ProfilerActivity.CUDA)
+        schedule = profile.schedule if not profile.discrete or folder in UPDATE_FOLDERS else None
+        windows = []
+
+        def write(prof) -> None:
+            windows.append(path)
+            prof.export_chrome_trace(f"{path}{f'_part{len(windows) - 1}' if len(windows) > 1 else ''}.json.gz")
+
+        kw = {}
+        if schedule is not None:
+            skip_first, wait, warmup, active, repeat = schedule
+            repeat = repeat or (0 if profile.discrete else 1)
+            kw["schedule"] = torch.profiler.schedule(
+                wait=wait, warmup=warmup, active=active, repeat=repeat, skip_first=skip_first
+            )
         self.prof = torch.profiler.profile(
             activities=acts,
             with_stack="stack" in contents,
             record_shapes="shapes" in contents,
             profile_memory="memory" in contents,
-            on_trace_ready=lambda prof: prof.export_chrome_trace(str(path)),
+            on_trace_ready=write,
+            **kw,
         )
+        if schedule is not None:
+            self.prof.record_steps = False  # a step is a mini batch: torch's ProfilerStep#n rows would only add noise
+            _SCHEDULED[:] = [self.prof]
         self.prof.start()
 
     def end(self) -> None:
-        self.prof.step()
+        if self.prof in _SCHEDULED:
+            _SCHEDULED.clear()
+        else:
+            self.prof.step()
         self.prof.stop()
         self.prof = None
 
