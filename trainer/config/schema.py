@@ -362,6 +362,10 @@ class RolloutConfig:
     log_prob_use_dynamic_bsz: bool | None = None  # None: actor.use_dynamic_bsz
     log_prob_max_token_len_per_gpu: int | None = None  # None: actor.ppo_max_token_len_per_gpu
     tensor_model_parallel_size: int = 1
+    # 1, or the engine's tensor-parallel size (verl: tensor_model_parallel_size * data_parallel_size, and rlrig's
+    # engines are not data parallel): an MoE's experts split over the engine's GPUs (vLLM's enable_expert_parallel,
+    # SGLang's ep_size)
+    expert_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
     enforce_eager: bool = False  # as verl: vLLM compiles and captures CUDA graphs, SGLang captures them
     free_cache_engine: bool = True

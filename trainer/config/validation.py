@@ -238,6 +238,17 @@ def _rollout(cfg: Config) -> None:
             f"so it must divide {prefix}.n_gpus_per_node={per_node} or be a multiple of it and divide "
             f"the {workers} workers"
         )
+    ep = r.expert_parallel_size
+    if ep not in (1, tp):
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.expert_parallel_size={ep} must be 1 or equal tensor_model_parallel_size * "
+            f"data_parallel_size = {tp} (verl's rule; rlrig's engines are not data parallel)"
+        )
+    if ep > 1 and r.name not in ("vllm", "sglang"):
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.expert_parallel_size={ep} splits experts in vllm and sglang; rlrig's {r.name} "
+            "engine holds every expert (leave it 1)"
+        )
     if tp > 1 and r.name in ENGINES and not ENGINES[r.name].tensor_parallel:
         capable = ", ".join(n for n, e in ENGINES.items() if e.tensor_parallel)
         raise ConfigError(

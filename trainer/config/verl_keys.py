@@ -189,11 +189,10 @@ _AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
         },
     ),
     (
-        "an engine spans rollout.tensor_model_parallel_size GPUs and no more; data, expert and pipeline parallel "
-        "engines are not in rlrig",
+        "an engine spans rollout.tensor_model_parallel_size GPUs and no more; data and pipeline parallel engines are "
+        "not in rlrig (actor_rollout_ref.rollout.expert_parallel_size splits an MoE's experts over those GPUs)",
         {
             "actor_rollout_ref.rollout.data_parallel_size": "1",
-            "actor_rollout_ref.rollout.expert_parallel_size": "1",
             "actor_rollout_ref.rollout.pipeline_model_parallel_size": "1",
             "reward_model.rollout.data_parallel_size": "1",
             "reward_model.rollout.expert_parallel_size": "1",

@@ -84,6 +84,8 @@ def engine_kwargs(cfg, model_path: str, max_model_len: int, seed: int, gpu: int 
     )
     if cfg.enable_rollout_routing_replay:  # each request's meta_info carries its tokens' experts, as verl asks
         kw["enable_return_routed_experts"] = True
+    if cfg.expert_parallel_size > 1:  # an MoE's experts split over the engine's GPUs, as verl passes SGLang's ep_size
+        kw["ep_size"] = cfg.expert_parallel_size
     return {**kw, **cfg.engine_kwargs.get("sglang", {})}  # rollout.engine_kwargs.sglang.*: the user's word is last
 
 

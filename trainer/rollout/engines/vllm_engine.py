@@ -171,6 +171,8 @@ def engine_kwargs(cfg, model_path: str, max_model_len: int, device: str, seed: i
         kw["max_num_seqs"] = cfg.max_num_seqs
     if cfg.enable_rollout_routing_replay:  # each request's output carries its tokens' experts, as verl asks
         kw["enable_return_routed_experts"] = True
+    if cfg.expert_parallel_size > 1:  # an MoE's experts split over the engine's GPUs, as verl asks vLLM
+        kw["enable_expert_parallel"] = True
     kw.update(compiled_passes(cfg, device, pass_fields))
     kw.update(cfg.engine_kwargs.get("vllm", {}))  # rollout.engine_kwargs.vllm.*: the user's word is last
     if external_launcher(cfg, device):
