@@ -58,13 +58,19 @@ def tokenizer_refusal(cfg, model_path: str) -> str | None:
     from transformers import AutoTokenizer
 
     kw = load_kwargs(cfg.actor_rollout_ref.model)
-    student, teacher = AutoTokenizer.from_pretrained(model_path, **kw), AutoTokenizer.from_pretrained(path, **kw)
+    key = f"distillation.teacher_models.teacher_model.model_path={path}"
+    try:
+        teacher = AutoTokenizer.from_pretrained(path, **kw)
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return f"{key}: its tokenizer does not load ({first}); name a model directory or a hub model"
+    student = AutoTokenizer.from_pretrained(model_path, **kw)
     same = student.get_vocab() == teacher.get_vocab() and student.all_special_ids == teacher.all_special_ids
     if same:
         return None
     return (
-        f"distillation.teacher_models.teacher_model.model_path={path}: its tokenizer is not the student's "
-        f"({model_path}); the teacher scores the student's token ids, so both must share one tokenizer"
+        f"{key}: its tokenizer is not the student's ({model_path}); the teacher scores the student's token ids, "
+        "so both must share one tokenizer"
     )
 
 

@@ -95,3 +95,12 @@ def test_a_teacher_with_another_tokenizer_is_refused(tokenizers):
     why = tokenizer_refusal(cfg, other)
     assert why.startswith("distillation.teacher_models.teacher_model.model_path=") and "share one tokenizer" in why
     assert tokenizer_refusal(parse_overrides(BASE), other) is None  # distillation off: nothing to check
+
+
+def test_a_teacher_whose_tokenizer_does_not_load_is_refused_in_one_line(tmp_path, tokenizers):
+    from rlrig.trainer.workers.teacher import tokenizer_refusal
+
+    missing = tmp_path / "nowhere"
+    cfg = parse_overrides([*BASE, "distillation.enabled=True", f"{TEACHER}model_path={missing}"])
+    why = tokenizer_refusal(cfg, tokenizers[0])
+    assert why.startswith(f"{TEACHER}model_path={missing}: its tokenizer does not load") and "\n" not in why, why
