@@ -75,6 +75,20 @@ def plan_pools(cfg) -> list[placement.Pool]:
     return pools
 
 
+def whole_model_worker(cfg, prefix: str, model_path: str, rm_path: str | None) -> tuple[type, str | None]:
+    """The worker class of a pool of its own whose workers each hold a whole model (no process group), and the path
+    of that model: the reference's (the policy's), the reward model's, the distillation teacher's."""
+    from ..workers.ref_worker import RefWorker
+    from ..workers.reward_worker import RewardModelWorker
+    from ..workers.teacher import TeacherWorker, teacher_path
+
+    return {
+        "actor_rollout_ref.ref": (RefWorker, model_path),
+        "reward_model": (RewardModelWorker, rm_path),
+        "distillation": (TeacherWorker, teacher_path(cfg)),
+    }[prefix]
+
+
 def start_workers(cfg, model_path: str, rm_path: str | None) -> Workers:
     """Every worker of the run, started. `cfg.trainer.device` is resolved (cuda or cpu). Raises ConfigError,
     before any worker exists, when the rollout engine cannot run on a node."""
@@ -84,9 +98,6 @@ def start_workers(cfg, model_path: str, rm_path: str | None) -> Workers:
     from ..workers import profiling, start_checks
     from ..workers.base import node_address
     from ..workers.critic_worker import CriticWorker
-    from ..workers.ref_worker import RefWorker
-    from ..workers.reward_worker import RewardModelWorker
-    from ..workers.teacher import TeacherWorker, teacher_path
     from ..workers.training_worker import Peers, TrainingWorker
 
     t, use_gpu, cfg_dict = cfg.trainer, cfg.trainer.device == "cuda", cfg.to_dict()
@@ -123,11 +134,7 @@ def start_workers(cfg, model_path: str, rm_path: str | None) -> Workers:
                 actor.options(**opts(k, i), **nsight).remote(cfg_dict, i, n, master, model_path) for i in range(n)
             ]
             continue
-        cls, path = {
-            "actor_rollout_ref.ref": (RefWorker, model_path),
-            "reward_model": (RewardModelWorker, rm_path),
-            "distillation": (TeacherWorker, teacher_path(cfg)),
-        }[prefix]
+        cls, path = whole_model_worker(cfg, prefix, model_path, rm_path)
         side[prefix] = [
             ray.remote(cls).options(**opts(k, i), **nsight).remote(cfg_dict, path, use_gpu, i) for i in range(n)
         ]
