@@ -165,7 +165,7 @@ BAD = [
     (["algorithm.kl_ctrl.horizon=0"], "horizon=0 must be at least 1"),
     (
         ["algorithm.adv_estimator=nope"],
-        "choose one of gae, grpo, gpg, grpo_passk, opo, optimal_token_baseline, tir_optimal_token_baseline, "
+        "choose one of gae, grpo, gdpo, gpg, grpo_passk, opo, optimal_token_baseline, tir_optimal_token_baseline, "
         "reinforce_plus_plus, reinforce_plus_plus_baseline, remax, rloo",
     ),
     (["actor_rollout_ref.actor.policy_loss.loss_mode=ppo"], "choose one of vanilla, cispo, clip_cov"),
