@@ -31,7 +31,7 @@ def mean(xs: list[float]) -> float:
     return sum(xs) / len(xs)
 
 
-# long (tests/e2e/long_runs.sh): the preset's 60 steps, about 3 minutes on 2 cores
+# long (tests/e2e/long_runs.sh): the preset's 60 steps, about a minute on 2 cores
 @pytest.mark.long
 def test_the_student_learns_from_the_teacher(tmp_path):
     rows = distill(tmp_path / "run")

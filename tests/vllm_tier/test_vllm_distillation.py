@@ -5,6 +5,6 @@ from tests.integration.test_distillation import distill, mean
 
 
 def test_the_student_learns_from_the_teacher_through_vllm(tmp_path):
-    rows = distill(tmp_path / "run", "actor_rollout_ref.rollout.name=vllm", "trainer.total_training_steps=40")
+    rows = distill(tmp_path / "run", "actor_rollout_ref.rollout.name=vllm")
     agreement = [r["distillation/abs_loss"] for r in rows if "distillation/abs_loss" in r]
-    assert mean(agreement[-10:]) < 0.8 * mean(agreement[:10]), agreement
+    assert mean(agreement[-10:]) < 0.7 * mean(agreement[:10]), agreement  # measured: 0.44 to 0.11
