@@ -176,7 +176,8 @@ def test_relative_env_and_list_interpolations_in_a_file_resolve(tmp_path, monkey
     write(
         tmp_path,
         **{
-            "run.yaml": "trainer:\n  project_name: p\n  experiment_name: ${.project_name}-${oc.env:RLRIG_CONFIG_FILES_VAR}\n"
+            "run.yaml": "trainer:\n  project_name: p\n"
+            "  experiment_name: ${.project_name}-${oc.env:RLRIG_CONFIG_FILES_VAR}\n"
             "  default_local_dir: ${oc.env:RLRIG_CONFIG_FILES_UNSET,/ck}/${..trainer.project_name}\n"
             "data:\n  train_files: [x.parquet, '${trainer.project_name}.parquet']\n  val_files: a,b.parquet\n"
         },
