@@ -43,6 +43,9 @@ def check_it_learned(rows: list[dict], steps: int = STEPS) -> tuple[float, float
     return first, last
 
 
+# long: CI scores the preset's programs through the sandbox url=local starts
+# (tests/unit/trainer/embedded/test_code_task.py)
+@pytest.mark.long
 def test_the_code_task_is_scored_by_the_sandbox_the_preset_starts(tmp_path):
     """Two steps: the sandbox starts beside the run and scores every sample. A codecontests row has no other scorer,
     and a program the sandbox does not run scores 0, so a score above 0 is programs that ran and printed the

@@ -50,6 +50,9 @@ def rlrig(tmp_path: Path, hard: bool, *extra: str) -> subprocess.CompletedProces
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
 
+# long: CI fills the batch through vLLM (tests/vllm_tier/test_vllm_dynamic_sampling.py) and keeps the run past
+# max_num_gen_batches below
+@pytest.mark.long
 def test_dropped_groups_are_replaced_until_the_batch_is_full(tmp_path):
     r = rlrig(tmp_path, False, "trainer.save_freq=2")
     assert r.returncode == 0, r.stderr[-3000:]

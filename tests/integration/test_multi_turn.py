@@ -73,14 +73,13 @@ FULLY_ASYNC = [
 ]
 
 
-# long: the synchronous pool and one step off-policy, which CI keeps in test_rollout_pool (and the loop on a pool
-# fully async, the mode whose partial rollouts carry a loop across a weight sync)
+# long: CI keeps the pools in test_rollout_pool and a loop on a pool fully async in test_own_agent_loop
 @pytest.mark.parametrize(
     "mode",
     [
         pytest.param("sync", marks=pytest.mark.long),
         pytest.param("one_step_off_policy", marks=pytest.mark.long),
-        "fully_async_policy",
+        pytest.param("fully_async_policy", marks=pytest.mark.long),
     ],
 )
 def test_the_tool_task_runs_on_a_rollout_pool_of_its_own(tmp_path, monkeypatch, mode):

@@ -14,6 +14,8 @@ from rlrig.entrypoint.cluster.ports import kernel_free_port
 pytestmark = pytest.mark.integration
 
 
+# long: CI checks the chosen rank, window and schedule in the process tier (tests/unit/trainer/workers)
+@pytest.mark.long
 def test_the_chosen_rank_writes_one_trace_for_its_window_of_steps(tmp_path):
     prof = tmp_path / "profile"
     args = [

@@ -66,6 +66,8 @@ def test_one_step_off_policy_is_a_step_behind_and_resumes_after_sigterm_with_eve
     assert (ts["epoch"], ts["pos"]) == (0, (stopped + 2) * BATCH), ts
 
 
+# long: CI keeps a hang named and the run ended by the watchdog in test_watchdog (a training worker's)
+@pytest.mark.long
 def test_a_rollout_worker_that_hangs_is_named_by_the_watchdog(tmp_path):
     """The rollout pool's workers report their phases as the training ranks do: one hanging in generation (the batch
     of step 3, started while step 2 trained) ends the run with exit 5 naming it, not a trainer waiting forever."""

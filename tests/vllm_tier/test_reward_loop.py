@@ -45,7 +45,10 @@ def test_vllm_scores_what_transformers_scores_and_its_process_ends_with_it():
     [
         # one reward engine over both workers (vLLM's TP over its own processes) beside each worker's rollout engine;
         # validation scores too, at step 2. (One engine per worker: the scorer test above.)
-        ["reward_model.rollout.tensor_model_parallel_size=2", "trainer.test_freq=2"],
+        # long: CI keeps vLLM's scorer one engine per worker (above) and an engine over two workers in rollout
+        pytest.param(
+            ["reward_model.rollout.tensor_model_parallel_size=2", "trainer.test_freq=2"], marks=pytest.mark.long
+        ),
     ],
     ids=["one-engine-tp2"],
 )

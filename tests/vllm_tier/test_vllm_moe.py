@@ -138,7 +138,8 @@ FSDP_LORA = [
 @pytest.mark.parametrize(
     "family,extra",
     [
-        ("qwen3_moe", []),
+        # long: CI trains Qwen3-MoE colocated with FSDP2 and LoRA below, and on a pool
+        pytest.param("qwen3_moe", [], marks=pytest.mark.long),
         # long: CI trains Mixtral colocated in the reference, critic and resume test below
         pytest.param("mixtral", [], marks=pytest.mark.long),
         ("qwen3_moe", FSDP_LORA),
