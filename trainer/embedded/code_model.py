@@ -23,7 +23,7 @@ import os
 import random
 from pathlib import Path
 
-from .tiny_model import build_tokenizer, cache_dir, save_atomically
+from .tiny_model import build_tokenizer, cache_dir, save_atomically, supervised_step
 
 VERSION = "tiny-code-v1"
 DATA_SOURCE = "codecontests"  # one of verl's code sources: its default reward runs the row's test cases
@@ -95,14 +95,7 @@ def warm_up(model, tokenizer, steps: int, seed: int = 0) -> None:
             r = tokenizer(program(a, b, rng.random() >= DIRECT_SHARE) + tokenizer.eos_token, add_special_tokens=False)
             ids.append(p + r["input_ids"])
             labels.append([-100] * len(p) + r["input_ids"])
-        width = max(len(x) for x in ids)
-        input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in ids])
-        attn = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids])
-        lab = torch.tensor([x + [-100] * (width - len(x)) for x in labels])
-        loss = model(input_ids=input_ids, attention_mask=attn, labels=lab).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        supervised_step(model, opt, ids, labels, pad)
     model.eval()
 
 

@@ -78,6 +78,20 @@ def build_model(tokenizer, seed: int = 0, max_positions: int = 64, layers: int =
     return Qwen2ForCausalLM(cfg)
 
 
+def supervised_step(model, opt, ids: list[list[int]], labels: list[list[int]], pad: int) -> None:
+    """One optimizer step on token rows of unequal length: right-padded, the padding out of the loss (-100)."""
+    import torch
+
+    width = max(len(x) for x in ids)
+    input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in ids])
+    attn = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids])
+    lab = torch.tensor([x + [-100] * (width - len(x)) for x in labels])
+    loss = model(input_ids=input_ids, attention_mask=attn, labels=lab).loss
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
 def warm_up(model, tokenizer, steps: int, seed: int = 0) -> None:
     import torch
 

@@ -19,7 +19,7 @@ import os
 import random
 from pathlib import Path
 
-from .tiny_model import build_tokenizer, cache_dir, save_atomically
+from .tiny_model import build_tokenizer, cache_dir, save_atomically, supervised_step
 
 VERSION = "tiny-tools-v2"  # v2: assistant turns end with the end token in the template; byte-level token names
 CALL_OPEN = '{"name": "calculator", "arguments": {"expression": "'
@@ -106,15 +106,7 @@ def warm_up(model, tokenizer, steps: int, seed: int = 0) -> None:
                 inside = inside and t != response_close
             ids.append(p + r)
             labels.append([-100] * len(p) + masked)
-        width = max(len(x) for x in ids)
-        pad = tokenizer.pad_token_id
-        input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in ids])
-        attn = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids])
-        lab = torch.tensor([x + [-100] * (width - len(x)) for x in labels])
-        loss = model(input_ids=input_ids, attention_mask=attn, labels=lab).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        supervised_step(model, opt, ids, labels, tokenizer.pad_token_id)
     model.eval()
 
 
