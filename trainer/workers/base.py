@@ -24,7 +24,7 @@ from ..devices import gpu_index
 from ..model import lr_schedule, parallel, precision, ulysses
 from ..model import micro_batches as batching
 from ..model.build import Trainable
-from ..model.forward import in_micro_batches
+from ..model.forward import in_micro_batches, token_logprobs
 from ..model.forward import values as critic_values
 from . import profiling
 from .phase_report import install_stack_dump
@@ -118,6 +118,21 @@ def collective_timeout(seconds: float) -> timedelta:
     if isinstance(c10d.default_pg_nccl_timeout, timedelta):  # None where torch was built without NCCL
         c10d.default_pg_nccl_timeout = t
     return t
+
+
+def whole_model_logprobs(model, precision, forward, device, batch: StepBatch, micro: int, budget) -> torch.Tensor:
+    """[B, R] log-probs of the response tokens by a whole (unsharded) model on `device`, in micro batches of at most
+    `micro` rows, or of `budget` tokens where one is set, on the CPU for the trip back. The whole model is in this
+    process, so the micro batches need no agreement with other workers (a pool's reference or teacher)."""
+    ids, mask = batch.input_ids.to(device), batch.attention_mask.to(device)
+    lengths = mask.sum(-1).tolist() if budget else []
+    parts = batching.plan(lengths, 0, len(ids), micro, budget, lambda k: k)
+
+    def part(p):
+        with precision.autocast():
+            return token_logprobs(model, ids[p], mask[p], batch.prompt_len, forward)[0]
+
+    return in_micro_batches(parts, part).cpu()
 
 
 class PoolWorker:

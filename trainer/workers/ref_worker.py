@@ -11,9 +11,9 @@ from ..config.schema import from_dict
 from ..model import micro_batches as batching
 from ..model import offload
 from ..model.build import load_reference
-from ..model.forward import ForwardOptions, in_micro_batches, token_logprobs
+from ..model.forward import ForwardOptions
 from . import profiling
-from .base import PoolWorker, ensure_local_embedded_model, single_device
+from .base import PoolWorker, ensure_local_embedded_model, single_device, whole_model_logprobs
 
 
 class RefWorker(PoolWorker):
@@ -35,14 +35,7 @@ class RefWorker(PoolWorker):
     @torch.no_grad()
     def logprobs(self, batch: StepBatch) -> torch.Tensor:
         """[B, R] log-probs of the response tokens, on the CPU for the trip back."""
-        ids, mask = batch.input_ids.to(self.device), batch.attention_mask.to(self.device)
-        lengths = mask.sum(-1).tolist() if self.budget else []
-        # the whole model is here, so micro batches need no agreement with other workers
-        parts = batching.plan(lengths, 0, len(ids), self.micro, self.budget, lambda k: k)
-
-        def part(p):
-            with self.precision.autocast():
-                return token_logprobs(self.model, ids[p], mask[p], batch.prompt_len, self.forward)[0]
-
         with self.profiler.phase("ref"), offload.module_on(self.model, self.device, self.offload):
-            return in_micro_batches(parts, part).cpu()
+            return whole_model_logprobs(
+                self.model, self.precision, self.forward, self.device, batch, self.micro, self.budget
+            )

@@ -15,8 +15,8 @@ from ..batch.step_batch import StepBatch
 from ..config.schema import from_dict
 from ..model import micro_batches as batching
 from ..model.build import load_kwargs, load_reference
-from ..model.forward import ForwardOptions, in_micro_batches, token_logprobs
-from .base import PoolWorker, ensure_local_embedded_model, single_device
+from ..model.forward import ForwardOptions
+from .base import PoolWorker, ensure_local_embedded_model, single_device, whole_model_logprobs
 from .step.sources import LocalLogProbs, RemoteLogProbs
 
 # the teacher's passes take the reference's micro batches and token budget (verl's teacher is a server of its own)
@@ -91,12 +91,6 @@ class TeacherWorker(PoolWorker):
     @torch.no_grad()
     def logprobs(self, batch: StepBatch) -> torch.Tensor:
         """[B, R] log-probs of the response tokens, on the CPU for the trip back."""
-        ids, mask = batch.input_ids.to(self.device), batch.attention_mask.to(self.device)
-        lengths = mask.sum(-1).tolist() if self.budget else []
-        parts = batching.plan(lengths, 0, len(ids), self.micro, self.budget, lambda k: k)
-
-        def part(p):
-            with self.precision.autocast():
-                return token_logprobs(self.model, ids[p], mask[p], batch.prompt_len, self.forward)[0]
-
-        return in_micro_batches(parts, part).cpu()
+        return whole_model_logprobs(
+            self.model, self.precision, self.forward, self.device, batch, self.micro, self.budget
+        )
