@@ -1,6 +1,7 @@
-"""verl 0.9.1's whole PPO trainer config (verl_keys_table/verl_0.9.1_ppo_trainer.yaml, the generated config its wheel
-ships): every leaf key, at verl's default, is taken or refused in one line naming it, never unknown; the file passed
-whole as --config-path/--config-name reaches rlrig's validation; the new layout's keys set what the old ones set."""
+"""The reference verl release's whole PPO trainer config (verl_keys_table/verl_<REFERENCE>_ppo_trainer.yaml: the
+generated config its wheel ships, written by generate.py --release; REFERENCE is verl 0.9.1): every leaf key, at
+verl's default, is taken or refused in one line naming it, never unknown; the file passed whole as
+--config-path/--config-name reaches rlrig's validation; the new layout's keys set what the old ones set."""
 
 import math
 import pathlib
@@ -17,10 +18,10 @@ from rlrig.trainer.config.schema import Config
 from rlrig.trainer.errors import ConfigError
 
 from .test_verl_keys_table import _another
-from .verl_keys_table.generate import flatten
+from .verl_keys_table.generate import REFERENCE, flatten, header, release_file
 
 FOLDER = pathlib.Path(__file__).with_name("verl_keys_table")
-NAME = "verl_0.9.1_ppo_trainer"
+NAME = release_file(REFERENCE).stem
 DEFAULTS = dict(flatten(yaml.safe_load((FOLDER / f"{NAME}.yaml").read_text())))
 REFUSED = "a verl key rlrig does not implement: "
 # verl defaults for 8 GPUs, taken and then checked against this machine (one CPU worker): a check of the value
@@ -53,9 +54,9 @@ def classification() -> dict[str, str]:
     return {key: answer(key, default) for key, default in DEFAULTS.items()}
 
 
-def test_the_file_is_verl_0_9_1_generated_config():
+def test_the_file_is_the_reference_release_generated_config():
     text = (FOLDER / f"{NAME}.yaml").read_text()
-    assert text.startswith("# verl 0.9.1's verl/trainer/config/_generated_ppo_trainer.yaml")
+    assert text.startswith(header(REFERENCE))
     assert len(DEFAULTS) > 850
     for key in ("reward.reward_model.enable", "critic.fsdp.param_offload", "distillation.enabled", "skip._target_"):
         assert key in DEFAULTS
@@ -83,7 +84,7 @@ def test_verl_own_interpolations_are_its_defaults_and_another_value_is_not_unkno
 
 
 def test_the_whole_file_passes_validation_with_the_micro_batches_verl_asks_for():
-    """The generated file read as `--config-path FOLDER --config-name verl_0.9.1_ppo_trainer`: no key unknown or
+    """The generated file read as `--config-path FOLDER --config-name verl_<REFERENCE>_ppo_trainer`: no key unknown or
     refused, and with what verl too refuses to run without (the micro batches; the engine, ??? in the file), the
     config is rlrig's."""
     taken = load(str(FOLDER), NAME)
