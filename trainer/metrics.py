@@ -46,6 +46,17 @@ RULES: dict[str, str] = {
     "distillation/pg_clipfrac": MEAN,
     "distillation/ppo_kl": MEAN,
     "distillation/pg_clipfrac_lower": MEAN,
+    # a generative judge (reward/judge.py): its server's counters, reported once per server; the fields its
+    # reward function returned
+    "reward/judge/requests": SUM,
+    "reward/judge/failures": SUM,
+    "reward/judge/prompt_tokens": SUM,
+    "reward/judge/completion_tokens": SUM,
+    "reward/judge/generate_s": MAX,
+    "reward/judge/parse_failures": SUM,
+    "reward/judge/score/mean": MEAN,
+    "reward/judge/score/max": MAX,
+    "reward/judge/score/min": MIN,
     "training/rollout_probs_diff_max": MAX,
     "training/rollout_probs_diff_mean": TOKEN_MEAN,
     "training/rollout_probs_diff_std": MEAN,

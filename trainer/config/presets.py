@@ -286,6 +286,29 @@ def distill() -> list[str]:
     ]
 
 
+def judge() -> list[str]:
+    """The embedded task scored by a generative judge (reward_model.* with reward/judge_fn.py): the embedded judge
+    (embedded/tiny_judge.py) reads each sum and answer and replies 1 or 0, served by the hf engine (reward_model.
+    rollout.name=vllm serves it through vLLM) in each training worker; the rule reward is only watched."""
+    from ..embedded.tiny_judge import TEMPLATE, ensure_tiny_judge
+
+    return EMBEDDED + [
+        "reward_model.enable=True",
+        f"reward_model.model.path={ensure_tiny_judge()}",
+        "reward_model.rollout.name=hf",
+        "reward_model.rollout.enforce_eager=True",
+        "custom_reward_function.path=pkg://rlrig.trainer.reward.judge_fn",
+        "custom_reward_function.name=compute_score",
+        f"+custom_reward_function.reward_kwargs.template='{TEMPLATE}'",
+        "+custom_reward_function.reward_kwargs.max_tokens=2",
+        "trainer.total_training_steps=60",
+        "trainer.test_freq=20",
+        "trainer.save_freq=60",
+        "trainer.experiment_name=judge",
+        "trainer.default_local_dir=outputs/judge",
+    ]
+
+
 PRESETS = {
     "embedded": lambda: list(EMBEDDED),
     "smollm2": smollm2,
@@ -295,6 +318,7 @@ PRESETS = {
     "openai-agent": openai_agent,
     "distill": distill,
     "code": code,
+    "judge": judge,
 }
 
 

@@ -592,6 +592,8 @@ class RewardModelConfig:
 class RewardConfig:
     path: str | None = None
     name: str = "compute_score"
+    # keywords every call of the function gets, over its own (verl's get_custom_reward_fn)
+    reward_kwargs: dict = field(default_factory=dict)
 
 
 @dataclass

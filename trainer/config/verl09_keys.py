@@ -215,14 +215,6 @@ _DISAGGREGATION = {
 _SKIPPED = {"enable": "False", "dump_dir": "~/.verl/rollout_dump", "steps": "[]", "action": "cache"}
 ALIASES = {
     # verl 0.9's critic keeps its FSDP engine config in critic.fsdp (critic.model.fsdp_config is gone from it)
-    "critic.fsdp.": "critic.model.fsdp_config.",
-    "reward.reward_model.rollout.": _RM_ROLLOUT,
-    "reward.custom_reward_function.": "custom_reward_function.",
-    "reward.reward_manager.module.": "reward_manager.module.",
-}
-
-ALIASES = {
-    # verl 0.9's critic keeps its FSDP engine config in critic.fsdp (critic.model.fsdp_config is gone from it)
     **{f"critic.fsdp.{k}": f"critic.model.fsdp_config.{k}" for k in _CRITIC_FSDP},
     **{f"critic.fsdp.{k}": f"critic.model.fsdp_config.{k}" for k in (*_TURBO, "qat._target_")},
     **{f"critic.fsdp.qat.{k}": f"critic.model.fsdp_config.qat.{k}" for k in _QAT},
@@ -230,6 +222,7 @@ ALIASES = {
     **{f"reward.reward_model.rollout.disaggregation.{k}": f"{_RM_ROLLOUT}disaggregation.{k}" for k in _DISAGGREGATION},
     "reward.custom_reward_function.path": "custom_reward_function.path",
     "reward.custom_reward_function.name": "custom_reward_function.name",
+    "reward.custom_reward_function.reward_kwargs": "custom_reward_function.reward_kwargs",
     **{f"reward.reward_manager.module.{k}": f"reward_manager.module.{k}" for k in ("_target_", "name")},
     "reward.reward_manager.module.path": "reward_model.reward_loop_module_path",
     "reward.num_workers": "reward_model.num_workers",

@@ -655,7 +655,10 @@ def _merge_verl09() -> None:
 
 _merge_verl09()
 # verl 0.9's free-form sections at a new place: every key under the old one's prefix
-PREFIX_ALIASES = {"reward.reward_kwargs.": "reward_model.reward_kwargs."}
+PREFIX_ALIASES = {
+    "reward.reward_kwargs.": "reward_model.reward_kwargs.",
+    "reward.custom_reward_function.reward_kwargs.": "custom_reward_function.reward_kwargs.",
+}
 
 
 def aliased(key: str) -> str:

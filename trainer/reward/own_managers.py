@@ -237,14 +237,15 @@ def describe(klass: type, name: str) -> str:
     return f"reward manager {name} ({klass.__module__}.{klass.__qualname__})"
 
 
-def verl_kwargs(klass: type, config, tokenizer, compute_score) -> dict:
-    """verl's constructor arguments; reward_router_address and reward_model_tokenizer (None: no reward model runs
-    beside it) only where the constructor takes them, so a class that keeps RewardManagerBase's __init__ builds."""
+def verl_kwargs(klass: type, config, tokenizer, compute_score, judge: dict) -> dict:
+    """verl's constructor arguments; reward_router_address and reward_model_tokenizer (the generative judge's,
+    `judge`; None where none runs beside it) only where the constructor takes them, so a class that keeps
+    RewardManagerBase's __init__ builds."""
     kwargs = {"config": config, "tokenizer": tokenizer, "compute_score": compute_score}
     params = inspect.signature(klass.__init__).parameters
     for key in ("reward_router_address", "reward_model_tokenizer"):
         if key in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-            kwargs[key] = None
+            kwargs[key] = judge.get(key)
     return kwargs
 
 
@@ -262,9 +263,10 @@ class OwnManager:
         return describe(self.cls, self.name)
 
     @classmethod
-    def of(cls, cfg, tokenizer, fn) -> OwnManager | None:
+    def of(cls, cfg, tokenizer, fn, judge: dict) -> OwnManager | None:
         """The run's reward manager of your own, built; None where the run uses rlrig's naive or dapo. `fn`: the
-        reward function already loaded (rules.reward_fn), its compute_score."""
+        reward function already loaded (rules.reward_fn), its compute_score; `judge`: the generative judge's
+        reward_router_address and reward_model_tokenizer ({}: none)."""
         if not is_own(cfg.reward_model):
             return None
         klass = resolve(cfg)
@@ -273,7 +275,7 @@ class OwnManager:
         compute_score = fn if cfg.custom_reward_function.path else verl_compute_score(fn)
         config = verl_config(cfg)
 
-        kwargs = verl_kwargs(klass, config, tokenizer, compute_score)
+        kwargs = verl_kwargs(klass, config, tokenizer, compute_score, judge)
 
         async def build():  # on its loop, so that the manager's self.loop is the one its calls run on
             return klass(**kwargs)

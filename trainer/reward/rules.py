@@ -3,6 +3,7 @@ installed module), and which of them (or the reward model) a run scores with."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 from collections.abc import Callable
@@ -66,12 +67,32 @@ def sandbox_refusal(sf) -> str | None:
     return None
 
 
-def load_reward_fn(path: str | None, name: str, sandbox_fusion=None) -> Callable:
-    """As verl's get_custom_reward_fn: `path` a .py file (file:// or bare) or pkg://module, `name` the function.
-    Without one, the default, which with sandbox_fusion.url set scores code rows in that sandbox (verl's
-    load_reward_manager: the sandbox is for the default function only)."""
+def with_kwargs(fn: Callable, extra: dict) -> Callable:
+    """`fn` called with `extra` merged over the keywords of each call, as verl's get_custom_reward_fn applies
+    custom_reward_function.reward_kwargs; its signature stays fn's (inspect follows __wrapped__)."""
+    if not extra:
+        return fn
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def call_async(*args, **kwargs):
+            return await fn(*args, **{**kwargs, **extra})
+
+        return call_async
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        return fn(*args, **{**kwargs, **extra})
+
+    return call
+
+
+def load_reward_fn(path: str | None, name: str, sandbox_fusion=None, reward_kwargs: dict | None = None) -> Callable:
+    """As verl's get_custom_reward_fn: `path` a .py file (file:// or bare) or pkg://module, `name` the function,
+    called with reward_kwargs. Without one, the default, which with sandbox_fusion.url set scores code rows in that
+    sandbox (verl's load_reward_manager: the sandbox is for the default function only)."""
     if path:
-        return load_object(path, name, "custom_reward_function.path/name")
+        return with_kwargs(load_object(path, name, "custom_reward_function.path/name"), dict(reward_kwargs or {}))
     if sandbox_fusion is not None and sandbox_fusion.url:
         client = SandboxClient.of(
             sandbox_fusion.url, sandbox_fusion.max_concurrent or 64, sandbox_fusion.memory_limit_mb or 1024
@@ -110,7 +131,21 @@ def reward_fn(cfg) -> Callable | None:
     rf = cfg.custom_reward_function
     if cfg.reward_model.enable and not rf.path:
         return None
-    return load_reward_fn(rf.path, rf.name, cfg.reward_model.sandbox_fusion)
+    return load_reward_fn(rf.path, rf.name, cfg.reward_model.sandbox_fusion, rf.reward_kwargs)
+
+
+def serves_judge(cfg) -> bool:
+    """Whether the reward model is a generative judge served for the reward code to call (reward/judge.py), as
+    verl's reward loop hands its reward-model servers' address to a reward manager of your own, or to a reward
+    function that takes reward_router_address."""
+    from .judge import takes_router
+
+    if not cfg.reward_model.enable:
+        return False
+    if is_own(cfg.reward_model):
+        return True
+    fn = reward_fn(cfg)
+    return fn is not None and takes_router(fn)
 
 
 def check_reward_setup(cfg, sources: set[str]) -> None:
@@ -120,29 +155,20 @@ def check_reward_setup(cfg, sources: set[str]) -> None:
     if why:
         raise ConfigError(why)
     rf, fn = cfg.custom_reward_function, reward_fn(cfg)  # a bad path or name stops here
+    if serves_judge(cfg):
+        from .judge import check_judge
+
+        check_judge(cfg)
     if is_own(cfg.reward_model):
-        check_own_manager(cfg)
+        from .own_managers import resolve
+
+        resolve(cfg)  # a class that loads and is one; which data sources it scores is its own affair
         return
     if not cfg.reward_model.enable:
         check_sources(sources, rf.path, cfg.reward_model.sandbox_fusion.url)
-    elif fn is not None and not takes_rm_score(fn):
-        # verl's reward loop hands the function an HTTP router to its reward-model servers, which rlrig does not run
+    elif fn is not None and not takes_rm_score(fn) and not serves_judge(cfg):
         raise ConfigError(
-            f"custom_reward_function {rf.name} in {rf.path} is used with reward_model.enable=True: rlrig "
-            "calls it with the model's score as the keyword rm_score; add an rm_score parameter"
+            f"custom_reward_function {rf.name} in {rf.path} is used with reward_model.enable=True: rlrig calls it "
+            "with the model's score as the keyword rm_score, or, for a generative judge, with the judge's address "
+            "as reward_router_address (verl 0.9's); add one of those parameters"
         )
-
-
-def check_own_manager(cfg) -> None:
-    """A reward manager of your own: its class loads and is one, and no reward model scores beside it. It decides
-    itself which data sources it scores (through compute_score or not), so they are not checked here."""
-    from .own_managers import resolve
-
-    if cfg.reward_model.enable:
-        # verl hands such a manager an HTTP router to its reward-model servers, which rlrig does not run
-        raise ConfigError(
-            f"reward.reward_manager.name={cfg.reward_model.reward_manager} (a reward manager of your own) with "
-            "reward_model.enable=True: rlrig runs no reward-model server for it to call; score with the reward "
-            "model through rlrig's naive manager, or without reward_model.enable"
-        )
-    resolve(cfg)

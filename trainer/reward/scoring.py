@@ -3,13 +3,17 @@ the model's score as `rm_score`), through the reward manager."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
 from ..batch.step_batch import StepBatch
 from ..rollout.engines import Rollout
+from .judge import NO_JUDGE, JudgeLink, NoJudge
 from .managers import Overlong, overlong
 from .own_managers import OwnManager
 from .rules import reward_fn
@@ -34,14 +38,40 @@ class RewardSource:
     prompt_key: str
     overlong: Overlong | None  # the dapo manager's penalty
     own: OwnManager | None = None  # a reward manager of your own: its run_single's score and reward_extra_info
+    # a generative judge the function or the manager calls (reward/judge.py): its address and tokenizer are passed
+    # to every call, which then run together so that the judge answers them in batches
+    judge: JudgeLink | NoJudge = NO_JUDGE
 
     @classmethod
-    def of(cls, cfg, tokenizer, model=None, input_tokenizer=None) -> RewardSource:
+    def of(
+        cls, cfg, tokenizer, model=None, input_tokenizer=None, judge: JudgeLink | NoJudge = NO_JUDGE
+    ) -> RewardSource:
         """The run's: its reward function (rules.reward_fn), the dapo manager's penalty, a reward manager of your
         own built with that function as its compute_score."""
         fn = reward_fn(cfg)
-        own = OwnManager.of(cfg, tokenizer, fn)
-        return cls(fn, model, input_tokenizer, cfg.data.prompt_key, overlong(cfg.reward_model), own)
+        own = OwnManager.of(cfg, tokenizer, fn, judge.kwargs())
+        return cls(fn, model, input_tokenizer, cfg.data.prompt_key, overlong(cfg.reward_model), own, judge)
+
+    def metrics(self, fields: list[dict]) -> dict:
+        """The judge's metrics for a scoring whose samples returned `fields` ({} without a judge)."""
+        return self.judge.metrics(fields)
+
+    def call_all(self, calls: list[tuple[tuple, dict]]) -> list:
+        """fn(*args, **kwargs) for each call, in order: coroutine functions gathered on one event loop (as verl's
+        reward loop runs them); plain ones one after another, or in threads where a judge answers them in batches.
+        The judge's address and tokenizer are added to each call's keywords."""
+        extra = self.judge.kwargs()
+        if inspect.iscoroutinefunction(self.fn):
+
+            async def gathered():
+                return await asyncio.gather(*(self.fn(*a, **kw, **extra) for a, kw in calls))
+
+            with ThreadPoolExecutor(max_workers=1) as lane:  # a loop of its own, whatever the caller's thread runs
+                return lane.submit(asyncio.run, gathered()).result() if calls else []
+        if not self.judge.concurrent:
+            return [self.fn(*a, **kw) for a, kw in calls]
+        with ThreadPoolExecutor(max_workers=max(1, min(len(calls), 64))) as pool:
+            return list(pool.map(lambda c: self.fn(*c[0], **c[1], **extra), calls))
 
 
 def model_inputs(rows: list[dict], ro: Rollout, n: int, src: RewardSource) -> tuple[str, list]:
@@ -80,10 +110,11 @@ def score(
     texts = tokenizer.batch_decode(ro.input_ids[:, ro.prompt_len :].tolist(), skip_special_tokens=True)
     rm = src.model(*model_inputs(rows, ro, n, src)) if src.model else None
     lengths = ro.attention_mask[:, ro.prompt_len :].sum(-1).tolist()  # tool and user turns count (verl's dapo)
-    own = own_scores(src.own, rows, ro, n, turns) if src.own else {}
+    with src.judge.awake():
+        own = own_scores(src.own, rows, ro, n, turns) if src.own else {}
+        called = function_scores(src, rows, texts, n, turns, own, rm)
     out, extras = [], []
-    for i, text in enumerate(texts):
-        r = rows[i // n]
+    for i in range(len(texts)):
         if turns is not None and LOOP_SCORE in turns[i]:  # an agent loop of your own scored it: no function called
             out.append(float(turns[i][LOOP_SCORE]))
             extras.append({})
@@ -92,12 +123,7 @@ def score(
             out.append(own[i][0])
             extras.append(own[i][1])
             continue
-        if src.fn is None:
-            s = rm[i]
-        else:
-            extra = {"rm_score": rm[i]} if rm is not None else {}
-            info = r.get("extra_info") if turns is None else {**(r.get("extra_info") or {}), **turns[i]}
-            s = src.fn(r["data_source"], text, (r.get("reward_model") or {}).get("ground_truth"), info, **extra)
+        s = rm[i] if src.fn is None else called[i]
         fields = {}
         if isinstance(s, dict):  # verl's functions may return {"score": ..., other fields}
             fields, s = dict(s), s["score"]
@@ -109,6 +135,23 @@ def score(
         out.append(s)
         extras.append(fields)
     return torch.tensor(out), texts, extras
+
+
+def function_scores(
+    src: RewardSource, rows: list[dict], texts: list[str], n: int, turns, own: dict, rm: list | None
+) -> dict[int, object]:
+    """What the reward function returns for each sample that neither an agent loop of your own nor a reward manager
+    of your own scored, by sample (with rm_score where the reward model scores too)."""
+    if src.fn is None:
+        return {}
+    todo = [i for i in range(len(texts)) if i not in own and (turns is None or LOOP_SCORE not in turns[i])]
+    calls = []
+    for i in todo:
+        r = rows[i // n]
+        info = r.get("extra_info") if turns is None else {**(r.get("extra_info") or {}), **turns[i]}
+        truth = (r.get("reward_model") or {}).get("ground_truth")
+        calls.append(((r["data_source"], texts[i], truth, info), {"rm_score": rm[i]} if rm is not None else {}))
+    return dict(zip(todo, src.call_all(calls), strict=True))
 
 
 def own_scores(

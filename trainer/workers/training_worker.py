@@ -94,7 +94,7 @@ class TrainingWorker(RankWorker):
             # other processes (SGLang, the reward model's vLLM) size their caches from what the GPU has free
             torch.cuda.empty_cache()
         self.rm_scorer = self._local_reward_model(rm_path)
-        self.reward = sources.reward_source(cfg, self.tok, model_path, self.rm_scorer, peers.reward_model)
+        self.reward = sources.reward_source(cfg, self.tok, model_path, self.rm_scorer, peers.reward_model, rank)
         self.engine = self._engine(engine_cls, model_path) if engine_cls is not None else None
         self.agent = AgentRollout(self.engine, self.tok, cfg) if self.engine is not None else None
         self.context = self._step_context()
@@ -191,6 +191,13 @@ class TrainingWorker(RankWorker):
         rm = self.cfg.reward_model
         if not rm.enable or self.peers.reward_model is not None:
             return None
+        from ..reward.rules import serves_judge
+
+        if serves_judge(self.cfg):
+            from ..reward.judge import judge_spec
+            from ..reward.judge_server import JudgeServer
+
+            return JudgeServer(judge_spec(rm, rm_path, self.device.type))
         from ..reward.reward_model import make_scorer, scorer_settings
 
         return make_scorer(rm, rm_path, self.device, *scorer_settings(self.cfg))

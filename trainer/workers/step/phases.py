@@ -76,6 +76,7 @@ class Generate:
             batch = StepBatch.from_rollout(ro.to(ctx.device), n, self.rank * len(rows) * n)
             batch, fields = score_batch_with_fields(ctx.tok, self.reward, rows, batch, n, turns.extra_info())
             batch = with_components(ctx, batch, fields)
+        step = step.report(self.reward.metrics(fields))
         if self.greedy_baseline:  # verl's ReMax: each prompt's greedy response (through the same loop), scored
             with phases("gen_max"):
                 greedy, turns = self.agent.generate(rows, 1, GREEDY, sync_follows=syncs)

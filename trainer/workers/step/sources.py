@@ -247,11 +247,16 @@ def old_pass_tap(module: torch.nn.Module, cfg) -> moe.RouterTap | None:
     return moe.RouterTap(spec, spec.routers(module), False, None, record=mode == "R2", replay=mode == "R3")
 
 
-def reward_source(cfg, tok, model_path: str, scorer, pool) -> RewardSource:
+def reward_source(cfg, tok, model_path: str, scorer, pool, rank: int) -> RewardSource:
     """The reward function and, with reward_model.enable, the reward model: `scorer` where it is held here, else its
     pool (`pool`, a RewardWorker's Ray handle). Its input tokenizer is the policy's where the config names none
-    other."""
+    other. A generative judge (reward/judge.py) is `scorer`, its server, or the pool worker's; `rank`, this
+    training worker's, decides whether it reports a shared server's counters."""
+    from ...reward.rules import serves_judge
+
     rm, model, input_tok = cfg.reward_model, None, None
+    if serves_judge(cfg):
+        return RewardSource.of(cfg, tok, judge=judge_link(cfg, scorer, pool, rank))
     if scorer is not None:
         model = lambda kind, inputs: getattr(scorer, f"score_{kind}")(inputs)  # noqa: E731
     elif rm.enable:
@@ -264,6 +269,20 @@ def reward_source(cfg, tok, model_path: str, scorer, pool) -> RewardSource:
         same = rm.model.input_tokenizer in ("", model_path)
         input_tok = tok if same else AutoTokenizer.from_pretrained(rm.model.input_tokenizer)
     return RewardSource.of(cfg, tok, model, input_tok)
+
+
+def judge_link(cfg, server, pool, rank: int):
+    """The way to the judge: its server here (colocated: woken for each scoring), or its pool worker's, whose
+    counters the first training worker it serves (the one of its own rank) reports."""
+    from ...reward.judge import JudgeLink
+
+    m = cfg.reward_model.model
+    if server is not None:
+        return JudgeLink.of(server.address, m.path, m.trust_remote_code, sleeps=True, reports=True)
+    import ray
+
+    address, pool_rank = ray.get(pool.judge_address.remote())
+    return JudgeLink.of(address, m.path, m.trust_remote_code, sleeps=False, reports=pool_rank == rank)
 
 
 def reference_source(cfg, m: Models, pool, device: torch.device, forward: ForwardOptions, micro_batches):

@@ -250,10 +250,26 @@ def test_a_bad_reward_manager_is_refused_at_start_up_in_one_line(manager_file, k
     assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
-def test_a_manager_of_your_own_beside_a_reward_model_is_refused(manager_file):
+def test_a_manager_of_your_own_beside_a_reward_model_is_handed_a_served_judge(manager_file):
+    """As verl 0.9 hands its reward-model servers' address to every reward manager: the reward model is served as a
+    generative judge (reward/judge.py), which needs its model named."""
+    from rlrig.trainer.reward.own_managers import verl_kwargs
+    from rlrig.trainer.reward.rules import serves_judge
+
     keys = [k.format(f=manager_file) for k in SPELLINGS["verl 0.9, importlib"]]
-    with pytest.raises(ConfigError, match="rlrig runs no reward-model server for it"):
+    with pytest.raises(ConfigError, match="serves a generative judge: set reward_model.model.path"):
         check_reward_setup(config(*keys, "reward_model.enable=True"), {"rlrig/arithmetic"})
+    cfg = config(*keys, "reward_model.enable=True", "reward_model.model.path=/judge")
+    check_reward_setup(cfg, {"rlrig/arithmetic"})
+    assert serves_judge(cfg)
+
+    class Takes:
+        def __init__(self, config, tokenizer, compute_score, reward_router_address=None, reward_model_tokenizer=None):
+            pass
+
+    judge = {"reward_router_address": "h:1", "reward_model_tokenizer": "tok"}
+    assert verl_kwargs(Takes, "c", "t", "f", judge) == {"config": "c", "tokenizer": "t", "compute_score": "f", **judge}
+    assert verl_kwargs(Takes, "c", "t", "f", {})["reward_router_address"] is None
 
 
 FAILING = """
