@@ -29,7 +29,7 @@ EXPECTED = json.loads((HERE / "expected.json").read_text())
 IN_SCOPE = sorted(n for n, s in SCRIPTS.items() if s["scope"] == "in")
 
 OUT_OF_SCOPE = {  # reason -> scripts; a script is out of scope for the first reason that fits it
-    "Megatron (ppo_megatron_trainer config or strategy=megatron)": 32,
+    "Megatron (ppo_megatron_trainer config, a megatron or mindspeed strategy or model engine, Megatron Lite)": 32,
     "NPU/Ascend": 16,
     "other entry point (SFT, generation, eval, split placement's main_ppo_split.py)": 13,
     "multi-turn/agent (sglang_multiturn, tools, agent loop)": 11,

@@ -1,6 +1,10 @@
-"""Extract the override lists of every shell script in verl's examples/ at a pinned commit into overrides.json.
+"""Extract the override lists of every shell script in verl's examples/ at a commit or tag into a table.
 
     .venv/bin/python tests/unit/trainer/config/verl_scripts/extract.py /path/to/verl-git-dir [--update-expected]
+    .venv/bin/python tests/unit/trainer/config/verl_scripts/extract.py --git-dir DIR --ref v0.9.0 [--update-expected]
+
+The pinned commit (COMMIT) writes overrides.json and expected.json; another ref writes overrides_<release>.json and
+expected_<release>.json beside them (v0.9.0 -> overrides_0.9.0.json), with the commit the ref names.
 
 Each script is run by bash with no external command available: every command is a stub that succeeds and does
 nothing, and the one that runs a Python entry point (`python3 -m verl.trainer.main_ppo`, `python3 X.py`, also
@@ -8,7 +12,10 @@ behind srun or `ray job submit --`) records its arguments. So bash itself resolv
 defines (`${VAR:-default}`, `$((a + b))`, `$1` defaults), and `$@` is empty (the script gets no arguments).
 Only bash builtins run, in an empty temporary folder, with HOME=/home/user, a one-node Slurm job's variables
 (SLURM) and nothing else in the environment; `set -u` is dropped, so a variable the script does not define is
-empty. A script that stops before its command (the SFT scripts want arguments) gets its entry from its text.
+empty. A `python -c` probe for Ascend's torch_npu fails, as on a GPU machine (verl 0.9's scripts pick the device
+by it). A variable the script requires (`${VAR:?message}`) is set to /required/VAR, a path the placeholders
+below replace where it is a data or model path. A script that stops before its command (the SFT scripts want
+arguments) gets its entry from its text.
 
 Data and model paths are replaced by placeholders (PLACEHOLDERS below); every other value is kept as bash left
 it. Each script gets its folder (the first folder under examples/), its entry point, its Hydra `--config-name`
@@ -37,6 +44,7 @@ SLURM = {"SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1", "SLURM_GPUS_PER_NODE":
 
 STUB = r"""
 trap '' PIPE
+ulimit() { :; }  # raising a limit needs a privilege the extraction does not have, and does not change a value
 set() {  # without nounset: a variable the script reads from its environment expands to nothing
   local a out=()
   for a in "$@"; do
@@ -52,6 +60,7 @@ set() {  # without nounset: a variable the script reads from its environment exp
 }
 command_not_found_handle() {
   local args=("$@") i entry=""
+  if [[ "${args[0]}" == python* && " ${args[*]} " == *" -c "*torch_npu* ]]; then return 1; fi
   for ((i = 0; i < ${#args[@]}; i++)); do
     if [[ "${args[i]}" == -m && $((i + 1)) -lt ${#args[@]} && "${args[i+1]}" == verl.* ]]; then
       entry="${args[i+1]}"; i=$((i + 1)); break
@@ -67,6 +76,11 @@ command_not_found_handle() {
 """
 
 
+def required_variables(text: str) -> dict[str, str]:
+    """The variables the script stops without (`${VAR:?message}`), each set to a placeholder path."""
+    return {v: f"/required/{v}" for v in re.findall(r"\$\{(\w+):?\?", text)}
+
+
 def run_script(path: Path, workdir: Path) -> list[tuple[str, list[str]]]:
     """Every Python entry point the script runs, in order: (entry, arguments)."""
     out = workdir / "calls.bin"
@@ -76,6 +90,7 @@ def run_script(path: Path, workdir: Path) -> list[tuple[str, list[str]]]:
     run = workdir / "run"
     run.mkdir(exist_ok=True)
     env = {"HOME": HOME, "PATH": "/nonexistent", "BASH_ENV": str(stub), "VERL_EXTRACT_OUT": str(out), **SLURM}
+    env = {**required_variables(path.read_text()), **env}
     try:
         subprocess.run(
             ["/bin/bash", str(path)],
@@ -147,18 +162,37 @@ def _has(overrides: list[str], pattern: str) -> bool:
     return any(re.search(pattern, o) for o in overrides)
 
 
+def _ascend_only(text: str) -> bool:
+    """The script names Ascend, and is not one for both devices: one that picks its device by probing torch_npu has
+    run its GPU path here, and one whose comments name GPUs and NPUs together runs on either."""
+    both = "import torch_npu" in text or re.search(r"^#.*(GPU.*NPU|NPU.*GPU)", text, re.M)
+    return "ascend" in text.lower() and not both
+
+
 SCOPE_RULES = [
     (
         "other entry point (SFT, generation, eval, split placement's main_ppo_split.py)",
         lambda n, t, e, c, o: e != "verl.trainer.main_ppo",
     ),
     (
-        "Megatron (ppo_megatron_trainer config or strategy=megatron)",
-        lambda n, t, e, c, o: "megatron" in c or _has(o, r"strategy=megatron") or _has(o, r"\.megatron\."),
+        "Megatron (ppo_megatron_trainer config, a megatron or mindspeed strategy or model engine, Megatron Lite)",
+        lambda n, t, e, c, o: (
+            "megatron" in c
+            or "megatron" in n.lower()
+            or _has(o, r"strategy=(mindspeed_)?megatron|model_engine=(megatron|mindspeed)")
+            or _has(o, r"\.megatron\.")
+        ),
     ),
     (
         "NPU/Ascend",
-        lambda n, t, e, c, o: "npu" in n.lower() or _has(o, r"device=npu") or "ascend" in t.lower(),
+        lambda n, t, e, c, o: "npu" in n.lower() or "ascend" in n.lower() or _has(o, r"device=npu") or _ascend_only(t),
+    ),
+    (
+        "another training engine (VeOmni, Automodel, TorchTitan)",
+        lambda n, t, e, c, o: (
+            bool(re.search(r"veomni|automodel|torchtitan", n.lower()))
+            or _has(o, r"(model_engine|strategy|\.engine)=(veomni|automodel|torchtitan)")
+        ),
     ),
     (
         "TensorRT-LLM",
@@ -233,24 +267,41 @@ def outcome(overrides: list[str]) -> str:
     return "accepted"
 
 
+def table_names(ref: str, commit: str) -> tuple[str, str]:
+    """The table files a ref is written to: the pinned commit's own, or ones named for the release."""
+    if commit == COMMIT:
+        return "overrides.json", "expected.json"
+    release = ref.removeprefix("v")
+    return f"overrides_{release}.json", f"expected_{release}.json"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("verl_git_dir", help="verl's git directory (bare or not) holding commit " + COMMIT)
-    p.add_argument("--update-expected", action="store_true", help="rewrite expected.json from the result")
+    p.add_argument("verl_git_dir", nargs="?", help="verl's git directory (bare or not); or --git-dir")
+    p.add_argument("--git-dir", dest="git_dir", help="verl's git directory (bare or not)")
+    p.add_argument("--ref", default=COMMIT, help=f"the commit or tag whose examples/ are read (default {COMMIT})")
+    p.add_argument("--update-expected", action="store_true", help="rewrite the expected table from the result")
     a = p.parse_args()
+    git_dir = a.git_dir or a.verl_git_dir
+    if not git_dir:
+        p.error("name verl's git directory (positional or --git-dir)")
+    git = ["git", "--git-dir", git_dir] if Path(git_dir, "HEAD").is_file() else ["git", "-C", git_dir]
+    commit = subprocess.run([*git, "rev-parse", a.ref + "^{commit}"], check=True, capture_output=True, text=True)
+    commit = commit.stdout.strip()
     with tempfile.TemporaryDirectory() as tmp:
-        tar = subprocess.run(
-            ["git", "-C", a.verl_git_dir, "archive", COMMIT, "examples"], check=True, capture_output=True
-        ).stdout
+        tar = subprocess.run([*git, "archive", commit, "examples"], check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", tmp], input=tar, check=True)
         scripts = extract(Path(tmp) / "examples")
-    data = {"verl_commit": COMMIT, "scripts": scripts}
-    (HERE / "overrides.json").write_text(json.dumps(data, indent=1) + "\n")
+    data = {"verl_commit": commit, "scripts": scripts}
+    if commit != COMMIT:
+        data = {"verl_ref": a.ref, **data}
+    overrides_name, expected_name = table_names(a.ref, commit)
+    (HERE / overrides_name).write_text(json.dumps(data, indent=1) + "\n")
     n_in = sum(s["scope"] == "in" for s in scripts.values())
-    print(f"{len(scripts)} scripts, {n_in} in scope", file=sys.stderr)
+    print(f"{len(scripts)} scripts, {n_in} in scope -> {overrides_name}", file=sys.stderr)
     if a.update_expected:
         expected = {n: outcome(s["overrides"]) for n, s in scripts.items() if s["scope"] == "in"}
-        (HERE / "expected.json").write_text(json.dumps(expected, indent=1) + "\n")
+        (HERE / expected_name).write_text(json.dumps(expected, indent=1) + "\n")
 
 
 if __name__ == "__main__":
