@@ -12,6 +12,8 @@ verl 0.9.0 does not ship). docs/trainer/verl.md ("verl 0.9.0's example scripts")
 
 import json
 import re
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -126,3 +128,21 @@ def test_share_accepted_unchanged_per_folder():
     assert {k: tuple(v) for k, v in got.items()} == PER_FOLDER, "\n".join(lines)
     assert dict(first_refusals) == FIRST_REFUSALS
     assert (len(SCRIPTS), n_in, ok) == (109, 28, 23)
+
+
+def test_print_config_of_a_verl090_example_through_the_cli():
+    # the values the script's bash arrays hold reach rlrig's config as verl's keys
+    s = SCRIPTS["grpo_trainer/run_qwen3_8b_fsdp"]
+    r = subprocess.run(
+        [sys.executable, "-m", "rlrig.entrypoint.cli", "train", "--print-config", *s["overrides"]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    a = out["actor_rollout_ref"]
+    assert (a["rollout"]["n"], a["rollout"]["tensor_model_parallel_size"]) == (5, 2)
+    assert a["actor"]["kl_loss_type"] == "low_var_kl" and a["actor"]["use_dynamic_bsz"] is True
+    assert a["ref"]["fsdp_config"]["param_offload"] is True and a["actor"]["fsdp_config"]["param_offload"] is False
+    assert out["data"]["train_files"] == ["/data/train_0.parquet", "/data/train_1.parquet"]
