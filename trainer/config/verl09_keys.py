@@ -371,8 +371,23 @@ AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
         _each(("actor_rollout_ref.model.lora.", "critic.model.lora."), _MEGATRON_LORA),
     ),
     (
-        "the reward model scores with one engine per GPU group; a generative reward model's sampling, "
-        "quantization and speculative decoding are not in rlrig",
+        "a generative judge's requests carry their own sampling (verl's reward servers ignore these too)",
+        _each(
+            (_RM_ROLLOUT,),
+            {
+                "temperature": "1.0",
+                "top_k": "-1",
+                "top_p": "1",
+                "do_sample": "True",
+                "n": "1",
+                "ignore_eos": "False",
+            },
+        ),
+    ),
+    (
+        "not in rlrig's judge or reward engines: pipeline parallel engines, layered weight loading, a scheduling "
+        "policy other than first come first served, an engine seed of verl's (a judge request carries its own "
+        "seed), waking in stages, quantization and multi-token prediction",
         _each(
             (_RM_ROLLOUT,),
             {
@@ -381,12 +396,6 @@ AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
                 "scheduling_policy": "fcfs",
                 "seed": "42",
                 "multi_stage_wake_up": "False",
-                "ignore_eos": "False",
-                "temperature": "1.0",
-                "top_k": "-1",
-                "top_p": "1",
-                "do_sample": "True",
-                "n": "1",
                 "quantization": "null",
                 "quantization_config_file": "null",
                 "mtp": "null",
@@ -442,6 +451,12 @@ AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
         ),
     ),
     ("a checkpoint callback class of your own is not in rlrig", {"trainer.checkpoint_callback_class": "null"}),
+    (
+        "rlrig's agent loop tokenizes as verl 0.9.0's default (continuous_token.enable=False) does: the model's "
+        "tokens are kept and each added message is rendered alone by the chat template; verl's Continuous Token "
+        "builder (model_family) is not in rlrig",
+        _each(("data.continuous_token.",), {"enable": "False", "model_family": "auto"}),
+    ),
     (
         "replaying dumped rollouts is not in rlrig",
         _each(("skip.rollout.", "skip.rollout_tq.", "skip.async_rollout."), _SKIPPED),

@@ -8,7 +8,9 @@ The tables, top to bottom: ALIASES; REFUSED_PREFIXES, families refused by prefix
 verl's default only, grouped by reason, and _TARGETS, the `_target_` dataclass names taken at verl's own, which
 REFUSED and ACCEPTED_DEFAULTS draw on; REFUSED, single keys refused; ACCEPTED_DEFAULTS, the values a refused key is
 accepted at; NO_EFFECT, keys accepted at any value; DEFAULTS_DIFFER and RLRIG_ONLY. `--print-config` lists the last
-three. The keys verl 0.9 added or moved are in verl09_keys.py, merged into these tables below.
+three. The keys verl 0.9 added or moved are in verl09_keys.py, merged into these tables below; the keys of the
+releases before (0.7.0 to 0.8.0) sit in the groups above with their reason. FILLED: verl's own `${...}` defaults
+taken as the keys they read.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ ALIASES = {
     "ray_init.num_cpus": "ray_kwargs.ray_init.num_cpus",
     "ray_init.timeline_file": "ray_kwargs.timeline_json_file",
     "trainer.nnode": "trainer.nnodes",  # the FAQ's spelling
+    # verl 0.7.0's place of the bucket its SGLang rollout packs weights into, rollout.checkpoint_engine's since
+    "actor_rollout_ref.rollout.update_weights_bucket_megabytes": "actor_rollout_ref.rollout.checkpoint_engine."
+    "update_weights_bucket_megabytes",
     # verl's reward_manager section: a reward manager of your own (reward/own_managers.py)
     "reward_manager.source": "reward_model.reward_loop_source",
     "reward_manager.module.path": "reward_model.reward_loop_module_path",
@@ -170,6 +175,11 @@ _AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
         {"actor_rollout_ref.actor.checkpoint.async_save": "False", "critic.checkpoint.async_save": "False"},
     ),
     (
+        "verl's Megatron backend is not in rlrig; mbridge_config (verl 0.7.1, 0.8) passes options to its Megatron "
+        "checkpoint's Hugging Face export",
+        _each(tuple(f"{p}checkpoint." for p in _TRAINED), {"mbridge_config": "{}"}),
+    ),
+    (
         "rlrig's MoE routing replay keeps the routing in the step's batch (actor.router_replay.mode R2 or R3), never "
         "in files, and the reference routes as its own router does",
         {
@@ -209,7 +219,17 @@ _AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
             "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs": "{}",
         },
     ),
-    ("replaying dumped rollouts is not in rlrig", {"actor_rollout_ref.rollout.skip_rollout": "False"}),
+    (
+        "replaying dumped rollouts is not in rlrig",
+        {
+            "actor_rollout_ref.rollout.skip_rollout": "False",
+            # verl 0.8's rollout.skip section
+            **_each(
+                ("actor_rollout_ref.rollout.skip.",),
+                {"enable": "False", "dump_dir": "~/.verl/rollout_dump", "max_dump_step": "1", "action": "cache"},
+            ),
+        },
+    ),
     (
         "rlrig's engines take and return token ids; the rollout engine's tokenizer is not loaded (verl's default)",
         {"actor_rollout_ref.rollout.skip_tokenizer_init": "True"},
@@ -217,6 +237,11 @@ _AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
     (
         "the reward engine renders text with its tokenizer (verl's default)",
         {"reward_model.rollout.skip_tokenizer_init": "False"},
+    ),
+    (
+        "verl 0.7's window of torch profiler steps inside one update (tool_config.torch.step_start, step_end) is not "
+        "in rlrig; its torch profiler records whole training steps (global_profiler.steps)",
+        _each(tuple(f"{p}profiler.tool_config.torch." for p in _PROFILED), {"step_start": "0", "step_end": "null"}),
     ),
     ("rlrig's engines export no Prometheus metrics", {"actor_rollout_ref.rollout.prometheus.enable": "False"}),
     (
@@ -323,6 +348,7 @@ _TARGETS = {
     "actor_rollout_ref.rollout.val_kwargs._target_": "verl.workers.config.SamplingConfig",
     "actor_rollout_ref.rollout.multi_turn._target_": "verl.workers.config.MultiTurnConfig",
     "actor_rollout_ref.rollout.agent._target_": "verl.workers.config.AgentLoopConfig",
+    "actor_rollout_ref.rollout.skip._target_": "verl.workers.config.SkipConfig",  # verl 0.8
     "actor_rollout_ref.rollout.trace._target_": "verl.workers.config.TraceConfig",
     "actor_rollout_ref.rollout.agent.custom_async_server._target_": "verl.workers.config.CustomAsyncServerConfig",
     "actor_rollout_ref.rollout.checkpoint_engine._target_": "verl.workers.config.CheckpointEngineConfig",
@@ -460,11 +486,20 @@ ACCEPTED_DEFAULTS = {
     "actor_rollout_ref.rollout.logprobs_mode": ("processed_logprobs",),
     "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": ("False", "false"),
     "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": ("null", "None"),
+    # reward_manager: verl 0.7.1's dataclass name for its reward.reward_manager section
+    "reward_manager._target_": (
+        _TARGETS["reward_manager._target_"],
+        "verl.workers.config.reward_model.RewardManagerConfig",
+    ),
     # critic: verl's defaults, LoRA off
     "critic.model.lora_rank": ("0",),
     "critic.model.lora_alpha": ("16",),
     "critic.model.target_modules": ("all-linear",),
     "critic.model.lora_adapter_path": ("null", "None"),
+    # algorithm: verl 0.7's rollout correction keys at null, which bound nothing more (a k1 option's lower bound is
+    # the reciprocal of rollout_rs_threshold, as verl 0.7's null lower bound is; no token veto)
+    "algorithm.rollout_correction.rollout_rs_threshold_lower": ("null", "None"),
+    "algorithm.rollout_correction.rollout_token_veto_threshold": ("null", "None"),
     # reward_model
     "reward_model.micro_batch_size": ("null", "None"),
     "reward_model.launch_reward_fn_async": ("False", "false"),
@@ -681,9 +716,28 @@ def not_given(key: str, value) -> bool:
     return key in verl09_keys.LEGACY_UNSET and (text is None or (isinstance(text, str) and text in ("null", "~")))
 
 
+# verl's own `${...}` defaults of keys it fills from another that rlrig reads instead, each taken as that text:
+# {key: (verl 0.9's, an earlier release's)}. Another value is refused with the key's reason (REFUSED,
+# REFUSED_PREFIXES), bar the values ACCEPTED_DEFAULTS lists.
+_ACTOR_TOOL_CONFIG = "${oc.select:actor_rollout_ref.actor.profiler.tool_config,null}"
+_FILLED_BEFORE_09 = {
+    # verl b178a3c's and 0.7's
+    "actor_rollout_ref.rollout.profiler.tool_config": _ACTOR_TOOL_CONFIG,
+    "reward_model.profiler.tool_config": _ACTOR_TOOL_CONFIG,
+    "reward_manager.name": "${oc.select:reward_model.reward_manager,naive}",
+    "critic.model.tokenizer_path": '${oc.select:actor_rollout_ref.model.path,"~/models/deepseek-llm-7b-chat"}',
+    # verl 0.7.1's, with no Megatron fallback yet
+    "actor_rollout_ref.rollout.qat": "${oc.select:actor_rollout_ref.actor.fsdp_config.qat,null}",
+}
+FILLED = {
+    key: tuple(t for t in (verl09_keys.FILLED.get(key), _FILLED_BEFORE_09.get(key)) if t)
+    for key in {**verl09_keys.FILLED, **_FILLED_BEFORE_09}
+}
+
+
 def filled_by_verl(key: str, value) -> bool:
-    """True for verl's own `${...}` default of a key verl fills from another that rlrig reads instead."""
-    return isinstance(value, str) and verl09_keys.FILLED.get(key) == value.strip()
+    """True for verl's own `${...}` default of a key verl fills from another that rlrig reads instead (FILLED)."""
+    return isinstance(value, str) and value.strip() in FILLED.get(key, ())
 
 
 def accepted_default(key: str, value: str) -> bool:

@@ -5,7 +5,7 @@ The classes, decided in the order rlrig's parser decides (trainer/config/overrid
 
 - not-given: verl reads the value as absent (OmegaConf's `???`, or an old reward key at null), so nothing is set;
 - interpolated: verl's own `${...}` for a key verl fills from another one, which rlrig reads instead
-  (verl09_keys.FILLED);
+  (verl_keys.FILLED);
 - no-effect: accepted at any value because it changes nothing for rlrig (verl_keys.NO_EFFECT);
 - default-only: accepted at verl's default, which asks for nothing rlrig lacks; another value is refused in one line;
 - implemented: a key of rlrig's config, one of its aliases, or an item of a mapping rlrig takes whole;
