@@ -31,7 +31,7 @@ from .schema import (
     canonical_strategy,
 )
 
-LOGGERS = ("console", "tensorboard", "wandb", "mlflow")
+LOGGERS = ("console", "tensorboard", "wandb", "mlflow", "file")
 _KL = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 KL_KINDS = (*_KL, *(k + "+" for k in _KL))  # "+": the value of the kind, the gradient of k2
 DTYPES = (

@@ -1,5 +1,5 @@
 """What the driver tells the user: one-line messages, the progress bar, and each step's metrics in
-metrics.jsonl (plus TensorBoard, Weights & Biases and MLflow, as trainer.logger asks)."""
+metrics.jsonl (plus TensorBoard, Weights & Biases, MLflow and verl's file logger, as trainer.logger asks)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ class MetricsLog:
             )
 
         self.mlflow = mlflow_run(cfg) if "mlflow" in self.loggers else None
+        self.file = file_log(cfg) if "file" in self.loggers else None
 
     def log(self, step: int, metrics: dict) -> None:
         with open(self.path, "a") as f:
@@ -47,6 +48,21 @@ class MetricsLog:
             self.wandb.log(metrics, step=step)
         if self.mlflow:
             self.mlflow.log_metrics({mlflow_key(k): v for k, v in metrics.items()}, step=step)
+        if self.file:
+            self.file.write(json.dumps({"step": step, "data": metrics}).encode() + b"\n")
+
+
+def file_log(cfg):
+    """verl's file logger: a JSON line {"step", "data"} a step, in VERL_FILE_LOGGER_PATH, else
+    VERL_FILE_LOGGER_ROOT (default: the working directory)/<project_name>/<experiment_name>.jsonl, written anew
+    as verl writes it, unbuffered."""
+    path = os.environ.get("VERL_FILE_LOGGER_PATH")
+    if path is None:
+        root = Path(os.path.expanduser(os.environ.get("VERL_FILE_LOGGER_ROOT", "."))) / cfg.trainer.project_name
+        root.mkdir(parents=True, exist_ok=True)
+        path = root / f"{cfg.trainer.experiment_name}.jsonl"
+    say(f"file logger: {Path(path).resolve()}")
+    return open(path, "wb", buffering=0)  # noqa: SIM115 - open for the whole run, as verl's
 
 
 def mlflow_run(cfg):

@@ -86,3 +86,23 @@ def test_validation_samples_are_attached_as_verls_artifact(tmp_path, monkeypatch
     assert json.loads(open(local).read()) == [
         {"input": [{"role": "user", "content": "1+1="}], "output": "2", "score": 1.0}
     ]
+
+
+@pytest.mark.parametrize("where", ["root", "path"])
+def test_verls_file_logger_writes_a_json_line_a_step(tmp_path, monkeypatch, where):
+    """trainer.logger=file, as verl's FileLogger: {"step", "data"} a line, in VERL_FILE_LOGGER_PATH, else
+    VERL_FILE_LOGGER_ROOT/<project_name>/<experiment_name>.jsonl."""
+    import json
+
+    if where == "path":
+        monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "mine.jsonl"))
+        want = tmp_path / "mine.jsonl"
+    else:
+        monkeypatch.setenv("VERL_FILE_LOGGER_ROOT", str(tmp_path))
+        want = tmp_path / "proj" / "exp.jsonl"
+    cfg = parse_overrides(["trainer.logger=[console,file]", "trainer.project_name=proj", "trainer.experiment_name=exp"])
+    log = MetricsLog(cfg, tmp_path / "metrics.jsonl")
+    log.log(1, {"critic/score/mean": 0.5})
+    log.log(2, {"critic/score/mean": 0.75})
+    lines = [json.loads(x) for x in want.read_text().splitlines()]  # written unbuffered: readable at once
+    assert lines == [{"step": 1, "data": {"critic/score/mean": 0.5}}, {"step": 2, "data": {"critic/score/mean": 0.75}}]
