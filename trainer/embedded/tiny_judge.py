@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .tiny_model import ALPHABET, build_model, build_tokenizer, cache_dir, save_atomically, supervised_step
 
-VERSION = "tiny-arith-judge-v2"  # v2: reference-guided, four layers
+VERSION = "tiny-arith-judge-v3"  # v3: reference-guided, four layers, exact answers only
 # the comparison is learned late (after ~1600 steps), by a network deeper than the policy's: about a minute on CPU
 STEPS, BATCH, LAYERS, LR = 3000, 32, 4, 5e-4
 # the judge's user message (reward/judge_fn.py's template), in the embedded tokenizer's alphabet
@@ -23,17 +23,37 @@ def judge_cache_dir() -> Path:
 
 
 def answers(right: int, rng: random.Random) -> tuple[str, int]:
-    """A response to judge and its verdict: the right one half the time; else mostly a wrong sum (what the
-    policy writes most), now and then the right sum without `#### ` or noise of the alphabet."""
+    """A response to judge and its verdict: the right one (`#### ` and the sum) half the time; else a wrong sum
+    (often off by a little, as the policy's mistakes are), the right one changed by a character (what a policy
+    rewarded by this judge tries first: a reference-guided judge must ask for the answer exactly), or noise."""
+    good = f"#### {right}"
     if rng.random() < 0.5:
-        return f"#### {right}", 1
+        return good, 1
     kind = rng.random()
-    if kind < 0.8:  # near misses half the time: the policy's own mistakes are mostly off by a little
+    if kind < 0.45:
         near = [x for x in (right - 2, right - 1, right + 1, right + 2) if 0 <= x <= 18]
         return f"#### {rng.choice(near if rng.random() < 0.5 else [x for x in range(19) if x != right])}", 0
     if kind < 0.9:
-        return str(right), 0
+        return edited(good, rng), 0
     return "".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 8))), 0
+
+
+def edited(text: str, rng: random.Random) -> str:
+    """`text` with one character inserted, deleted or replaced, or a few added at an end; never `text` itself."""
+    while True:
+        i, c = rng.randrange(len(text) + 1), rng.choice(ALPHABET)
+        kind = rng.randrange(4)
+        if kind == 0:
+            out = text[:i] + c + text[i:]
+        elif kind == 1 and i < len(text):
+            out = text[:i] + text[i + 1 :]
+        elif kind == 2 and i < len(text):
+            out = text[:i] + c + text[i + 1 :]
+        else:
+            tail = "".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 3)))
+            out = text + tail if rng.random() < 0.5 else tail + text
+        if out != text:
+            return out
 
 
 def samples(n: int, seed: int, tok) -> tuple[list[list[int]], list[list[int]]]:

@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from aiohttp import web
 
 from .judge_engines import JudgeEngineError, JudgeOutput, JudgeRequest, JudgeSpec, make_judge_engine
+from .vllm_scorer import child_env, die_with_parent
 
 GATHER_S = 0.02  # how long a batch waits for more requests after its last one arrived
 
@@ -234,16 +235,9 @@ def _until_closed(conn) -> None:
         return
 
 
-def _die_with_parent() -> None:
-    import ctypes
-    import signal
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def serve(conn, spec: JudgeSpec, host: str, env: dict) -> None:
     """The child: build the engine and the judge's tokenizer, then serve until the parent is gone."""
-    _die_with_parent()
+    die_with_parent()
     os.environ.update(env)
     try:
         from transformers import AutoTokenizer
@@ -265,16 +259,7 @@ class JudgeServer:
     host:port, what a reward function gets as reward_router_address."""
 
     def __init__(self, spec: JudgeSpec, host: str = "127.0.0.1"):
-        from ..devices import own_gpu_only
-
-        env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # the child itself is the engine's own process
-        if spec.device == "cuda":
-            env.update(own_gpu_only())
-        else:
-            env.update(
-                VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-                VLLM_CPU_OMP_THREADS_BIND=os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
-            )
+        env = child_env(spec.device)
         ctx = mp.get_context("spawn")  # never fork a process that holds CUDA or torch threads
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=serve, args=(child, spec, host, env), name="rlrig-judge")

@@ -59,7 +59,21 @@ def max_length(r, model_limit: int | None) -> int:
     return min(wanted, model_limit) if model_limit else wanted
 
 
-def _die_with_parent() -> None:
+def child_env(device: str) -> dict:
+    """The environment of an engine's child process: the child is the engine's own process (no vLLM subprocess of
+    its own), on its worker's GPU only; on CPU a small KV cache and no thread pinning, unless the user set them."""
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    if device == "cuda":
+        env.update(own_gpu_only())
+    else:
+        env.update(
+            VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+            VLLM_CPU_OMP_THREADS_BIND=os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+        )
+    return env
+
+
+def die_with_parent() -> None:
     import ctypes
     import signal
 
@@ -68,7 +82,7 @@ def _die_with_parent() -> None:
 
 def serve(conn, kw: dict, sleeps: bool, env: dict) -> None:
     """The child: build the engine, then answer ("score", token lists) until the parent closes the pipe."""
-    _die_with_parent()
+    die_with_parent()
     os.environ.update(env)
     try:
         import vllm
@@ -105,14 +119,7 @@ class VLLMEngineScorer:
     """score_ids(token lists) -> floats, by the engine in the child process."""
 
     def __init__(self, r, path: str, device: str, max_model_len: int, trust_remote_code: bool = False):
-        env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # the child itself is the engine's own process
-        if device == "cuda":
-            env.update(own_gpu_only())
-        if device == "cpu":
-            env.update(
-                VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-                VLLM_CPU_OMP_THREADS_BIND=os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
-            )
+        env = child_env(device)
         ctx = mp.get_context("spawn")  # never fork a process that holds CUDA or torch threads
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(

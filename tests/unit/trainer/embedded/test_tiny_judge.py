@@ -1,5 +1,5 @@
 """The embedded judge (`--preset judge`): on sums it never saw, it replies 1 to the right answer written as the
-task asks and 0 to a wrong sum, the right sum without `#### ` and noise, read greedily as the preset asks it (its
+task asks and 0 to a wrong sum, the right sum without `#### `, the right answer changed by a character and noise, read greedily as the preset asks it (its
 chat template, rlrig's judge function's template)."""
 
 import random
@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlrig.trainer.data.datasets import arithmetic_rows
-from rlrig.trainer.embedded.tiny_judge import TEMPLATE, ensure_tiny_judge
+from rlrig.trainer.embedded.tiny_judge import TEMPLATE, edited, ensure_tiny_judge
 
 pytestmark = pytest.mark.process
 
@@ -43,6 +43,7 @@ def replies(judge, pairs: list[tuple[str, str]]) -> list[str]:
         ("off by one or two", lambda s, rng: f"#### {abs(s + rng.choice([-2, -1, 1, 2]))}", "0", 0.8),
         ("any wrong sum", lambda s, rng: f"#### {rng.choice([x for x in range(19) if x != s])}", "0", 0.8),
         ("no ####", lambda s, rng: str(s), "0", 0.9),
+        ("the right answer changed by a character", lambda s, rng: edited(f"#### {s}", rng), "0", 0.9),
         ("noise", lambda s, rng: "".join(rng.choice("0123456789+-*=# ") for _ in range(5)), "0", 0.9),
     ],
 )
