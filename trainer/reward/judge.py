@@ -13,6 +13,7 @@ reward/judge/score/mean, max, min (`judge_score`).
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import json
 import urllib.request
@@ -20,7 +21,9 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
+from ..rollout.engines.sglang_engine import INSTALL_HINT as SGLANG_INSTALL
 from .judge_engines import ENGINES, JudgeSpec
+from .vllm_scorer import INSTALL_HINT as VLLM_INSTALL
 from .vllm_scorer import max_length
 
 ROUTER = "reward_router_address"
@@ -56,6 +59,12 @@ def check_judge(cfg) -> None:
     if r.name not in ENGINES:
         raise ConfigError(
             f"reward_model.rollout.name={r.name}: a generative judge is served by one of {', '.join(ENGINES)}"
+        )
+    package = {"vllm": ("vllm", VLLM_INSTALL), "sglang": ("sglang", SGLANG_INSTALL)}.get(r.name)
+    if package is not None and importlib.util.find_spec(package[0]) is None:
+        raise ConfigError(
+            f"reward_model.rollout.name={r.name}: the judge's engine is not installed here: {package[1]}, or serve "
+            "the judge with reward_model.rollout.name=hf (transformers)"
         )
     if r.tensor_model_parallel_size != 1:
         raise ConfigError(

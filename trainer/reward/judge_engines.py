@@ -225,6 +225,9 @@ class SGLangJudge(JudgeEngine):
             load_format=r["load_format"],
             trust_remote_code=spec.trust_remote_code,
             enable_memory_saver=spec.sleeps,
+            disable_cuda_graph=r["enforce_eager"],
+            random_seed=0,
+            log_level="error",
             port=kernel_free_port(),  # never one of the rollout's SGLang engines on the node
         )
         kw.update(r["engine_kwargs"].get("sglang", {}))

@@ -193,7 +193,9 @@ def _cfg(*overrides):
 
 def test_a_function_that_takes_the_judges_address_makes_the_reward_model_a_served_judge(judge_file, tmp_path):
     model = tmp_path / "judge"
-    cfg = _cfg(f"custom_reward_function.path={judge_file}", f"reward_model.model.path={model}")
+    cfg = _cfg(
+        f"custom_reward_function.path={judge_file}", f"reward_model.model.path={model}", "reward_model.rollout.name=hf"
+    )
     assert serves_judge(cfg)
     check_reward_setup(cfg, {"anything"})  # the function decides the sources it scores
     with_rm = _cfg(f"custom_reward_function.path={judge_file}", "custom_reward_function.name=with_rm")
@@ -206,8 +208,26 @@ def test_a_function_that_takes_the_judges_address_makes_the_reward_model_a_serve
     [
         ((), r"set reward_model.model.path \(verl 0.9: reward.reward_model.model_path\)"),
         (("reward_model.model.path=/j", "reward_model.rollout.name=trtllm"), "served by one of hf, vllm, sglang"),
-        (("reward_model.model.path=/j", "reward_model.rollout.tensor_model_parallel_size=2"), "set it to 1"),
-        (("reward_model.model.path=/j", "+reward_model.rollout.engine_kwargs.trt.x=1"), "engine_kwargs.trt"),
+        (
+            (
+                "reward_model.model.path=/j",
+                "reward_model.rollout.name=hf",
+                "reward_model.rollout.tensor_model_parallel_size=2",
+            ),
+            "set it to 1",
+        ),
+        (
+            (
+                "reward_model.model.path=/j",
+                "reward_model.rollout.name=hf",
+                "+reward_model.rollout.engine_kwargs.trt.x=1",
+            ),
+            "engine_kwargs.trt",
+        ),
+        (
+            ("reward_model.model.path=/j", "reward_model.rollout.name=sglang"),
+            "the judge's engine is not installed here",
+        ),
     ],
 )
 def test_a_judge_that_cannot_be_served_is_refused_in_one_line(judge_file, overrides, match):

@@ -259,7 +259,7 @@ def test_a_manager_of_your_own_beside_a_reward_model_is_handed_a_served_judge(ma
     keys = [k.format(f=manager_file) for k in SPELLINGS["verl 0.9, importlib"]]
     with pytest.raises(ConfigError, match="serves a generative judge: set reward_model.model.path"):
         check_reward_setup(config(*keys, "reward_model.enable=True"), {"rlrig/arithmetic"})
-    cfg = config(*keys, "reward_model.enable=True", "reward_model.model.path=/judge")
+    cfg = config(*keys, "reward_model.enable=True", "reward_model.model.path=/judge", "reward_model.rollout.name=hf")
     check_reward_setup(cfg, {"rlrig/arithmetic"})
     assert serves_judge(cfg)
 
