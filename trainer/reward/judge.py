@@ -106,9 +106,9 @@ def _post(address: str, path: str) -> dict:
 @dataclass
 class JudgeLink:
     """A training worker's way to its judge: the address and tokenizer its reward function gets, waking the judge
-    around a scoring where it sleeps between them, and the server's counters since the last scoring where this
+    around a scoring where it sleeps between them, and the server's counters over the last scoring where this
     worker reports them (the first of the workers that share a server, so that summed over workers each request
-    counts once)."""
+    counts once; on a shared pool server the other workers' requests of the same moment count too)."""
 
     concurrent = True  # the reward function's calls run together, so that the judge answers them in batches
     address: str
@@ -131,6 +131,10 @@ class JudgeLink:
 
     @contextmanager
     def awake(self):
+        """Around one scoring: the judge woken where it sleeps, and its counters read at the start, so that
+        metrics() counts this scoring's requests only (a validation's are not a step's)."""
+        if self.reports:
+            self.last = _post(self.address, "/rlrig/stats")
         if self.sleeps:
             _post(self.address, "/rlrig/wake")
         try:
