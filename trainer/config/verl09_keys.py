@@ -142,10 +142,8 @@ FILLED = {
         f"{_PRECISION}{k},${{oc.select:{_GLOBAL_PROFILER}global_tool_config.precision_debugger.{k},{d}}}}}"
         for k, d in (("config_path", "null"), ("stages", "null"), ("strict", "False"))
     },
-    **{
-        f"distillation.teacher_models.teacher_model.inference.{k}": f"${{oc.select:actor_rollout_ref.rollout.{k}}}"
-        for k in ("name", "dtype", "prompt_length", "response_length", "temperature")
-    },
+    "distillation.teacher_models.teacher_model.inference.temperature": "${oc.select:actor_rollout_ref.rollout."
+    "temperature}",
 }
 
 _QAT = {
@@ -466,28 +464,17 @@ AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
 # On-policy distillation (config/schema.DistillationConfig): the teacher's engine settings, taken at verl's defaults.
 _TEACHER = "distillation.teacher_models.teacher_model."
 DISTILLATION = (
-    "rlrig computes the teacher's log-probs with the hf engine (in the training workers, or in distillation's own "
-    "pool with distillation.nnodes); a teacher served by vLLM or SGLang, and its engine settings, are not in rlrig",
+    "rlrig's teacher engine (hf or vLLM, inference.name) runs one replica per device on token ids, without CUDA "
+    "graphs captured by size, statistics logs or images",
     {
         f"{_TEACHER}num_replicas": "0",
         **_each(
             (f"{_TEACHER}inference.",),
             {
-                "gpu_memory_utilization": "0.5",
-                "enforce_eager": "True",
                 "cudagraph_capture_sizes": "null",
-                "free_cache_engine": "True",
                 "data_parallel_size": "1",
                 "expert_parallel_size": "1",
-                "tensor_model_parallel_size": "2",
-                "max_num_batched_tokens": "8192",
-                "max_model_len": "null",
-                "max_num_seqs": "1024",
-                "load_format": "auto",
-                "engine_kwargs": "{}",
                 "limit_images": "null",
-                "enable_chunked_prefill": "True",
-                "enable_prefix_caching": "True",
                 "disable_log_stats": "True",
                 "skip_tokenizer_init": "True",
             },
@@ -513,10 +500,8 @@ FILLED_ONLY = {
         "default for this key; set that"
         for k in ("project_name", "experiment_name")
     },
-    **{
-        f"{_TEACHER}inference.{k}": DISTILLATION[0]
-        for k in ("name", "dtype", "prompt_length", "response_length", "temperature")
-    },
+    f"{_TEACHER}inference.temperature": "verl's teacher computes prompt log-probs at temperature 1 whatever this "
+    "is (a forward pass), and so does rlrig's",
 }
 
 # The dataclasses verl 0.9 builds its new sections into, taken at verl's own; the names are as canonical keys
@@ -580,6 +565,8 @@ NO_EFFECT = {
 
 # Where rlrig's default is not verl 0.9's, and why.
 DEFAULTS_DIFFER = {
+    "distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size": "verl's default is 2; "
+    "rlrig's is 1: its vLLM teacher runs one engine per device (the hf teacher a whole copy per worker)",
     "data.seed": "verl's default is null (its sampler's unseeded torch.Generator); rlrig's is 1, a seed of its own",
     "actor_rollout_ref.rollout.seed": "verl's default is 42 (an engine's seed is it plus the engine's index); "
     "rlrig's null seeds the engines from trainer.seed the same way",

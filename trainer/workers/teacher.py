@@ -1,6 +1,7 @@
 """The distillation teacher (distillation.enabled): its log-probs of the student's sampled tokens, from the hf
-engine's forward pass over prompt and response, at temperature 1 as verl's teacher computes them (prompt
-log-probs are a forward pass: verl sets its teacher's temperature to 1 whatever the rollout's). Where it runs is
+engine's forward pass over prompt and response or vLLM's prompt log-probs (inference.name, verl's default the
+rollout's engine: workers/vllm_teacher.py), at temperature 1 as verl's teacher computes them (prompt log-probs are
+a forward pass: verl sets its teacher's temperature to 1 whatever the rollout's). Where it runs is
 chosen once (teacher_source): a whole copy held in every training worker (distillation.nnodes=0), or a pool of its
 own (TeacherWorker, nnodes x n_gpus_per_node workers) that the training workers send their samples to, as the
 reference's pool."""
@@ -37,13 +38,25 @@ def teacher_forward(cfg) -> ForwardOptions:
     return dataclasses.replace(ForwardOptions.of(cfg), temperature=1.0, share_prompts=False, fused_head=False)
 
 
+def teacher_engine(cfg) -> str:
+    """inference.name, else the rollout's engine (verl's default), `auto` resolved as the rollout's is."""
+    from ..rollout.engines import engine_class
+
+    name = cfg.distillation.teacher_models.teacher_model.inference.name or cfg.actor_rollout_ref.rollout.name
+    return engine_class(name).name if name == "auto" else name
+
+
 def teacher_source(cfg, device: torch.device, pool, micro_batches):
-    """The teacher's log-probs [B, R]: from its pool (`pool`, a TeacherWorker's Ray handle), from a copy held here,
-    or None (distillation off)."""
+    """The teacher's log-probs [B, R]: from its pool (`pool`, a TeacherWorker's Ray handle), from a teacher held
+    here (vLLM's in a child process, or the hf model), or None (distillation off)."""
     if not cfg.distillation.enabled:
         return None
     if pool is not None:
         return RemoteLogProbs(pool, device)
+    if teacher_engine(cfg) == "vllm":
+        from .vllm_teacher import VLLMTeacher
+
+        return VLLMTeacher(cfg, teacher_path(cfg), device)
     module, prec = load_teacher(cfg, device)
     micro = cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
     return LocalLogProbs(module, prec, micro, MICRO_KEY, teacher_forward(cfg), micro_batches)
@@ -83,14 +96,17 @@ class TeacherWorker(PoolWorker):
         cfg = from_dict(cfg_dict)
         self.device = single_device(use_gpu)
         ensure_local_embedded_model(model_path)
-        self.model, self.precision = load_reference(cfg, model_path, self.device, "ddp")
-        self.micro = cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
-        self.forward = teacher_forward(cfg)
-        self.budget = batching.token_budgets(cfg)[MICRO_KEY]
+        if teacher_engine(cfg) == "vllm":
+            from .vllm_teacher import VLLMTeacher
+
+            self.compute = VLLMTeacher(cfg, model_path, self.device)
+            return
+        model, precision = load_reference(cfg, model_path, self.device, "ddp")
+        micro = cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
+        forward, budget = teacher_forward(cfg), batching.token_budgets(cfg)[MICRO_KEY]
+        self.compute = lambda batch: whole_model_logprobs(model, precision, forward, self.device, batch, micro, budget)
 
     @torch.no_grad()
     def logprobs(self, batch: StepBatch) -> torch.Tensor:
         """[B, R] log-probs of the response tokens, on the CPU for the trip back."""
-        return whole_model_logprobs(
-            self.model, self.precision, self.forward, self.device, batch, self.micro, self.budget
-        )
+        return self.compute(batch).cpu()

@@ -10,6 +10,7 @@ BASE = ["actor_rollout_ref.model.path=/m"]
 ON = [*BASE, "distillation.enabled=True", "distillation.teacher_models.teacher_model.model_path=/t"]
 LOSS = "distillation.distillation_loss."
 TEACHER = "distillation.teacher_models.teacher_model."
+_inference = lambda c: c.distillation.teacher_models.teacher_model.inference  # noqa: E731
 
 
 @pytest.mark.parametrize(
@@ -25,6 +26,11 @@ TEACHER = "distillation.teacher_models.teacher_model."
         ("distillation.teacher_key=task", lambda c: c.distillation.teacher_key, "task"),
         (f"{TEACHER}key=gsm8k", lambda c: c.distillation.teacher_models.teacher_model.key, "gsm8k"),
         ("distillation.nnodes=1", lambda c: "distillation" in c.own_pools(), True),
+        (f"{TEACHER}inference.name=vllm", lambda c: _inference(c).name, "vllm"),
+        (f"{TEACHER}inference.gpu_memory_utilization=0.3", lambda c: _inference(c).gpu_memory_utilization, 0.3),
+        (f"{TEACHER}inference.max_model_len=3073", lambda c: _inference(c).max_model_len, 3073),
+        # the hf teacher: a whole copy in each worker, whatever the tensor-parallel size
+        (f"{TEACHER}inference.tensor_model_parallel_size=2", lambda c: _inference(c).tensor_model_parallel_size, 2),
     ],
 )  # fmt: skip
 def test_a_distillation_key_reaches_the_config(override, read, value):
@@ -55,9 +61,18 @@ def test_colocated_by_default_and_verls_own_spelling_of_k1_as_a_policy_gradient(
         ([f"{LOSS}loss_max_clamp=0"], "must be positive"),
         (["distillation.nnodes=1", "distillation.n_gpus_per_node=0"], "needs both at least 1"),
         (["+distillation.teacher_models.teacher_model2.model_path=/u"], "several teachers"),
-        (["distillation.teacher_models.teacher_model.inference.name=vllm"], "served by vLLM or SGLang"),
-        (["distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size=1"], "hf engine"),
-        (["distillation.teacher_models.teacher_model.num_replicas=2"], "hf engine"),
+        (
+            [f"{TEACHER}inference.name=sglang"],
+            "set distillation.teacher_models.teacher_model.inference.name=vllm or hf",
+        ),
+        (["actor_rollout_ref.rollout.name=sglang"], "inference.name (the rollout's, sglang): rlrig computes"),
+        (
+            [f"{TEACHER}inference.name=vllm", f"{TEACHER}inference.tensor_model_parallel_size=2"],
+            "one engine per device",
+        ),
+        ([f"+{TEACHER}inference.engine_kwargs.sglang.x=1"], "engine_kwargs.sglang: put vLLM's arguments"),
+        ([f"{TEACHER}inference.data_parallel_size=2"], "one replica per device"),
+        (["distillation.teacher_models.teacher_model.num_replicas=2"], "one replica per device"),
     ],
 )
 def test_what_rlrig_does_not_build_is_refused_in_one_line(overrides, says):

@@ -1,6 +1,6 @@
 """The embedded judge (`--preset judge`): on sums it never saw, it replies 1 to the right answer written as the
-task asks and 0 to a wrong sum, the right sum without `#### `, the right answer changed by a character and noise, read greedily as the preset asks it (its
-chat template, rlrig's judge function's template)."""
+task asks and 0 to a wrong sum, the right sum without `#### `, the right answer changed by a character and noise,
+read greedily as the preset asks it (its chat template, rlrig's judge function's template)."""
 
 import random
 

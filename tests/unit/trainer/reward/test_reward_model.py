@@ -333,7 +333,7 @@ def test_reward_loop_without_vllm_is_refused_before_workers_start(monkeypatch):
     check_installed(parse_overrides(BASE).reward_model)  # transformers: nothing to check
 
 
-def test_a_custom_function_beside_the_reward_model_must_take_rm_score(tmp_path):
+def test_a_custom_function_beside_the_reward_model_must_take_rm_score_or_the_judges_address(tmp_path):
     from rlrig.trainer.reward.rules import check_reward_setup, reward_fn
 
     f = tmp_path / "r.py"
@@ -342,7 +342,7 @@ def test_a_custom_function_beside_the_reward_model_must_take_rm_score(tmp_path):
         "def combined(data_source, solution, ground_truth, extra_info=None, rm_score=0.0):\n    return rm_score\n"
     )
     cfg = parse_overrides([*BASE, f"custom_reward_function.path={f}", "custom_reward_function.name=plain"])
-    with pytest.raises(ConfigError, match="add an rm_score parameter"):
+    with pytest.raises(ConfigError, match="rm_score, or, for a generative judge, .* reward_router_address"):
         check_reward_setup(cfg, {"anything"})
     cfg.custom_reward_function.name = "combined"
     check_reward_setup(cfg, {"anything"})

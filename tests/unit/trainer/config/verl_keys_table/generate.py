@@ -129,6 +129,7 @@ def vendor(wheel: pathlib.Path, release: str, folder: pathlib.Path = FOLDER) -> 
             raise SystemExit(f"{wheel.name} has no {GENERATED}: verl's generated trainer config moved; find it there")
         body = whl.read(GENERATED).decode()
     out = release_file(release, folder)
+    out.parent.mkdir(parents=True, exist_ok=True)  # --out may name a folder that is not there yet
     out.write_text(header(release) + body)
     return out
 

@@ -1,0 +1,155 @@
+"""The distillation teacher served by vLLM (distillation.teacher_models.teacher_model.inference.name=vllm, verl's
+default wherever the rollout is vLLM's): the log-prob of each token of the student's samples, as verl's teacher
+computes it, by vLLM's prompt log-probs (a forward pass at temperature 1; prompt_logprobs=0 gives the token's own).
+
+The engine runs in a child process of its own (reward/vllm_scorer.py's reasons: a worker may hold vLLM's rollout
+engine too, and two engines in one process share vLLM's sleep-mode allocator), which sleeps between steps on a
+GPU (inference.free_cache_engine) and dies with its parent.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+
+import torch
+
+from ..batch.step_batch import StepBatch
+from ..reward.vllm_scorer import INSTALL_HINT, child_env, die_with_parent
+
+
+def engine_kwargs(inf, path: str, device: str, rollout_dtype: str, max_model_len: int, trust: bool) -> dict:
+    """vllm.LLM arguments from the teacher's inference.*; GPU-only knobs stay off on CPU."""
+    dtype = inf.dtype or rollout_dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if device == "cuda" else "float32"
+    kw = dict(
+        model=path,
+        dtype=dtype,
+        seed=0,
+        enforce_eager=inf.enforce_eager,
+        max_model_len=max_model_len,
+        max_num_seqs=inf.max_num_seqs,
+        max_num_batched_tokens=max(inf.max_num_batched_tokens, max_model_len),  # a whole sequence in one prefill
+        enable_chunked_prefill=inf.enable_chunked_prefill,
+        enable_prefix_caching=inf.enable_prefix_caching,
+        load_format=inf.load_format,
+        trust_remote_code=trust,
+    )
+    if device == "cuda":
+        kw.update(gpu_memory_utilization=inf.gpu_memory_utilization, enable_sleep_mode=inf.free_cache_engine)
+    kw.update(inf.engine_kwargs.get("vllm", {}))  # the user's word is last
+    return kw
+
+
+def token_logprobs(out) -> list[float]:
+    """Each token's log-prob after the first from one vLLM output with prompt_logprobs=0 (the first token has
+    none): the entry of the token itself in each position's dict."""
+    ids, per = out.prompt_token_ids, out.prompt_logprobs
+    return [float(per[i][ids[i]].logprob) for i in range(1, len(ids))]
+
+
+def serve(conn, kw: dict, sleeps: bool, env: dict) -> None:
+    """The child: build the engine, then answer ("logprobs", token lists) until the parent closes the pipe."""
+    die_with_parent()
+    os.environ.update(env)
+    try:
+        import vllm
+
+        llm = vllm.LLM(**kw)
+        params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+        if sleeps:
+            llm.sleep(level=1)
+    except ImportError as e:
+        conn.send(("error", f"vLLM is not installed ({e}); {INSTALL_HINT}"))
+        return
+    except Exception as e:  # noqa: BLE001 - the parent reports it as the reason the teacher did not start
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    conn.send(("ready", None))
+    while True:
+        try:
+            _, seqs = conn.recv()
+        except EOFError:  # the parent is gone
+            return
+        try:
+            if sleeps:
+                llm.wake_up()
+            outs = llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False)
+            if sleeps:
+                llm.sleep(level=1)
+        except Exception as e:  # noqa: BLE001 - sent to the parent, which raises it in the step
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+            return
+        conn.send(("logprobs", [token_logprobs(o) for o in outs]))
+
+
+class VLLMTeacher:
+    """The teacher's log-probs [B, R] of a batch's response tokens (0 where masked), by vLLM in a child process."""
+
+    def __init__(self, cfg, path: str, device: torch.device):
+        from transformers import AutoConfig
+
+        t, d = cfg.distillation.teacher_models.teacher_model, cfg.data
+        inf, trust = t.inference, cfg.actor_rollout_ref.model.trust_remote_code
+        # verl's max_model_len: given, else prompt + response lengths, which rlrig caps at the model's positions
+        limit = getattr(AutoConfig.from_pretrained(path, trust_remote_code=trust), "max_position_embeddings", None)
+        wanted = (inf.prompt_length or d.max_prompt_length) + (inf.response_length or d.max_response_length)
+        length = inf.max_model_len or (min(wanted, limit) if limit else wanted)
+        rollout_dtype = cfg.actor_rollout_ref.rollout.dtype
+        kw = engine_kwargs(inf, path, device.type, rollout_dtype, length, trust)
+        self.device, self.max_len = device, length
+        ctx = mp.get_context("spawn")  # never fork a process that holds CUDA or torch threads
+        self.conn, child = ctx.Pipe()
+        sleeps = device.type == "cuda" and inf.free_cache_engine
+        self.proc = ctx.Process(
+            target=serve, args=(child, kw, sleeps, child_env(device.type)), name="rlrig-teacher-vllm"
+        )
+        self.proc.start()
+        child.close()
+        kind, value = self._recv()
+        if kind != "ready":
+            self.close()
+            raise RuntimeError(
+                f"distillation.teacher_models.teacher_model.inference.name=vllm: the teacher's vLLM engine "
+                f"({path}) did not start: {value}"
+            )
+
+    def _recv(self):
+        try:
+            return self.conn.recv()
+        except EOFError:
+            self.proc.join(5)
+            return "error", f"its process exited with code {self.proc.exitcode}"
+
+    @torch.no_grad()
+    def __call__(self, batch: StepBatch) -> torch.Tensor:
+        P = batch.prompt_len
+        mask = batch.attention_mask.bool().cpu()
+        ids = batch.input_ids.cpu()
+        seqs = [ids[i][mask[i]].tolist() for i in range(len(ids))]
+        too_long = max(len(s) for s in seqs)
+        if too_long > self.max_len:
+            raise RuntimeError(
+                f"a sample of {too_long} tokens is longer than the teacher's max_model_len {self.max_len} "
+                "(distillation.teacher_models.teacher_model.inference.max_model_len)"
+            )
+        self.conn.send(("logprobs", seqs))
+        kind, value = self._recv()
+        if kind != "logprobs":
+            raise RuntimeError(f"the distillation teacher's vLLM engine failed: {value}")
+        out = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
+        for i, logps in enumerate(value):
+            prompt = int(mask[i, :P].sum())
+            response = mask[i, P:].nonzero().squeeze(1)  # the response's real columns, in order
+            # logps[k] is token k+1's; the response's tokens are the sequence's prompt..end
+            out[i, response] = torch.tensor(logps[prompt - 1 : prompt - 1 + len(response)], dtype=torch.float32)
+        return out.to(self.device) * batch.response_mask.to(self.device)
+
+    def close(self) -> None:
+        """Ends the child process: it exits when the pipe closes, and is killed after 30 s."""
+        self.conn.close()
+        self.proc.join(30)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
