@@ -80,7 +80,7 @@ def judge_run(run: Path, *extra: str, steps: int, preset: str = "judge") -> tupl
     return metrics(run), r.stdout + r.stderr
 
 
-def test_a_colocated_judge_scores_every_sample_and_counts_what_it_cannot_read(tmp_path):
+def test_a_colocated_judge_scores_every_sample(tmp_path):
     rows, out = judge_run(tmp_path / "run", *QUICK, steps=1)
     assert f"reward_model ({ensure_tiny_judge()})" in out  # colocated with the actor
     (m,) = rows
@@ -88,6 +88,11 @@ def test_a_colocated_judge_scores_every_sample_and_counts_what_it_cannot_read(tm
     assert m["reward/judge/completion_tokens"] <= 2 * SAMPLES  # the preset's max_tokens
     assert m["reward/judge/parse_failures"] == 0
     assert 0.0 < m[JUDGED] < 1.0 and m[SCORE] == pytest.approx(m[JUDGED])  # the judge alone is the score
+
+
+# long: CI counts parse failures in tests/unit/trainer/reward/test_judge.py and runs the judge above
+@pytest.mark.long
+def test_replies_the_verdict_rule_cannot_read_are_counted_and_scored_as_unparsed(tmp_path):
     # a verdict rule the judge's replies never match: every sample a parse failure, scored unparsed_score
     never = [
         "+custom_reward_function.reward_kwargs.verdict='x(\\d)'",

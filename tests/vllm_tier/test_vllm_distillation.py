@@ -50,7 +50,10 @@ def test_the_vllm_teacher_gives_the_hf_teachers_log_probs():
     assert (served[b.response_mask.bool()] < 0).all()
 
 
-@pytest.mark.parametrize("pool", [[], ["distillation.nnodes=1", "distillation.n_gpus_per_node=1"]])
+# colocated: long (tests/e2e/long_runs.sh), as the learning run below holds its teacher colocated
+@pytest.mark.parametrize(
+    "pool", [pytest.param([], marks=pytest.mark.long), ["distillation.nnodes=1", "distillation.n_gpus_per_node=1"]]
+)
 def test_a_vllm_teacher_scores_two_steps(tmp_path, pool):
     extra = ["trainer.val_before_train=False", "trainer.test_freq=0", "trainer.save_freq=0"]
     extra += ["trainer.total_training_steps=2", f"{TEACHER}.inference.name=vllm"]
