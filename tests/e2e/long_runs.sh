@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 status=0
-.venv/bin/python -m pytest -q -p no:cacheprovider -m long -rs --durations=0 tests/integration "$@" || status=$?
+.venv/bin/python -m pytest -q -p no:cacheprovider -m long -rs --durations=0 tests/integration tests/unit "$@" || status=$?
 if [ -x .venv-vllm/bin/python ]; then
   PATH="$PWD/.venv-vllm/bin:$PATH" .venv-vllm/bin/python -m pytest -q -p no:cacheprovider -m long -rs --durations=0 \
     tests/vllm_tier "$@" || status=$?

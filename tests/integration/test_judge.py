@@ -1,14 +1,15 @@
-"""A generative judge for real (`rlrig train --preset judge`, the hf engine, CPU): the embedded judge served in each
-training worker scores every sample through rlrig's judge function, with its counters and parse failures in the
-metrics; verl 0.9's own GenRM reward function (its docs' example: aiohttp to /v1/chat/completions, the reply read
+"""A generative judge for real (the hf engine, CPU): a judge served in each training worker scores every sample
+through rlrig's judge function, with its counters and parse failures in the metrics; verl 0.9's own GenRM reward
+function (its docs' example: aiohttp to /v1/chat/completions, the reply read
 as openai's ChatCompletion) runs unchanged against the judge on a pool of its own, named by verl 0.9's reward.*
-keys; the score rises as the policy learns what the judge prefers (marked long)."""
+keys. Marked long: `--preset judge` with its trained judge, and the policy learning what that judge prefers."""
 
 from pathlib import Path
 
 import pytest
 
-from rlrig.trainer.embedded.tiny_judge import ensure_tiny_judge
+from rlrig.trainer.embedded.tiny_judge import TEMPLATE, ensure_tiny_judge
+from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
 from tests.integration.test_train import metrics, rlrig
 
 pytestmark = pytest.mark.integration
@@ -80,7 +81,9 @@ def judge_run(run: Path, *extra: str, steps: int, preset: str = "judge") -> tupl
     return metrics(run), r.stdout + r.stderr
 
 
-def test_a_colocated_judge_scores_every_sample(tmp_path):
+# long: the preset builds its trained judge (about 100 s once); CI serves the policy's own model as the judge below
+@pytest.mark.long
+def test_the_presets_judge_scores_every_sample(tmp_path):
     rows, out = judge_run(tmp_path / "run", *QUICK, steps=1)
     assert f"reward_model ({ensure_tiny_judge()})" in out  # colocated with the actor
     (m,) = rows
@@ -90,16 +93,25 @@ def test_a_colocated_judge_scores_every_sample(tmp_path):
     assert 0.0 < m[JUDGED] < 1.0 and m[SCORE] == pytest.approx(m[JUDGED])  # the judge alone is the score
 
 
-# long: CI counts parse failures in tests/unit/trainer/reward/test_judge.py and runs the judge above
-@pytest.mark.long
-def test_replies_the_verdict_rule_cannot_read_are_counted_and_scored_as_unparsed(tmp_path):
-    # a verdict rule the judge's replies never match: every sample a parse failure, scored unparsed_score
-    never = [
+def test_a_colocated_judge_scores_every_sample_and_counts_what_it_cannot_read(tmp_path):
+    """Any causal model serves as a judge: the embedded policy's own, asked through rlrig's judge function with a
+    verdict rule its replies never match, so every sample is a parse failure scored unparsed_score."""
+    judge = [
+        "reward_model.enable=True",
+        f"reward_model.model.path={ensure_tiny_model()}",
+        "reward_model.rollout.name=hf",
+        "custom_reward_function.path=pkg://rlrig.trainer.reward.judge_fn",
+        f"+custom_reward_function.reward_kwargs.template='{TEMPLATE}'",
+        "+custom_reward_function.reward_kwargs.max_tokens=2",
         "+custom_reward_function.reward_kwargs.verdict='x(\\d)'",
         "+custom_reward_function.reward_kwargs.unparsed_score=-1",
     ]
-    (m,) = judge_run(tmp_path / "never", *QUICK, *never, steps=1)[0]
-    assert m["reward/judge/parse_failures"] == SAMPLES and m[SCORE] == -1.0
+    rows, out = judge_run(tmp_path / "run", *QUICK, *judge, steps=1, preset="embedded")
+    assert f"reward_model ({ensure_tiny_model()})" in out  # colocated with the actor
+    (m,) = rows
+    assert m["reward/judge/requests"] == SAMPLES and m["reward/judge/failures"] == 0
+    assert 0 < m["reward/judge/completion_tokens"] <= 2 * SAMPLES
+    assert m["reward/judge/parse_failures"] == SAMPLES and m[SCORE] == -1.0 and m[JUDGED] == -1.0
 
 
 def test_verl_09s_genrm_function_runs_unchanged_against_a_judge_on_its_own_pool(tmp_path):
@@ -110,16 +122,16 @@ def test_verl_09s_genrm_function_runs_unchanged_against_a_judge_on_its_own_pool(
         "reward.reward_model.enable_resource_pool=True",
         "reward.reward_model.nnodes=1",
         "reward.reward_model.n_gpus_per_node=1",
-        f"reward.reward_model.model_path={ensure_tiny_judge()}",
+        f"reward.reward_model.model_path={ensure_tiny_model()}",  # any causal model serves; the preset's is long
         "reward.reward_model.rollout.name=hf",
         f"reward.custom_reward_function.path={fn}",
         "reward.custom_reward_function.name=compute_score_gsm8k",
         "trainer.n_gpus_per_node=1",  # one training worker and the judge's: the machine's two CPUs
     ]
     rows, out = judge_run(tmp_path / "run", *QUICK, *verl_keys, steps=2, preset="embedded")
-    assert f"; reward_model ({ensure_tiny_judge()}) on " in out  # a pool of its own
+    assert f"; reward_model ({ensure_tiny_model()}) on " in out  # a pool of its own
     assert [m["reward/judge/requests"] for m in rows] == [SAMPLES, SAMPLES]
-    assert all(0.0 <= m[SCORE] <= 1.0 for m in rows)
+    assert all(m["reward/judge/failures"] == 0 and m[SCORE] >= 0 for m in rows)  # int(reply), else 0
 
 
 def learned(rows: list[dict]) -> None:

@@ -94,7 +94,7 @@ class HFJudge(JudgeEngine):
     name = "hf"
 
     def __init__(self, spec: JudgeSpec):
-        from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         trust = {"trust_remote_code": True} if spec.trust_remote_code else {}
         self.spec, self.device = spec, torch.device(spec.device)
@@ -104,7 +104,6 @@ class HFJudge(JudgeEngine):
         eos = self.model.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos]) - {None} or {self.tok.eos_token_id}
         self.pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else next(iter(self.eos))
-        self.base = GenerationConfig(pad_token_id=self.pad, eos_token_id=sorted(self.eos))
         self.sleep()
 
     @torch.no_grad()
@@ -118,19 +117,21 @@ class HFJudge(JudgeEngine):
         return out
 
     def _generate(self, reqs: list[JudgeRequest], temperature, top_p, top_k, seed) -> list[JudgeOutput]:
+        from transformers import GenerationConfig
+
         from ..rollout.engines.base import left_pad
 
         ids, mask = left_pad([list(r.prompt) for r in reqs], self.pad)
-        most = max(r.max_tokens for r in reqs)
         sample = temperature > 0
-        kw = dict(do_sample=sample, max_new_tokens=most)
+        kw = dict(do_sample=sample, max_new_tokens=max(r.max_tokens for r in reqs))
         if sample:
             # top_k 0: no truncation (transformers' default is 50)
             kw.update(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else 0)
         if seed is not None:
             torch.manual_seed(seed)
+        config = GenerationConfig(pad_token_id=self.pad, eos_token_id=sorted(self.eos), **kw)
         gen = self.model.generate(
-            input_ids=ids.to(self.device), attention_mask=mask.to(self.device), generation_config=self.base, **kw
+            input_ids=ids.to(self.device), attention_mask=mask.to(self.device), generation_config=config
         )
         outs = []
         for r, row in zip(reqs, gen[:, ids.shape[1] :].tolist(), strict=True):

@@ -11,7 +11,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rlrig.trainer.data.datasets import arithmetic_rows
 from rlrig.trainer.embedded.tiny_judge import TEMPLATE, edited, ensure_tiny_judge
 
-pytestmark = pytest.mark.process
+# long: building the judge takes about 100 s once (tests/e2e/long_runs.sh); CI runs a judge's wiring with another model
+pytestmark = [pytest.mark.process, pytest.mark.long]
 
 
 @pytest.fixture(scope="module")
