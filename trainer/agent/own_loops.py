@@ -19,10 +19,9 @@ import dataclasses
 import importlib
 import os
 import sys
-import traceback
 from dataclasses import dataclass, field
 
-from ..errors import ConfigError
+from ..errors import ConfigError, first_line, raised_where
 from ..reward.scoring import LOOP_SCORE
 from ..rollout.engines.base import Sampling
 from . import verl_api
@@ -90,10 +89,6 @@ def config_entries(path: str | None) -> dict[str, dict]:
             "`_target_` (pkg.module.Class), as verl reads it"
         )
     return {str(e["name"]): dict(e) for e in doc}
-
-
-def first_line(e: BaseException) -> str:
-    return (str(e).splitlines() or [""])[0]
 
 
 def import_target(name: str, target) -> type:
@@ -242,11 +237,6 @@ def row_kwargs(row: dict, prompt_key: str) -> dict:
         interaction_kwargs=extra.get("interaction_kwargs") or {},
     )
     return kwargs
-
-
-def raised_where(e: BaseException) -> str:
-    frames = traceback.extract_tb(e.__traceback__)
-    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
 def model_type(path: str) -> str | None:

@@ -28,7 +28,7 @@ import threading
 import numpy as np
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, first_line
 from . import verl_api
 from .managers import MANAGERS, is_own
 
@@ -40,10 +40,6 @@ SHAPE = "{'reward_score': float, 'reward_extra_info': dict}"
 class OwnRewardError(ConfigError):
     """A reward manager of your own raised, or returned what is not a score: one line naming the class and the fix
     (the run stops in the step, as verl's reward loop fails with its manager's exception)."""
-
-
-def first_line(e: BaseException) -> str:
-    return (str(e).splitlines() or [""])[0]
 
 
 @functools.cache

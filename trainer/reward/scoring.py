@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..batch.step_batch import StepBatch
+from ..errors import ConfigError, first_line, raised_where
 from ..rollout.engines import Rollout
 from .judge import NO_JUDGE, JudgeLink, NoJudge
 from .managers import Overlong, overlong
@@ -20,6 +21,11 @@ from .rules import reward_fn
 
 # the key under which an agent loop's own reward_score rides with its sample's agent-loop fields (agent/own_loops.py)
 LOOP_SCORE = "__agent_loop_reward_score__"
+
+
+class RewardFunctionError(ConfigError):
+    """A reward function raised: the run stops with its error in one line (main prints it), as a reward manager or
+    an agent loop of your own that raises does."""
 
 
 @dataclass
@@ -61,17 +67,23 @@ class RewardSource:
         reward loop runs them); plain ones one after another, or in threads where a judge answers them in batches.
         The judge's address and tokenizer are added to each call's keywords."""
         extra = self.judge.kwargs()
-        if inspect.iscoroutinefunction(self.fn):
+        try:
+            if inspect.iscoroutinefunction(self.fn):
 
-            async def gathered():
-                return await asyncio.gather(*(self.fn(*a, **kw, **extra) for a, kw in calls))
+                async def gathered():
+                    return await asyncio.gather(*(self.fn(*a, **kw, **extra) for a, kw in calls))
 
-            with ThreadPoolExecutor(max_workers=1) as lane:  # a loop of its own, whatever the caller's thread runs
-                return lane.submit(asyncio.run, gathered()).result() if calls else []
-        if not self.judge.concurrent:
-            return [self.fn(*a, **kw) for a, kw in calls]
-        with ThreadPoolExecutor(max_workers=max(1, min(len(calls), 64))) as pool:
-            return list(pool.map(lambda c: self.fn(*c[0], **c[1], **extra), calls))
+                with ThreadPoolExecutor(max_workers=1) as lane:  # a loop of its own, whatever the caller's thread runs
+                    return lane.submit(asyncio.run, gathered()).result() if calls else []
+            if not self.judge.concurrent:
+                return [self.fn(*a, **kw) for a, kw in calls]
+            with ThreadPoolExecutor(max_workers=max(1, min(len(calls), 64))) as pool:
+                return list(pool.map(lambda c: self.fn(*c[0], **c[1], **extra), calls))
+        except Exception as e:  # a user's reward code: the run stops in one line naming it, where it raised
+            name = getattr(self.fn, "__qualname__", repr(self.fn))
+            raise RewardFunctionError(
+                f"reward function {name} raised {type(e).__name__}: {first_line(e)}{raised_where(e)}"
+            ) from e
 
 
 def model_inputs(rows: list[dict], ro: Rollout, n: int, src: RewardSource) -> tuple[str, list]:

@@ -255,3 +255,17 @@ def test_verl_09s_reward_keys_reach_the_judges_settings(judge_file):
     assert cfg.reward_model.model.path == "/judge" and cfg.reward_model.rollout.name == "vllm"
     assert cfg.custom_reward_function.reward_kwargs == {"max_tokens": 8}
     assert serves_judge(cfg)
+
+
+@pytest.mark.parametrize("judge", [NO_JUDGE, Link()], ids=["alone", "with a judge"])
+def test_a_reward_function_that_raises_stops_the_run_in_one_line_naming_it_and_where(judge):
+    from rlrig.trainer.reward.scoring import RewardFunctionError
+
+    def my_reward(ds, sol, gt, info, **kw):
+        raise KeyError("question")
+
+    with pytest.raises(RewardFunctionError) as e:
+        _source(my_reward, judge).call_all([(("s", "x", "1", {}), {})])
+    text = str(e.value)
+    assert "reward function" in text and "my_reward raised KeyError: 'question' at " in text, text
+    assert __file__ in text and "\n" not in text
