@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing as mp
 import os
+import socket
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -210,9 +211,9 @@ class JudgeApp:
         """Serve on host at a free port, tell the parent the port, and stop when the parent closes the pipe."""
         runner = web.AppRunner(self.routes(), access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, host, 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
+        sock = socket.create_server((host, 0))  # the kernel's free port, bound before anyone is told it
+        await web.SockSite(runner, sock).start()
+        port = sock.getsockname()[1]
         batcher = asyncio.create_task(self.batches())
         conn.send(("ready", port))
         try:
