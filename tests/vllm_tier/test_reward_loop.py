@@ -29,7 +29,7 @@ def test_vllm_scores_what_transformers_scores_and_its_process_ends_with_it():
     expected = RewardScorer(legacy.reward_model, path, cpu, *scorer_settings(legacy)).score_chats(CHATS)
     scorer = make_scorer(loop.reward_model, path, cpu, *scorer_settings(loop))
     assert isinstance(scorer, LoopScorer)
-    child = psutil.Process(scorer.engine.proc.pid)
+    child = psutil.Process(scorer.engine.child.proc.pid)
     try:
         got = scorer.score_chats(CHATS)
         assert got == pytest.approx(expected, abs=1e-4), (got, expected)

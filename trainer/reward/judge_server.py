@@ -16,7 +16,6 @@ the text where they first occur, as vLLM's do.
 from __future__ import annotations
 
 import asyncio
-import multiprocessing as mp
 import os
 import socket
 import time
@@ -25,8 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
+from ..child_process import Child, child_env, die_with_parent
 from .judge_engines import JudgeEngineError, JudgeOutput, JudgeRequest, JudgeSpec, make_judge_engine
-from .vllm_scorer import child_env, die_with_parent
 
 GATHER_S = 0.02  # how long a batch waits for more requests after its last one arrived
 
@@ -260,17 +259,8 @@ class JudgeServer:
     host:port, what a reward function gets as reward_router_address."""
 
     def __init__(self, spec: JudgeSpec, host: str = "127.0.0.1"):
-        env = child_env(spec.device)
-        ctx = mp.get_context("spawn")  # never fork a process that holds CUDA or torch threads
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=serve, args=(child, spec, host, env), name="rlrig-judge")
-        self.proc.start()
-        child.close()
-        try:
-            kind, value = self.conn.recv()
-        except EOFError:
-            self.proc.join(5)
-            kind, value = "error", f"its process exited with code {self.proc.exitcode}"
+        self.child = Child(serve, (spec, host, child_env(spec.device)), "rlrig-judge")
+        kind, value = self.child.recv()
         if kind != "ready":
             self.close()
             raise RuntimeError(
@@ -280,8 +270,4 @@ class JudgeServer:
 
     def close(self) -> None:
         """Ends the server: it exits when the pipe closes, and is killed after 30 s."""
-        self.conn.close()
-        self.proc.join(30)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join()
+        self.child.close()

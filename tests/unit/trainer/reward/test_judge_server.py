@@ -107,7 +107,7 @@ def test_a_bad_request_is_refused_in_one_line(served, body, match):
 def test_the_server_process_ends_with_its_handle():
     cfg = parse_overrides(["reward_model.rollout.name=hf"])
     server = JudgeServer(judge_spec(cfg.reward_model, ensure_tiny_model(), "cpu"))
-    proc = server.proc
+    proc = server.child.proc
     server.close()
     assert not proc.is_alive() and proc.exitcode == 0
 
