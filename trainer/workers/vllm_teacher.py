@@ -9,12 +9,10 @@ GPU (inference.free_cache_engine) and dies with its parent.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ..batch.step_batch import StepBatch
-from ..child_process import Child, child_env, die_with_parent
+from ..child_process import Child, child_env, serve_vllm
 from ..reward.vllm_scorer import INSTALL_HINT
 
 
@@ -49,39 +47,11 @@ def token_logprobs(out) -> list[float]:
     return [float(per[i][ids[i]].logprob) for i in range(1, len(ids))]
 
 
-def serve(conn, kw: dict, sleeps: bool, env: dict) -> None:
-    """The child: build the engine, then answer ("logprobs", token lists) until the parent closes the pipe."""
-    die_with_parent()
-    os.environ.update(env)
-    try:
-        import vllm
-
-        llm = vllm.LLM(**kw)
-        params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
-        if sleeps:
-            llm.sleep(level=1)
-    except ImportError as e:
-        conn.send(("error", f"vLLM is not installed ({e}); {INSTALL_HINT}"))
-        return
-    except Exception as e:  # noqa: BLE001 - the parent reports it as the reason the teacher did not start
-        conn.send(("error", f"{type(e).__name__}: {e}"))
-        return
-    conn.send(("ready", None))
-    while True:
-        try:
-            _, seqs = conn.recv()
-        except EOFError:  # the parent is gone
-            return
-        try:
-            if sleeps:
-                llm.wake_up()
-            outs = llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False)
-            if sleeps:
-                llm.sleep(level=1)
-        except Exception as e:  # noqa: BLE001 - sent to the parent, which raises it in the step
-            conn.send(("error", f"{type(e).__name__}: {e}"))
-            return
-        conn.send(("logprobs", [token_logprobs(o) for o in outs]))
+def logprobs(vllm, llm, seqs: list[list[int]]) -> tuple[str, list[list[float]]]:
+    """In the child: each sequence's token log-probs, from prompt_logprobs=0 at temperature 1."""
+    params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+    outs = llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False)
+    return "logprobs", [token_logprobs(o) for o in outs]
 
 
 class VLLMTeacher:
@@ -100,7 +70,8 @@ class VLLMTeacher:
         kw = engine_kwargs(inf, path, device.type, rollout_dtype, length, trust)
         self.device, self.max_len = device, length
         sleeps = device.type == "cuda" and inf.free_cache_engine
-        self.child = Child(serve, (kw, sleeps, child_env(device.type)), "rlrig-teacher-vllm")
+        args = (kw, sleeps, child_env(device.type), INSTALL_HINT, logprobs)
+        self.child = Child(serve_vllm, args, "rlrig-teacher-vllm")
         kind, value = self.child.recv()
         if kind != "ready":
             self.close()
