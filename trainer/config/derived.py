@@ -1,7 +1,8 @@
 """Keys verl derives from others before its workers read them: the deprecated global micro batches, which verl
 divides by the role's GPU count into the per-GPU keys (verl fsdp_workers.py:247-273 for the actor, rollout and
 reference, 1233-1242 for the critic); a global key that is set wins over its per-GPU key there, as here.
-And `actor_rollout_ref.model.torch_dtype`, the load dtype of the two models built from actor_rollout_ref.model."""
+And `actor_rollout_ref.model.torch_dtype`, the load dtype of the two models built from actor_rollout_ref.model; and
+each role's Ulysses size from its two keys."""
 
 from __future__ import annotations
 
@@ -67,8 +68,26 @@ def actor_fused_kernels(cfg: Config) -> None:
 TORCH_DEFAULT_SEED = 67280421310721
 
 
+def ulysses_sizes(cfg: Config) -> None:
+    """verl 0.9's engine splits sequences by the role's fsdp_config.ulysses_sequence_parallel_size; the role's own key
+    (deprecated there), when above 1, is copied over it (FSDPActorConfig.__post_init__). The reference's own key is
+    the actor's own by default (`${oc.select:actor_rollout_ref.actor.ulysses_sequence_parallel_size,1}`), so an
+    actor split only by its fsdp_config leaves the reference unsplit unless the reference's fsdp_config says so.
+    The critic's own key (read by verl's legacy workers, 0.7) is taken the same way beside its fsdp's."""
+    a = cfg.actor_rollout_ref
+    actor_own = a.actor.ulysses_sequence_parallel_size
+    ref_own = actor_own if a.ref.ulysses_sequence_parallel_size is None else a.ref.ulysses_sequence_parallel_size
+    for role, own, engine in (
+        (a.actor, actor_own, a.actor.fsdp_config),
+        (a.ref, ref_own, a.ref.fsdp_config),
+        (cfg.critic, cfg.critic.ulysses_sequence_parallel_size, cfg.critic.model.fsdp_config),
+    ):
+        role.ulysses_sequence_parallel_size = own if own > 1 else engine.ulysses_sequence_parallel_size
+
+
 def derive(cfg: Config) -> None:
     model_load_dtype(cfg)
+    ulysses_sizes(cfg)
     if cfg.data.seed is None:
         cfg.data.seed = TORCH_DEFAULT_SEED
     actor_fused_kernels(cfg)

@@ -122,6 +122,7 @@ DOMAINS: dict[str, Domain] = {
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": COUNT,
     # verl's create_device_mesh: below 0 shards over every worker; 0 would divide by zero there
     **{f"{p}.fsdp_size": Domain(lambda v: v == -1 or v >= 1, "-1 or at least 1") for p in FSDP_CONFIGS},
+    **{f"{p}.ulysses_sequence_parallel_size": COUNT for p in FSDP_CONFIGS},
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": COUNT_OR_NULL,
     "critic.ulysses_sequence_parallel_size": COUNT,
     "critic.ppo_mini_batch_size": COUNT_OR_NULL,

@@ -85,6 +85,15 @@ class FsdpConfig:
     # each FSDP unit frees its gathered parameters after its forward (verl's default); False keeps them until the
     # backward: faster, the memory of the whole unsharded model. No effect where the shard group is one rank
     reshard_after_forward: bool = True
+    # FSDP2's CPUOffloadPolicy (verl's fsdp2 engine): the shards, their gradients and so the optimizer's step live in
+    # host memory and each unit's are copied to the device for its forward and backward; param_offload and
+    # optimizer_offload then change nothing, as verl turns them off (model/parallel.py fsdp_shard)
+    offload_policy: bool = False
+    # verl's enable_full_determinism in the workers that hold the role (config/determinism.py)
+    full_determinism: bool = False
+    # verl 0.9's place of the role's Ulysses size (its engine reads this one); the role's own key, above 1, wins
+    # (config/derived.py ulysses_sizes)
+    ulysses_sequence_parallel_size: int = 1
     mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
     # the log-prob passes' per-chunk math through torch.compile, on CUDA (model/compiled.py); verl's engine compiles
     # its entropy function with it. The critic computes no log-probs: its copy changes nothing, as in verl

@@ -12,7 +12,13 @@ from ..algos.estimators import ESTIMATORS
 from ..algos.policy_losses import POLICY_LOSSES
 from ..errors import ConfigError
 from ..model import attention, compiled, kernels
-from ..model.micro_batches import mini_batch_prompts, per_worker_mini_batch, sequence_parallel, token_budgets
+from ..model.micro_batches import (
+    mini_batch_prompts,
+    per_worker_mini_batch,
+    sequence_parallel,
+    shares_by_sample,
+    token_budgets,
+)
 from ..profiler_settings import ROLE_KEYS, TOOL_RECORDS_CPU, TORCH_CONTENTS, role_profile
 from ..reward.managers import check_name, overlong
 from ..rollout.engines import ENGINES
@@ -348,9 +354,11 @@ def _batch_sizes(cfg: Config) -> None:
                 f"data.max_response_length = {longest}); raise it"
             )
     groups = workers // sequence_parallel(cfg)["actor"]
-    # colocated engines generate each worker's own prompts, so batches split by prompt; a rollout pool's samples
-    # are shared by sample, as verl dispatches them, so there only the samples need to divide
-    n = 1 if cfg.actor_rollout_ref.hybrid_engine else cfg.actor_rollout_ref.rollout.n
+    # colocated engines generate each worker's own prompts, so batches split by prompt, unless the prompts do not
+    # divide over the workers; a rollout pool's samples are shared by sample, as verl dispatches them, so there (and
+    # in a colocated step shared by sample) only the samples need to divide
+    by_prompt = cfg.actor_rollout_ref.hybrid_engine and not shares_by_sample(cfg)
+    n = 1 if by_prompt else cfg.actor_rollout_ref.rollout.n
     what = "prompts" if n == 1 else f"prompts x actor_rollout_ref.rollout.n={n} samples"
     for key, mini in mini_batch_prompts(cfg).items():
         if d.train_batch_size % mini:
@@ -514,6 +522,12 @@ def validate_filter_groups(cfg: Config) -> None:
             "a time, as verl's DAPO recipe does (more in flight is verl's v1 trainer's); set it to 1"
         )
     workers, gen = t.nnodes * t.n_gpus_per_node, d.gen_batch_size or d.train_batch_size
+    if d.train_batch_size % workers:
+        raise ConfigError(
+            f"data.train_batch_size={d.train_batch_size} prompts with {key}.enable=True cannot be shared by {workers} "
+            "workers (trainer.nnodes x trainer.n_gpus_per_node): each trains on whole kept groups; make it a "
+            f"multiple of {workers}"
+        )
     if gen % workers:
         raise ConfigError(
             f"data.gen_batch_size={gen} prompts cannot be shared by {workers} workers (trainer.nnodes x "

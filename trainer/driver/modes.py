@@ -16,6 +16,7 @@ from collections.abc import Callable
 from .. import metrics as M
 from ..config.overrides import FULLY_ASYNC
 from ..errors import ConfigError
+from ..model.micro_batches import shares_by_sample
 from ..workers.step.request import StepRequest
 from . import curriculum, dynamic_sampling
 from .fully_async import Stream, total_versions, version_step
@@ -112,18 +113,37 @@ class Mode:
         return m
 
 
+def prompt_shares(rows: list, workers: int, n: int) -> list[dict]:
+    """Each worker's part of a colocated step: its equal share of the prompts, n samples of each."""
+    return [{"rows": share} for share in equal_shares(rows, workers)]
+
+
+def sample_shares(rows: list, workers: int, n: int) -> list[dict]:
+    """Each worker's part of a colocated step shared by sample (micro_batches.shares_by_sample): an equal share of
+    the prompts x n samples, a row per sample, numbered in the step."""
+    shares = equal_shares([row for row in rows for _ in range(n)], workers)
+    return [{"rows": s, "per_row": 1, "first_sample": i * len(s)} for i, s in enumerate(shares)]
+
+
 class Colocated(Mode):
     """Each training worker generates an equal share of the step's batch with its own engine, then all update."""
+
+    def __init__(self, prep: Prepared, workers: Workers):
+        super().__init__(prep, workers)
+        self.shares = sample_shares if shares_by_sample(prep.cfg) else prompt_shares
 
     def step(self, progress: Progress) -> dict:
         import ray
 
         p, workers, step = self.prep, self.workers.training, progress.step
         batch = [p.train_rows[i] for i in p.sampler.next()]
-        shares = equal_shares(batch, len(workers))
+        shares = self.shares(batch, len(workers), p.cfg.actor_rollout_ref.rollout.n)
         p.faults.arm_training(step, workers)
         kl, keep = p.kl_ctrl.value, p.sampler.curriculum
-        steps = [w.step.remote(StepRequest(s, step, kl, keep=keep)) for w, s in zip(workers, shares)]
+        steps = [
+            w.step.remote(StepRequest(global_step=step, kl_coef=kl, keep=keep, **share))
+            for w, share in zip(workers, shares)
+        ]
         return self.trained(ray.get(steps), batch, step, {})
 
 

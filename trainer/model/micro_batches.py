@@ -93,15 +93,24 @@ def mini_batch_prompts(cfg) -> dict[str, int]:
     return minis
 
 
+def shares_by_sample(cfg) -> bool:
+    """Whether colocated engines generate the step by sample: where data.train_batch_size prompts do not divide over
+    the training workers (verl's 16 prompts x 16 samples on 32 GPUs), each worker generates an equal share of the
+    prompts x n samples, a prompt's samples then spread over workers as verl's agent loops spread them over its
+    servers; otherwise each worker generates n samples of its own prompts."""
+    t = cfg.trainer
+    return cfg.actor_rollout_ref.hybrid_engine and cfg.data.train_batch_size % (t.nnodes * t.n_gpus_per_node) != 0
+
+
 def splits_groups(cfg) -> bool:
     """Whether a prompt's samples may sit on several data-parallel groups of workers. A rollout pool's batch is
     shared by sample, as verl dispatches it, so where its prompts, or a mini batch's, do not divide evenly over the
     workers a prompt's samples are cut apart, and its advantages are then computed over the whole batch
     (batch/split_groups.py). Colocated engines generate each worker's own prompts, whole (validation keeps those
-    even)."""
+    even), unless the step is shared by sample (shares_by_sample)."""
     a, t = cfg.actor_rollout_ref, cfg.trainer
     if a.hybrid_engine:
-        return False
+        return shares_by_sample(cfg)
     workers = t.nnodes * t.n_gpus_per_node
     groups = workers // sequence_parallel(cfg)["actor"]
     return cfg.data.train_batch_size % workers != 0 or any(m % groups for m in mini_batch_prompts(cfg).values())

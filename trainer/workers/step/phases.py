@@ -65,16 +65,17 @@ class Generate:
         """The step with its scored batch, and each sample's reward fields (scoring.score_batch_with_fields)."""
         rows, plan, phases = step.request.rows, step.plan, step.phases
         n = ctx.cfg.actor_rollout_ref.rollout.n
+        each, first = step.request.generated(n, self.rank)
         # the engine may drop its weights after its last generation of a step that ends in a weight sync
         syncs = plan.update_actor and not ctx.models.gen_is_actor
         if ctx.device.type == "cuda" and not self.agent.engine.generates_with_actor_module:
             torch.cuda.empty_cache()  # what training freed goes back before the engine's KV cache wakes
         with phases("gen"):
-            ro, turns = self.agent.generate(rows, n, sync_follows=syncs and not self.greedy_baseline)
+            ro, turns = self.agent.generate(rows, each, sync_follows=syncs and not self.greedy_baseline)
         step = step.report(turns.metrics())
         with phases("reward"):
-            batch = StepBatch.from_rollout(ro.to(ctx.device), n, self.rank * len(rows) * n)
-            batch, fields = score_batch_with_fields(ctx.tok, self.reward, rows, batch, n, turns.extra_info())
+            batch = StepBatch.from_rollout(ro.to(ctx.device), n, first)
+            batch, fields = score_batch_with_fields(ctx.tok, self.reward, rows, batch, each, turns.extra_info())
             batch = with_components(ctx, batch, fields)
         step = step.report(self.reward.metrics(fields))
         if self.greedy_baseline:  # verl's ReMax: each prompt's greedy response (through the same loop), scored
@@ -82,7 +83,7 @@ class Generate:
                 greedy, turns = self.agent.generate(rows, 1, GREEDY, sync_follows=syncs)
                 greedy = StepBatch.from_rollout(greedy.to(ctx.device), 1)
                 baselines = score_batch(ctx.tok, self.reward, rows, greedy, 1, turns.extra_info()).scores
-            batch = batch.replace(baselines=baselines.repeat_interleave(n))
+            batch = batch.replace(baselines=baselines.repeat_interleave(each))
         return step.replace(batch=batch), fields
 
 

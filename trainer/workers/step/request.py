@@ -29,6 +29,16 @@ class StepRequest:
     keep: bool = False
     # fully async: this update's place among the weight version's (1 to trigger_parameter_sync_step), else None
     local_step: int | None = None
+    # colocated, shared by sample (model/micro_batches.py shares_by_sample): 1, each row one sample whose number in
+    # the step counts from first_sample; None: shared by prompt, rollout.n samples of each row
+    per_row: int | None = None
+
+    def generated(self, n: int, rank: int) -> tuple[int, int]:
+        """(samples the engine generates of each row, the first one's number in the step) for worker `rank` with
+        rollout.n = n."""
+        if self.per_row is None:
+            return n, rank * len(self.rows) * n
+        return self.per_row, self.first_sample
 
 
 @dataclass(frozen=True)

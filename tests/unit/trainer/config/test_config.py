@@ -436,6 +436,17 @@ def sizes(workers: int, batch: int, mini: int, n: int) -> list[str]:
     [
         # colocated, each worker's engine generates its own prompts' samples: the prompts must divide
         (sizes(2, 6, 3, 2), "ppo_mini_batch_size=3 prompts cannot be split over 2 workers .* multiple of 2", None),
+        # ... unless the step's prompts do not divide over the workers: then it is shared by sample (verl 0.9's
+        # Qwen3-Next script, 16 prompts x 16 on 32 GPUs), and the samples must divide
+        (sizes(2, 3, 3, 2), None, True),
+        (sizes(4, 2, 2, 4), None, True),
+        (
+            sizes(4, 3, 3, 2),
+            r"ppo_mini_batch_size=3 prompts x actor_rollout_ref.rollout.n=2 samples cannot be split over 4 workers",
+            None,
+        ),
+        (sizes(4, 2, 2, 3), r"ppo_mini_batch_size=2 prompts x actor_rollout_ref.rollout.n=3 samples", None),
+        ([*sizes(2, 3, 3, 2), "algorithm.filter_groups.enable=True"], "data.train_batch_size=3 prompts with", None),
         ([*POOL, *sizes(2, 4, 2, 2)], None, False),  # a pool's batch whose prompts divide: groups whole
         # a pool's batch is shared by sample (verl's dispatch): only the samples must divide
         ([*POOL, *sizes(2, 6, 3, 2)], None, True),
@@ -626,3 +637,45 @@ def test_a_global_micro_batch_smaller_than_the_gpus_is_refused_in_one_line():
         "number), which leaves none per GPU; set it to at least 8, or set "
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
     )
+
+
+@pytest.mark.parametrize(
+    "keys, actor, ref, critic",
+    [
+        # verl 0.9's engine reads fsdp_config's; the role's own key (deprecated there), above 1, is copied over it
+        (["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2"], 2, 1, 1),
+        (
+            [f"actor_rollout_ref.{r}.fsdp_config.ulysses_sequence_parallel_size=2" for r in ("actor", "ref")],
+            2,
+            2,
+            1,
+        ),
+        (["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"], 2, 2, 1),
+        (
+            [
+                "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=4",
+            ],
+            2,
+            2,
+            1,
+        ),
+        (
+            [
+                "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2",
+                "critic.fsdp.ulysses_sequence_parallel_size=2",
+                "algorithm.adv_estimator=gae",
+                "critic.model.use_remove_padding=True",
+            ],
+            2,
+            1,
+            2,
+        ),
+    ],
+)
+def test_each_role_takes_its_ulysses_size_from_its_own_key_or_its_fsdp_config(keys, actor, ref, critic):
+    base = ["trainer.n_gpus_per_node=4", "actor_rollout_ref.model.use_remove_padding=True"]
+    cfg = parse_overrides([*base, *keys])
+    a = cfg.actor_rollout_ref
+    sizes = (a.actor.ulysses_sequence_parallel_size, a.ref.ulysses_sequence_parallel_size)
+    assert (*sizes, cfg.critic.ulysses_sequence_parallel_size) == (actor, ref, critic)

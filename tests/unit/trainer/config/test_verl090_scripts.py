@@ -44,7 +44,7 @@ PER_FOLDER = {  # folder under examples/ -> (scripts, in scope, accepted unchang
     "generation": (1, 0, 0),
     "gmpo_trainer": (1, 1, 1),
     "gpg_trainer": (2, 1, 1),
-    "grpo_trainer": (41, 8, 7),
+    "grpo_trainer": (41, 8, 8),
     "gspo_trainer": (2, 1, 1),
     "mtp_trainer": (3, 0, 0),
     "on_policy_distillation_trainer": (7, 1, 0),
