@@ -15,12 +15,14 @@ import os
 from .devices import own_gpu_only
 
 
-def child_env(device: str) -> dict:
+def child_env(device: str, visible: dict | None = None) -> dict:
     """The environment of an engine's child process: the child is the engine's own process (no vLLM subprocess of
-    its own), on its worker's GPU only; on CPU a small KV cache and no thread pinning, unless the user set them."""
+    its own), on its worker's GPU only, or on the GPUs `visible` names (devices.showing, own_gpus_only: an engine
+    over several GPUs, whose tensor-parallel processes vLLM starts); on CPU a small KV cache and no thread pinning,
+    unless the user set them."""
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     if device == "cuda":
-        env.update(own_gpu_only())
+        env.update(own_gpu_only() if visible is None else visible)
     else:
         env.update(
             VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),

@@ -70,3 +70,25 @@ def own_gpu_only(env: Mapping[str, str] | None = None, assigned: Sequence[str] |
     own = _assigned_gpu(env, assigned)
     names = set(flagged) | ({"CUDA_VISIBLE_DEVICES"} if "HIP_VISIBLE_DEVICES" in flagged else set())
     return {var: own for var in sorted(names)}
+
+
+def own_gpus_only(env: Mapping[str, str] | None = None, assigned: Sequence[str] | None = None) -> dict[str, str]:
+    """own_gpu_only for a worker that holds several GPUs (an engine over them, as a distillation teacher's over
+    tensor_model_parallel_size): under a NOSET flag the variables name every GPU Ray assigned it, else {}."""
+    env = os.environ if env is None else env
+    flagged = _noset_vars(env)
+    if not flagged:
+        return {}
+    if assigned is None:
+        import ray
+
+        assigned = ray.get_runtime_context().get_accelerator_ids().get("GPU", [])
+    names = set(flagged) | ({"CUDA_VISIBLE_DEVICES"} if "HIP_VISIBLE_DEVICES" in flagged else set())
+    return {var: ",".join(assigned) for var in sorted(names)}
+
+
+def showing(gpus: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables that show a child process the GPUs `gpus` (node device ids, comma-separated) of an engine over
+    several workers: CUDA_VISIBLE_DEVICES, and each variable a NOSET flag leaves naming all of the node's GPUs."""
+    env = os.environ if env is None else env
+    return {var: gpus for var in sorted(set(_noset_vars(env)) | {"CUDA_VISIBLE_DEVICES"})}

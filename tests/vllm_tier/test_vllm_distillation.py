@@ -3,6 +3,7 @@ where the rollout is vLLM's) gives the hf teacher's log-probs of the same sample
 on a pool of its own; --preset distill's student, sampling through vLLM, agrees more with its teacher (marked
 long)."""
 
+import psutil
 import pytest
 import torch
 
@@ -48,6 +49,37 @@ def test_the_vllm_teacher_gives_the_hf_teachers_log_probs():
         logp, *_ = token_outputs(module, b.input_ids, b.attention_mask, b.prompt_len, teacher_forward(cfg))
     assert torch.allclose(served, logp * b.response_mask, atol=2e-3), (served, logp * b.response_mask)
     assert (served[b.response_mask.bool()] < 0).all()
+
+
+def test_a_teacher_engine_over_two_devices_gives_one_devices_log_probs():
+    """inference.tensor_model_parallel_size=2 as a worker of the teacher's pool runs it: one engine whose two
+    tensor-parallel processes vLLM starts, equal to the one-device engine's log-probs."""
+    from transformers import AutoTokenizer
+
+    path = ensure_tiny_model()
+    b = batch(AutoTokenizer.from_pretrained(path))
+    served = {}
+    for tp in (1, 2):
+        cfg = parse_overrides(
+            [
+                "distillation.enabled=True",
+                f"{TEACHER}.model_path={path}",
+                f"{TEACHER}.inference.name=vllm",
+                f"{TEACHER}.inference.tensor_model_parallel_size={tp}",
+                "distillation.nnodes=1",
+                "distillation.n_gpus_per_node=2",
+            ]
+        )
+        teacher = VLLMTeacher(cfg, path, torch.device("cpu"), holds_devices=True)
+        try:
+            if tp == 2:  # vLLM's own worker processes, one per tensor-parallel rank, under the engine's child
+                kids = psutil.Process(teacher.child.proc.pid).children(recursive=True)
+                assert len(kids) >= 2, kids
+            served[tp] = teacher(b)
+        finally:
+            teacher.close()
+    assert torch.allclose(served[2], served[1], atol=2e-3), (served[2], served[1])
+    assert (served[2][b.response_mask.bool()] < 0).all()
 
 
 # colocated: long (tests/e2e/long_runs.sh), as the learning run below holds its teacher colocated

@@ -49,7 +49,8 @@ _INF = "distillation.teacher_models.teacher_model.inference"
 
 
 def validate_teacher_engine(cfg) -> None:
-    """The teacher's engine (inference.name, else the rollout's): hf or vLLM, one device each."""
+    """The teacher's engine (inference.name, else the rollout's): hf (a whole copy per device) or vLLM (an engine
+    over tensor_model_parallel_size devices of one node)."""
     inf = cfg.distillation.teacher_models.teacher_model.inference
     name = inf.name or cfg.actor_rollout_ref.rollout.name
     given = f"{_INF}.name={inf.name}" if inf.name else f"{_INF}.name (the rollout's, {name})"
@@ -57,11 +58,30 @@ def validate_teacher_engine(cfg) -> None:
         raise ConfigError(
             f"{given}: rlrig computes the teacher's log-probs with hf or vllm; set {_INF}.name=vllm or hf"
         )
-    if inf.tensor_model_parallel_size != 1 and name != "hf":
-        raise ConfigError(
-            f"{_INF}.tensor_model_parallel_size={inf.tensor_model_parallel_size}: rlrig's vLLM teacher runs one "
-            "engine per device; set it to 1 (distillation.nnodes and n_gpus_per_node give it a pool of its own)"
-        )
+    if name != "hf":
+        validate_teacher_span(cfg)
     unknown = set(inf.engine_kwargs) - {"vllm"}
     if unknown:
         raise ConfigError(f"{_INF}.engine_kwargs.{sorted(unknown)[0]}: put vLLM's arguments under engine_kwargs.vllm")
+
+
+def validate_teacher_span(cfg) -> None:
+    """A vLLM teacher engine spans tensor_model_parallel_size devices of one node: a worker of the teacher's pool
+    holds them (verl's replica of its pool), or, colocated, that many training workers share one engine."""
+    d, t = cfg.distillation, cfg.trainer
+    k = d.teacher_models.teacher_model.inference.tensor_model_parallel_size
+    if k < 1:
+        raise ConfigError(f"{_INF}.tensor_model_parallel_size={k}: the devices of one teacher engine, 1 or more")
+    if k == 1:
+        return
+    if d.nnodes > 0 and d.n_gpus_per_node % k:
+        raise ConfigError(
+            f"{_INF}.tensor_model_parallel_size={k}: each teacher engine holds that many devices of one node of the "
+            f"teacher's pool (rlrig's engines do not span nodes), so it must divide "
+            f"distillation.n_gpus_per_node={d.n_gpus_per_node}"
+        )
+    if d.nnodes == 0 and t.n_gpus_per_node % k:
+        raise ConfigError(
+            f"{_INF}.tensor_model_parallel_size={k}: colocated (distillation.nnodes=0), one teacher engine spans "
+            f"that many training workers of one node, so it must divide trainer.n_gpus_per_node={t.n_gpus_per_node}"
+        )

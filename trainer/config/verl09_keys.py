@@ -464,8 +464,8 @@ AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
 # On-policy distillation (config/schema.DistillationConfig): the teacher's engine settings, taken at verl's defaults.
 _TEACHER = "distillation.teacher_models.teacher_model."
 DISTILLATION = (
-    "rlrig's teacher engine (hf or vLLM, inference.name) runs one replica per device on token ids, without CUDA "
-    "graphs captured by size, statistics logs or images",
+    "rlrig's teacher engine (hf or vLLM, inference.name) runs one replica per tensor_model_parallel_size devices "
+    "(hf: per device) on token ids, without CUDA graphs captured by size, statistics logs or images",
     {
         f"{_TEACHER}num_replicas": "0",
         **_each(
@@ -566,7 +566,8 @@ NO_EFFECT = {
 # Where rlrig's default is not verl 0.9's, and why.
 DEFAULTS_DIFFER = {
     "distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size": "verl's default is 2; "
-    "rlrig's is 1: its vLLM teacher runs one engine per device (the hf teacher a whole copy per worker)",
+    "rlrig's is 1, so that its default colocated teacher (distillation.nnodes=0) runs on a single training worker; "
+    "set 2 for verl's engines of two devices (the hf teacher is a whole copy per device whatever it is)",
     "data.seed": "verl's default is null (its sampler's unseeded torch.Generator); rlrig's is 1, a seed of its own",
     "actor_rollout_ref.rollout.seed": "verl's default is 42 (an engine's seed is it plus the engine's index); "
     "rlrig's null seeds the engines from trainer.seed the same way",

@@ -51,6 +51,8 @@ def uses_gpu(cfg) -> bool:
 
 def plan_pools(cfg) -> list[placement.Pool]:
     """The training workers' pool first, then one per role with a pool of its own, in cfg.own_pools() order."""
+    from ..workers.teacher import devices_per_worker
+
     t, rm, use_gpu = cfg.trainer, cfg.reward_model, cfg.trainer.device == "cuda"
     own = cfg.own_pools()
     resources = [
@@ -65,10 +67,10 @@ def plan_pools(cfg) -> list[placement.Pool]:
     pin = len(labelled) >= t.nnodes > 1 and not any(resources)
     ranks = tuple(labelled[: t.nnodes]) if pin else ()
     pools = [placement.Pool("trainer", t.nnodes, t.n_gpus_per_node, placement.bundle(use_gpu, *resources), ranks)]
-    pools += [
-        placement.Pool(prefix, p.nnodes, p.n_gpus_per_node, placement.bundle(use_gpu, p.placement.resource))
-        for prefix, p in own.items()
-    ]
+    for prefix, p in own.items():
+        k = devices_per_worker(cfg) if prefix == "distillation" else 1  # a teacher engine's devices, in one bundle
+        need = placement.bundle(use_gpu, p.placement.resource, gpus=k)
+        pools.append(placement.Pool(prefix, p.nnodes, p.n_gpus_per_node // k, need))
     if not cfg.actor_rollout_ref.hybrid_engine:
         r = cfg.rollout
         pools.append(placement.Pool(ROLLOUT, r.nnodes, r.n_gpus_per_node, placement.bundle(use_gpu)))
@@ -110,7 +112,7 @@ def start_workers(cfg, model_path: str, rm_path: str | None) -> Workers:
         pool = pools[k]
         return dict(
             num_cpus=1,
-            num_gpus=1 if use_gpu else 0,
+            num_gpus=pool.bundle.get("GPU", 0),
             resources={r: v for r, v in pool.bundle.items() if r not in ("CPU", "GPU")},
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 made[k][i // pool.per_node], placement_group_bundle_index=i % pool.per_node

@@ -32,8 +32,10 @@ class Node:
     rank: str | None = None  # the rlrig.io/node-rank label, where rlrig started the node
 
 
-def bundle(use_gpu: bool, *resources: str | None) -> dict:
-    out = {"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 1}
+def bundle(use_gpu: bool, *resources: str | None, gpus: int = 1) -> dict:
+    """What one worker needs: `gpus` GPUs (a worker holding an engine over several) and a CPU, and one unit of each
+    custom resource named."""
+    out = {"GPU": gpus, "CPU": 1} if use_gpu else {"CPU": 1}
     for r in resources:
         if r:
             out[r] = 1  # one unit, however many of the worker's roles ask for the same resource

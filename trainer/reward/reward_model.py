@@ -8,7 +8,6 @@ its own workers (workers/reward_worker.py).
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from ..model import micro_batches as batching
 from ..model import offload
@@ -111,7 +110,6 @@ class LoopScorer(ChatScorer):
     def __init__(self, rm_cfg, path: str, device: torch.device, default_max_length: int, budget: int | None):
         from transformers import AutoConfig
 
-        from ..devices import node_gpu_id
         from ..rollout import tp_groups
         from .vllm_scorer import VLLMEngineScorer, max_length
 
@@ -119,42 +117,25 @@ class LoopScorer(ChatScorer):
         conf = AutoConfig.from_pretrained(path, **({"trust_remote_code": True} if m.trust_remote_code else {}))
         super().__init__(m, path, max_length(r, getattr(conf, "max_position_embeddings", None)))
         start = lambda: VLLMEngineScorer(r, path, device.type, self.max_length, m.trust_remote_code)
-        k, self.group, self.engine = r.tensor_model_parallel_size, None, None
+        k, self.engine, self.shared = r.tensor_model_parallel_size, None, None
         if k == 1:
             self.engine = start()
             return
-        self.group, self.me, self.members = tp_groups.make_group(k)
-        members, gpus = [None] * k, device.type == "cuda"
-        dist.all_gather_object(members, (tp_groups.where()[0], node_gpu_id() if gpus else ""), group=self.group)
-        try:
-            layout = tp_groups.node_layout(members, self.me, on_gpus=gpus)
-        except ValueError as e:
-            raise RuntimeError(f"reward_model.rollout.tensor_model_parallel_size={k}: {e}") from None
-        if layout.nnodes > 1:  # the config allows only groups within a node; vLLM's mp executor stays on one
-            raise RuntimeError(
-                f"reward_model.rollout.tensor_model_parallel_size={k}: its workers are on {layout.nnodes} nodes"
-            )
-        if self.me == 0:
-            self.engine = tp_groups.with_devices(layout.devices if device.type == "cuda" else None, start)
-        dist.barrier(group=self.group)
+        spawn = lambda gpus: tp_groups.with_devices(gpus, start)
+        key = "reward_model.rollout.tensor_model_parallel_size"
+        self.shared = tp_groups.SharedEngine(k, device.type == "cuda", spawn, key)
 
     def score_ids(self, seqs: list[list[int]]) -> list[float]:
         """Each sequence's score, cut to max_length; under tensor parallelism the group's first rank scores every
         member's share and each member gets its own."""
         seqs = [s[: self.max_length] for s in seqs]  # vLLM refuses what exceeds max_model_len
-        if self.group is None:
+        if self.shared is None:
             return self.engine.score_ids(seqs)
-        from ..rollout import tp_groups
-
-        asked, mine = tp_groups.gather_share(self.group, self.me, len(self.members), seqs)
-        result = [self.engine.score_ids(asked) if self.engine is not None and asked else []]
-        dist.broadcast_object_list(result, src=self.members[0], group=self.group)
-        return result[0][mine]
+        return self.shared.ask(seqs, lambda engine, asked: engine.score_ids(asked))
 
     def close(self) -> None:
         """Stops the engine's process, where this rank runs it."""
-        if self.engine is not None:
-            self.engine.close()
+        (self.engine or self.shared).close()
 
 
 def make_scorer(rm_cfg, path: str, device: torch.device, default_max_length: int, budget: int | None) -> ChatScorer:

@@ -119,3 +119,63 @@ def where() -> tuple[str, str]:
     import ray
 
     return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+
+
+class SharedEngine:
+    """One engine over the devices of k consecutive training workers (k > 1), as verl's replicas span k GPUs: the
+    reward loop's scorer (reward_model.rollout.tensor_model_parallel_size) and the colocated vLLM distillation
+    teacher. The group's first worker starts it, start(its node's GPUs, comma-separated node device ids; None on
+    CPU), and answers every member's requests; each member gets its own answers back.
+
+    Contract: every member constructs it and calls ask() at the same time and as often (each is a collective of the
+    group); the engine has close(). A failure on the first worker (the engine's start, a request) is raised on every
+    member with its message, so none waits on the others."""
+
+    def __init__(self, k: int, on_gpus: bool, start, key: str):
+        """key: the config key that sets k, for messages."""
+        import torch.distributed as dist
+
+        from ..devices import node_gpu_id
+
+        self.group, self.me, self.members = make_group(k)
+        members = [None] * k
+        dist.all_gather_object(members, (where()[0], node_gpu_id() if on_gpus else ""), group=self.group)
+        try:
+            layout = node_layout(members, self.me, on_gpus=on_gpus)
+        except ValueError as e:
+            raise RuntimeError(f"{key}={k}: {e}") from None
+        if layout.nnodes > 1:  # the config allows only groups within a node; vLLM's mp executor stays on one
+            raise RuntimeError(f"{key}={k}: its workers are on {layout.nnodes} nodes")
+        self.engine = None
+
+        def begin() -> None:
+            self.engine = start(layout.devices if on_gpus else None)
+
+        self._from_leader(begin)
+
+    def ask(self, items: list, call) -> list:
+        """call(engine, every member's items in rank order) -> one answer per item, on the first member; this
+        member's own answers, in its order."""
+        asked, mine = gather_share(self.group, self.me, len(self.members), items)
+        return self._from_leader(lambda: call(self.engine, asked) if asked else [])[mine]
+
+    def _from_leader(self, act):
+        """act()'s value on the first member, sent to every member; its error, if any, raised on every member."""
+        import torch.distributed as dist
+
+        said = [(None, None)]
+        if self.me == 0:
+            try:
+                said = [(None, act())]
+            except Exception as e:  # noqa: BLE001 - raised on every member below
+                said = [(str(e) or type(e).__name__, None)]
+        dist.broadcast_object_list(said, src=self.members[0], group=self.group)
+        error, value = said[0]
+        if error is not None:
+            raise RuntimeError(error)
+        return value
+
+    def close(self) -> None:
+        """Stops the engine, where this member runs it."""
+        if self.engine is not None:
+            self.engine.close()

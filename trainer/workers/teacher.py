@@ -87,20 +87,32 @@ def tokenizer_refusal(cfg, model_path: str) -> str | None:
     )
 
 
+def devices_per_worker(cfg) -> int:
+    """The devices each worker of the teacher's pool holds: a vLLM engine's inference.tensor_model_parallel_size
+    (one engine over them, as a verl teacher replica), else 1 (the hf teacher, a whole copy per device)."""
+    inf = cfg.distillation.teacher_models.teacher_model.inference
+    return inf.tensor_model_parallel_size if teacher_engine(cfg) == "vllm" else 1
+
+
 class TeacherWorker(PoolWorker):
-    """A worker of the teacher's own pool (distillation.nnodes > 0): a whole teacher on one device, computing the
-    log-probs of the samples the training workers send it. Forward passes only, so no process group."""
+    """A worker of the teacher's own pool (distillation.nnodes > 0): a whole teacher on one device, or a vLLM engine
+    over devices_per_worker(cfg) devices, computing the log-probs of the samples the training workers send it.
+    Forward passes only, so no process group."""
 
     def __init__(self, cfg_dict: dict, model_path: str, use_gpu: bool, rank: int = 0):
         """model_path: the teacher's; rank: this worker's place in the pool."""
         cfg = from_dict(cfg_dict)
-        self.device = single_device(use_gpu)
         ensure_local_embedded_model(model_path)
         if teacher_engine(cfg) == "vllm":
             from .vllm_teacher import VLLMTeacher
 
-            self.compute = VLLMTeacher(cfg, model_path, self.device)
+            torch.set_num_threads(1)
+            # the engine's processes hold the devices; this worker only passes samples and log-probs along
+            self.device = torch.device("cpu")
+            engine_on = torch.device("cuda" if use_gpu else "cpu")
+            self.compute = VLLMTeacher(cfg, model_path, engine_on, holds_devices=True)
             return
+        self.device = single_device(use_gpu)
         model, precision = load_reference(cfg, model_path, self.device, "ddp")
         micro = cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
         forward, budget = teacher_forward(cfg), batching.token_budgets(cfg)[MICRO_KEY]

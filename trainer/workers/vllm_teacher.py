@@ -4,7 +4,11 @@ computes it, by vLLM's prompt log-probs (a forward pass at temperature 1; prompt
 
 The engine runs in a child process of its own (reward/vllm_scorer.py's reasons: a worker may hold vLLM's rollout
 engine too, and two engines in one process share vLLM's sleep-mode allocator), which sleeps between steps on a
-GPU (inference.free_cache_engine) and dies with its parent.
+GPU (inference.free_cache_engine) and dies with its parent. With inference.tensor_model_parallel_size = k > 1 an
+engine spans k devices, as a verl teacher replica spans k GPUs of its pool: a worker of the teacher's pool holds
+k devices itself (distillation.nnodes > 0, verl's placement); colocated, k consecutive training workers share one
+engine, started by the first of them, which answers the whole group's samples (rollout/tp_groups.SharedEngine, as
+the reward loop's scorer).
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import torch
 from ..batch.step_batch import StepBatch
 from ..child_process import Child, child_env, serve_vllm
 from ..reward.vllm_scorer import INSTALL_HINT
+
+_TP = "distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size"
 
 
 def engine_kwargs(inf, path: str, device: str, rollout_dtype: str, max_model_len: int, trust: bool) -> dict:
@@ -34,6 +40,8 @@ def engine_kwargs(inf, path: str, device: str, rollout_dtype: str, max_model_len
         load_format=inf.load_format,
         trust_remote_code=trust,
     )
+    if inf.tensor_model_parallel_size > 1:  # vLLM's own worker processes, one per device
+        kw.update(tensor_parallel_size=inf.tensor_model_parallel_size, distributed_executor_backend="mp")
     if device == "cuda":
         kw.update(gpu_memory_utilization=inf.gpu_memory_utilization, enable_sleep_mode=inf.free_cache_engine)
     kw.update(inf.engine_kwargs.get("vllm", {}))  # the user's word is last
@@ -55,9 +63,14 @@ def logprobs(vllm, llm, seqs: list[list[int]]) -> tuple[str, list[list[float]]]:
 
 
 class VLLMTeacher:
-    """The teacher's log-probs [B, R] of a batch's response tokens (0 where masked), by vLLM in a child process."""
+    """The teacher's log-probs [B, R] of a batch's response tokens (0 where masked), by vLLM in a child process.
 
-    def __init__(self, cfg, path: str, device: torch.device):
+    device: the engine's kind (cuda, cpu) and where the log-probs are returned. holds_devices: a worker of the
+    teacher's pool, which holds the engine's tensor_model_parallel_size devices itself (Ray's assignment) and returns
+    the log-probs on the CPU; otherwise a training worker on one device, which with k > 1 shares its group's engine
+    (every worker of the group must then ask at the same time, as the step's teacher phase does)."""
+
+    def __init__(self, cfg, path: str, device: torch.device, holds_devices: bool = False):
         from transformers import AutoConfig
 
         t, d = cfg.distillation.teacher_models.teacher_model, cfg.data
@@ -68,17 +81,38 @@ class VLLMTeacher:
         length = inf.max_model_len or (min(wanted, limit) if limit else wanted)
         rollout_dtype = cfg.actor_rollout_ref.rollout.dtype
         kw = engine_kwargs(inf, path, device.type, rollout_dtype, length, trust)
-        self.device, self.max_len = device, length
+        self.device, self.max_len = torch.device("cpu") if holds_devices else device, length
         sleeps = device.type == "cuda" and inf.free_cache_engine
-        args = (kw, sleeps, child_env(device.type), INSTALL_HINT, logprobs)
-        self.child = Child(serve_vllm, args, "rlrig-teacher-vllm")
-        kind, value = self.child.recv()
-        if kind != "ready":
-            self.close()
-            raise RuntimeError(
-                f"distillation.teacher_models.teacher_model.inference.name=vllm: the teacher's vLLM engine "
-                f"({path}) did not start: {value}"
-            )
+        start = lambda visible=None: start_child(kw, sleeps, child_env(device.type, visible), path)
+        k, self.child, self.shared = inf.tensor_model_parallel_size, None, None
+        if k == 1:
+            self.child = start()
+        elif holds_devices:
+            from ..devices import own_gpus_only
+
+            self.child = start(own_gpus_only() if device.type == "cuda" else None)
+        else:
+            from ..devices import showing
+            from ..rollout.tp_groups import SharedEngine
+
+            self.shared = SharedEngine(k, device.type == "cuda", lambda gpus: start(gpus and showing(gpus)), _TP)
+
+    def _ask(self, message: tuple[str, list]) -> tuple[str, object]:
+        """The engine's answer to (kind, token lists): this worker's own engine's, or its share of its group's."""
+        if self.shared is None:
+            return self.child.ask(message)
+        kind, seqs, *rest = message
+
+        def reply(child: Child, asked: list) -> list:
+            got, value = child.ask((kind, asked, *rest))
+            if got != kind:
+                raise RuntimeError(value)
+            return value
+
+        try:
+            return kind, self.shared.ask(seqs, reply)
+        except RuntimeError as e:  # the group's engine failed: every member reports it as its own would
+            return "error", str(e)
 
     @torch.no_grad()
     def __call__(self, batch: StepBatch) -> torch.Tensor:
@@ -92,7 +126,7 @@ class VLLMTeacher:
                 f"a sample of {too_long} tokens is longer than the teacher's max_model_len {self.max_len} "
                 "(distillation.teacher_models.teacher_model.inference.max_model_len)"
             )
-        kind, value = self.child.ask(("logprobs", seqs))
+        kind, value = self._ask(("logprobs", seqs))
         if kind != "logprobs":
             raise RuntimeError(f"the distillation teacher's vLLM engine failed: {value}")
         out = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
@@ -104,4 +138,17 @@ class VLLMTeacher:
         return out.to(self.device) * batch.response_mask.to(self.device)
 
     def close(self) -> None:
-        self.child.close()
+        (self.child or self.shared).close()
+
+
+def start_child(kw: dict, sleeps: bool, env: dict, path: str) -> Child:
+    """The engine's child process, started and ready; a RuntimeError saying why where it did not start."""
+    child = Child(serve_vllm, (kw, sleeps, env, INSTALL_HINT, logprobs), "rlrig-teacher-vllm")
+    kind, value = child.recv()
+    if kind != "ready":
+        child.close()
+        raise RuntimeError(
+            f"distillation.teacher_models.teacher_model.inference.name=vllm: the teacher's vLLM engine ({path}) did "
+            f"not start: {value}"
+        )
+    return child

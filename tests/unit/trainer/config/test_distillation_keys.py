@@ -9,6 +9,7 @@ from rlrig.trainer.errors import ConfigError
 BASE = ["actor_rollout_ref.model.path=/m"]
 ON = [*BASE, "distillation.enabled=True", "distillation.teacher_models.teacher_model.model_path=/t"]
 LOSS = "distillation.distillation_loss."
+POOL = ["distillation.nnodes=1", "distillation.n_gpus_per_node=4"]
 TEACHER = "distillation.teacher_models.teacher_model."
 _inference = lambda c: c.distillation.teacher_models.teacher_model.inference  # noqa: E731
 
@@ -68,11 +69,21 @@ def test_colocated_by_default_and_verls_own_spelling_of_k1_as_a_policy_gradient(
         (["actor_rollout_ref.rollout.name=sglang"], "inference.name (the rollout's, sglang): rlrig computes"),
         (
             [f"{TEACHER}inference.name=vllm", f"{TEACHER}inference.tensor_model_parallel_size=2"],
-            "one engine per device",
+            "colocated (distillation.nnodes=0), one teacher engine spans that many training workers of one node, so "
+            "it must divide trainer.n_gpus_per_node=1",
         ),
+        (
+            [*POOL, f"{TEACHER}inference.name=vllm", f"{TEACHER}inference.tensor_model_parallel_size=3"],
+            "holds that many devices of one node of the teacher's pool (rlrig's engines do not span nodes), so it "
+            "must divide distillation.n_gpus_per_node=4",
+        ),
+        ([f"{TEACHER}inference.name=vllm", f"{TEACHER}inference.tensor_model_parallel_size=0"], "1 or more"),
         ([f"+{TEACHER}inference.engine_kwargs.sglang.x=1"], "engine_kwargs.sglang: put vLLM's arguments"),
-        ([f"{TEACHER}inference.data_parallel_size=2"], "one replica per device"),
-        (["distillation.teacher_models.teacher_model.num_replicas=2"], "one replica per device"),
+        ([f"{TEACHER}inference.data_parallel_size=2"], "one replica per tensor_model_parallel_size devices"),
+        (
+            ["distillation.teacher_models.teacher_model.num_replicas=2"],
+            "one replica per tensor_model_parallel_size devices",
+        ),
     ],
 )
 def test_what_rlrig_does_not_build_is_refused_in_one_line(overrides, says):
@@ -82,6 +93,41 @@ def test_what_rlrig_does_not_build_is_refused_in_one_line(overrides, says):
     text = str(e.value)
     assert says in text and "\n" not in text, text
     assert text.startswith("distillation."), text
+
+
+@pytest.mark.parametrize("device, gpus", [("cuda", 2), ("cpu", 0)])
+def test_a_vllm_teacher_with_tensor_parallelism_holds_its_devices_in_its_pool(monkeypatch, device, gpus):
+    """verl 0.9.0's example: a pool of 4 devices, 2 engines of tensor_model_parallel_size=2, one worker each."""
+    from rlrig.trainer.driver import launch, placement
+
+    tp = [f"{TEACHER}inference.name=vllm", f"{TEACHER}inference.tensor_model_parallel_size=2"]
+    cfg = parse_overrides([*ON, *POOL, *tp, "trainer.n_gpus_per_node=1"])
+    cfg.trainer.device = device  # as the driver resolves it
+    monkeypatch.setattr(placement, "cluster_nodes", lambda: [])
+    teacher = launch.plan_pools(cfg)[1]
+    assert (teacher.role, teacher.nnodes, teacher.per_node) == ("distillation", 1, 2)
+    assert teacher.bundle.get("GPU", 0) == gpus and teacher.group_need().get("GPU", 0) == 2 * gpus
+    hf = parse_overrides(
+        [*ON, *POOL, f"{TEACHER}inference.name=hf", f"{TEACHER}inference.tensor_model_parallel_size=2"]
+    )
+    assert launch.plan_pools(hf)[1].per_node == 4  # the hf teacher: a whole copy per device, whatever the size
+
+
+def test_colocated_a_vllm_teacher_engine_spans_training_workers():
+    tp = [f"{TEACHER}inference.name=vllm", f"{TEACHER}inference.tensor_model_parallel_size=2"]
+    cfg = parse_overrides([*ON, *tp, "trainer.n_gpus_per_node=2"])
+    assert cfg.own_pools() == {} and _inference(cfg).tensor_model_parallel_size == 2
+
+
+@pytest.mark.parametrize(
+    "tp, expected", [(1, {}), (2, {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"})]
+)
+def test_the_teacher_engines_tensor_parallelism_reaches_vllm(tp, expected):
+    from rlrig.trainer.workers.vllm_teacher import engine_kwargs
+
+    inf = _inference(parse_overrides([*ON, f"{TEACHER}inference.tensor_model_parallel_size={tp}"]))
+    kw = engine_kwargs(inf, "/t", "cpu", "auto", 64, False)
+    assert {k: kw[k] for k in ("tensor_parallel_size", "distributed_executor_backend") if k in kw} == expected
 
 
 def test_verls_defaults_are_taken_with_distillation_off():

@@ -60,3 +60,33 @@ def test_a_child_process_sees_only_the_workers_gpu(name, env, assigned):
     from rlrig.trainer.devices import own_gpu_only
 
     assert own_gpu_only(env, assigned) == OWN[name]
+
+
+@pytest.mark.parametrize(
+    "env, assigned, expected",
+    [
+        ({"CUDA_VISIBLE_DEVICES": "4,5"}, ["4", "5"], {}),  # Ray narrowed the worker to its two GPUs already
+        (
+            {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": "0,1,2,3"},
+            ["2", "3"],
+            {"CUDA_VISIBLE_DEVICES": "2,3"},
+        ),
+        (
+            {"RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES": "1"},
+            ["0", "1"],
+            {"CUDA_VISIBLE_DEVICES": "0,1", "HIP_VISIBLE_DEVICES": "0,1"},
+        ),
+    ],
+)
+def test_the_engine_of_a_worker_holding_several_gpus_sees_them_all(env, assigned, expected):
+    from rlrig.trainer.devices import own_gpus_only
+
+    assert own_gpus_only(env, assigned) == expected
+
+
+def test_an_engine_over_several_workers_sees_the_groups_gpus():
+    from rlrig.trainer.devices import showing
+
+    assert showing("2,3", {"CUDA_VISIBLE_DEVICES": "2"}) == {"CUDA_VISIBLE_DEVICES": "2,3"}
+    hip = {"RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "0,1,2,3"}
+    assert showing("2,3", hip) == {"CUDA_VISIBLE_DEVICES": "2,3", "HIP_VISIBLE_DEVICES": "2,3"}
