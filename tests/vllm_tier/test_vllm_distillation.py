@@ -83,13 +83,25 @@ def test_a_teacher_engine_over_two_devices_gives_one_devices_log_probs():
 
 
 # colocated: long (tests/e2e/long_runs.sh), as the learning run below holds its teacher colocated
+TP2 = f"{TEACHER}.inference.tensor_model_parallel_size=2"
+
+
 @pytest.mark.parametrize(
-    "pool", [pytest.param([], marks=pytest.mark.long), ["distillation.nnodes=1", "distillation.n_gpus_per_node=1"]]
+    "pool",
+    [
+        pytest.param([], marks=pytest.mark.long),
+        ["distillation.nnodes=1", "distillation.n_gpus_per_node=1"],
+        # verl's placement of a teacher over two devices: a pool worker holding both, one engine of tp=2
+        ["distillation.nnodes=1", "distillation.n_gpus_per_node=2", TP2],
+        # colocated: both training workers share one engine of tp=2, started by the first
+        pytest.param(["trainer.n_gpus_per_node=2", TP2], marks=pytest.mark.long),
+    ],
+    ids=["colocated", "pool", "pool-tp2", "colocated-tp2"],
 )
 def test_a_vllm_teacher_scores_two_steps(tmp_path, pool):
     extra = ["trainer.val_before_train=False", "trainer.test_freq=0", "trainer.save_freq=0"]
     extra += ["trainer.total_training_steps=2", f"{TEACHER}.inference.name=vllm"]
-    extra += ["trainer.n_gpus_per_node=1"] if pool else []
+    extra += ["trainer.n_gpus_per_node=1"] if "distillation.nnodes=1" in pool else []
     rows = distill(tmp_path / "run", *extra, *pool)
     steps = [r for r in rows if "distillation/abs_loss" in r]
     assert len(steps) == 2 and all(r["distillation/abs_loss"] > 0 for r in steps)
