@@ -756,7 +756,7 @@ class TeacherInferenceConfig:
     dtype: str | None = None
     prompt_length: int | None = None  # None: data.max_prompt_length
     response_length: int | None = None  # None: data.max_response_length
-    # vLLM's, as the rollout's: one engine per device (verl's default tensor_model_parallel_size is 2)
+    # vLLM's, as the rollout's; tensor_model_parallel_size: the devices of one engine (verl's default is 2)
     gpu_memory_utilization: float = 0.5
     enforce_eager: bool = True
     free_cache_engine: bool = True  # on GPU the engine sleeps except while it computes
