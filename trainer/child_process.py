@@ -40,9 +40,9 @@ def die_with_parent() -> None:
 
 
 def serve_vllm(conn, kw: dict, sleeps: bool, env: dict, install_hint: str, answer) -> None:
-    """A child holding one vllm.LLM(**kw): asleep between messages where `sleeps`; each (kind, token lists) is
-    answered with answer(vllm, llm, token lists) -> (kind, value), until the parent closes the pipe. `answer` is a
-    module-level function (it crosses to the spawned child by name)."""
+    """A child holding one vllm.LLM(**kw): asleep between messages where `sleeps`; each (kind, token lists, *more)
+    is answered with answer(vllm, llm, token lists, *more) -> (kind, value), until the parent closes the pipe.
+    `answer` is a module-level function (it crosses to the spawned child by name)."""
     die_with_parent()
     os.environ.update(env)
     try:
@@ -60,13 +60,13 @@ def serve_vllm(conn, kw: dict, sleeps: bool, env: dict, install_hint: str, answe
     conn.send(("ready", None))
     while True:
         try:
-            _, seqs = conn.recv()
+            _, seqs, *more = conn.recv()
         except EOFError:  # the parent is gone
             return
         try:
             if sleeps:
                 llm.wake_up()
-            out = answer(vllm, llm, seqs)
+            out = answer(vllm, llm, seqs, *more)
             if sleeps:
                 llm.sleep(level=1)
         except Exception as e:  # noqa: BLE001 - sent to the parent, which raises it in the step

@@ -46,6 +46,12 @@ RULES: dict[str, str] = {
     "distillation/pg_clipfrac": MEAN,
     "distillation/ppo_kl": MEAN,
     "distillation/pg_clipfrac_lower": MEAN,
+    # the top-k mode's (forward_kl_topk): the mass on the teacher's top k, the overlap of the two top k
+    **{f"distillation/{side}_mass": MEAN for side in ("student", "teacher")},
+    **{f"distillation/{side}_mass_min": MIN for side in ("student", "teacher")},
+    **{f"distillation/{side}_mass_max": MAX for side in ("student", "teacher")},
+    "distillation/overlap_ratio": MEAN,
+    "distillation/overlap_token_advantage": MEAN,
     # a generative judge (reward/judge.py): its server's counters, reported once per server; the fields its
     # reward function returned
     "reward/judge/requests": SUM,

@@ -35,7 +35,11 @@ class StepBatch:
     old_logp: torch.Tensor | None = None  # [B, R]: the actor's log-probs before the update
     sum_pi_squared: torch.Tensor | None = None  # [B, R]: sum_v pi(v)^2 of the actor before the update (OTB)
     ref_logp: torch.Tensor | None = None  # [B, R]: the reference model's log-probs
-    teacher_logp: torch.Tensor | None = None  # [B, R]: the distillation teacher's log-probs (at temperature 1)
+    # [B, R]: the distillation teacher's log-probs of the sampled tokens (at temperature 1); in the top-k mode
+    # [B, R, K], of its k likeliest tokens at each position, whose ids are teacher_ids [B, R, K]
+    teacher_logp: torch.Tensor | None = None
+    teacher_ids: torch.Tensor | None = None
+    teacher: torch.Tensor | None = None  # [B]: which distillation teacher scores each sample (several teachers)
     values: torch.Tensor | None = None  # [B, R]: the critic's values, masked
     rewards: torch.Tensor | None = None  # [B, R]: token rewards (token_scores, minus the KL penalty when in reward)
     advantages: torch.Tensor | None = None  # [B, R]

@@ -19,6 +19,7 @@ VERL_NAMES = {
     "old_logp": "old_log_probs",
     "ref_logp": "ref_log_prob",
     "teacher_logp": "teacher_logprobs",
+    "teacher_ids": "teacher_ids",
     "values": "values",
     "advantages": "advantages",
     "returns": "returns",

@@ -114,6 +114,8 @@ def set_key(cfg: Config, key: str, value: Any) -> None:
     if key not in known and (item := _dict_item(cfg, key)):
         item[0][item[1]] = value
         return
+    if key not in known and _named_teacher_key(cfg, key, value):
+        return
     if key not in known and (why := new_key_refusal(key)):
         raise ConfigError(f"{key}: {why}")
     if key not in known:
@@ -126,6 +128,30 @@ def set_key(cfg: Config, key: str, value: Any) -> None:
         obj = getattr(obj, p)
     hint = get_type_hints(type(obj))[leaf]
     setattr(obj, leaf, _coerce(value, hint, key))
+
+
+_TEACHERS = "distillation.teacher_models."
+
+
+def _named_teacher_key(cfg: Config, key: str, value: Any) -> bool:
+    """`distillation.teacher_models.<name>.<rest>` (Hydra's `+` key of a teacher named beside teacher_model): set on
+    that teacher, created at teacher_model's defaults, as `<rest>` of teacher_model is set, with its checks and
+    refusals (named in the key given). False where the key is no such key."""
+    from .schema import TeacherModelConfig
+
+    name, _, rest = key[len(_TEACHERS) :].partition(".") if key.startswith(_TEACHERS) else ("", "", "")
+    if not rest or name == "teacher_model" or not name.isidentifier():
+        return False
+    named = cfg.distillation.teacher_models.named
+    teacher = named.get(name) or TeacherModelConfig()
+    scratch = Config()
+    scratch.distillation.teacher_models.teacher_model = teacher
+    try:
+        set_key(scratch, f"{_TEACHERS}teacher_model.{rest}", value)
+    except ConfigError as e:
+        raise ConfigError(str(e).replace(f"{_TEACHERS}teacher_model.", f"{_TEACHERS}{name}.")) from None
+    named[name] = teacher
+    return True
 
 
 def new_key_refusal(key: str) -> str | None:

@@ -117,6 +117,7 @@ class ModelConfig:
 
 # fused_kernel_options.impl_backend: torch (model/fused_logprobs.py); verl's triton and liger kernels are refused
 FUSED_BACKENDS = ("torch", "triton", "liger")
+INTERNAL = {"internal": True}  # a field's metadata: carried with the config but no key of its own (all_keys)
 
 
 @dataclass
@@ -733,10 +734,11 @@ class GlobalProfilerConfig:
 
 @dataclass
 class DistillationLossConfig:
-    """verl 0.9's distillation.distillation_loss (algos/distillation.py); topk and log_prob_min_clamp, read only by
-    its top-k modes, are verl_keys.NO_EFFECT."""
+    """verl 0.9's distillation.distillation_loss (algos/distillation.py)."""
 
-    loss_mode: str = "k3"  # one of algos/distillation.ESTIMATOR_MODES
+    loss_mode: str = "k3"  # one of algos/distillation.ESTIMATOR_MODES or TOPK_MODES
+    topk: int | None = 32  # the teacher's k likeliest tokens a position (top-k modes only)
+    log_prob_min_clamp: float | None = None  # both sides' top-k log-probs clamped below at it (top-k modes only)
     use_task_rewards: bool = True  # the task's PPO loss too, the distillation loss weighed by the coef below
     distillation_loss_coef: float = 1.0
     loss_max_clamp: float | None = None
@@ -772,14 +774,24 @@ class TeacherInferenceConfig:
 
 @dataclass
 class TeacherModelConfig:
-    key: str | None = None  # routes samples among several teachers (refused); verl names a single one "default"
+    key: str | None = None  # the teacher_key value of the samples it scores (several teachers); one is "default"
     model_path: str | None = None
     inference: TeacherInferenceConfig = field(default_factory=TeacherInferenceConfig)
 
 
 @dataclass
 class TeacherModelsConfig:
+    """distillation.teacher_models: verl's one `teacher_model`, or the teachers named beside it
+    (`distillation.teacher_models.<name>.*`, config/overrides.py), which replace it (workers/teacher.py teachers)."""
+
     teacher_model: TeacherModelConfig = field(default_factory=TeacherModelConfig)
+    # the named teachers by name, each a TeacherModelConfig; not a key of its own (INTERNAL: all_keys skips it)
+    named: dict = field(default_factory=dict, metadata=INTERNAL)
+
+    def __post_init__(self):
+        """Named teachers travel to the workers as dicts (Config.to_dict): rebuilt here."""
+        rebuilt = lambda v: v if isinstance(v, TeacherModelConfig) else from_dict(v, TeacherModelConfig)  # noqa: E731
+        self.named = {name: rebuilt(v) for name, v in self.named.items()}
 
 
 @dataclass
@@ -860,6 +872,8 @@ def canonical_strategy(name: str | None) -> str | None:
 def all_keys(cfg: Any, prefix: str = "") -> list[str]:
     keys = []
     for f in dataclasses.fields(cfg):
+        if f.metadata.get("internal"):
+            continue
         value = getattr(cfg, f.name)
         if dataclasses.is_dataclass(value):
             keys += all_keys(value, f"{prefix}{f.name}.")

@@ -481,17 +481,9 @@ DISTILLATION = (
         ),
     },
 )
-# distillation_loss keys only verl's top-k modes read (refused by config/distillation_checks.py)
-DISTILLATION_NO_EFFECT = {
-    f"distillation.distillation_loss.{k}": "read only by verl's top-k distillation modes (forward_kl_topk), which "
-    "rlrig does not build; the estimator modes it builds do not read it"
-    for k in ("topk", "log_prob_min_clamp")
-}
-# Keys under these that rlrig does not have, refused with the reason (verl adds teachers as new keys)
-REFUSED_NEW_KEYS = {
-    "distillation.teacher_models.": "several teachers chosen per sample by distillation.teacher_key are not in "
-    "rlrig; give the one teacher as distillation.teacher_models.teacher_model.model_path",
-}
+# Keys under these that rlrig does not have, refused with the reason (a section verl lets a user add keys to); the
+# teachers verl adds as distillation.teacher_models.<name>.* are rlrig's too (config/overrides.py)
+REFUSED_NEW_KEYS: dict[str, str] = {}
 
 # Keys taken only as verl's own `${...}` (FILLED), which no group above names: why another value is refused
 FILLED_ONLY = {
@@ -549,7 +541,6 @@ NO_EFFECT = {
     "policy (in exact arithmetic) through another transport",
     "critic.model.lora.merge": "verl reads it where the actor's weights reach the rollout engines; the critic's never "
     "do",
-    **DISTILLATION_NO_EFFECT,
     **{
         f"{p}checkpoint.strict": "read only by verl's Megatron backend (the strict check of its Hugging Face weight "
         "export); verl's FSDP engine does not read it, nor does rlrig"

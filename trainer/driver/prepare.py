@@ -43,6 +43,7 @@ def prepare(cfg, mode: type[Mode]) -> Prepared:
     tokenizer, adapter = load_model_side(cfg, model_path)
     train_rows, val_rows = load_rows(cfg, tokenizer, tool_schemas(cfg.data.tool_config_path))
     rm_path = check_inputs(cfg, train_rows + val_rows)
+    teachers_refusal(cfg, train_rows)  # validation asks no teacher, as verl's
     sampler = make_sampler(cfg.data, train_rows, cfg.data.train_batch_size)
     curriculum.check(cfg, sampler)
     if sampler.steps_per_epoch() < 1:
@@ -135,6 +136,16 @@ def check_inputs(cfg, rows: list[dict]) -> str | None:
     check_reward_setup(cfg, {r["data_source"] for r in rows})
     check_installed(cfg.reward_model)
     return resolve_path(cfg.reward_model) if cfg.reward_model.enable else None
+
+
+def teachers_refusal(cfg, rows: list[dict]) -> None:
+    """Several distillation teachers: every training row's distillation.teacher_key value is a teacher's key
+    (config/teachers.route_refusal)."""
+    from ..config.teachers import route_refusal
+
+    why = cfg.distillation.enabled and route_refusal(cfg, [r.get(cfg.distillation.teacher_key) for r in rows])
+    if why:
+        raise ConfigError(why)
 
 
 def resolved(cfg, updates: int):

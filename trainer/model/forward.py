@@ -19,6 +19,7 @@ import torch
 from . import moe, packing, prefix_grouper, ulysses
 from .chunked_logprobs import token_logprobs_and_entropy, token_sum_pi_squared
 from .fused_logprobs import fused_logprobs_and_entropy
+from .topk_logprobs import logprobs_at, teacher_topk
 
 
 def output_head(model) -> torch.nn.Module:
@@ -282,6 +283,41 @@ def token_outputs(model, input_ids, attention_mask, prompt_len, opts: ForwardOpt
     if filled is not None:
         outs = tuple(packing.unpack(x, filled) if x is not None else None for x in outs)
     return outs
+
+
+def unpack_k(values: torch.Tensor, filled: torch.Tensor) -> torch.Tensor:
+    """[N, K] values of the response tokens -> [B, R, K], zero on padding; differentiable."""
+    k = values.shape[-1]
+    return values.new_zeros((*filled.shape, k)).masked_scatter(filled[..., None].expand(*filled.shape, k), values)
+
+
+def token_logprobs_at(model, input_ids, attention_mask, prompt_len, opts: ForwardOptions, at: torch.Tensor):
+    """(log-probs [B, R] of the response tokens, entropy [B, R] or None, log-probs [B, R, K] of the tokens `at`
+    [B, R, K] at each response position, the ids of the model's own k likeliest there [B, R, K]) from one forward:
+    the student's side of the top-k distillation loss. Padded or packed rows only: sequence parallelism, shared
+    prompts and a fused head, which make no whole logits here, are refused at start-up with that loss."""
+    t = opts.temperature if opts.temperature > 0 else 1.0
+    logits, targets, filled = response_outputs(
+        model, input_ids, attention_mask, prompt_len, opts.remove_padding, tap=opts.tap
+    )
+    logp, ent = token_logprobs_and_entropy(logits, targets, opts.with_entropy, opts.entropy_grad, t)
+    at_logp, own = logprobs_at(logits, at if filled is None else at[filled], t)
+    if filled is None:
+        return logp, ent, at_logp, own
+    ent = packing.unpack(ent, filled) if ent is not None else None
+    return packing.unpack(logp, filled), ent, unpack_k(at_logp, filled), unpack_k(own, filled)
+
+
+@torch.no_grad()
+def topk_token_logprobs(model, input_ids, attention_mask, prompt_len, opts: ForwardOptions, k: int):
+    """(the k largest log-probs [B, R, K] at each response position, their token ids [B, R, K]), zero on padding:
+    the teacher's side of the top-k distillation loss, at temperature 1 (opts.temperature is not read)."""
+    logits, _, filled = response_outputs(model, input_ids, attention_mask, prompt_len, opts.remove_padding)
+    logp, ids = teacher_topk(logits, k)
+    if filled is None:
+        keep = attention_mask[:, prompt_len:, None].to(logp.dtype)
+        return logp * keep, ids * keep.long()
+    return unpack_k(logp, filled), unpack_k(ids, filled)
 
 
 def values(critic, input_ids, attention_mask, prompt_len, remove_padding=False, sp: ulysses.SeqParallel | None = None):

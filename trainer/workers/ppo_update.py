@@ -18,11 +18,11 @@ import torch
 from ..algos import core_algos as algos
 from ..algos import policy_losses
 from ..algos.bypass_loss import bypass_loss
-from ..algos.distillation import DistillationLoss, distillation_loss
+from ..algos.distillation import DistillationLoss, StudentTopK, distillation_loss
 from ..batch.step_batch import StepBatch
 from ..model import offload, parallel
 from ..model.build import Trainable
-from ..model.forward import ForwardOptions, token_logprobs
+from ..model.forward import ForwardOptions, token_logprobs, token_logprobs_at
 from ..model.forward import values as critic_values
 from ..model.micro_batches import MiniBatches, size
 from ..model.ulysses import SeqParallel
@@ -44,7 +44,11 @@ def training(t: Trainable):
 # AggregationType.SUM): the mini batch's loss; its other metrics stay means
 GLOBAL_SUMS = ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "distillation/loss")
 # verl reports these as the extremes over the micro batches (its AggregationType.MIN and MAX)
-EXTREMES = {"distillation/loss_min": min, "distillation/loss_max": max}
+EXTREMES = {
+    "distillation/loss_min": min,
+    "distillation/loss_max": max,
+    **{f"distillation/{s}_mass_{x}": pick for s in ("student", "teacher") for x, pick in (("min", min), ("max", max))},
+}
 
 
 def engine_workers(cfg) -> bool:
@@ -104,11 +108,11 @@ def update_actor(
                 agg = algos.Agg(a.loss_agg_mode, glob[i]) if glob else a.loss_agg_mode
                 mini: dict[str, list] = {}
                 for sl in micros:
-                    m, ids, attention = mask[sl], batch.input_ids[sl], batch.attention_mask[sl]
+                    m = mask[sl]
                     if forward.tap is not None:  # routing replay (actor.router_replay.mode): the rows' routing
                         forward.tap.feed(None if batch.routed_experts is None else batch.routed_experts[sl])
                     with t.precision.autocast():
-                        logp, ent = token_logprobs(t.train, ids, attention, batch.prompt_len, forward)
+                        logp, ent, student = student_forward(t.train, batch, sl, forward, distill)
                     if own_old:  # on-policy: one epoch, one mini batch, so these are the old log-probs
                         first[sl] = logp.detach()
                     old = logp.detach() if own_old else old_logp[sl]
@@ -124,7 +128,8 @@ def update_actor(
                         loss = loss + a.kl_loss_coef * kl
                         mini.setdefault("actor/kl_loss", []).append(kl.detach())
                     if distill is not None:  # verl's distillation_ppo_loss: with the task's loss, or alone
-                        dl, dm = distillation_loss(logp, old, batch.teacher_logp[sl], m, distill, agg, w)
+                        teacher = (batch.teacher_logp[sl], None if batch.teacher_ids is None else batch.teacher_ids[sl])
+                        dl, dm = distillation_loss(logp, old, teacher, m, distill, agg, w, student)
                         loss = (loss if distill.use_task_rewards else 0.0) + distill.coef * dl
                         for k, v in {**dm, "distillation/loss": dl}.items():
                             mini.setdefault(k, []).append(v.detach())
@@ -141,6 +146,17 @@ def update_actor(
     host = to_host(stats)
     host.update({k: [pick(host[k])] for k, pick in EXTREMES.items() if k in host})
     return host, (first if own_old else old_logp)
+
+
+def student_forward(model, batch: StepBatch, sl, forward: ForwardOptions, distill: DistillationLoss | None):
+    """(log-probs [B, R], entropy or None, the student's side of the top-k distillation loss or None) of the
+    micro batch `sl`: the top-k mode reads the student's log-probs of the teacher's top-k tokens from the same
+    forward."""
+    ids, attention = batch.input_ids[sl], batch.attention_mask[sl]
+    if distill is None or not distill.uses_topk:
+        return (*token_logprobs(model, ids, attention, batch.prompt_len, forward), None)
+    logp, ent, at, own = token_logprobs_at(model, ids, attention, batch.prompt_len, forward, batch.teacher_ids[sl])
+    return logp, ent, StudentTopK(at, own)
 
 
 def moe_aux_loss(forward: ForwardOptions, mini: dict[str, list], weight: float) -> torch.Tensor | float:

@@ -55,11 +55,36 @@ def token_logprobs(out) -> list[float]:
     return [float(per[i][ids[i]].logprob) for i in range(1, len(ids))]
 
 
-def logprobs(vllm, llm, seqs: list[list[int]]) -> tuple[str, list[list[float]]]:
-    """In the child: each sequence's token log-probs, from prompt_logprobs=0 at temperature 1."""
-    params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+def topk_logprobs(out, k: int) -> tuple[list[list[int]], list[list[float]]]:
+    """Each position's k likeliest tokens after the first from one vLLM output with prompt_logprobs=k: (their ids,
+    their log-probs), each [positions][k] in rank order, as verl's extract_prompt_logprobs (vLLM adds the token
+    itself where it is not among them, with its rank above k: left out)."""
+    ids, logps = [], []
+    for per in out.prompt_logprobs[1:]:
+        top_ids, top = [0] * k, [0.0] * k
+        for token, lp in per.items():
+            if lp.rank <= k:
+                top_ids[lp.rank - 1], top[lp.rank - 1] = int(token), float(lp.logprob)
+        ids.append(top_ids)
+        logps.append(top)
+    return ids, logps
+
+
+def logprobs(vllm, llm, seqs: list[list[int]], k: int = 0) -> tuple[str, list]:
+    """In the child: each sequence's token log-probs, from prompt_logprobs=0 at temperature 1; with k > 0 its k
+    likeliest tokens at each position instead (topk_logprobs), from prompt_logprobs=k."""
+    params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=k, temperature=1.0)
     outs = llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False)
-    return "logprobs", [token_logprobs(o) for o in outs]
+    return "logprobs", [topk_logprobs(o, k) if k else token_logprobs(o) for o in outs]
+
+
+def prompt_logprobs_k(cfg) -> int:
+    """vLLM's prompt_logprobs for the teacher: distillation_loss.topk for a top-k loss mode, else 0 (the token's
+    own)."""
+    from ..algos.distillation import TOPK_MODES
+
+    lc = cfg.distillation.distillation_loss
+    return lc.topk if lc.loss_mode in TOPK_MODES else 0
 
 
 class VLLMTeacher:
@@ -81,6 +106,9 @@ class VLLMTeacher:
         length = inf.max_model_len or (min(wanted, limit) if limit else wanted)
         rollout_dtype = cfg.actor_rollout_ref.rollout.dtype
         kw = engine_kwargs(inf, path, device.type, rollout_dtype, length, trust)
+        self.k = prompt_logprobs_k(cfg)
+        if self.k:  # verl's default: vLLM may return as many prompt log-probs as the loss reads
+            kw.setdefault("max_logprobs", self.k)
         self.device, self.max_len = torch.device("cpu") if holds_devices else device, length
         sleeps = device.type == "cuda" and inf.free_cache_engine
         start = lambda visible=None: start_child(kw, sleeps, child_env(device.type, visible), path)
@@ -115,7 +143,9 @@ class VLLMTeacher:
             return "error", str(e)
 
     @torch.no_grad()
-    def __call__(self, batch: StepBatch) -> torch.Tensor:
+    def __call__(self, batch: StepBatch) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """[B, R] log-probs; with a top-k loss mode (prompt_logprobs_k > 0), the k likeliest tokens' log-probs and
+        ids at each response position ([B, R, K] each, 0 where masked)."""
         P = batch.prompt_len
         mask = batch.attention_mask.bool().cpu()
         ids = batch.input_ids.cpu()
@@ -126,9 +156,11 @@ class VLLMTeacher:
                 f"a sample of {too_long} tokens is longer than the teacher's max_model_len {self.max_len} "
                 "(distillation.teacher_models.teacher_model.inference.max_model_len)"
             )
-        kind, value = self._ask(("logprobs", seqs))
+        kind, value = self._ask(("logprobs", seqs, self.k))
         if kind != "logprobs":
             raise RuntimeError(f"the distillation teacher's vLLM engine failed: {value}")
+        if self.k:
+            return self.topk_fields(batch, value)
         out = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
         for i, logps in enumerate(value):
             prompt = int(mask[i, :P].sum())
@@ -136,6 +168,21 @@ class VLLMTeacher:
             # logps[k] is token k+1's; the response's tokens are the sequence's prompt..end
             out[i, response] = torch.tensor(logps[prompt - 1 : prompt - 1 + len(response)], dtype=torch.float32)
         return out.to(self.device) * batch.response_mask.to(self.device)
+
+    def topk_fields(self, batch: StepBatch, value: list) -> tuple[torch.Tensor, torch.Tensor]:
+        """([B, R, K] log-probs, [B, R, K] ids) from each sequence's topk_logprobs, placed as __call__ places the
+        token's own (position p's entry predicts token p + 1)."""
+        P, mask = batch.prompt_len, batch.attention_mask.bool().cpu()
+        logp = torch.zeros((*batch.response_mask.shape, self.k), dtype=torch.float32)
+        ids = torch.zeros(logp.shape, dtype=torch.long)
+        for i, (top_ids, top) in enumerate(value):
+            prompt = int(mask[i, :P].sum())
+            response = mask[i, P:].nonzero().squeeze(1)
+            at = slice(prompt - 1, prompt - 1 + len(response))
+            logp[i, response] = torch.tensor(top[at], dtype=torch.float32)
+            ids[i, response] = torch.tensor(top_ids[at], dtype=torch.long)
+        keep = batch.response_mask.cpu()[..., None]
+        return (logp * keep).to(self.device), (ids * keep.long()).to(self.device)
 
     def close(self) -> None:
         (self.child or self.shared).close()

@@ -99,8 +99,9 @@ class Sources:
     critic_update: LocalCriticUpdate | RemoteCriticUpdate | None
     actor_update: ActorUpdate
     sync_engine: Callable[[], None] | None  # the actor's weights into this worker's engine
-    # distillation's teacher (workers/teacher.py): sources.LocalLogProbs | sources.RemoteLogProbs
-    teacher: Callable[[StepBatch], torch.Tensor] | None = None
+    # distillation's teacher (workers/teacher.py): the batch's teacher fields (TeacherFields, RemoteTeacher,
+    # TeacherRouter)
+    teacher: Callable[[StepBatch], dict[str, torch.Tensor]] | None = None
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from ...reward.components import component_metrics, reward_components
 from ...reward.scoring import RewardSource, score_batch, score_batch_with_fields
 from ...rollout.engines import GREEDY
 from ..base import forked_rngs
+from ..teacher import teacher_choice
 from .context import Step, StepContext
 from .metrics import batch_metrics, leader_metrics, probs_diff
 from .sources import old_logprobs
@@ -76,7 +77,7 @@ class Generate:
         with phases("reward"):
             batch = StepBatch.from_rollout(ro.to(ctx.device), n, first)
             batch, fields = score_batch_with_fields(ctx.tok, self.reward, rows, batch, each, turns.extra_info())
-            batch = with_components(ctx, batch, fields)
+            batch = with_teacher(ctx, with_components(ctx, batch, fields), rows)
         step = step.report(self.reward.metrics(fields))
         if self.greedy_baseline:  # verl's ReMax: each prompt's greedy response (through the same loop), scored
             with phases("gen_max"):
@@ -97,11 +98,18 @@ class PooledSamples:
     def __call__(self, ctx: StepContext, step: Step) -> Step:
         req, n = step.request, ctx.cfg.actor_rollout_ref.rollout.n
         with step.phases("reward"):
-            ro = StepBatch.from_rollout(req.samples.to(ctx.device), n, req.first_sample)
+            ro = with_teacher(ctx, StepBatch.from_rollout(req.samples.to(ctx.device), n, req.first_sample), req.rows)
             if not needs_components(ctx):
                 return step.replace(batch=score_batch(ctx.tok, self.reward, req.rows, ro, 1, req.turns))
             batch, fields = score_batch_with_fields(ctx.tok, self.reward, req.rows, ro, 1, req.turns)
             return step.replace(batch=with_components(ctx, batch, fields))
+
+
+def with_teacher(ctx: StepContext, batch: StepBatch, rows: list[dict]) -> StepBatch:
+    """Several distillation teachers: which one scores each sample (StepBatch.teacher), from its prompt row, each row
+    holding as many of the batch's samples."""
+    choice = teacher_choice(ctx.cfg, rows, len(batch) // max(len(rows), 1))
+    return batch if choice is None else batch.replace(teacher=choice.to(batch.input_ids.device))
 
 
 def needs_components(ctx: StepContext) -> bool:
@@ -172,11 +180,12 @@ def reference_log_probs(ctx: StepContext, step: Step) -> Step:
 
 
 def teacher_log_probs(ctx: StepContext, step: Step) -> Step:
-    """distillation.enabled: the teacher's log-probs of the sampled tokens, timed as verl's teacher phase."""
+    """distillation.enabled: the teacher's log-probs of the sampled tokens (top-k: of its k likeliest, with their
+    ids), timed as verl's teacher phase."""
     if ctx.sources.teacher is None:
         return step
     with step.phases("teacher"):
-        return step.fill(teacher_logp=ctx.sources.teacher(step.batch))
+        return step.fill(**ctx.sources.teacher(step.batch))
 
 
 def critic_values(ctx: StepContext, step: Step) -> Step:

@@ -38,12 +38,61 @@ def test_a_distillation_key_reaches_the_config(override, read, value):
     assert read(parse_overrides([*ON, override])) == value
 
 
-@pytest.mark.parametrize("override", [f"{LOSS}topk=64", f"{LOSS}log_prob_min_clamp=-10.0"])
-def test_what_only_the_top_k_modes_read_is_taken_as_changing_nothing(override):
-    from rlrig.trainer.config import verl_keys
+def test_the_top_k_mode_reads_its_keys():
+    from rlrig.trainer.algos.distillation import DistillationLoss
 
-    parse_overrides([*ON, override])
-    assert "top-k" in verl_keys.NO_EFFECT[override.split("=")[0]]
+    topk = [f"{LOSS}loss_mode=forward_kl_topk", f"{LOSS}topk=64", f"{LOSS}log_prob_min_clamp=-10.0"]
+    d = DistillationLoss.of(parse_overrides([*ON, *topk]))
+    assert (d.uses_topk, d.topk, d.min_clamp) == (True, 64, -10.0)
+    assert parse_overrides(ON).distillation.distillation_loss.topk == 32  # verl's default
+
+
+NAMED_T2 = ["+distillation.teacher_models.t2.model_path=/u", "+distillation.teacher_models.t2.key=a"]
+MOPD = [  # verl 0.9.0's multi-teacher example (run_qwen3_8b_mopd_fsdp.sh), on rlrig's one device a teacher engine
+    *BASE,
+    "distillation.enabled=True",
+    "distillation.teacher_key=data_source",
+    "+distillation.teacher_models.gsm8k.key=openai/gsm8k",
+    "+distillation.teacher_models.gsm8k.model_path=/t1",
+    "+distillation.teacher_models.gsm8k.inference.name=vllm",
+    "+distillation.teacher_models.gsm8k.inference.gpu_memory_utilization=0.4",
+    "+distillation.teacher_models.geo3k.key=hiyouga/geometry3k",
+    "+distillation.teacher_models.geo3k.model_path=/t2",
+]
+
+
+def test_several_teachers_are_named_beside_teacher_model_each_with_its_key():
+    from rlrig.trainer.config.schema import from_dict
+    from rlrig.trainer.config.teachers import route_refusal, teachers
+
+    cfg = parse_overrides(MOPD)
+    found = teachers(from_dict(cfg.to_dict()))  # as the workers see it
+    assert [(t.name, t.key) for t in found] == [("gsm8k", "openai/gsm8k"), ("geo3k", "hiyouga/geometry3k")]
+    views = [t.cfg.distillation.teacher_models.teacher_model for t in found]
+    assert [(v.model_path, v.inference.name, v.inference.gpu_memory_utilization) for v in views] == [
+        ("/t1", "vllm", 0.4),
+        ("/t2", None, 0.5),  # unset: teacher_model's defaults
+    ]
+    assert cfg.distillation.teacher_models.teacher_model.model_path is None
+    assert route_refusal(cfg, ["openai/gsm8k", "hiyouga/geometry3k"]) is None
+    why = route_refusal(cfg, ["openai/gsm8k", "lighteval/MATH", None])
+    assert why == (
+        "distillation.teacher_key=data_source: samples with data_source 'lighteval/MATH', None match no teacher (the "
+        "teachers' keys: 'openai/gsm8k', 'hiyouga/geometry3k'); give each a teacher with that key "
+        "(distillation.teacher_models.<name>.key)"
+    )
+    assert route_refusal(parse_overrides(ON), ["anything"]) is None  # one teacher scores every sample, as verl's
+
+
+def test_each_sample_gets_its_teachers_index_by_its_row():
+    from rlrig.trainer.workers.teacher import teacher_choice
+
+    cfg = parse_overrides(MOPD)
+    rows = [{"data_source": "hiyouga/geometry3k"}, {"data_source": "openai/gsm8k"}]
+    assert teacher_choice(cfg, rows, 2).tolist() == [1, 1, 0, 0]
+    assert teacher_choice(parse_overrides(ON), rows, 2) is None
+    with pytest.raises(ConfigError, match="samples with data_source 'x' match no teacher"):
+        teacher_choice(cfg, [{"data_source": "x"}], 1)
 
 
 def test_colocated_by_default_and_verls_own_spelling_of_k1_as_a_policy_gradient():
@@ -55,13 +104,47 @@ def test_colocated_by_default_and_verls_own_spelling_of_k1_as_a_policy_gradient(
     "overrides, says",
     [
         (["distillation.enabled=True"], "distillation.teacher_models.teacher_model.model_path"),
-        ([f"{LOSS}loss_mode=forward_kl_topk"], "needs the teacher's top-k log-probs"),
-        ([f"{LOSS}loss_mode=k4"], "choose one of kl, k1, abs, mse, k2, low_var_kl, k3"),
+        ([f"{LOSS}loss_mode=k4"], "choose one of kl, k1, abs, mse, k2, low_var_kl, k3, forward_kl_topk"),
+        ([f"{LOSS}loss_mode=forward_kl_topk", f"{LOSS}topk=0"], "topk=0: loss_mode=forward_kl_topk reads"),
+        (
+            [f"{LOSS}loss_mode=forward_kl_topk", "actor_rollout_ref.model.use_fused_kernels=True"],
+            "the loss reads the student's logits at every response position, which a fused head never makes",
+        ),
+        (
+            [f"{LOSS}loss_mode=forward_kl_topk", f"+{TEACHER}inference.engine_kwargs.vllm.max_logprobs=8"],
+            "max_logprobs=8 is below distillation.distillation_loss.topk=32",
+        ),
         ([f"{LOSS}loss_mode=k1"], "use_policy_gradient=True"),
         ([f"{LOSS}policy_loss_mode=gspo"], "only vanilla"),
         ([f"{LOSS}loss_max_clamp=0"], "must be positive"),
         (["distillation.nnodes=1", "distillation.n_gpus_per_node=0"], "needs both at least 1"),
-        (["+distillation.teacher_models.teacher_model2.model_path=/u"], "several teachers"),
+        (
+            [
+                "+distillation.teacher_models.teacher_model2.model_path=/u",
+                "+distillation.teacher_models.teacher_model2.key=a",
+            ],
+            "distillation.teacher_models.teacher_model.model_path with teachers named beside it (teacher_model2): "
+            "verl drops teacher_model then",
+        ),
+        (
+            ["distillation.enabled=True", "+distillation.teacher_models.t2.model_path=/u"],
+            "distillation.teacher_models.t2.key is not set",
+        ),
+        (
+            [
+                "distillation.enabled=True",
+                *(f"+distillation.teacher_models.{n}.{k}" for n in ("a", "b") for k in ("model_path=/u", "key=x")),
+            ],
+            "distillation.teacher_models.b.key=x: teacher a has that key too",
+        ),
+        (
+            ["distillation.enabled=True", "+distillation.teacher_models.t2.num_replicas=2"],
+            "one replica per tensor_model_parallel_size devices",
+        ),
+        (
+            ["distillation.enabled=True", "+distillation.teacher_models.t2.inference.name=sglang", *NAMED_T2],
+            "distillation.teacher_models.t2.inference.name",
+        ),
         (
             [f"{TEACHER}inference.name=sglang"],
             "set distillation.teacher_models.teacher_model.inference.name=vllm or hf",
