@@ -65,3 +65,62 @@ def torch_schedule(s) -> tuple[int, int, int, int, int] | None:
     """verl's TorchProfilerScheduleConfig as torch.profiler.schedule's arguments in order; None where active=0
     (verl's `enabled`: no schedule)."""
     return (s.skip_first, s.wait, s.warmup, s.active, s.repeat) if s.active > 0 else None
+
+
+ROLLOUT_KEY = "actor_rollout_ref.rollout.profiler"
+
+
+@dataclass(frozen=True)
+class RolloutProfile:
+    """actor_rollout_ref.rollout.profiler with verl's defaults resolved (its nulls: the actor's enable, all_ranks,
+    ranks and torch tool_config; global_profiler's tool and save_path): the rollout engines' own recording of the
+    gen phase (verl vllm_async_server.py:182-204, 894-912). verl records it only with the torch tool in discrete
+    mode (_should_profile), one folder per engine replica (config.py rollout_trace_dir)."""
+
+    enable: bool
+    tool: str | None
+    all_ranks: bool
+    ranks: tuple[int, ...]
+    save_path: str
+    discrete: bool
+    contents: tuple[str, ...]
+    token_start: int | None  # the engine step its recording begins at (profile_token_start); None: the first
+    token_end: int | None  # the engine step it ends before (profile_token_end); None: the last
+
+    @property
+    def records(self) -> bool:
+        """Whether the engines record at all: enabled, torch, discrete (verl's _should_profile)."""
+        return self.enable and self.tool == "torch" and self.discrete
+
+    def chooses(self, replica: int, replica_size: int) -> bool:
+        """Whether engine replica `replica` (of replica_size workers) records: `ranks` are workers' ranks, each
+        choosing the replica that holds it; [] the replica of rank 0 (verl profile.py build_rollout_dist_profiler)."""
+        if not self.records:
+            return False
+        if self.all_ranks:
+            return True
+        return replica in {r // replica_size for r in self.ranks} if self.ranks else replica == 0
+
+    def folder(self, replica: int) -> str:
+        """Where replica `replica`'s traces go (verl config.py rollout_trace_dir)."""
+        return f"{self.save_path}/agent_loop_rollout_replica_{replica}"
+
+
+def rollout_profile(cfg) -> RolloutProfile:
+    r, actor, g = cfg.actor_rollout_ref.rollout.profiler, cfg.actor_rollout_ref.actor.profiler, cfg.global_profiler
+    t, at = r.tool_config.torch, actor.tool_config.torch
+
+    def own(value, default):
+        return default if value is None else value
+
+    return RolloutProfile(
+        enable=own(r.enable, actor.enable),
+        tool=own(r.tool, g.tool),
+        all_ranks=own(r.all_ranks, actor.all_ranks),
+        ranks=tuple(own(r.ranks, actor.ranks)),
+        save_path=own(r.save_path, g.save_path),
+        discrete=own(t.discrete, at.discrete),
+        contents=tuple(own(t.contents, at.contents)),
+        token_start=t.profile_token_start,
+        token_end=t.profile_token_end,
+    )

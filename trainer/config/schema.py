@@ -219,6 +219,35 @@ class RoleProfilerConfig(ProfilerConfig):
 
 
 @dataclass
+class RolloutTorchProfilerConfig:
+    contents: list | None = None  # None: the actor's tool_config.torch.contents
+    discrete: bool | None = None  # None: the actor's; the engines record in discrete mode only, as verl's
+    # the window of engine steps recorded (vLLM's delay_iterations and max_iterations, SGLang's start_step and
+    # num_steps, as verl converts them); None: from the first, to the last
+    profile_token_start: int | None = None
+    profile_token_end: int | None = None
+
+
+@dataclass
+class RolloutProfilerToolConfig:
+    torch: RolloutTorchProfilerConfig = field(default_factory=RolloutTorchProfilerConfig)
+
+
+@dataclass
+class RolloutProfilerConfig:
+    """verl's actor_rollout_ref.rollout.profiler: the engines' own recording of the gen phase
+    (profiler_settings.rollout_profile); a null follows the actor's profiler, or global_profiler's tool and
+    save_path."""
+
+    tool: str | None = None
+    enable: bool | None = None
+    all_ranks: bool | None = None
+    ranks: list | None = None
+    save_path: str | None = None
+    tool_config: RolloutProfilerToolConfig = field(default_factory=RolloutProfilerToolConfig)
+
+
+@dataclass
 class CheckpointConfig:
     # what a checkpoint holds of the role: model (weights), optimizer (its state), extra (the workers' random
     # streams; rlrig's learning rate is a function of the step, with no scheduler state), hf_model (also a Hugging
@@ -391,6 +420,7 @@ class RolloutConfig:
     agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
     checkpoint_engine: CheckpointEngineConfig = field(default_factory=CheckpointEngineConfig)
+    profiler: RolloutProfilerConfig = field(default_factory=RolloutProfilerConfig)
 
 
 @dataclass

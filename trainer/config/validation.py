@@ -19,7 +19,7 @@ from ..model.micro_batches import (
     shares_by_sample,
     token_budgets,
 )
-from ..profiler_settings import ROLE_KEYS, TOOL_RECORDS_CPU, TORCH_CONTENTS, role_profile
+from ..profiler_settings import ROLE_KEYS, ROLLOUT_KEY, TOOL_RECORDS_CPU, TORCH_CONTENTS, role_profile, rollout_profile
 from ..reward.managers import check_name, overlong
 from ..rollout.engines import ENGINES
 from ..rollout.engines import NAMES as ENGINE_NAMES
@@ -83,6 +83,7 @@ def validate(cfg: Config) -> None:
         _pools,
         _rollout_pool,
         validate_profiler,
+        validate_rollout_profiler,
         _kernels,
         _attention,
     ):
@@ -809,6 +810,48 @@ def validate_profiler(cfg: Config) -> None:
     why = profiler_device_refusal(cfg)
     if why:
         raise ConfigError(why)
+
+
+def validate_rollout_profiler(cfg: Config) -> None:
+    """The rollout engines' own profiler (profiler_settings.rollout_profile): its keys' values, and an explicit
+    enable=True that would record nothing (verl's engines record with torch in discrete mode only)."""
+    r, g, key = cfg.actor_rollout_ref.rollout.profiler, cfg.global_profiler, ROLLOUT_KEY
+    t = r.tool_config.torch
+    if r.tool is not None and r.tool != g.tool:
+        raise ConfigError(
+            f"{key}.tool={r.tool}: rlrig runs one profiler tool per run, global_profiler.tool (now {g.tool}); set "
+            f"that and leave {key}.tool unset or equal"
+        )
+    if r.ranks is not None and not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in r.ranks):
+        raise ConfigError(f"{key}.ranks={r.ranks}: give a list of worker ranks, counting from 0")
+    bad = [c for c in t.contents or () if c not in TORCH_CONTENTS]
+    if bad:
+        raise ConfigError(f"{key}.tool_config.torch.contents: {bad[0]!r} is not one of {', '.join(TORCH_CONTENTS)}")
+    for name in ("profile_token_start", "profile_token_end"):
+        if getattr(t, name) is not None and getattr(t, name) < 0:
+            raise ConfigError(f"{key}.tool_config.torch.{name}={getattr(t, name)} must be 0 or more (or null)")
+    if t.profile_token_end is not None and t.profile_token_end <= (t.profile_token_start or 0):
+        raise ConfigError(
+            f"{key}.tool_config.torch.profile_token_end={t.profile_token_end} must be above profile_token_start "
+            f"({t.profile_token_start or 0}): the engine records the steps from the one to the other"
+        )
+    p = rollout_profile(cfg)
+    if r.enable and p.tool != "torch":
+        raise ConfigError(
+            f"{key}.enable=True: the rollout engines record with torch.profiler only, as verl's do, and "
+            f"global_profiler.tool is {g.tool}; set global_profiler.tool=torch"
+        )
+    if r.enable and not p.discrete:
+        raise ConfigError(
+            f"{key}.enable=True: the rollout engines record each generation on its own (discrete mode) only, as "
+            f"verl's do; set {key}.tool_config.torch.discrete=True"
+        )
+    windowed = t.profile_token_start is not None or t.profile_token_end is not None
+    if p.records and windowed and cfg.actor_rollout_ref.rollout.name == "hf":
+        raise ConfigError(
+            f"{key}.tool_config.torch.profile_token_start/profile_token_end count an engine's steps, which vLLM and "
+            "SGLang take; the hf engine records the whole gen phase: leave them null"
+        )
 
 
 def profiler_device_refusal(cfg: Config) -> str | None:

@@ -122,9 +122,15 @@ FILLED = {
             ("precision_debugger.strict", "False"),
         )
     },
+    # the rollout's own profiler follows the actor's, its tool and save_path global_profiler's
+    "actor_rollout_ref.rollout.profiler.tool": f"${{oc.select:{_GLOBAL_PROFILER}tool,null}}",
+    "actor_rollout_ref.rollout.profiler.save_path": f"${{oc.select:{_GLOBAL_PROFILER}save_path,null}}",
     **{
         f"actor_rollout_ref.rollout.profiler.{k}": f"${{oc.select:actor_rollout_ref.actor.profiler.{k},{d}}}"
         for k, d in (
+            ("enable", "false"),
+            ("all_ranks", "false"),
+            ("ranks", "[]"),
             ("relocate_results", "false"),
             ("finish_hook_cmd", "null"),
             ("finish_hook_all_ranks", "false"),
@@ -311,18 +317,9 @@ AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
         ),
     ),
     (
-        "rlrig's engines are seeded from trainer.seed or rollout.seed; verl's batch-invariant deterministic mode is "
-        "not in rlrig",
-        {"actor_rollout_ref.rollout.full_determinism": "False", f"{_RM_ROLLOUT}full_determinism": "False"},
-    ),
-    (
-        "rlrig's rollout engines run inside the training workers, whose recording (actor_rollout_ref.actor.profiler) "
-        "holds the gen phase; a profiler of the rollout engines alone is not in rlrig",
+        "Ascend NPU profiling is not in rlrig; the rollout engines record with torch (tool_config.torch.*)",
         _each(
-            (
-                "actor_rollout_ref.rollout.profiler.tool_config.npu.",
-                "actor_rollout_ref.rollout.profiler.tool_config.torch.",
-            ),
+            ("actor_rollout_ref.rollout.profiler.tool_config.npu.",),
             {"profile_token_start": "null", "profile_token_end": "null"},
         ),
     ),

@@ -61,16 +61,13 @@ _RM_TOOL_CONFIG = (
 # Whole families of verl keys, by prefix: what they are and what rlrig offers instead.
 REFUSED_PREFIXES = {
     # verl's profilers are (global_profiler.*, each role's profiler.*) but for these parts; their defaults are accepted
-    "actor_rollout_ref.rollout.profiler.": "rlrig's rollout engines run inside the training workers, whose recording "
-    "(actor_rollout_ref.actor.profiler) holds the gen phase, as verl's colocated worker's does; a profiler of the "
-    "rollout engines alone (verl's rollout replicas) is not in rlrig",
     "global_profiler.global_tool_config.nsys.controller_nsight_options.": "rlrig's driver is the process you launch, "
     "not a Ray actor whose runtime_env Nsight Systems could wrap; run it under `nsys profile` yourself "
     "(global_tool_config.nsys.worker_nsight_options wrap the workers)",
     **{
         f"{p}.profiler.tool_config.npu.": "Ascend NPU profiling is not in rlrig; global_profiler.tool is nsys, torch "
         "or torch_memory"
-        for p in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
+        for p in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "actor_rollout_ref.rollout")
     },
     "reward_model.profiler.tool_config.": _RM_TOOL_CONFIG,
     "actor_rollout_ref.actor.megatron.": "verl's Megatron backend is not in rlrig; actor_rollout_ref.actor.strategy is "
@@ -445,6 +442,8 @@ REFUSED = {
     "token_k2, token_k3) and rollout_rs_threshold",
     # reward_model, reward_manager
     "reward_model.profiler.tool_config": _RM_TOOL_CONFIG,
+    "actor_rollout_ref.rollout.profiler.tool_config": "verl b178a3c's whole tool_config of the rollout's profiler; "
+    "set its keys (actor_rollout_ref.rollout.profiler.tool_config.torch.*)",
     "reward_model.micro_batch_size": "verl's deprecated global micro batch; set reward_model.micro_batch_size_per_gpu",
     "reward_model.launch_reward_fn_async": "rlrig scores in the step, not asynchronously during the log-prob pass",
     "reward_model.ulysses_sequence_parallel_size": "sequence parallelism for the reward model is not in rlrig (the "
@@ -507,19 +506,9 @@ ACCEPTED_DEFAULTS = {
     # rollout (the rollout pool), async_training
     "rollout.n": ("4",),
     "async_training.parallel_validate_and_rollout": ("False", "false"),
-    # the profilers' parts rlrig does not have (REFUSED_PREFIXES): the rollout's own profiler as verl's interpolations
-    # leave it, the driver's Nsight options, NPU settings
-    **{
-        f"actor_rollout_ref.rollout.profiler.{k}": v
-        for k, v in {
-            "tool": ("null",),
-            "enable": ("False",),
-            "all_ranks": ("False",),
-            "ranks": ("[]",),
-            "save_path": ("null", "outputs/profile"),
-            "tool_config": ("null",),
-        }.items()
-    },
+    # the profilers' parts rlrig does not have (REFUSED_PREFIXES): the driver's Nsight options, NPU settings; the
+    # rollout profiler's tool_config as a whole at verl b178a3c's null (its keys are rlrig's)
+    "actor_rollout_ref.rollout.profiler.tool_config": ("null",),
     "reward_model.profiler.tool_config": ("null",),
     **{
         f"global_profiler.global_tool_config.nsys.controller_nsight_options.{k}": (v,)

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from ..profiler_settings import TOOL_RECORDS_CPU, RoleProfile, role_profile
+from .rollout_profiling import GENERATIONS, RolloutRecorder
 
 # rlrig's phases that verl records as worker calls of their own (DistProfiler.annotate's role, verl
 # fsdp_workers.py:892, 938, 988, 1040, 1539, 1559, 1927): the role whose profiler records the phase, and the
@@ -204,39 +205,63 @@ class TorchMemoryTool(Tool):
 class WorkerProfiler:
     """The profiler of one worker process. `roles` maps each role whose phases run here to the role whose profiler
     settings record them (the reference inside a LoRA actor is the actor's), in verl's start order; `folder` names
-    the process's window traces."""
+    the process's window traces. `rollout`: the rollout profiler where it records this worker's engine
+    (workers/rollout_profiling.py), which then records the generations of the step in place of this profiler (a
+    process runs one torch profiler at a time; verl's training workers never hold the generation): a window's
+    recording closes before one and the next phase opens the rest, named after its step."""
 
-    def __init__(self, tool: Tool | None, rank: int, roles: dict[str, RoleProfile], folder: str):
-        self.tool, self.rank, self.roles, self.folder = tool, rank, roles, folder
+    def __init__(
+        self, tool: Tool | None, rank: int, roles: dict[str, RoleProfile], folder: str, rollout: RolloutRecorder = None
+    ):
+        self.tool, self.rank, self.roles, self.folder, self.rollout = tool, rank, roles, folder, rollout
         chosen = [p for p in roles.values() if p.chooses(rank)]
         self.window = chosen[0] if chosen and tool is not None else None  # the profile the first chooser gives
         self.discrete = self.window is not None and self.window.discrete and tool.records_phases
         self.step: int | None = None  # the step being recorded; None: not recording
+        self.open = False  # the window's recording is running
         self.calls: Counter = Counter()  # a discrete trace's calls per folder within the step
 
     def start(self, step: int) -> None:
-        """Before each recorded step: the first of a window begins the recording, named after it."""
-        if self.window is None:
+        """Before each recorded step: the first of a window begins the recording, named after it (where the rollout
+        profiler records the step's first phase, generation, after that)."""
+        if self.window is None and self.rollout is None:
             return
-        if self.step is None and not self.discrete:
-            self.tool.begin(self.window, self.folder, f"step{step}")
         self.step, self.calls = step, Counter()
+        if self.rollout is None:
+            self._open()
+
+    def _open(self) -> None:
+        if self.window is not None and not self.discrete and not self.open:
+            self.tool.begin(self.window, self.folder, f"step{self.step}")
+            self.open = True
+
+    def _close(self) -> None:
+        if self.open:
+            self.tool.end()
+            self.open = False
 
     def stop(self) -> None:
-        if self.step is None:
-            return
-        if not self.discrete:
-            self.tool.end()
+        self._close()
         self.step = None
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """A phase of the step: a named range of the window's recording, or in discrete mode a recording of its
-        own when its role chooses this rank (a phase run again in the step: `stepN_callK`)."""
+        own when its role chooses this rank (a phase run again in the step: `stepN_callK`); a generation, where the
+        rollout profiler records it, that profiler's recording alone."""
         if self.step is None:
             yield
             return
+        if self.rollout is not None and name in GENERATIONS:
+            self._close()
+            with self.rollout.generation(self.step):
+                yield
+            return
+        if self.window is None:
+            yield
+            return
         if not self.discrete:
+            self._open()
             with self.tool.mark(name):
                 yield
             return
@@ -265,13 +290,16 @@ class WorkerProfiler:
 OFF = WorkerProfiler(None, 0, {}, "")
 
 
-def worker_profiler(cfg, rank: int, roles: dict[str, str], folder: str, device: torch.device) -> WorkerProfiler:
-    """`roles`: each role whose phases run in this process -> the role whose settings record them."""
+def worker_profiler(
+    cfg, rank: int, roles: dict[str, str], folder: str, device: torch.device, rollout: RolloutRecorder | None = None
+) -> WorkerProfiler:
+    """`roles`: each role whose phases run in this process -> the role whose settings record them. `rollout`: the
+    rollout profiler where it records this worker's engine."""
     name = cfg.global_profiler.tool
     if name is None or not roles:
         return OFF
     profiles = {held: role_profile(cfg, by) for held, by in roles.items()}
-    return WorkerProfiler(TOOLS[name](rank, device, next(iter(profiles.values()))), rank, profiles, folder)
+    return WorkerProfiler(TOOLS[name](rank, device, next(iter(profiles.values()))), rank, profiles, folder, rollout)
 
 
 # --- the driver's side ---

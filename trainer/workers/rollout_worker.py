@@ -7,6 +7,7 @@ here in one forward pass), which the trainer's off-policy correction needs when 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import random
@@ -30,6 +31,8 @@ from ..rollout.partial import Progress, go_on, packed
 from ..rollout.weight_sync import SyncGroup
 from .base import PoolWorker, collective_timeout, engine_seed, ensure_local_embedded_model, single_device
 from .phase_report import PhaseReport
+from .profiling import StepWindows
+from .rollout_profiling import RolloutRecorder, engine_recording
 
 SEED_STRIDE = 100_003  # rollout worker i draws from trainer.seed + (i + 1) x this: never a training rank's seed
 
@@ -86,9 +89,13 @@ class RolloutWorker(PoolWorker):
             self.module = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype, **kw).to(self.device)
             self.module.eval().requires_grad_(False)  # it never trains; weight transfers land in its parameters
         # compute_dtype None: the module is held in its compute dtype already
-        ctx = EngineContext.of(cfg, self.module, self.tok, model_path, self.device.type, seed)
+        recording = engine_recording(cfg, index)
+        ctx = EngineContext.of(cfg, self.module, self.tok, model_path, self.device.type, seed, recording=recording)
         self.lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-engine")
         self.engine = self.lane.submit(make_engine, cls, ctx).result()
+        # the rollout profiler: the generations for the steps of global_profiler.steps, by the step they are for
+        self.recorder = RolloutRecorder(self.engine) if recording is not None else None
+        self.recorded = StepWindows.of(cfg).steps
         # the weights arrive as the actor holds them (an MoE's experts fused: fewer, larger transfers) and are
         # converted here for an engine that reads checkpoints
         config = build.model_kwargs(a.model, model_path)["config"] if cls.checkpoint_layout else None
@@ -102,6 +109,12 @@ class RolloutWorker(PoolWorker):
 
     def _reported(self, phase: str):
         return self.report.during(phase, self.step)
+
+    def _recorded(self, step: int):
+        """The rollout profiler's recording of a generation for `step`, where it records this engine and step."""
+        if self.recorder is None or step not in self.recorded:
+            return contextlib.nullcontext()
+        return self.recorder.generation(step)
 
     def arm_fault(self, phase: str) -> None:
         """RLRIG_FAULT_HANG (driver/faults.py): hang in `phase` of the next call that runs it."""
@@ -133,7 +146,7 @@ class RolloutWorker(PoolWorker):
         policy that drew them, on the CPU for the trip; the weight version they come from, the seconds it took, and
         each sample's agent-loop fields for its reward function and turn record (agent/rollout.py turn_metrics)."""
         self.step, t0 = step, time.perf_counter()
-        with self._reported("rollout_gen"):
+        with self._reported("rollout_gen"), self._recorded(step):
             self.agent.tracer.at(step)
             ro, turns = self.agent.generate(rows, n)
             if ro.engine_logp is None:
@@ -157,7 +170,7 @@ class RolloutWorker(PoolWorker):
         self.step, t0 = step, time.perf_counter()
         max_new, tok = self.cfg.data.max_response_length, self.tok
         stopped = lambda: self.interrupted >= call  # noqa: E731
-        with self._reported("rollout_gen"):
+        with self._reported("rollout_gen"), self._recorded(step):
             self.agent.tracer.at(step)
             if multi_turn:
                 agent_partial.go_on(self.agent, items, stopped, self._logprobs, self.version)

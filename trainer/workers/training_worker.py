@@ -24,7 +24,7 @@ from ..model.forward import ForwardOptions
 from ..model.micro_batches import sequence_parallel, splits_groups
 from ..reward.scoring import score
 from ..rollout.engines import EngineContext, Sampling, engine_class, make_engine
-from . import checkpoint_state, profiling
+from . import checkpoint_state, profiling, rollout_profiling
 from .actor_weights import ActorWeights
 from .base import RankWorker, engine_seed
 from .phase_report import PhaseReport
@@ -95,7 +95,10 @@ class TrainingWorker(RankWorker):
             torch.cuda.empty_cache()
         self.rm_scorer = self._local_reward_model(rm_path)
         self.reward = sources.reward_source(cfg, self.tok, model_path, self.rm_scorer, peers.reward_model, rank)
-        self.engine = self._engine(engine_cls, model_path) if engine_cls is not None else None
+        recording = rollout_profiling.engine_recording(cfg, rank) if engine_cls is not None else None
+        self.engine = self._engine(engine_cls, model_path, recording) if engine_cls is not None else None
+        if recording is not None:  # the tool is torch, so this worker's profiler is its own (not profiling.OFF)
+            self.profiler.rollout = rollout_profiling.RolloutRecorder(self.engine)
         self.agent = AgentRollout(self.engine, self.tok, cfg) if self.engine is not None else None
         self.context = self._step_context()
         self._kept = None  # the last step's samples, where its request asked to keep them (kept_batch)
@@ -108,14 +111,16 @@ class TrainingWorker(RankWorker):
             if t is not None and t.param_offload:
                 t.module.to("cpu")  # param_offload: back on the device only for the phases that use it
 
-    def _engine(self, engine_cls, model_path: str):
+    def _engine(self, engine_cls, model_path: str, recording):
         cfg, a = self.cfg, self.cfg.actor_rollout_ref
         prec = self.models.actor.precision
         # the ranks of one tensor-parallel engine sample the same tokens only from the same seed
         replica = self.rank // a.rollout.tensor_model_parallel_size
         seed = engine_seed(cfg, replica, cfg.trainer.seed + replica)
         dtype = prec.param_dtype if prec.mixed else None
-        ctx = EngineContext.of(cfg, self.models.gen_module, self.tok, model_path, self.device.type, seed, dtype)
+        ctx = EngineContext.of(
+            cfg, self.models.gen_module, self.tok, model_path, self.device.type, seed, dtype, recording
+        )
         return make_engine(engine_cls, ctx)
 
     def _step_context(self) -> StepContext:

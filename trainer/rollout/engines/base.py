@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .recording import EngineRecording
+
 
 @dataclass
 class Rollout:
@@ -87,9 +89,13 @@ class EngineContext:
     device: str  # cpu | cuda
     seed: int  # the same on the ranks of one tensor-parallel engine: they must sample the same tokens
     compute_dtype: torch.dtype | None = None  # autocast dtype for engines that run the actor's module
+    # the rollout profiler's settings where it records this worker's engine (workers/rollout_profiling.py), else None
+    recording: EngineRecording | None = None
 
     @classmethod
-    def of(cls, cfg, module, tokenizer, model_path: str, device: str, seed: int, compute_dtype=None) -> EngineContext:
+    def of(
+        cls, cfg, module, tokenizer, model_path: str, device: str, seed: int, compute_dtype=None, recording=None
+    ) -> EngineContext:
         """The context of a worker's engine under the run's config (rollout section, prompt and response lengths)."""
         return cls(
             module=module,
@@ -101,6 +107,7 @@ class EngineContext:
             device=device,
             seed=seed,
             compute_dtype=compute_dtype,
+            recording=recording,
         )
 
 
@@ -186,6 +193,17 @@ class RolloutEngine:
         """The engine's own memory that a weight transfer (a bucket of rollout/weight_sync.py Entry) may land in as it
         is, or None: the engine then takes its tensors through sync_weights."""
         return None
+
+    def start_profile(self, name: str) -> None:
+        """The rollout profiler: begin recording what the engine runs for this worker, with its own profiler and the
+        settings it was built with (EngineContext.recording; called only where that is set). `name` (stepN,
+        stepN_callK) names the trace where the engine lets its caller name it. Every rank of a tensor-parallel engine
+        calls it together."""
+        raise NotImplementedError(f"the {self.name} engine has no profiler")
+
+    def stop_profile(self) -> None:
+        """The recording start_profile began ends; its traces are written."""
+        raise NotImplementedError(f"the {self.name} engine has no profiler")
 
     def describe(self) -> str:
         """For the log line naming the engine."""

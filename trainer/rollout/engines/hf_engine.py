@@ -8,6 +8,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin, DynamicLayer
 
+from ...errors import ConfigError
 from ...model.transformers_api import CACHE_ARG
 from .base import (
     EngineContext,
@@ -17,6 +18,7 @@ from .base import (
     left_pad,
     response_mask_from,
 )
+from .recording import TorchRecording
 
 
 def repeatable(cache) -> bool:
@@ -64,6 +66,20 @@ class HFRollout(RolloutEngine):
         self.model, self.tok, self.cfg, self.max_new = ctx.module, ctx.tokenizer, ctx.cfg, ctx.max_response_length
         self.dtype = ctx.compute_dtype  # mixed precision: the fp32 master weights, matrix products in bf16
         self._landing = None  # where weight transfers land in place (rollout/weight_sync.py Landing)
+        rec = ctx.recording
+        if rec is not None and rec.windowed:
+            raise ConfigError(
+                "actor_rollout_ref.rollout.profiler.tool_config.torch.profile_token_start/profile_token_end count an "
+                "engine's steps, which vLLM and SGLang take; the hf engine records the whole gen phase: leave them null"
+            )
+        self._recording = TorchRecording(rec, ctx.device) if rec is not None else None
+
+    def start_profile(self, name: str) -> None:
+        """torch.profiler over the worker's process, where transformers generates."""
+        self._recording.start(name)
+
+    def stop_profile(self) -> None:
+        self._recording.stop()
 
     @torch.no_grad()
     def generate(self, prompts, n, sampling=None, sync_follows=False, max_new=None, hold=False):

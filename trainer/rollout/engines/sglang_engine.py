@@ -142,6 +142,7 @@ class SGLangRollout(RolloutEngine):
         import sglang
 
         self.tok, self.cfg, self.max_new = ctx.tokenizer, ctx.cfg, ctx.max_response_length
+        self.recording = ctx.recording  # the rollout profiler's settings (start_profile)
         self.dtype = getattr(torch, engine_dtype(ctx.cfg))  # what the engine holds its weights in
         self.released: list[str] = []  # memory tags given back until the next rollout or sync
         length = ctx.max_prompt_length + ctx.max_response_length
@@ -171,6 +172,16 @@ class SGLangRollout(RolloutEngine):
             kw = {**kw, **tp_engine_kwargs(layout, tp, members[0][2], dist.get_rank())}
             self.engine = tp_groups.with_devices(layout.devices, lambda: sglang.Engine(**kw))
         dist.barrier(group=self.group)  # every node's schedulers are up before the first request
+
+    def start_profile(self, name: str) -> None:
+        """SGLang's own torch profiler (Engine.start_profile, with verl's arguments), started by the worker that
+        talks to the engine; SGLang names the traces."""
+        if self.leads:
+            self.engine.start_profile(**self.recording.sglang_args())
+
+    def stop_profile(self) -> None:
+        if self.leads:
+            self.engine.stop_profile()
 
     def describe(self) -> str:
         """The name, and the tensor-parallel span where there is one."""

@@ -142,8 +142,11 @@ def pass_config_fields() -> frozenset[str]:
     return frozenset(getattr(PassConfig, "__dataclass_fields__", ()))
 
 
-def engine_kwargs(cfg, model_path: str, max_model_len: int, device: str, seed: int, pass_fields=frozenset()) -> dict:
-    """vllm.LLM arguments from actor_rollout_ref.rollout.*; GPU-only knobs stay off on CPU."""
+def engine_kwargs(
+    cfg, model_path: str, max_model_len: int, device: str, seed: int, pass_fields=frozenset(), recording=None
+) -> dict:
+    """vllm.LLM arguments from actor_rollout_ref.rollout.*; GPU-only knobs stay off on CPU. `recording`: the rollout
+    profiler's settings (EngineRecording) where it records this engine, as vLLM's profiler_config."""
     dtype = cfg.dtype
     if dtype == "auto":
         # the actor trains in float32; on CPU matching it keeps rollout_probs_diff near zero
@@ -174,6 +177,8 @@ def engine_kwargs(cfg, model_path: str, max_model_len: int, device: str, seed: i
     if cfg.expert_parallel_size > 1:  # an MoE's experts split over the engine's GPUs, as verl asks vLLM
         kw["enable_expert_parallel"] = True
     kw.update(compiled_passes(cfg, device, pass_fields))
+    if recording is not None:  # only where it records, as verl configures only the replicas it profiles
+        kw["profiler_config"] = recording.vllm_config()
     kw.update(cfg.engine_kwargs.get("vllm", {}))  # rollout.engine_kwargs.vllm.*: the user's word is last
     if external_launcher(cfg, device):
         kw["distributed_executor_backend"] = "external_launcher"
@@ -270,6 +275,7 @@ class VLLMRollout(RolloutEngine):
                     device,
                     ctx.seed,
                     pass_config_fields(),
+                    ctx.recording,
                 )
             )
         except AssertionError as e:
@@ -292,6 +298,14 @@ class VLLMRollout(RolloutEngine):
         if self.tp_group is None:
             return self.name
         return f"{self.name}, tensor parallel over {self.tp_group.world_size} workers"
+
+    def start_profile(self, name: str) -> None:
+        """vLLM's own torch profiler (LLM.start_profile), its traces named by vLLM (one per rank, in the folder of
+        its profiler_config), as verl starts it."""
+        self.llm.start_profile()
+
+    def stop_profile(self) -> None:
+        self.llm.stop_profile()
 
     def _wake(self, tags=None):
         if self.asleep:

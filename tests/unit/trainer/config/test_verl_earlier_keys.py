@@ -106,7 +106,7 @@ FILLED = [
         "actor_rollout_ref.rollout.profiler.tool_config",
         "${oc.select:actor_rollout_ref.actor.profiler.tool_config,null}",
         "{nsys:{discrete:true}}",
-        "a profiler of the rollout engines alone",
+        "set its keys (actor_rollout_ref.rollout.profiler.tool_config.torch.*)",
     ),
     (
         "reward_model.profiler.tool_config",

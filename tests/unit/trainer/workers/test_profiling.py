@@ -68,7 +68,23 @@ def test_the_reward_models_tool_config_is_the_actors():
         (["actor_rollout_ref.actor.profiler.ranks=[-1]"], "counting from 0"),
         (["actor_rollout_ref.actor.profiler.tool_config.torch.contents=[gpu]"], "'gpu' is not one of cuda, cpu"),
         (["critic.profiler.tool_config.npu.level=level1"], "Ascend NPU profiling is not in rlrig"),
-        (["actor_rollout_ref.rollout.profiler.enable=True"], "the rollout engines alone"),
+        (["actor_rollout_ref.rollout.profiler.enable=True"], "record with torch.profiler only"),
+        (["global_profiler.tool=nsys", "actor_rollout_ref.rollout.profiler.enable=True"], "set global_profiler.tool"),
+        (["global_profiler.tool=torch", "actor_rollout_ref.rollout.profiler.enable=True"], "(discrete mode) only"),
+        (["global_profiler.tool=torch", "actor_rollout_ref.rollout.profiler.tool=nsys"], "one profiler tool per run"),
+        (["actor_rollout_ref.rollout.profiler.ranks=[-1]"], "give a list of worker ranks"),
+        (["actor_rollout_ref.rollout.profiler.tool_config.torch.contents=[gpu]"], "'gpu' is not one of cuda"),
+        (["actor_rollout_ref.rollout.profiler.tool_config.torch.profile_token_end=0"], "above profile_token_start"),
+        (["actor_rollout_ref.rollout.profiler.tool_config.npu.level=level1"], "Ascend NPU profiling is not in rlrig"),
+        (
+            [
+                "global_profiler.tool=torch",
+                "actor_rollout_ref.rollout.profiler.enable=True",
+                "actor_rollout_ref.rollout.profiler.tool_config.torch.discrete=True",
+                "actor_rollout_ref.rollout.profiler.tool_config.torch.profile_token_start=2",
+            ],
+            "the hf engine records the whole gen phase",
+        ),
         (["global_profiler.global_tool_config.nsys.controller_nsight_options.trace=cuda"], "`nsys profile` yourself"),
         (["reward_model.profiler.tool_config.torch.discrete=True"], "takes the actor's tool_config"),
         (["global_profiler.global_tool_config.torch_memory.trace_alloc_max_entries=0"], "must be at least 1"),
@@ -370,7 +386,16 @@ def test_a_cpu_run_writes_a_chrome_trace_for_each_chosen_step(tmp_path):
         assert any(e.get("cat") == "cpu_op" for e in trace_events(tmp_path / f))
 
 
-def test_a_cpu_run_in_discrete_mode_writes_a_trace_per_phase_in_verls_folders(tmp_path):
+# the rollout's profiler follows the actor's (verl's defaults), so in discrete mode the engine records the generation
+# in its replica's folder, as verl 0.9's engines do; turned off, the training worker records it as its own phase
+@pytest.mark.parametrize(
+    "rollout,gen_trace",
+    [
+        ([], "agent_loop_rollout_replica_0/step2_prof_rank-0.json.gz"),
+        (["actor_rollout_ref.rollout.profiler.enable=False"], "rollout_generate/step2_prof_rank-0.json.gz"),
+    ],
+)
+def test_a_cpu_run_in_discrete_mode_writes_a_trace_per_phase_in_verls_folders(tmp_path, rollout, gen_trace):
     from rlrig.trainer.driver.single_process import run_steps
 
     run_steps(
@@ -382,18 +407,16 @@ def test_a_cpu_run_in_discrete_mode_writes_a_trace_per_phase_in_verls_folders(tm
             "actor_rollout_ref.actor.profiler.enable=True",
             "actor_rollout_ref.actor.profiler.tool_config.torch.discrete=True",
             "actor_rollout_ref.actor.profiler.tool_config.torch.contents=[cpu,shapes]",
+            *rollout,
         ],
         2,
     )
-    assert files(tmp_path) == [
-        "actor_compute_log_prob/step2_prof_rank-0.json.gz",
-        "actor_update/step2_prof_rank-0.json.gz",
-        "rollout_generate/step2_prof_rank-0.json.gz",
-    ]
-    assert annotations(tmp_path / "actor_update/step2_prof_rank-0.json.gz") >= {"update_actor"}
-    assert any(
-        "Input Dims" in e.get("args", {}) for e in trace_events(tmp_path / "rollout_generate/step2_prof_rank-0.json.gz")
+    assert files(tmp_path) == sorted(
+        ["actor_compute_log_prob/step2_prof_rank-0.json.gz", "actor_update/step2_prof_rank-0.json.gz", gen_trace]
     )
+    assert annotations(tmp_path / "actor_update/step2_prof_rank-0.json.gz") >= {"update_actor"}
+    assert any("Input Dims" in e.get("args", {}) for e in trace_events(tmp_path / gen_trace))
+    assert any(e.get("name") == "aten::mm" or e.get("cat") == "cpu_op" for e in trace_events(tmp_path / gen_trace))
 
 
 def test_a_rank_the_role_does_not_choose_writes_nothing(tmp_path):
