@@ -65,6 +65,7 @@ def validate(cfg: Config) -> None:
         _choices,
         _domains,  # before the checks that divide by these values
         _strategy,
+        _offload_policy,
         _trainer,
         _checkpoints,
         _sequence_parallel,  # before _batch_sizes, which divides the workers by the groups
@@ -199,6 +200,24 @@ def _strategy(cfg: Config) -> None:
             raise ConfigError(
                 f"{key}={strategy}: rlrig shards the {role} as it does the actor "
                 f"(actor_rollout_ref.actor.strategy={a.strategy}); leave it unset or equal"
+            )
+
+
+def _offload_policy(cfg: Config) -> None:
+    """fsdp_config.offload_policy is FSDP2's CPUOffloadPolicy: only for a model that FSDP2 shards."""
+    a, ref = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.ref
+    for prefix, fc in fsdp_configs(cfg).items():
+        if not fc.offload_policy:
+            continue
+        if a.strategy != "fsdp":
+            raise ConfigError(
+                f"{prefix}.offload_policy=True is FSDP2's CPU offload policy, but actor_rollout_ref.actor.strategy="
+                f"{a.strategy} keeps whole DDP replicas; set actor_rollout_ref.actor.strategy=fsdp (or leave it False)"
+            )
+        if prefix == "actor_rollout_ref.ref.fsdp_config" and ref.enable_resource_pool:
+            raise ConfigError(
+                f"{prefix}.offload_policy=True is FSDP2's CPU offload policy, but the reference's own pool holds "
+                "whole copies, not FSDP shards; set actor_rollout_ref.ref.fsdp_config.param_offload=True instead"
             )
 
 

@@ -104,17 +104,8 @@ _AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
     ),
     (
         "rlrig's FSDP2 shards every transformer block and the root (over fsdp_config.fsdp_size workers), with no "
-        "prefetch or CPU offload policy; fsdp_config.param_offload and optimizer_offload are what it takes",
-        {
-            **_each(
-                _FSDP,
-                {
-                    "wrap_policy.min_num_params": "0",
-                    "offload_policy": "False",
-                    "forward_prefetch": "False",
-                },
-            ),
-        },
+        "prefetch; fsdp_config.offload_policy, param_offload and optimizer_offload are what it takes",
+        _each(_FSDP, {"wrap_policy.min_num_params": "0", "forward_prefetch": "False"}),
     ),
     (
         "verl's new-engine copy of the section's strategy; rlrig's is actor_rollout_ref.actor.strategy",

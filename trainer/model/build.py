@@ -125,13 +125,16 @@ def trainable(module, device, precision: Precision, optim, model_cfg, fsdp_confi
     elif checkpointing:
         set_checkpointing(module, True)
     train = parallel.wrap(module, device, precision, fsdp_config)
+    # FSDP2's offload policy holds the shards, their gradients and so the optimizer's state in host memory itself:
+    # moving the module or the state would fight it, so verl turns its own param and optimizer offload off
+    policy = precision.strategy == "fsdp" and fsdp_config.offload_policy
     # frozen weights (LoRA's base) get no optimizer state; on a GPU the fused kernel, one launch for every tensor
     # (the same update as the default, which launches a few per parameter group and step)
     opt = torch.optim.AdamW(
         [p for p in module.parameters() if p.requires_grad],
         lr=optim.lr,
         weight_decay=optim.weight_decay,
-        fused=device.type == "cuda",
+        fused=device.type == "cuda" and not policy,
     )
     return Trainable(
         module,
@@ -139,9 +142,9 @@ def trainable(module, device, precision: Precision, optim, model_cfg, fsdp_confi
         opt,
         precision,
         checkpointing,
-        fsdp_config.optimizer_offload,
+        fsdp_config.optimizer_offload and not policy,
         device,
-        fsdp_config.param_offload,
+        fsdp_config.param_offload and not policy,
         offloader,
     )
 
@@ -191,14 +194,15 @@ def build(
         parallel.compile_blocks(module)
     actor = trainable(module, device, prec, a.actor.optim, a.model, a.actor.fsdp_config)
     ref = ref_prec = None
-    ref_offload = a.ref.fsdp_config.param_offload
+    rc = a.ref.fsdp_config
+    # under FSDP2's offload policy the reference's shards stay in host memory by themselves (as trainable's)
+    ref_offload = rc.param_offload and not (strategy == "fsdp" and rc.offload_policy)
     if cfg.ref_in_use and not remote_ref and not with_lora:
         ref, ref_prec = load_reference(cfg, path, device, strategy)
         if strategy == "fsdp":  # sharded where it computes, cast by its policy as the actor; offloaded after
             if compiled.blocks_compiled(cfg, "ref", device.type):
                 parallel.compile_blocks(ref)
-            rc = a.ref.fsdp_config
-            parallel.fsdp_shard(ref, ref_prec.fsdp_policy(), rc.fsdp_size, rc.reshard_after_forward)
+            parallel.fsdp_shard(ref, ref_prec.fsdp_policy(), rc.fsdp_size, rc.reshard_after_forward, rc.offload_policy)
         if ref_offload:
             ref.to("cpu")
     critic = build_critic(cfg, path, device) if needs_critic else None

@@ -91,19 +91,29 @@ def compile_blocks(module: torch.nn.Module) -> None:
 
 
 def fsdp_shard(
-    module: torch.nn.Module, mp_policy=None, fsdp_size: int = -1, reshard_after_forward: bool = True
+    module: torch.nn.Module,
+    mp_policy=None,
+    fsdp_size: int = -1,
+    reshard_after_forward: bool = True,
+    offload_policy: bool = False,
 ) -> torch.nn.Module:
     """FSDP2: one unit per transformer block (the classes HF marks as not to be split), then the root;
     `mp_policy` (a MixedPrecisionPolicy) casts each unit's gathered parameters for its forward; `fsdp_size` below the
     world: hybrid sharding (sharded within groups of that many ranks, replicated across them).
     `reshard_after_forward` (fsdp_config's, as verl): each unit frees its gathered parameters after its forward and
     gathers them again for the backward. Where the shard group is one rank there is nothing to free (the shard is the
-    whole tensor), and the regather is a copy and a cast of every parameter per micro batch: not done there."""
-    from torch.distributed.fsdp import fully_shard
+    whole tensor), and the regather is a copy and a cast of every parameter per micro batch: not done there.
+    `offload_policy` (fsdp_config's, as verl's fsdp2 engine passes it): FSDP2's CPUOffloadPolicy, under which the
+    shards and their gradients live in host memory (pinned where there is a GPU to copy them to) and the optimizer
+    steps there; buffers stay on the device."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     broadcast_from_rank0(module)
     kw = {"mp_policy": mp_policy} if mp_policy is not None else {}
-    mesh = hsdp_mesh(fsdp_size, next(module.parameters()).device.type)
+    device_type = next(module.parameters()).device.type
+    if offload_policy:  # pinned, as verl's, where there is a device to copy to (CPU runs compute where the shards are)
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=device_type == "cuda")
+    mesh = hsdp_mesh(fsdp_size, device_type)
     if mesh is not None:
         kw["mesh"] = mesh
     group = mesh.size(1) if mesh is not None else dist.get_world_size()
@@ -131,7 +141,8 @@ def wrap(module: torch.nn.Module, device: torch.device, precision, fsdp_config) 
     """The module to call for training forwards: a DDP wrapper, or `module` itself sharded in place (`fsdp_config`:
     the role's fsdp_size and reshard_after_forward)."""
     if precision.strategy == "fsdp":
-        return fsdp_shard(module, precision.fsdp_policy(), fsdp_config.fsdp_size, fsdp_config.reshard_after_forward)
+        fc = fsdp_config
+        return fsdp_shard(module, precision.fsdp_policy(), fc.fsdp_size, fc.reshard_after_forward, fc.offload_policy)
     if precision.strategy == "ddp":
         ddp = torch.nn.parallel.DistributedDataParallel(
             module, device_ids=[device.index] if device.type == "cuda" else None, **buffers_synced_once(module)
@@ -149,12 +160,23 @@ def full_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     so a rollout engine takes the weights without the whole model gathered twice. Every rank must consume
     the whole iterator, in order."""
     for name, t in module.state_dict().items():
-        yield name, t.full_tensor() if hasattr(t, "full_tensor") else t
+        yield name, on_mesh_device(t).full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def on_mesh_device(t: torch.Tensor) -> torch.Tensor:
+    """A sharded tensor held in host memory (offload_policy) moved to its mesh's device, where the collectives that
+    gather or reduce it run (NCCL takes no host tensors); anything else as it is."""
+    mesh = getattr(t, "device_mesh", None)
+    return t.to(mesh.device_type) if mesh is not None and t.device.type != mesh.device_type else t
 
 
 def grad_norm_tensor(module: torch.nn.Module, max_norm: float) -> torch.Tensor:
-    """The gradients' total norm before clipping them to `max_norm`, on the device (reading it waits for the device)."""
-    gn = torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm)
+    """The gradients' total norm before clipping them to `max_norm`, on the device (reading it waits for the device).
+    torch's clip_grad_norm_ in its two steps, the norm reduced on the mesh's device in between: under offload_policy
+    the gradients are in host memory (verl's fsdp2_clip_grad_norm_ does the same)."""
+    params = [p for p in module.parameters() if p.grad is not None]
+    gn = on_mesh_device(torch.nn.utils.get_total_norm([p.grad for p in params]))
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, gn)
     return gn.full_tensor() if hasattr(gn, "full_tensor") else gn
 
 

@@ -203,7 +203,7 @@ def test_rollout_seed_seeds_engine_r_with_seed_plus_r_as_verl():
     "override,says",
     [
         ("critic.fsdp.qat.enable=True", "quantization-aware training is not in rlrig"),
-        ("critic.fsdp.offload_policy=True", "no prefetch or CPU offload policy"),
+        ("critic.fsdp.forward_prefetch=True", "with no prefetch"),
         ("reward.reward_model.rollout.temperature=0.7", "a generative judge's requests carry their own sampling"),
         ("reward.reward_model.rollout.quantization=fp8", "not in rlrig's judge or reward engines"),
         ("trainer.v1.trainer_mode=separate_async", "trainer.async_mode=one_step_off_policy"),
