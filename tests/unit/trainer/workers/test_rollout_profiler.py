@@ -139,6 +139,34 @@ def test_vllm_and_sglang_get_verls_arguments():
     assert (whole.sglang_args()["start_step"], whole.sglang_args()["num_steps"]) == (None, None)
 
 
+def test_sglang_is_started_by_the_worker_that_talks_to_it_and_may_have_stopped_by_itself():
+    from rlrig.trainer.rollout.engines.sglang_engine import SGLangRollout
+
+    calls = []
+
+    class Engine:  # SGLang's Engine, as 0.5.16 to 0.5.23 answer a stop after num_steps stopped it
+        def start_profile(self, **kw):
+            calls.append(kw)
+
+        def stop_profile(self):
+            raise RuntimeError("Profiling is not in progress")
+
+    e = object.__new__(SGLangRollout)  # no engine started: only the profiler's calls
+    e.engine, e.leads, e.recording = Engine(), True, EngineRecording("/p/r0", 0, ("shapes",), 1, 4)
+    e.start_profile("step1")
+    e.stop_profile()  # it stopped after its 3 steps
+    assert calls == [
+        {"output_dir": "/p/r0", "with_stack": False, "record_shapes": True, "start_step": 1, "num_steps": 3}
+    ]
+    e.recording = EngineRecording("/p/r0", 0)
+    with pytest.raises(RuntimeError, match="not in progress"):  # no window: SGLang was still recording
+        e.stop_profile()
+    e.leads = False  # another member of the group: SGLang is its lead's
+    e.start_profile("step1")
+    e.stop_profile()
+    assert len(calls) == 1
+
+
 # --- sharing a worker with its own profiler ---
 
 
