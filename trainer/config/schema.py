@@ -89,7 +89,7 @@ class FsdpConfig:
     # host memory and each unit's are copied to the device for its forward and backward; param_offload and
     # optimizer_offload then change nothing, as verl turns them off (model/parallel.py fsdp_shard)
     offload_policy: bool = False
-    # verl's enable_full_determinism in the workers that hold the role (config/determinism.py)
+    # verl's enable_full_determinism in the workers that hold the role (determinism.py)
     full_determinism: bool = False
     # verl 0.9's place of the role's Ulysses size (its engine reads this one); the role's own key, above 1, wins
     # (config/derived.py ulysses_sizes)
@@ -393,6 +393,9 @@ class RolloutConfig:
     max_model_len: int | None = None  # vLLM; None: data.max_prompt_length + data.max_response_length
     # an engine's seed is this plus its index (verl's replica rank); None: trainer.seed in its place
     seed: int | None = None
+    # verl's determinism for the engines: batch-invariant vLLM, each request seeded with its engine's seed, the
+    # deterministic switches in the processes that generate (determinism.py)
+    full_determinism: bool = False
     load_format: str = "dummy"  # vLLM/SGLang: dummy starts from random weights, which the first sync replaces
     # extra arguments for the engine's constructor, by engine (verl's rollout.engine_kwargs.vllm.*, .sglang.*)
     engine_kwargs: dict = field(default_factory=lambda: {"vllm": {}, "sglang": {}})
@@ -581,6 +584,8 @@ class RewardModelRolloutConfig:
     max_num_batched_tokens: int = 8192
     max_model_len: int | None = None  # None: prompt_length + response_length
     max_num_seqs: int = 1024
+    # verl's: batch-invariant vLLM, and the pooling scorer takes one sequence at a time (max_num_seqs=1)
+    full_determinism: bool = False
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     load_format: str = "auto"

@@ -116,8 +116,8 @@ _AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
         _each(_FSDP, {"dtype": "bfloat16"}),
     ),
     (
-        "verl's new-engine seed and determinism switch; rlrig seeds from trainer.seed",
-        _each(_FSDP, {"seed": "42", "full_determinism": "False"}),
+        "verl's new-engine seed; rlrig seeds each worker from trainer.seed (fsdp_config.full_determinism included)",
+        _each(_FSDP, {"seed": "42"}),
     ),
     (
         "verl's new-engine copy of the section's ulysses_sequence_parallel_size, which is rlrig's",

@@ -7,7 +7,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from .. import mlflow_store
+from .. import determinism, mlflow_store
 from ..config.validation import (
     attention_refusal,
     kernel_device_refusal,
@@ -84,14 +84,18 @@ def prepare(cfg, mode: type[Mode]) -> Prepared:
 def ray_init_kwargs(cfg, environ=None) -> dict:
     """ray.init's arguments from ray_kwargs.ray_init, as verl's main_ppo passes them: num_cpus (not when joining a
     cluster at RAY_ADDRESS, whose size is its own) and runtime_env (env_vars, working_dir, py_executable, pip, ...),
-    its unset (null) fields left out and env_vars' values as text, which Ray requires."""
+    its unset (null) fields left out and env_vars' values as text, which Ray requires. Under full determinism verl's
+    variables come first (determinism.run_env_vars), and the user's env_vars over them, as verl merges them."""
     init, environ = cfg.ray_kwargs.ray_init, os.environ if environ is None else environ
     kwargs: dict = {"log_to_driver": True}
     if init.num_cpus is not None and not environ.get("RAY_ADDRESS"):
         kwargs["num_cpus"] = init.num_cpus
     runtime_env = {k: v for k, v in init.runtime_env.items() if v is not None}
+    env = determinism.run_env_vars(cfg)
     if isinstance(runtime_env.get("env_vars"), dict):
-        runtime_env["env_vars"] = {str(k): _env_text(v) for k, v in runtime_env["env_vars"].items()}
+        env.update({str(k): _env_text(v) for k, v in runtime_env["env_vars"].items()})
+    if env:
+        runtime_env["env_vars"] = env
     if runtime_env:
         kwargs["runtime_env"] = runtime_env
     return kwargs

@@ -30,7 +30,9 @@ def engine_kwargs(r, path: str, device: str, max_model_len: int, trust_remote_co
         seed=0,
         enforce_eager=r.enforce_eager,
         max_model_len=max_model_len,
-        max_num_seqs=r.max_num_seqs,
+        # full_determinism: one sequence at a time, as verl's reward loop forces it (vLLM's batch invariance covers
+        # generation, not pooling)
+        max_num_seqs=1 if r.full_determinism else r.max_num_seqs,
         max_num_batched_tokens=r.max_num_batched_tokens,
         enable_chunked_prefill=r.enable_chunked_prefill,
         enable_prefix_caching=r.enable_prefix_caching,

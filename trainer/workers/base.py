@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from rlrig.entrypoint.cluster.ports import kernel_free_port
 
+from .. import determinism
 from ..batch.step_batch import StepBatch
 from ..config.schema import Config, from_dict
 from ..devices import gpu_index
@@ -80,17 +81,26 @@ def forked_rngs(device: torch.device):
 
 
 def start_rank(
-    cfg: Config, rank: int, world: int, master: tuple[str, int], model_paths: list[str | None]
+    cfg: Config,
+    rank: int,
+    world: int,
+    master: tuple[str, int],
+    model_paths: list[str | None],
+    deterministic: bool = False,
 ) -> torch.device:
-    """Seeds, this rank's device, the embedded models it needs, and its process group (Gloo on CPU, NCCL on GPU)."""
+    """Seeds, this rank's device, the embedded models it needs, and its process group (Gloo on CPU, NCCL on GPU).
+    deterministic: verl's full determinism in this process (determinism.enable), before CUDA or NCCL start."""
     seed = cfg.trainer.seed + rank
     random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
+    if deterministic:
+        determinism.enable(seed)
     torch.set_num_threads(1)
     dev, device = cfg.trainer.device, torch.device("cpu")
     if dev == "cuda" or (dev == "auto" and torch.cuda.is_available()):
         device = torch.device("cuda", gpu_index())
         torch.cuda.set_device(device)
         precision.allow_tf32()
+    determinism.engine_env(cfg, device.type)
     for path in model_paths:
         if path:
             ensure_local_embedded_model(path)  # before the process group: see there
@@ -171,12 +181,17 @@ class RankWorker(PoolWorker):
     def __init__(self, cfg_dict: dict, rank: int, world: int, master: tuple[str, int], model_paths: list[str | None]):
         self.cfg = from_dict(cfg_dict)
         self.rank, self.world = rank, world
-        self.device = start_rank(self.cfg, rank, world, master, model_paths)
+        deterministic = determinism.asked(self.cfg, self.roles())
+        self.device = start_rank(self.cfg, rank, world, master, model_paths, deterministic)
         self.budgets = batching.token_budgets(self.cfg)
         self.mini = batching.per_worker_mini_batch(self.cfg, world)
         self.critic_mini = batching.per_worker_mini_batch(self.cfg, world, "critic")
         # each role's sequence-parallel group (model/ulysses.py), None where its sequences are not split
         self.sp: dict[str, ulysses.SeqParallel | None] = {"actor": None, "ref": None, "critic": None}
+
+    def roles(self) -> tuple[str, ...]:
+        """The roles this process holds (determinism.ROLE_SECTIONS' names), read before it starts: self.cfg is set."""
+        return ()
 
     def _agree_max(self, k: int) -> int:
         t = torch.tensor([k], device=self.device)

@@ -24,6 +24,9 @@ class CriticWorker(RankWorker):
         if self.critic.param_offload:
             self.critic.module.to("cpu")
 
+    def roles(self) -> tuple[str, ...]:
+        return ("critic",)
+
     @torch.no_grad()
     def values(self, batch: StepBatch) -> torch.Tensor:
         batch = batch.to(self.device)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import determinism
 from ..batch.step_batch import StepBatch
 from ..config.schema import from_dict
 from ..model import micro_batches as batching
@@ -21,6 +22,8 @@ class RefWorker(PoolWorker):
         """rank: this worker's place in the reference's pool (which its profiler's ranks choose among)."""
         cfg = from_dict(cfg_dict)
         a = cfg.actor_rollout_ref
+        if determinism.asked(cfg, ("ref",)):
+            determinism.enable(cfg.trainer.seed + rank)
         self.device = single_device(use_gpu)
         self.profiler = profiling.worker_profiler(cfg, rank, {"ref": "ref"}, "ref", self.device)
         ensure_local_embedded_model(model_path)

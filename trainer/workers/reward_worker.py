@@ -4,6 +4,7 @@ their reward code calls. Forward passes only, so no process group."""
 
 from __future__ import annotations
 
+from .. import determinism
 from ..config.schema import from_dict
 from ..reward.judge import judge_spec
 from ..reward.judge_server import JudgeServer
@@ -18,6 +19,7 @@ class RewardModelWorker(PoolWorker):
         """rank: this worker's place in the reward model's pool (which its profiler's ranks choose among)."""
         cfg = from_dict(cfg_dict)
         device = single_device(use_gpu)
+        determinism.engine_env(cfg, device.type)  # a vLLM scorer or judge starts with it
         # verl's reward loop has no profiler; its legacy reward-model workers do
         roles = {} if cfg.reward_model.use_reward_loop else {"reward_model": "reward_model"}
         self.profiler = profiling.worker_profiler(cfg, rank, roles, "reward_model", device)

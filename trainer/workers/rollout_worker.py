@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .. import determinism
 from ..agent import partial as agent_partial
 from ..agent.rollout import AgentRollout
 from ..config.schema import from_dict
@@ -61,9 +62,12 @@ class RolloutWorker(PoolWorker):
         replica = index // a.rollout.tensor_model_parallel_size
         seed = engine_seed(cfg, replica, cfg.trainer.seed + SEED_STRIDE * (replica + 1))
         random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
+        if determinism.asked(cfg, ("rollout",)):
+            determinism.enable(seed)
         self.device = single_device(use_gpu)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        determinism.engine_env(cfg, self.device.type)
         ensure_local_embedded_model(model_path)
         # the pool's own group: vLLM's external launcher reads its rank, and a tensor-parallel engine's groups are
         # made in it (the training workers have theirs; the weight-sync group spans both)

@@ -111,6 +111,18 @@ class TrainingWorker(RankWorker):
             if t is not None and t.param_offload:
                 t.module.to("cpu")  # param_offload: back on the device only for the phases that use it
 
+    def roles(self) -> tuple[str, ...]:
+        """RankWorker.roles: the actor, its engine (hybrid_engine), and the reference and critic unless in pools of
+        their own."""
+        cfg, peers = self.cfg, self.peers
+        held = {
+            "actor": True,
+            "rollout": cfg.actor_rollout_ref.hybrid_engine,
+            "ref": cfg.ref_in_use and peers.ref is None,
+            "critic": estimators.get(cfg.algorithm.adv_estimator).needs_critic and peers.critic is None,
+        }
+        return tuple(role for role, here in held.items() if here)
+
     def _engine(self, engine_cls, model_path: str, recording):
         cfg, a = self.cfg, self.cfg.actor_rollout_ref
         prec = self.models.actor.precision

@@ -86,6 +86,8 @@ def engine_kwargs(cfg, model_path: str, max_model_len: int, seed: int, gpu: int 
         kw["enable_return_routed_experts"] = True
     if cfg.expert_parallel_size > 1:  # an MoE's experts split over the engine's GPUs, as verl passes SGLang's ep_size
         kw["ep_size"] = cfg.expert_parallel_size
+    if cfg.full_determinism:  # SGLang's batch-invariant kernels: its counterpart of vLLM's VLLM_BATCH_INVARIANT
+        kw["enable_deterministic_inference"] = True
     return {**kw, **cfg.engine_kwargs.get("sglang", {})}  # rollout.engine_kwargs.sglang.*: the user's word is last
 
 
@@ -182,13 +184,13 @@ class SGLangRollout(RolloutEngine):
     def stop_profile(self) -> None:
         if not self.leads:
             return
-        try:
-            self.engine.stop_profile()
         except RuntimeError:
             # with profile_token_end SGLang stops by itself after num_steps steps, and then answers a stop with
             # "not in progress" (its ProfileReq; 0.5.16 to 0.5.23)
             if self.recording.token_end is None:
                 raise
+        try:
+            self.engine.stop_profile()
 
     def describe(self) -> str:
         """The name, and the tensor-parallel span where there is one."""

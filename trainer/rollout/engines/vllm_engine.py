@@ -191,9 +191,11 @@ def engine_kwargs(
     return kw
 
 
-def sampling_kwargs(s: Sampling, n: int, max_new: int, eos_id: int) -> dict:
+def sampling_kwargs(s: Sampling, n: int, max_new: int, eos_id: int, seed: int | None = None) -> dict:
     """vllm.SamplingParams arguments; logprobs=0 returns the sampled token's own log-prob.
-    do_sample=False (or temperature 0) decodes greedily, as verl does."""
+    do_sample=False (or temperature 0) decodes greedily, as verl does. `seed`: each request's own (rollout.
+    full_determinism: the engine's seed, as verl's vLLM server gives every request; vLLM draws a request's n samples
+    from seed, seed + 1, ...), so a sample does not depend on what else the engine runs beside it."""
     kw = dict(
         n=n,
         temperature=0.0 if s.greedy else s.temperature,
@@ -205,6 +207,8 @@ def sampling_kwargs(s: Sampling, n: int, max_new: int, eos_id: int) -> dict:
     )
     if s.top_k > 0 and not s.greedy:
         kw["top_k"] = s.top_k
+    if seed is not None:
+        kw["seed"] = seed
     return kw
 
 
@@ -254,6 +258,8 @@ class VLLMRollout(RolloutEngine):
             # vLLM's CPU KV cache defaults to several GiB per engine; one per worker must fit beside training
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kvcache_space_gb))
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        # full_determinism: the worker set VLLM_BATCH_INVARIANT on a GPU before this (determinism.engine_env)
+        self.request_seed = ctx.seed if cfg.full_determinism else None
         why = self.unavailable(device)
         if why:
             raise why
@@ -321,7 +327,7 @@ class VLLMRollout(RolloutEngine):
         # the ranks of one engine ask it the same requests: the longest length any of them needs
         max_new = self._most(max_new or self.max_new)
         params = self.vllm.SamplingParams(
-            **sampling_kwargs(sampling or Sampling.of(self.cfg), n, max_new, self.tok.eos_token_id)
+            **sampling_kwargs(sampling or Sampling.of(self.cfg), n, max_new, self.tok.eos_token_id, self.request_seed)
         )
         asked, mine = self._asked(prompts)
         outs = self.llm.generate([{"prompt_token_ids": p} for p in asked], params, use_tqdm=False)[mine]
@@ -385,7 +391,7 @@ class VLLMRollout(RolloutEngine):
 
         self._wake()
         # one length for all: each rank's rows allow their own (the caller cuts a row's tokens to its room)
-        kw = sampling_kwargs(Sampling.of(self.cfg), 1, self._most(max_new), self.tok.eos_token_id)
+        kw = sampling_kwargs(Sampling.of(self.cfg), 1, self._most(max_new), self.tok.eos_token_id, self.request_seed)
         params = self.vllm.SamplingParams(**kw, output_kind=RequestOutputKind.CUMULATIVE)
         asked, mine = self._asked(prompts)
         engine = self.llm.llm_engine

@@ -207,7 +207,6 @@ def test_rollout_seed_seeds_engine_r_with_seed_plus_r_as_verl():
         ("reward.reward_model.rollout.temperature=0.7", "a generative judge's requests carry their own sampling"),
         ("reward.reward_model.rollout.quantization=fp8", "not in rlrig's judge or reward engines"),
         ("trainer.v1.trainer_mode=separate_async", "trainer.async_mode=one_step_off_policy"),
-        ("actor_rollout_ref.rollout.full_determinism=True", "deterministic mode is not in rlrig"),
     ],
 )
 def test_a_new_key_rlrig_does_not_implement_is_refused_in_one_line_naming_it(override, says):
