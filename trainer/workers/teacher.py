@@ -198,24 +198,29 @@ def tokenizer_refusal(cfg, model_path: str) -> str | None:
 
 
 def one_tokenizer_refusal(cfg, model_path: str, teacher: Teacher) -> str | None:
-    path = teacher_path(cfg)
+    """The student's tokenizer and that of `teacher` (`cfg`: the run as it sees it), and its vocabulary against
+    the top-k mode's k."""
     from transformers import AutoTokenizer
 
-    kw = load_kwargs(cfg.actor_rollout_ref.model)
+    path, kw = teacher_path(cfg), load_kwargs(cfg.actor_rollout_ref.model)
     key = f"{teacher.prefix}.model_path={path}"
     try:
-        teacher = AutoTokenizer.from_pretrained(path, **kw)
+        theirs = AutoTokenizer.from_pretrained(path, **kw)
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return f"{key}: its tokenizer does not load ({first}); name a model directory or a hub model"
     student = AutoTokenizer.from_pretrained(model_path, **kw)
-    same = student.get_vocab() == teacher.get_vocab() and student.all_special_ids == teacher.all_special_ids
-    if same:
-        return None
-    return (
-        f"{key}: its tokenizer is not the student's ({model_path}); the teacher scores the student's token ids, "
-        "so both must share one tokenizer"
-    )
+    if student.get_vocab() != theirs.get_vocab() or student.all_special_ids != theirs.all_special_ids:
+        return (
+            f"{key}: its tokenizer is not the student's ({model_path}); the teacher scores the student's token ids, "
+            "so both must share one tokenizer"
+        )
+    if topk(cfg) > len(theirs):
+        return (
+            f"distillation.distillation_loss.topk={topk(cfg)}: the teacher ({path}) has {len(theirs)} tokens; set "
+            f"topk to {len(theirs)} or less"
+        )
+    return None
 
 
 def devices_per_worker(cfg) -> int:

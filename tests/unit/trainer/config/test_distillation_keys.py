@@ -248,3 +248,13 @@ def test_a_teacher_whose_tokenizer_does_not_load_is_refused_in_one_line(tmp_path
     cfg = parse_overrides([*BASE, "distillation.enabled=True", f"{TEACHER}model_path={missing}"])
     why = tokenizer_refusal(cfg, tokenizers[0])
     assert why.startswith(f"{TEACHER}model_path={missing}: its tokenizer does not load") and "\n" not in why, why
+
+
+def test_a_top_k_above_the_teachers_vocabulary_is_refused(tokenizers):
+    from rlrig.trainer.workers.teacher import tokenizer_refusal
+
+    same = tokenizers[0]
+    on = [*BASE, "distillation.enabled=True", f"{TEACHER}model_path={same}", f"{LOSS}loss_mode=forward_kl_topk"]
+    assert tokenizer_refusal(parse_overrides([*on, f"{LOSS}topk=8"]), same) is None
+    why = tokenizer_refusal(parse_overrides(on), same)  # verl's default k, 32
+    assert why.startswith(f"{LOSS}topk=32: the teacher ({same}) has ") and why.endswith("or less"), why
