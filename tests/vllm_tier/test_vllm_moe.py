@@ -135,6 +135,18 @@ FSDP_LORA = [
 ]
 
 
+# FSDP2 over two workers with the experts split between them (fsdp_config.expert_parallel_size): the actor's and the
+# reference's; the engine takes every expert whole after every sync
+FSDP_EP = [
+    "actor_rollout_ref.actor.strategy=fsdp",
+    "trainer.n_gpus_per_node=2",
+    "actor_rollout_ref.actor.fsdp_config.expert_parallel_size=2",
+    "actor_rollout_ref.ref.fsdp_config.expert_parallel_size=2",
+    "actor_rollout_ref.actor.use_kl_loss=True",
+    "trainer.save_freq=3",
+]
+
+
 @pytest.mark.parametrize(
     "family,extra",
     [
@@ -143,12 +155,23 @@ FSDP_LORA = [
         # long: CI trains Mixtral colocated in the reference, critic and resume test below
         pytest.param("mixtral", [], marks=pytest.mark.long),
         ("qwen3_moe", FSDP_LORA),
+        ("mixtral", FSDP_EP),
     ],
-    ids=["qwen3_moe", "mixtral", "qwen3_moe-fsdp2-lora"],
+    ids=["qwen3_moe", "mixtral", "qwen3_moe-fsdp2-lora", "mixtral-fsdp2-expert-parallel"],
 )
 def test_an_moe_trains_with_vllm_colocated(tmp_path, family, extra):
-    rows, _ = train(tmp_path / "run", family, *extra)
-    if extra:
+    rows, out = train(tmp_path / "run", family, *extra)
+    if extra is FSDP_EP:
+        from rlrig.trainer.driver import checkpoint
+
+        assert "actor_rollout_ref (the actor's experts split over rows of 2 workers) + ref on" in out
+
+        assert rows[-1]["actor/kl_loss"] > 1e-4, rows[-1]  # the policy moved from the (expert-parallel) reference
+        state, _, _ = checkpoint.load(tmp_path / "run" / "global_step_3")
+        experts = {name: t.shape for name, t in state["model"].items() if ".experts." in name}
+        assert experts and all(shape[0] == 8 for shape in experts.values()), experts  # whole layers, 8 experts
+        assert all(state["optim"]["state"][name]["exp_avg"].shape[0] == 8 for name in experts)
+    elif extra:
         assert rows[-1]["actor/kl_loss"] > 1e-4, rows[-1]  # the adapters moved the policy: the merge is not the base
         from rlrig.trainer.driver import checkpoint
 

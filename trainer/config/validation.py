@@ -150,6 +150,31 @@ def _domains(cfg: Config) -> None:
             raise ConfigError(why)
 
 
+def _expert_parallel(cfg: Config, prefix: str, ep: int, workers: int | None) -> None:
+    """fsdp_config.expert_parallel_size (rlrig's own key, model/expert_parallel.py): the actor's and the reference's
+    experts split over rows of ep consecutive workers of FSDP2; what it is not built with is refused here (the
+    model's expert count and the engine, at start-up: workers/start_checks.py)."""
+    if ep == 1:
+        return
+    a, key = cfg.actor_rollout_ref, f"{prefix}.expert_parallel_size={ep}"
+    if ep < 1:
+        raise ConfigError(f"{key}: a number of workers, at least 1")
+    refusals = (
+        (prefix == "critic.model.fsdp_config", "expert parallelism for the critic is not in rlrig; leave it 1"),
+        (a.actor.strategy != "fsdp", "experts split under FSDP2; set actor_rollout_ref.actor.strategy=fsdp"),
+        (workers is None, "the reference's own pool holds whole copies; leave it 1"),
+        (workers is not None and workers % ep, f"it does not divide the role's {workers} workers"),
+        (
+            sequence_parallel(cfg)["actor"] > 1,
+            "with Ulysses sequence parallelism is not in rlrig; set ulysses_sequence_parallel_size=1",
+        ),
+        (a.model.uses_lora, "with LoRA is not in rlrig; set actor_rollout_ref.model.lora_rank=0"),
+    )
+    why = next((why for refused, why in refusals if refused), None)
+    if why:
+        raise ConfigError(f"{key}: {why}")
+
+
 def _strategy(cfg: Config) -> None:
     """Data parallelism: FSDP's offload, and the reference sharded as the actor."""
     a = cfg.actor_rollout_ref.actor
@@ -177,11 +202,7 @@ def _strategy(cfg: Config) -> None:
         else t.nnodes * t.n_gpus_per_node,
     }
     for prefix, fc in fsdp_configs(cfg).items():
-        if fc.expert_parallel_size != 1:
-            raise ConfigError(
-                f"{prefix}.expert_parallel_size={fc.expert_parallel_size}: expert parallelism in training is not yet "
-                "wired into rlrig's workers; leave it 1"
-            )
+        _expert_parallel(cfg, prefix, fc.expert_parallel_size, pools[prefix])
         size, workers = fc.fsdp_size, pools[prefix]
         if size == -1:
             continue

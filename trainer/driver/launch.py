@@ -194,4 +194,7 @@ def describe_placement(cfg, workers: Workers, rm_path: str | None) -> str:
     pools = "".join(
         f"; {prefix}{f' ({rm_path})' if prefix == 'reward_model' else ''} on {where(ws)}" for prefix, ws in side.items()
     )
-    return f"placement: actor_rollout_ref{''.join(' + ' + c for c in colocated)} on {where(workers.training)}{pools}"
+    ep = cfg.actor_rollout_ref.actor.fsdp_config.expert_parallel_size
+    experts = f" (the actor's experts split over rows of {ep} workers)" if ep > 1 else ""
+    roles = f"actor_rollout_ref{experts}{''.join(' + ' + c for c in colocated)}"
+    return f"placement: {roles} on {where(workers.training)}{pools}"

@@ -202,7 +202,14 @@ def build(
         if strategy == "fsdp":  # sharded where it computes, cast by its policy as the actor; offloaded after
             if compiled.blocks_compiled(cfg, "ref", device.type):
                 parallel.compile_blocks(ref)
-            parallel.fsdp_shard(ref, ref_prec.fsdp_policy(), rc.fsdp_size, rc.reshard_after_forward, rc.offload_policy)
+            parallel.fsdp_shard(
+                ref,
+                ref_prec.fsdp_policy(),
+                rc.fsdp_size,
+                rc.reshard_after_forward,
+                rc.offload_policy,
+                rc.expert_parallel_size,
+            )
         if ref_offload:
             ref.to("cpu")
     critic = build_critic(cfg, path, device) if needs_critic else None

@@ -9,6 +9,12 @@ The all-to-alls are torch.distributed.nn.functional's, which are differentiable:
 is the sum over every rank's tokens routed to it. With each rank's loss the mean of its own batch (data parallelism's
 convention), that sum is `ep` times the gradient the data-parallel average gives the other parameters; `parallelize`
 divides expert gradients by `grad_divisor` (the data-parallel world that averages the others) so the two agree.
+
+In training (`fsdp_config.expert_parallel_size`, model/parallel.py fsdp_shard) the world is a (replicas, ep) mesh of
+consecutive ranks, as torchtitan lays out expert parallelism: each row of `ep` ranks splits the experts, and the ranks
+holding the same experts (one per row) sum their gradients (`reduce_replicas`) before the optimizer steps. An expert
+shard is a DTensor sharded on the expert dimension over its row, so full tensors (weight sync, checkpoints), the
+gradient norm and state dicts see the whole layer; FSDP2 shards every other parameter and leaves these alone.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import Shard, distribute_tensor
 
 
 def _fused_experts(module: nn.Module) -> bool:
@@ -40,6 +47,18 @@ def experts_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     return ((name, m) for name, m in model.named_modules() if _fused_experts(m))
 
 
+def refusal(model: nn.Module, ep: int) -> str | None:
+    """Why `model`'s experts cannot be split over `ep` ranks (asked of a weightless copy at start-up), or None."""
+    found = [m for _, m in experts_modules(model)]
+    if not found:
+        return (
+            f"{type(model).__name__} has no experts module in transformers' fused layout (gate_up_proj, down_proj) "
+            "to split"
+        )
+    total = int(found[0].num_experts)
+    return None if total % ep == 0 else f"the model's {total} experts do not split evenly over {ep} ranks"
+
+
 def _a2a(x: torch.Tensor, send: list[int], recv: list[int], group) -> torch.Tensor:
     """Rows of `x` sent `send[r]` to rank r; the rows received, `recv[r]` from rank r, in rank order."""
     from torch.distributed.nn.functional import all_to_all_single
@@ -51,35 +70,43 @@ def _a2a(x: torch.Tensor, send: list[int], recv: list[int], group) -> torch.Tens
 class ExpertParallelExperts(nn.Module):
     """A fused experts module of which this rank holds experts [first, first + local): `forward(hidden_states [T, H],
     top_k_index [T, K], top_k_weights [T, K]) -> [T, H]` returns what the whole module's forward returns for these
-    tokens, provided every rank of `group` calls it for the same layer (each with its own tokens). An expert index
-    outside [0, num_experts) (transformers' marker of a token routed nowhere) contributes nothing."""
+    tokens, provided every rank of the mesh's row calls it for the same layer (each with its own tokens). An expert
+    index outside [0, num_experts) (transformers' marker of a token routed nowhere) contributes nothing.
+    `gate_up_proj` and `down_proj` are DTensors sharded on the expert dimension over `mesh` (1-D, the row), their
+    local shards this rank's experts. `replicas`: the process group of the ranks holding the same experts (None:
+    there are none), whose gradients reduce_replicas sums."""
 
-    def __init__(self, experts: nn.Module, group, grad_divisor: float = 1.0):
+    def __init__(self, experts: nn.Module, mesh, grad_divisor: float = 1.0, replicas=None):
         super().__init__()
-        ep, rank = dist.get_world_size(group), dist.get_rank(group)
+        ep, rank = mesh.size(), mesh.get_local_rank()
         total = int(experts.num_experts)
         if total % ep:
             raise ValueError(
                 f"{total} experts do not split evenly over {ep} expert-parallel ranks; "
                 "choose an expert-parallel size that divides the expert count"
             )
-        self.group, self.ep, self.num_experts, self.local = group, ep, total, total // ep
+        self.group, self.replicas = mesh.get_group(), replicas
+        self.ep, self.num_experts, self.local = ep, total, total // ep
         self.first = rank * self.local
         self.act_fn = experts.act_fn
-        own = slice(self.first, self.first + self.local)
-        self.gate_up_proj = nn.Parameter(experts.gate_up_proj.detach()[own].clone())
-        self.down_proj = nn.Parameter(experts.down_proj.detach()[own].clone())
+        for name in ("gate_up_proj", "down_proj"):
+            whole = getattr(experts, name).detach()
+            setattr(self, name, nn.Parameter(distribute_tensor(whole, mesh, [Shard(0)], src_data_rank=None)))
         if grad_divisor != 1.0:
             for p in (self.gate_up_proj, self.down_proj):
                 p.register_hook(lambda g, d=grad_divisor: g / d)
 
     def _local(self, x: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
-        """Each row of `x` through the local expert `expert[row]` (ungated: the gates apply on the sender)."""
-        out = x.new_zeros((x.shape[0], self.down_proj.shape[1]))
+        """Each row of `x` through the local expert `expert[row]` (ungated: the gates apply on the sender), in x's
+        dtype (FSDP's policy casts the other weights, not these)."""
+        gate_up, down = self.gate_up_proj.to_local(), self.down_proj.to_local()
+        # every local expert in the graph, tokens or not: each rank then holds a gradient for every shard, and the
+        # collectives over them (reduce_replicas, the gradient norm) see the same tensors on every rank
+        out = x.new_zeros((x.shape[0], down.shape[1])) + 0.0 * (gate_up.sum() + down.sum()).to(x.dtype)
         for e in torch.unique(expert).tolist():
             rows = torch.where(expert == e)[0]
-            gate, up = nn.functional.linear(x[rows], self.gate_up_proj[e]).chunk(2, dim=-1)
-            out = out.index_add(0, rows, nn.functional.linear(self.act_fn(gate) * up, self.down_proj[e]))
+            gate, up = nn.functional.linear(x[rows], gate_up[e].to(x.dtype)).chunk(2, dim=-1)
+            out = out.index_add(0, rows, nn.functional.linear(self.act_fn(gate) * up, down[e].to(x.dtype)))
         return out
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
@@ -108,28 +135,57 @@ class ExpertParallelExperts(nn.Module):
         return out.index_add(0, token, weighted.to(out.dtype))
 
 
-def parallelize(model: nn.Module, group, grad_divisor: float = 1.0) -> list[str]:
-    """Replace every fused experts module of `model` by its expert-parallel shard over `group` (see
-    ExpertParallelExperts); the names of the replaced modules. Every rank of `group` must hold the same weights
+def parallelize(model: nn.Module, mesh, grad_divisor: float = 1.0, replicas=None) -> list[str]:
+    """Replace every fused experts module of `model` by its expert-parallel shard over the 1-D `mesh` (see
+    ExpertParallelExperts); the names of the replaced modules. Every rank of `mesh` must hold the same weights
     (the full model, as loaded); each then keeps only its experts. Raises ValueError for a model without fused
-    experts, or an expert count `group`'s size does not divide."""
+    experts, or an expert count the mesh's size does not divide."""
     found = list(experts_modules(model))
     if not found:
         raise ValueError(f"{type(model).__name__} has no fused experts module (gate_up_proj, down_proj) to shard")
     for name, experts in found:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, ExpertParallelExperts(experts, group, grad_divisor))
+        setattr(parent, child, ExpertParallelExperts(experts, mesh, grad_divisor, replicas))
     return [name for name, _ in found]
 
 
+_MESHES: dict[tuple, object] = {}  # one (replicas, ep) mesh for the actor and the reference alike
+
+
+def forget_meshes() -> None:
+    """Before the process group goes: the meshes' groups go with it."""
+    _MESHES.clear()
+
+
+def shard_experts(model: nn.Module, ep: int, device_type: str) -> set[nn.Parameter]:
+    """`model`'s experts split over rows of `ep` consecutive ranks of the world (fsdp_config.expert_parallel_size),
+    their gradients averaged as data parallelism averages the other parameters'; the expert parameters, which FSDP2
+    is to leave alone. Every rank calls it with the same `ep`, after the weights agree across ranks."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = dist.get_world_size()
+    key = (world, ep, device_type)
+    if key not in _MESHES:
+        _MESHES[key] = init_device_mesh(device_type, (world // ep, ep), mesh_dim_names=("replica", "ep"))
+    mesh = _MESHES[key]
+    replicas = mesh["replica"].get_group() if world > ep else None
+    try:
+        parallelize(model, mesh["ep"], grad_divisor=world, replicas=replicas)
+    except ValueError as e:
+        raise ValueError(f"fsdp_config.expert_parallel_size={ep}: {e}") from None
+    return {p for m in model.modules() if isinstance(m, ExpertParallelExperts) for p in m.parameters()}
+
+
+def reduce_replicas(model: nn.Module) -> None:
+    """Sum each expert shard's gradient over the ranks that hold the same experts (one per row of the mesh), as FSDP
+    reduces the other parameters' over every rank; nothing where the experts are not replicated."""
+    for m in model.modules():
+        if isinstance(m, ExpertParallelExperts) and m.replicas is not None:
+            for p in m.parameters():
+                dist.all_reduce(p.grad.to_local(), group=m.replicas)
+
+
 def gather_experts(module: ExpertParallelExperts) -> dict[str, torch.Tensor]:
-    """The whole layer's `gate_up_proj` and `down_proj` [E, ...], every rank of the module's group receiving them
-    (for a weight sync or a checkpoint in transformers' fused layout)."""
-    full = {}
-    for name in ("gate_up_proj", "down_proj"):
-        shard = getattr(module, name).detach().contiguous()
-        parts = [torch.empty_like(shard) for _ in range(module.ep)]
-        dist.all_gather(parts, shard, group=module.group)
-        full[name] = torch.cat(parts)
-    return full
+    """The whole layer's `gate_up_proj` and `down_proj` [E, ...], every rank of the module's row receiving them."""
+    return {name: getattr(module, name).detach().full_tensor() for name in ("gate_up_proj", "down_proj")}

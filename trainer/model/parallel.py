@@ -19,6 +19,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.tensor.experimental import implicit_replication
+
+from . import expert_parallel
 
 STRATEGIES = ("ddp", "fsdp")
 _GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)  # rank 0 gets the tensors, the others {}
@@ -58,6 +61,7 @@ _MESHES: dict[tuple, object] = {}  # one mesh (and its process groups) for the a
 def forget_meshes() -> None:
     """Before the process group goes: the meshes' groups go with it."""
     _MESHES.clear()
+    expert_parallel.forget_meshes()
 
 
 def hsdp_mesh(fsdp_size: int, device_type: str):
@@ -96,6 +100,7 @@ def fsdp_shard(
     fsdp_size: int = -1,
     reshard_after_forward: bool = True,
     offload_policy: bool = False,
+    expert_parallel_size: int = 1,
 ) -> torch.nn.Module:
     """FSDP2: one unit per transformer block (the classes HF marks as not to be split), then the root;
     `mp_policy` (a MixedPrecisionPolicy) casts each unit's gathered parameters for its forward; `fsdp_size` below the
@@ -105,12 +110,15 @@ def fsdp_shard(
     whole tensor), and the regather is a copy and a cast of every parameter per micro batch: not done there.
     `offload_policy` (fsdp_config's, as verl's fsdp2 engine passes it): FSDP2's CPUOffloadPolicy, under which the
     shards and their gradients live in host memory (pinned where there is a GPU to copy them to) and the optimizer
-    steps there; buffers stay on the device."""
+    steps there; buffers stay on the device. `expert_parallel_size` above 1: a mixture of experts' experts split
+    over rows of that many ranks first (model/expert_parallel.py), which FSDP2 then leaves alone."""
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     broadcast_from_rank0(module)
     kw = {"mp_policy": mp_policy} if mp_policy is not None else {}
     device_type = next(module.parameters()).device.type
+    if expert_parallel_size > 1:
+        kw["ignored_params"] = expert_parallel.shard_experts(module, expert_parallel_size, device_type)
     if offload_policy:  # pinned, as verl's, where there is a device to copy to (CPU runs compute where the shards are)
         kw["offload_policy"] = CPUOffloadPolicy(pin_memory=device_type == "cuda")
     mesh = hsdp_mesh(fsdp_size, device_type)
@@ -142,7 +150,14 @@ def wrap(module: torch.nn.Module, device: torch.device, precision, fsdp_config) 
     the role's fsdp_size and reshard_after_forward)."""
     if precision.strategy == "fsdp":
         fc = fsdp_config
-        return fsdp_shard(module, precision.fsdp_policy(), fc.fsdp_size, fc.reshard_after_forward, fc.offload_policy)
+        return fsdp_shard(
+            module,
+            precision.fsdp_policy(),
+            fc.fsdp_size,
+            fc.reshard_after_forward,
+            fc.offload_policy,
+            fc.expert_parallel_size,
+        )
     if precision.strategy == "ddp":
         ddp = torch.nn.parallel.DistributedDataParallel(
             module, device_ids=[device.index] if device.type == "cuda" else None, **buffers_synced_once(module)
@@ -175,9 +190,20 @@ def grad_norm_tensor(module: torch.nn.Module, max_norm: float) -> torch.Tensor:
     torch's clip_grad_norm_ in its two steps, the norm reduced on the mesh's device in between: under offload_policy
     the gradients are in host memory (verl's fsdp2_clip_grad_norm_ does the same)."""
     params = [p for p in module.parameters() if p.grad is not None]
-    gn = on_mesh_device(torch.nn.utils.get_total_norm([p.grad for p in params]))
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, gn)
-    return gn.full_tensor() if hasattr(gn, "full_tensor") else gn
+    meshes: dict[object, list] = {}  # FSDP's, and expert parallelism's rows (model/expert_parallel.py)
+    for p in params:
+        meshes.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
+    if len(meshes) == 1:
+        gn = on_mesh_device(torch.nn.utils.get_total_norm([p.grad for p in params]))
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, gn)
+        return gn.full_tensor() if hasattr(gn, "full_tensor") else gn
+    # each mesh's norm reduced over its own ranks, then combined; torch's clipping takes one mesh at a time
+    norms = [on_mesh_device(torch.nn.utils.get_total_norm([p.grad for p in ps])) for ps in meshes.values()]
+    gn = torch.stack([n.full_tensor() if hasattr(n, "full_tensor") else n for n in norms]).norm()
+    with implicit_replication():
+        for ps in meshes.values():
+            torch.nn.utils.clip_grads_with_norm_(ps, max_norm, gn)
+    return gn
 
 
 def grad_norm(module: torch.nn.Module, max_norm: float) -> float:

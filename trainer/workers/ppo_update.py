@@ -20,7 +20,7 @@ from ..algos import policy_losses
 from ..algos.bypass_loss import bypass_loss
 from ..algos.distillation import DistillationLoss, StudentTopK, distillation_loss
 from ..batch.step_batch import StepBatch
-from ..model import offload, parallel
+from ..model import expert_parallel, offload, parallel
 from ..model.build import Trainable
 from ..model.forward import ForwardOptions, token_logprobs, token_logprobs_at
 from ..model.forward import values as critic_values
@@ -139,6 +139,7 @@ def update_actor(
                         mini.setdefault(k, []).append(v.detach() if torch.is_tensor(v) else v)  # bypass: floats too
                 for k, vals in mini.items():
                     stats.setdefault(k, []).extend([sum(vals)] if glob and k in GLOBAL_SUMS else vals)
+                expert_parallel.reduce_replicas(t.module)
                 stats.setdefault("actor/grad_norm", []).append(parallel.grad_norm_tensor(t.module, a.optim.clip_grad))
                 with offload.optimizer_on(t.opt, t.device, t.optimizer_offload):
                     t.opt.step()

@@ -3,7 +3,7 @@ start_refusal as a Ray task on every node, so no worker is ever left without an 
 
 from __future__ import annotations
 
-from ..model import build, checkpoint_names, forward, kernels, lora, moe, ulysses
+from ..model import build, checkpoint_names, expert_parallel, forward, kernels, lora, moe, ulysses
 from ..model.micro_batches import sequence_parallel
 from ..rollout.engines import engine_class
 from . import teacher
@@ -115,6 +115,31 @@ def moe_check(cfg, model_path: str, engine: str = "hf", device: str = "cpu") -> 
     )
 
 
+def expert_parallel_refusal(cfg, model_path: str, engine_cls) -> str | None:
+    """fsdp_config.expert_parallel_size above 1 (the actor's, the reference's): a model whose fused experts split
+    evenly over that many ranks, asked of a weightless copy, and an engine with weights of its own (one that
+    generates with the actor's modules, hf's, would need a whole copy of them, which has no expert-parallel form)."""
+    a = cfg.actor_rollout_ref
+    sizes = {p: getattr(a, p).fsdp_config.expert_parallel_size for p in ("actor", "ref")}
+    if all(size == 1 for size in sizes.values()):
+        return None
+    if engine_cls.generates_with_actor_module and sizes["actor"] > 1:
+        return (
+            f"actor_rollout_ref.actor.fsdp_config.expert_parallel_size={sizes['actor']}: the {engine_cls.name} engine "
+            "generates with a whole copy of the actor's modules; use actor_rollout_ref.rollout.name=vllm or sglang"
+        )
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(build.model_kwargs(a.model, model_path)["config"])
+    for role, size in sizes.items():
+        why = expert_parallel.refusal(model, size) if size > 1 else None
+        if why:
+            return f"actor_rollout_ref.{role}.fsdp_config.expert_parallel_size={size}: {why}"
+    return None
+
+
 def recording_refusal(key: str, engine: str, device: str) -> str | None:
     """rollout.enable_rollout_routing_replay: an engine that returns each token's experts (vLLM's
     enable_return_routed_experts, SGLang's), where it can."""
@@ -149,5 +174,6 @@ def start_refusal(cfg_dict: dict, model_path: str, device: str) -> str | None:
         or fused_head_check(cfg, model_path)
         or liger_check(cfg, model_path, device)
         or moe_check(cfg, model_path, cls.name, device)
+        or expert_parallel_refusal(cfg, model_path, cls)
         or teacher.tokenizer_refusal(cfg, model_path)
     )

@@ -17,6 +17,8 @@ _TOL = dict(rtol=1e-4, atol=1e-6)
 
 
 def _rank(rank, world, port, family):
+    from torch.distributed.device_mesh import init_device_mesh
+
     from rlrig.trainer.model.expert_parallel import ExpertParallelExperts, gather_experts, parallelize
     from tests.helpers.tiny_moe import build
 
@@ -30,7 +32,7 @@ def _rank(rank, world, port, family):
     loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
 
-    names = parallelize(ep_model, dist.group.WORLD, grad_divisor=world)
+    names = parallelize(ep_model, init_device_mesh("cpu", (world,)), grad_divisor=world)
     assert len(names) == 2  # one experts module per layer
     half = ids.chunk(world)[rank]
     ep_loss = ep_model(input_ids=half, labels=half).loss
@@ -46,9 +48,9 @@ def _rank(rank, world, port, family):
         owner = ep_model.get_submodule(name.rpartition(".")[0])
         if isinstance(owner, ExpertParallelExperts):
             own = slice(owner.first, owner.first + owner.local)
-            assert p.shape[0] == ref.shape[0] // world
-            torch.testing.assert_close(p.grad, ref[own], **_TOL)
-            torch.testing.assert_close(p.detach(), full[name].detach()[own])
+            assert p.to_local().shape[0] == ref.shape[0] // world
+            torch.testing.assert_close(p.grad.to_local(), ref[own], **_TOL)
+            torch.testing.assert_close(p.detach().to_local(), full[name].detach()[own])
         else:
             g = p.grad.clone()
             dist.all_reduce(g)
@@ -62,6 +64,65 @@ def _rank(rank, world, port, family):
     dist.destroy_process_group()
 
 
+def _sharded_rank(rank, world, port, ep):
+    """FSDP2 with expert_parallel_size=ep over `world` Gloo ranks (rows of ep ranks; world > ep: the rows replicate
+    the experts) against one process on the whole batch: the loss, every gradient, the clipped norm, the full
+    tensors a weight sync reads, and a checkpoint's state gathered and loaded into a fresh sharded model."""
+    from rlrig.trainer.model import parallel
+    from rlrig.trainer.model.expert_parallel import ExpertParallelExperts, reduce_replicas
+    from tests.helpers.tiny_moe import build
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    model, tok = build("qwen3_moe", seed=0)
+    sharded, fresh = copy.deepcopy(model), copy.deepcopy(model)
+    torch.manual_seed(1)
+    ids = torch.randint(3, len(tok), (world * 2, 12))
+    model(input_ids=ids, labels=ids).loss.backward()
+    norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+
+    parallel.fsdp_shard(sharded, expert_parallel_size=ep)
+    assert sum(isinstance(m, ExpertParallelExperts) for m in sharded.modules()) == 2
+    mine = ids.chunk(world)[rank]
+    sharded(input_ids=mine, labels=mine).loss.backward()
+    reduce_replicas(sharded)
+    torch.testing.assert_close(parallel.grad_norm_tensor(sharded, max_norm=1e9), norm, **_TOL)
+    full = dict(model.named_parameters())
+    for name, p in sharded.named_parameters():
+        torch.testing.assert_close(p.grad.full_tensor(), full[name].grad, **_TOL)
+    for name, t in parallel.full_tensors(sharded):
+        assert torch.equal(t, model.state_dict()[name]), name
+
+    opt = torch.optim.AdamW(sharded.parameters(), lr=1e-2)
+    opt.step()
+    model_sd, optim_sd = parallel.gather_state(sharded, opt)
+    if rank == 0:  # whole tensors, as one process holds them
+        assert {k: v.shape for k, v in model_sd.items()} == {k: v.shape for k, v in model.state_dict().items()}
+    shared = [model_sd, optim_sd]
+    dist.broadcast_object_list(shared, src=0)
+    parallel.fsdp_shard(fresh, expert_parallel_size=ep)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+    fresh(input_ids=mine, labels=mine).loss.backward()  # the optimizer's state exists before it is loaded
+    fresh_opt.step()
+    parallel.load_state(fresh, fresh_opt, *shared)
+    for (name, a), (_, b) in zip(parallel.full_tensors(sharded), parallel.full_tensors(fresh)):
+        assert torch.equal(a, b), name
+    again = parallel.gather_state(fresh, fresh_opt)[1]
+    if rank == 0:
+        for name, st in optim_sd["state"].items():
+            for k, v in st.items():
+                torch.testing.assert_close(again["state"][name][k], v)
+    parallel.forget_meshes()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world, ep", [(2, 2), (4, 2)])
+def test_fsdp_with_expert_parallel_ranks_equals_one_process(world, ep):
+    from rlrig.entrypoint.cluster.ports import kernel_free_port
+
+    mp.spawn(_sharded_rank, args=(world, kernel_free_port(), ep), nprocs=world)
+
+
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
 def test_two_expert_parallel_ranks_equal_one_process(family):
     from rlrig.entrypoint.cluster.ports import kernel_free_port
@@ -73,16 +134,84 @@ def test_a_model_without_fused_experts_is_refused():
     from rlrig.trainer.model.expert_parallel import parallelize
 
     with pytest.raises(ValueError, match="has no fused experts module"):
-        parallelize(torch.nn.Linear(2, 2), group=None)
+        parallelize(torch.nn.Linear(2, 2), mesh=None)
+
+
+FSDP2 = ["actor_rollout_ref.actor.strategy=fsdp", "trainer.n_gpus_per_node=4"]
+EP = "actor_rollout_ref.actor.fsdp_config.expert_parallel_size"
 
 
 @pytest.mark.parametrize(
-    "key", ["actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.model.fsdp_config"]
+    "overrides, refusal",
+    [
+        ([*FSDP2, f"{EP}=2"], None),
+        ([*FSDP2, f"{EP}=4", "actor_rollout_ref.ref.fsdp_config.expert_parallel_size=2"], None),
+        (
+            ["actor_rollout_ref.actor.strategy=ddp", "trainer.n_gpus_per_node=4", f"{EP}=2"],
+            f"{EP}=2: experts split under FSDP2; set .*strategy=fsdp",
+        ),
+        ([*FSDP2, f"{EP}=3"], f"{EP}=3: it does not divide the role's 4 workers"),
+        ([*FSDP2, f"{EP}=0"], f"{EP}=0: a number of workers, at least 1"),
+        ([*FSDP2, "critic.model.fsdp_config.expert_parallel_size=2"], "expert parallelism for the critic is not in"),
+        (
+            [*FSDP2, f"{EP}=2", "actor_rollout_ref.model.lora_rank=4"],
+            f"{EP}=2: with LoRA is not in rlrig; set actor_rollout_ref.model.lora_rank=0",
+        ),
+        (
+            [
+                *FSDP2,
+                f"{EP}=2",
+                "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                "actor_rollout_ref.model.use_remove_padding=True",
+            ],
+            f"{EP}=2: with Ulysses sequence parallelism is not in rlrig",
+        ),
+        (
+            [
+                *FSDP2,
+                "actor_rollout_ref.ref.fsdp_config.expert_parallel_size=2",
+                "actor_rollout_ref.ref.enable_resource_pool=True",
+                "actor_rollout_ref.ref.nnodes=1",
+                "actor_rollout_ref.ref.n_gpus_per_node=1",
+            ],
+            "ref.fsdp_config.expert_parallel_size=2: the reference's own pool holds whole copies",
+        ),
+    ],
 )
-def test_expert_parallel_size_is_refused_until_the_workers_use_it(key):
+def test_expert_parallel_size_is_taken_where_built_and_refused_in_one_line_elsewhere(overrides, refusal):
     from rlrig.trainer.config.overrides import parse_overrides
     from rlrig.trainer.errors import ConfigError
 
-    parse_overrides([f"{key}.expert_parallel_size=1"])
-    with pytest.raises(ConfigError, match=f"{key}.expert_parallel_size=2: expert parallelism in training is not yet"):
-        parse_overrides([f"{key}.expert_parallel_size=2"])
+    if refusal is None:
+        parse_overrides(overrides)
+        return
+    with pytest.raises(ConfigError, match=refusal):
+        parse_overrides(overrides)
+
+
+@pytest.mark.parametrize(
+    "family, ep, why",
+    [
+        ("qwen3_moe", 2, None),
+        ("qwen3_moe", 3, "the model's 8 experts do not split evenly over 3 ranks"),
+        ("dense", 2, "has no experts module in transformers' fused layout"),
+    ],
+)
+def test_the_start_up_check_reads_the_model(tmp_path, family, ep, why):
+    from rlrig.trainer.config.overrides import parse_overrides
+    from rlrig.trainer.rollout.engines import engine_class
+    from rlrig.trainer.workers.start_checks import expert_parallel_refusal
+    from tests.helpers import tiny_moe
+
+    if family == "dense":
+        from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
+
+        path = ensure_tiny_model()
+    else:
+        path = tiny_moe.ensure(family)
+    cfg = parse_overrides(["actor_rollout_ref.actor.strategy=fsdp"])
+    cfg.actor_rollout_ref.actor.fsdp_config.expert_parallel_size = ep  # the workers' count is not this check's
+    got = expert_parallel_refusal(cfg, path, engine_class("vllm"))
+    assert (got is None) if why is None else (why in got), got
+    hf = expert_parallel_refusal(cfg, path, engine_class("hf"))
+    assert f"{EP}={ep}: the hf engine generates with a whole copy of the actor's modules" in hf
