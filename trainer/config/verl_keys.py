@@ -120,10 +120,6 @@ _AT_DEFAULT_ONLY: list[tuple[str, dict[str, str]]] = [
         _each(_FSDP, {"seed": "42"}),
     ),
     (
-        "verl's new-engine copy of the section's ulysses_sequence_parallel_size, which is rlrig's",
-        _each(_FSDP, {"ulysses_sequence_parallel_size": "1"}),
-    ),
-    (
         "set by verl itself (True for the reference, which only runs forward passes)",
         {
             "actor_rollout_ref.actor.fsdp_config.forward_only": "False",
