@@ -94,7 +94,8 @@ class RolloutWorker(PoolWorker):
             self.module.eval().requires_grad_(False)  # it never trains; weight transfers land in its parameters
         # compute_dtype None: the module is held in its compute dtype already
         recording = engine_recording(cfg, index)
-        ctx = EngineContext.of(cfg, self.module, self.tok, model_path, self.device.type, seed, recording=recording)
+        ctx = EngineContext.of(cfg, self.module, self.tok, model_path, self.device.type, seed)
+        ctx.recording = recording
         self.lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-engine")
         self.engine = self.lane.submit(make_engine, cls, ctx).result()
         # the rollout profiler: the generations for the steps of global_profiler.steps, by the step they are for

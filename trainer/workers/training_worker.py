@@ -130,9 +130,8 @@ class TrainingWorker(RankWorker):
         replica = self.rank // a.rollout.tensor_model_parallel_size
         seed = engine_seed(cfg, replica, cfg.trainer.seed + replica)
         dtype = prec.param_dtype if prec.mixed else None
-        ctx = EngineContext.of(
-            cfg, self.models.gen_module, self.tok, model_path, self.device.type, seed, dtype, recording
-        )
+        ctx = EngineContext.of(cfg, self.models.gen_module, self.tok, model_path, self.device.type, seed, dtype)
+        ctx.recording = recording
         return make_engine(engine_cls, ctx)
 
     def _step_context(self) -> StepContext:

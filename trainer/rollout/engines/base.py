@@ -93,9 +93,7 @@ class EngineContext:
     recording: EngineRecording | None = None
 
     @classmethod
-    def of(
-        cls, cfg, module, tokenizer, model_path: str, device: str, seed: int, compute_dtype=None, recording=None
-    ) -> EngineContext:
+    def of(cls, cfg, module, tokenizer, model_path: str, device: str, seed: int, compute_dtype=None) -> EngineContext:
         """The context of a worker's engine under the run's config (rollout section, prompt and response lengths)."""
         return cls(
             module=module,
@@ -107,7 +105,6 @@ class EngineContext:
             device=device,
             seed=seed,
             compute_dtype=compute_dtype,
-            recording=recording,
         )
 
 
