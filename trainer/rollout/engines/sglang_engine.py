@@ -184,13 +184,13 @@ class SGLangRollout(RolloutEngine):
     def stop_profile(self) -> None:
         if not self.leads:
             return
+        try:
+            self.engine.stop_profile()
         except RuntimeError:
             # with profile_token_end SGLang stops by itself after num_steps steps, and then answers a stop with
             # "not in progress" (its ProfileReq; 0.5.16 to 0.5.23)
             if self.recording.token_end is None:
                 raise
-        try:
-            self.engine.stop_profile()
 
     def describe(self) -> str:
         """The name, and the tensor-parallel span where there is one."""
