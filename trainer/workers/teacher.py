@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import determinism
 from ..algos.distillation import TOPK_MODES
 from ..batch.step_batch import StepBatch
 from ..config.schema import from_dict
@@ -239,6 +240,7 @@ class TeacherWorker(PoolWorker):
         """model_path: the teacher's (None where several are named: each its own); rank: this worker's place in the
         pool. With several teachers, this worker holds each as a worker of its own would, by routing key."""
         cfg = from_dict(cfg_dict)
+        determinism.engine_env(cfg, "cuda" if use_gpu else "cpu")  # a vLLM teacher starts with it
         found = teachers(cfg)
         self.by_key = None
         if len(found) > 1:
