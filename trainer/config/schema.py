@@ -890,9 +890,13 @@ class Config:
 
     def described(self) -> dict:
         """to_dict() plus what `--print-config` says about the keys: rlrig's own, those that change nothing
-        for rlrig (and why), and defaults that differ from verl's."""
+        for rlrig (and why), and defaults that differ from verl's. Named distillation teachers sit under
+        distillation.teacher_models by name, where their keys put them."""
+        d = self.to_dict()
+        teachers = d["distillation"]["teacher_models"]
+        teachers.update(teachers.pop("named"))
         return {
-            **self.to_dict(),
+            **d,
             "_rlrig_only_keys": list(verl_keys.RLRIG_ONLY),
             "_no_effect_in_rlrig": dict(verl_keys.NO_EFFECT),
             "_defaults_unlike_verl": dict(verl_keys.DEFAULTS_DIFFER),

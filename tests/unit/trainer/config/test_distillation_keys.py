@@ -258,3 +258,9 @@ def test_a_top_k_above_the_teachers_vocabulary_is_refused(tokenizers):
     assert tokenizer_refusal(parse_overrides([*on, f"{LOSS}topk=8"]), same) is None
     why = tokenizer_refusal(parse_overrides(on), same)  # verl's default k, 32
     assert why.startswith(f"{LOSS}topk=32: the teacher ({same}) has ") and why.endswith("or less"), why
+
+
+def test_print_config_shows_named_teachers_where_their_keys_put_them():
+    shown = parse_overrides(MOPD).described()["distillation"]["teacher_models"]
+    assert list(shown) == ["teacher_model", "gsm8k", "geo3k"]
+    assert shown["gsm8k"]["key"] == "openai/gsm8k" and shown["geo3k"]["model_path"] == "/t2"
