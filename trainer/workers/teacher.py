@@ -149,8 +149,8 @@ def teacher_source(cfg, device: torch.device, pool, micro_batches):
     if not cfg.distillation.enabled:
         return None
     found = teachers(cfg)
-    if len(found) == 1:
-        return one_teacher(cfg, device, pool, micro_batches)
+    if len(found) == 1:  # teacher_model, or one teacher named in its place
+        return one_teacher(found[0].cfg, device, pool, micro_batches)
     return TeacherRouter(tuple(one_teacher(t.cfg, device, pool, micro_batches, t) for t in found))
 
 
@@ -226,9 +226,14 @@ def one_tokenizer_refusal(cfg, model_path: str, teacher: Teacher) -> str | None:
 
 def devices_per_worker(cfg) -> int:
     """The devices each worker of the teacher's pool holds: a vLLM engine's inference.tensor_model_parallel_size
-    (one engine over them, as a verl teacher replica), else 1 (the hf teacher, a whole copy per device)."""
-    inf = cfg.distillation.teacher_models.teacher_model.inference
-    return inf.tensor_model_parallel_size if teacher_engine(cfg) == "vllm" else 1
+    (one engine over them, as a verl teacher replica), else 1 (the hf teacher, a whole copy per device). Named
+    teachers: their largest (above 1 only where one teacher is named: config/distillation_checks.py)."""
+
+    def one(view) -> int:
+        inf = view.distillation.teacher_models.teacher_model.inference
+        return inf.tensor_model_parallel_size if teacher_engine(view) == "vllm" else 1
+
+    return max(one(t.cfg) for t in teachers(cfg))
 
 
 class TeacherWorker(PoolWorker):
@@ -237,13 +242,13 @@ class TeacherWorker(PoolWorker):
     Forward passes only, so no process group."""
 
     def __init__(self, cfg_dict: dict, model_path: str | None, use_gpu: bool, rank: int = 0):
-        """model_path: the teacher's (None where several are named: each its own); rank: this worker's place in the
-        pool. With several teachers, this worker holds each as a worker of its own would, by routing key."""
+        """model_path: the teacher's (None where teachers are named: each its own); rank: this worker's place in the
+        pool. With named teachers, this worker holds each as a worker of its own would, by routing key."""
         cfg = from_dict(cfg_dict)
         determinism.engine_env(cfg, "cuda" if use_gpu else "cpu")  # a vLLM teacher starts with it
-        found = teachers(cfg)
         self.by_key = None
-        if len(found) > 1:
+        if cfg.distillation.teacher_models.named:
+            found = teachers(cfg)
             self.by_key = {t.key: TeacherWorker(t.cfg.to_dict(), teacher_path(t.cfg), use_gpu, rank) for t in found}
             return
         ensure_local_embedded_model(model_path)
@@ -264,6 +269,6 @@ class TeacherWorker(PoolWorker):
     def fields(self, batch: StepBatch, key: str | None = None) -> dict[str, torch.Tensor]:
         """The teacher's fields of the batch (as_fields), on the CPU for the trip back; `key`: the teacher's routing
         key where this worker holds several."""
-        if self.by_key is not None:
-            return self.by_key[key].fields(batch)
+        if self.by_key is not None:  # one named teacher answers whatever the key, as verl's one teacher
+            return (self.by_key[key] if len(self.by_key) > 1 else next(iter(self.by_key.values()))).fields(batch)
         return as_fields(self.compute(batch), torch.device("cpu"))

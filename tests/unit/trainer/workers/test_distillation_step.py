@@ -139,3 +139,20 @@ def test_each_sample_is_scored_by_its_own_teacher():
     torch.testing.assert_close(got[[0, 3]], sums[[0, 3]], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got[[1, 2]], gsm[[1, 2]], atol=1e-5, rtol=1e-5)
     assert m["distillation/abs_loss"] > 0  # the embedded task's rows: all the sums teacher's
+
+
+def test_one_teacher_named_in_teacher_models_place_scores_every_sample_here_and_in_its_pool():
+    """verl drops teacher_model for the named ones; one named teacher then scores every sample, whatever its key."""
+    from rlrig.trainer.workers.teacher import TeacherWorker
+
+    student, teacher = ensure_student(), ensure_tiny_model()
+    named = ["distillation.enabled=True", "+distillation.teacher_models.only.key=somewhere-else"]
+    named.append(f"+distillation.teacher_models.only.model_path={teacher}")
+    ids = torch.randint(3, 20, (2, 9), generator=torch.Generator().manual_seed(3))
+    batch = StepBatch(ids, torch.ones_like(ids), torch.ones(2, 5, dtype=torch.long), 4, torch.arange(2))
+    with single_worker([*FAST, *named], student) as (w, _):
+        here = w.context.sources.teacher(batch)["teacher_logp"]
+        pool = TeacherWorker(w.cfg.to_dict(), None, False).fields(batch)["teacher_logp"]
+    expected = forward_logp(teacher, ids).gather(-1, ids[:, 4:, None])[..., 0]
+    torch.testing.assert_close(here, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(pool, expected, atol=1e-5, rtol=1e-5)
