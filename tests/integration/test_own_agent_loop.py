@@ -46,13 +46,14 @@ def test_the_two_attempts_loop_learns(tmp_path):
     check_it_learned(two_attempts(tmp_path / "run", "actor_rollout_ref.rollout.name=hf", steps=100))
 
 
-# fully async without partial rollouts (with them, loops of your own are refused at start-up)
+# fully async with partial rollouts: a sync halts the loops' generate calls in flight, which go on under the new
+# weights on the worker holding the loops (agent/own_partial.py)
 FULLY_ASYNC = [
     "data.train_batch_size=0",
     "async_training.require_batches=2",
     "async_training.trigger_parameter_sync_step=1",
     "async_training.staleness_threshold=1.0",
-    "async_training.partial_rollout=False",
+    "async_training.partial_rollout=True",
     "rollout.total_rollout_steps=96",
 ]
 
@@ -75,6 +76,8 @@ def test_the_two_attempts_loop_runs_on_a_rollout_pool_of_its_own(tmp_path, mode)
     assert all(m["num_turns/mean"] == 4 for m in rows[1:])
     # scored by the loop (0, 1/2 or 1 a sample), which the pool's samples carried to the trainer
     assert all(0 <= m["critic/score/min"] and m["critic/score/max"] <= 1 for m in rows[1:])
+    if mode == "fully_async_policy":  # how many prompts a sync halted (tests/unit/trainer/agent/test_own_partial.py)
+        print([m["fully_async/partial/total_partial_num"] for m in rows[1:]])
 
 
 BROKEN = """

@@ -147,10 +147,25 @@ def check(cfg, names: set[str]) -> None:
         if hasattr(cls, "check_entry"):
             cls.check_entry(name, entry)
     if used and cfg.trainer.async_mode == FULLY_ASYNC and cfg.async_training.partial_rollout:
-        raise ConfigError(
-            f"agent loop {used[0]}: loops of your own do not run with async_training.partial_rollout=True in rlrig "
-            "(a loop's coroutine cannot move between engines at a weight sync); set it False, or use rlrig's loops"
-        )
+        partial_refusal(cfg, used[0], sorted(n for n in names if n not in table))
+
+
+def partial_refusal(cfg, loop: str, others: list[str]) -> None:
+    """Loops of your own across weight syncs stay on the worker that started them (agent/own_partial.py): an engine
+    of one worker, and no rows of rlrig's loops beside them (those move between engines)."""
+    tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
+    why = (
+        f"with actor_rollout_ref.rollout.tensor_model_parallel_size={tp}: a loop of your own halted by a weight sync "
+        "goes on on the worker that started it, and an engine over several workers is not built for that; set it to "
+        "1 or async_training.partial_rollout=False"
+        if tp > 1
+        else f"beside rows of rlrig's {others[0]}: with async_training.partial_rollout=True a run's rows use loops of "
+        "your own or rlrig's, not both; name one loop for all of them, or set async_training.partial_rollout=False"
+        if others
+        else None
+    )
+    if why:
+        raise ConfigError(f"agent loop {loop} {why}")
 
 
 @dataclass
@@ -286,13 +301,15 @@ class OwnLoops:
 
         async def run_all():
             manager = ServerManager(engine, base, R, sampling_of)
-            return await manager.drive([self._one(manager, name, row, params) for name, row in jobs])
+            return await manager.drive([self.run_one(manager, name, row, params) for name, row in jobs])
 
         outs = asyncio.run(run_all()) if jobs else []
         made = [trajectory(name, out, self.cfg.data.max_prompt_length, R) for (name, _), out in zip(jobs, outs)]
         return [t for t, _ in made], all(with_logps for _, with_logps in made)
 
-    async def _one(self, manager: ServerManager, name: str, row: dict, params: dict):
+    async def run_one(self, manager: ServerManager, name: str, row: dict, params: dict):
+        """One sample of `row` by a new object of loop `name`, its generate calls through `manager`: its
+        AgentLoopOutput. A loop that raises is an OwnLoopError naming it."""
         cls, entry = self.table[name]
         view, hf_model_type = self.made()
         try:

@@ -23,12 +23,14 @@ from dataclasses import dataclass
 
 from .. import metrics as M
 from ..agent.loop import TOOL_AGENT
+from ..agent.own_loops import loop_table
+from ..agent.own_partial import LoopPartial
 from ..agent.partial import AgentPartial
 from ..agent.rollout import turn_metrics
 from ..agent.setup import agent_of
 from ..data.sampler import Sampler
 from ..rollout.engines.base import Rollout
-from ..rollout.partial import Partial, Progress
+from ..rollout.partial import OWN, TOKENS, TURNS, Partial, Progress
 from .rollout_pool import merge
 from .sample_queue import Freshness, Group, SampleQueue, stale_bound
 
@@ -91,10 +93,13 @@ class Stream:
         self.limit = total_prompts(cfg, len(rows))
         self.todo: deque[int] = deque()  # drawn before a resume and never trained: generated first
         self.partial = at.partial_rollout
-        default = cfg.actor_rollout_ref.rollout.agent.default_agent_loop
-        # multi-turn rows go on across syncs as whole trajectories (agent/partial.py), single-turn ones as tokens
-        self.multi_turn = any(agent_of(r, default) == TOOL_AGENT for r in rows)
-        self.resumed: deque[Partial] = deque()  # interrupted by a sync: they go on first, under the new weights
+        agent = cfg.actor_rollout_ref.rollout.agent
+        names = {agent_of(r, agent.default_agent_loop) for r in rows}
+        # loops of your own stay on their engine's worker across syncs (agent/own_partial.py); multi-turn rows go on
+        # as whole trajectories (agent/partial.py), single-turn ones as tokens, on whichever engine takes them
+        own = names & set(loop_table(agent.agent_loop_config_path))
+        self.kind = OWN if own else TURNS if TOOL_AGENT in names else TOKENS
+        self.resumed: deque = deque()  # interrupted by a sync: they go on first, under the new weights
         self.calls = 0  # partial-rollout calls made, each numbered for its interrupt
         tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
         self.engines = [pool.workers[i : i + tp] for i in range(0, len(pool.workers), tp)]
@@ -135,19 +140,17 @@ class Stream:
             if e in self.busy:
                 continue
             # interrupted ones first: started already, they count against no version's freshness again (verl's)
-            items = [self.resumed.popleft() for _ in range(min(self.chunk, len(self.resumed)))]
+            items = self._resumed_on(e)
             room = self.freshness.room(len(self.queue))
             indices = self._draw(min(self.chunk - len(items), room)) if room > 0 else []
             if not items and not indices:
                 return
             self.freshness.start(len(indices))
             if self.partial:
-                items += [self._fresh(i) for i in indices]
+                items += [self._fresh(i, e) for i in indices]
                 self.calls += 1
                 shares = split(items, len(members))
-                refs = [
-                    w.generate_partial.remote(sh, step, self.calls, self.multi_turn) for w, sh in zip(members, shares)
-                ]
+                refs = [w.generate_partial.remote(sh, step, self.calls, self.kind) for w, sh in zip(members, shares)]
                 self.busy[e] = Call(refs, [[it.index for it in sh] for sh in shares], self.calls)
             else:
                 shares = split(indices, len(members))
@@ -155,8 +158,19 @@ class Stream:
                 self.busy[e] = Call(refs, shares, None)
             self.idle_s[e] += time.perf_counter() - self.idle_from[e]
 
-    def _fresh(self, i: int) -> Partial | AgentPartial:
-        if self.multi_turn:
+    def _resumed_on(self, e: int) -> list:
+        """The interrupted prompts engine e takes now: a chunk of them; with loops of your own, every one it holds
+        (its worker drives all its loops at once)."""
+        if self.kind != OWN:
+            return [self.resumed.popleft() for _ in range(min(self.chunk, len(self.resumed)))]
+        mine = [it for it in self.resumed if it.home == e]
+        self.resumed = deque(it for it in self.resumed if it.home != e)
+        return mine
+
+    def _fresh(self, i: int, e: int) -> Partial | AgentPartial | LoopPartial:
+        if self.kind == OWN:
+            return LoopPartial(i, self.rows[i], self.n, home=e)
+        if self.kind == TURNS:
             return AgentPartial(i, self.rows[i], self.n)
         return Partial.fresh(i, self.rows[i]["input_ids"], self.n)
 

@@ -43,6 +43,11 @@ class Partial:
             self.versions.append(version)
 
 
+# what a partial-rollout call's items are: single-turn token streams (Partial), rlrig's multi-turn trajectories
+# (agent/partial.py AgentPartial), loops of your own held by the engine's worker (agent/own_partial.py LoopPartial)
+TOKENS, TURNS, OWN = "tokens", "turns", "own"
+
+
 @dataclass
 class Progress:
     """What a partial-rollout call gives back: the prompts it finished, as (index, the weight versions that drew

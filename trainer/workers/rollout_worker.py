@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from .. import determinism
 from ..agent import partial as agent_partial
+from ..agent.own_partial import OwnPartials
 from ..agent.rollout import AgentRollout
 from ..config.schema import from_dict
 from ..model import build
@@ -28,7 +29,7 @@ from ..model.forward import ForwardOptions, token_outputs
 from ..model.precision import resolve
 from ..reward.scoring import RewardSource, score
 from ..rollout.engines import EngineContext, Rollout, Sampling, engine_class, make_engine
-from ..rollout.partial import Progress, go_on, packed
+from ..rollout.partial import OWN, TOKENS, TURNS, Progress, go_on, packed
 from ..rollout.weight_sync import SyncGroup
 from .base import PoolWorker, collective_timeout, engine_seed, ensure_local_embedded_model, single_device
 from .phase_report import PhaseReport
@@ -106,6 +107,9 @@ class RolloutWorker(PoolWorker):
         config = build.model_kwargs(a.model, model_path)["config"] if cls.checkpoint_layout else None
         self.layout = CheckpointLayout.of(config) if config is not None else None
         self.agent = AgentRollout(self.engine, self.tok, cfg)
+        # loops of your own that a weight sync halts stay here between calls (fully async with partial rollouts)
+        own = self.agent.own is not None and cfg.async_training.partial_rollout
+        self.own_partials = OwnPartials(self.agent, self.agent.own, cfg, self._logprobs) if own else None
         self.reward = RewardSource.of(cfg, self.tok)
         self.sync: SyncGroup | None = None
         self.version = 0  # how many weight syncs this engine has taken: the policy its samples come from
@@ -166,29 +170,33 @@ class RolloutWorker(PoolWorker):
 
     @on_engine_thread
     @torch.no_grad()
-    def generate_partial(self, items: list, step: int, call: int, multi_turn: bool = False) -> Progress:
-        """Go on with every unfinished sample of `items` (Partial, or with multi_turn AgentPartial; fresh or
-        interrupted before) under the current weights until each ends (EOS or the response length; a multi-turn one
-        at its last turn) or interrupt(call) stops them all; each new token's log-prob is that of the weights that
-        drew it. multi_turn comes with the call, not from the items: a rank of a tensor-parallel engine may have none
-        and must still step with the others."""
+    def generate_partial(self, items: list, step: int, call: int, kind: str = TOKENS) -> Progress:
+        """Go on with every unfinished sample of `items` (fresh or interrupted before; `kind` says which they are:
+        rollout/partial.py) under the current weights until each ends (EOS or the response length; a multi-turn one
+        at its last turn, a loop of your own when it returns) or interrupt(call) stops them all; each new token's
+        log-prob is that of the weights that drew it. The kind comes with the call, not from the items: a rank of a
+        tensor-parallel engine may have none and must still step with the others."""
         self.step, t0 = step, time.perf_counter()
         max_new, tok = self.cfg.data.max_response_length, self.tok
         stopped = lambda: self.interrupted >= call  # noqa: E731
         with self._reported("rollout_gen"), self._recorded(step):
             self.agent.tracer.at(step)
-            if multi_turn:
+            if kind == OWN:
+                self.own_partials.go_on(items, stopped, self.version)
+            elif kind == TURNS:
                 agent_partial.go_on(self.agent, items, stopped, self._logprobs, self.version)
             else:
                 go_on(self.engine, items, max_new, stopped, self._logprobs, self.version)
         ended = [it for it in items if it.finished]
         going = [it for it in items if not it.finished]
         done = Progress([(it.index, it.versions) for it in ended], None, going, 0.0)
-        if ended and multi_turn:
-            done.rollout, turns = agent_partial.packed(self.agent, ended)
-            done.turns, done.records = turns.extra_info(), turns.records()
+        if ended and kind != TOKENS:
+            ro, turns = self.own_partials.packed(ended) if kind == OWN else agent_partial.packed(self.agent, ended)
+            done.rollout, done.turns, done.records = ro, turns.extra_info(), turns.records()
         elif ended:
             done.rollout = packed(ended, max_new, tok.pad_token_id, tok.eos_token_id)
+        if done.rollout is not None and done.rollout.engine_logp is None:  # a loop of your own that gave none
+            done.rollout.engine_logp = self._logprobs(done.rollout).cpu()
         done.secs = time.perf_counter() - t0
         return done
 
@@ -213,6 +221,8 @@ class RolloutWorker(PoolWorker):
         return scores.tolist(), texts, extras, [t.num_turns for t in turns.trajs]
 
     def _drop_engine(self) -> None:
+        if self.own_partials is not None:
+            self.own_partials.close()
         if self.agent is not None:
             self.agent.close()
         if self.engine is not None:

@@ -88,12 +88,12 @@ class HFRollout(RolloutEngine):
         return self._generate(prompts, n, sampling or Sampling.of(self.cfg), max_new or self.max_new, None)
 
     @torch.no_grad()
-    def generate_until(self, prompts, max_new: int, stopped) -> tuple[Rollout, list[bool]]:
+    def generate_until(self, prompts, max_new: int, stopped, sampling: Sampling | None = None):
         """One sample of each prompt, at most max_new tokens, stopping every row at the first token boundary where
         stopped() is true (a partial rollout: the fully async mode's weight sync interrupts it). A row's response
         holds the tokens generated before the stop, or up to its EOS; and whether each row ended by itself (EOS; a
-        row cut at max_new the caller tells by its length)."""
-        ro = self._generate(prompts, 1, Sampling.of(self.cfg), max_new, stopped)
+        row cut at max_new the caller tells by its length). `sampling` None: the rollout config's."""
+        ro = self._generate(prompts, 1, sampling or Sampling.of(self.cfg), max_new, stopped)
         ends = ro.input_ids[:, ro.prompt_len :] == self.tok.eos_token_id
         return ro, (ends & (ro.response_mask > 0)).any(1).tolist()
 

@@ -382,16 +382,17 @@ class VLLMRollout(RolloutEngine):
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.tp_group.cpu_group)
         return int(t.item())
 
-    def generate_until(self, prompts, max_new: int, stopped):
+    def generate_until(self, prompts, max_new: int, stopped, sampling: Sampling | None = None):
         """One sample of each prompt, at most max_new tokens; the engine stepped by hand (what LLM.generate does
         inside) with every request's output kept whole at each step, and stopped() asked between steps: when it
         holds, the requests left are aborted and keep the tokens they have (a partial rollout). With the Rollout,
-        whether each row ended by itself."""
+        whether each row ended by itself. `sampling` None: the rollout config's."""
         from vllm.sampling_params import RequestOutputKind
 
         self._wake()
         # one length for all: each rank's rows allow their own (the caller cuts a row's tokens to its room)
-        kw = sampling_kwargs(Sampling.of(self.cfg), 1, self._most(max_new), self.tok.eos_token_id, self.request_seed)
+        sampling = sampling or Sampling.of(self.cfg)
+        kw = sampling_kwargs(sampling, 1, self._most(max_new), self.tok.eos_token_id, self.request_seed)
         params = self.vllm.SamplingParams(**kw, output_kind=RequestOutputKind.CUMULATIVE)
         asked, mine = self._asked(prompts)
         engine = self.llm.llm_engine

@@ -297,15 +297,6 @@ def test_a_missing_loops_file_is_refused_in_one_line(tmp_path):
         check(config(tmp_path / "none.yaml"), [row("1=")])
 
 
-def test_loops_of_your_own_with_partial_rollouts_are_refused(entries):
-    cfg = config(entries, "retry")
-    cfg.trainer.async_mode = "fully_async_policy"  # its pool's keys aside: the check reads these two
-    with pytest.raises(ConfigError, match="agent loop retry: loops of your own do not run with async_training"):
-        check(cfg, [row("1=")])
-    cfg.async_training.partial_rollout = False
-    check(cfg, [row("1=")])
-
-
 @pytest.mark.parametrize(
     "loop, message",
     [
