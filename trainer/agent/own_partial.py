@@ -15,7 +15,7 @@ from ..rollout.engines.base import Rollout, Sampling
 from ..rollout.partial import Partial
 from .own_loops import OwnLoops, sampling_of, sampling_params, trajectory
 from .rollout import AgentRollout, TurnStats
-from .server_manager import Request, ServerManager, failed
+from .server_manager import Request, ServerManager
 from .verl_api import TokenOutput
 
 
@@ -82,11 +82,6 @@ class HaltableServer(ServerManager):
         every loop still running waiting on generate. The first loop to raise is raised (the run ends)."""
         while True:
             await self.settled(tasks)
-            bad = failed(tasks)
-            if bad and bad[0].cancelled():
-                raise RuntimeError("an agent loop of your own cancelled itself; a loop must return its output")
-            if bad:
-                raise bad[0].exception()
             if not self.waiting or stopped():
                 return
             self.flush_until(stopped)

@@ -84,10 +84,15 @@ class ServerManager:
         self.changed.set()
 
     async def settled(self, tasks: list[asyncio.Task]) -> None:
-        """Until every running loop waits on generate, or one failed."""
+        """Until every running loop waits on generate; the first loop to have failed is raised."""
         while len(self.waiting) < self.running and not failed(tasks):
             self.changed.clear()
             await self.changed.wait()
+        bad = failed(tasks)
+        if bad and bad[0].cancelled():
+            raise RuntimeError("an agent loop of your own cancelled itself; a loop must return its output")
+        if bad:
+            raise bad[0].exception()
 
     def flush(self) -> None:
         """The waiting calls to the engine, one call per sampling, in the order they came."""
@@ -116,11 +121,6 @@ class ServerManager:
         try:
             while True:
                 await self.settled(tasks)
-                bad = failed(tasks)
-                if bad and bad[0].cancelled():
-                    raise RuntimeError("an agent loop of your own cancelled itself; a loop must return its output")
-                if bad:
-                    raise bad[0].exception()
                 if not self.engine.agree(bool(self.waiting)):
                     break
                 self.flush()
