@@ -82,7 +82,8 @@ def ulysses_sizes(cfg: Config) -> None:
         (a.ref, ref_own, a.ref.fsdp_config),
         (cfg.critic, cfg.critic.ulysses_sequence_parallel_size, cfg.critic.model.fsdp_config),
     ):
-        role.ulysses_sequence_parallel_size = own if own > 1 else engine.ulysses_sequence_parallel_size
+        # a value below 1 stays for the domain check to refuse
+        role.ulysses_sequence_parallel_size = engine.ulysses_sequence_parallel_size if own == 1 else own
 
 
 def derive(cfg: Config) -> None:
