@@ -20,6 +20,9 @@ def distill(run: Path, *extra: str) -> list[dict]:
     return metrics(run)
 
 
+# long: CI runs the teacher's pool with two teachers below (and one teacher's pool in one process,
+# tests/unit/trainer/workers/test_distillation_step.py)
+@pytest.mark.long
 def test_the_teacher_in_a_pool_of_its_own_scores_the_samples(tmp_path):
     pool = ["distillation.nnodes=1", "distillation.n_gpus_per_node=1", "trainer.n_gpus_per_node=1"]
     rows = distill(tmp_path / "run", *pool, "trainer.total_training_steps=2", "trainer.val_before_train=False")
@@ -32,6 +35,9 @@ SHORT = ["trainer.total_training_steps=2", "trainer.val_before_train=False", "tr
 TOPK = ["distillation.distillation_loss.loss_mode=forward_kl_topk", "distillation.distillation_loss.topk=8"]
 
 
+# long: CI runs a top-k step in one process, here and on the pool (tests/unit/trainer/workers/test_distillation_step.py)
+# and two top-k steps through vLLM (tests/vllm_tier/test_vllm_distillation.py)
+@pytest.mark.long
 def test_the_top_k_mode_trains_on_the_teachers_top_k(tmp_path):
     direct = [
         "distillation.distillation_loss.use_policy_gradient=False",
@@ -81,6 +87,8 @@ def test_two_teachers_on_a_pool_each_score_their_data_source(tmp_path):
     assert len(steps) == 2 and all(m["distillation/abs_loss"] > 0 for m in steps)
 
 
+# long: CI checks the refusal's line in tests/unit/trainer/config/test_distillation_keys.py
+@pytest.mark.long
 def test_a_sample_no_teacher_matches_is_refused_at_start_up(tmp_path):
     from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
 

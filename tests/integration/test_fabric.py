@@ -77,6 +77,8 @@ def test_a_slow_node_stops_the_job_named(cluster_hosts):
     assert report["nodes"][2]["to_mb_s"] < 3.5 < 10 * 3.5 < report["nodes"][1]["mb_s"], report
 
 
+# long: CI runs the check itself (passing and failing) above
+@pytest.mark.long
 def test_no_fabric_check_skips_it(cluster_hosts):
     _, codes, head = run_three(cluster_hosts, "itfskip", slow="20mbit", options=("--no-fabric-check",))
     assert codes == [0, 0, 0], head

@@ -91,6 +91,8 @@ class Broken(AgentLoopBase):
 """
 
 
+# long: CI checks the line in one process (tests/unit/trainer/agent/test_own_loops.py)
+@pytest.mark.long
 def test_a_loop_that_raises_ends_the_run_in_one_line_naming_it(tmp_path):
     (tmp_path / "broken_loop.py").write_text(BROKEN)
     (tmp_path / "loops.yaml").write_text("- name: broken\n  _target_: broken_loop.Broken\n")

@@ -73,6 +73,8 @@ def test_a_reward_manager_of_your_own_scores_the_run_and_its_extra_info_is_logge
     assert 0.0 <= row["val-core/rlrig/arithmetic/acc/mean@1"] <= 1.0
 
 
+# long: CI checks the line in one process (tests/unit/trainer/reward/test_own_managers.py)
+@pytest.mark.long
 def test_a_reward_manager_that_raises_ends_the_run_in_one_line(tmp_path):
     r = train(tmp_path, -1.0, 1)
     assert r.returncode == 2, r.stderr[-3000:]

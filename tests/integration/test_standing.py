@@ -247,6 +247,8 @@ def session_logs(ray_tmp: str) -> str:
     return "\n".join(text)
 
 
+# long: CI runs Ray's debugger through the same flag in test_post_mortem_leaves_a_debugger_waiting
+@pytest.mark.long
 def test_legacy_debugger_lists_the_breakpoint(cluster_hosts):
     ns, nodes = up(cluster_hosts, 1, "st4", args=["--debug", "legacy"])
     assert "RAY_DEBUG=legacy" in nodes[0].output  # printed before Ray starts

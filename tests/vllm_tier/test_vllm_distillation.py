@@ -85,6 +85,8 @@ def test_the_vllm_teachers_top_k_is_the_hf_teachers():
     assert (logp[~kept] == 0).all() and (ids[~kept] == 0).all()
 
 
+# long: CI trains with the engine over two devices (test_a_vllm_teacher_scores_two_steps[pool-tp2])
+@pytest.mark.long
 def test_a_teacher_engine_over_two_devices_gives_one_devices_log_probs():
     """inference.tensor_model_parallel_size=2 as a worker of the teacher's pool runs it: one engine whose two
     tensor-parallel processes vLLM starts, equal to the one-device engine's log-probs."""
@@ -124,7 +126,8 @@ TP2 = f"{TEACHER}.inference.tensor_model_parallel_size=2"
     "pool",
     [
         pytest.param([], marks=pytest.mark.long),
-        ["distillation.nnodes=1", "distillation.n_gpus_per_node=1"],
+        # long: CI runs the pool with an engine over its worker's two devices (pool-tp2)
+        pytest.param(["distillation.nnodes=1", "distillation.n_gpus_per_node=1"], marks=pytest.mark.long),
         # verl's placement of a teacher over two devices: a pool worker holding both, one engine of tp=2
         ["distillation.nnodes=1", "distillation.n_gpus_per_node=2", TP2],
         # colocated: both training workers share one engine of tp=2, started by the first
@@ -141,6 +144,8 @@ def test_a_vllm_teacher_scores_two_steps(tmp_path, pool):
     assert len(steps) == 2 and all(r["distillation/abs_loss"] > 0 for r in steps)
 
 
+# long: CI checks the vLLM teacher's top k against the hf teacher's above, and top-k steps in one process
+@pytest.mark.long
 def test_the_top_k_mode_trains_through_a_vllm_teacher_on_its_pool(tmp_path):
     extra = [
         "trainer.val_before_train=False",

@@ -207,7 +207,8 @@ FULLY_ASYNC = [
     [
         # long: CI keeps the synchronous pool on hf (test_rollout_pool) and vLLM's pools one step off and fully async
         pytest.param("sync", 1, [0.0, 0.0, 0.0], marks=pytest.mark.long),
-        ("one_step_off_policy", 1, [0.0, 1.0, 1.0]),
+        # long: CI keeps one step off on hf (test_rollout_pool) and vLLM's pool fully async (fully-async-tp2)
+        pytest.param("one_step_off_policy", 1, [0.0, 1.0, 1.0], marks=pytest.mark.long),
         # long: CI keeps an engine spanning two workers taking the weights in fully-async-tp2
         pytest.param("sync", 2, [0.0, 0.0, 0.0], marks=pytest.mark.long),
         ("fully_async_policy", 2, None),  # a version behind at most (staleness_threshold=0.5), as the stream goes

@@ -164,7 +164,7 @@ def test_an_moe_trains_with_vllm_colocated(tmp_path, family, extra):
     if extra is FSDP_EP:
         from rlrig.trainer.driver import checkpoint
 
-        assert "actor_rollout_ref (the actor's experts split over rows of 2 workers) + ref on" in out
+        assert "actor_rollout_ref (the actor's experts split over rows of 2 workers) + ref + critic on" in out
 
         assert rows[-1]["actor/kl_loss"] > 1e-4, rows[-1]  # the policy moved from the (expert-parallel) reference
         state, _, _ = checkpoint.load(tmp_path / "run" / "global_step_3")
@@ -192,6 +192,9 @@ def test_an_moe_trains_with_vllm_on_a_rollout_pool_of_its_own(tmp_path, family):
     train(tmp_path / "run", family, *pool, "trainer.n_gpus_per_node=1")
 
 
+# long: CI trains an MoE with its reference and critic and checks its checkpoint's whole experts (the expert-parallel
+# run above) and the export below
+@pytest.mark.long
 def test_an_moe_with_its_reference_and_critic_checkpoints_resumes_and_exports(tmp_path):
     """Mixtral as the actor, the KL loss's reference and GAE's critic (a token-classification head on the MoE);
     checkpointed at step 2 with each role's Hugging Face folder, resumed to step 3 with the engine agreeing."""
