@@ -394,5 +394,12 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
 
 
+def run() -> None:
+    """The `rlrig` command."""
+    from rlrig.trainer.process_exit import leave
+
+    leave(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

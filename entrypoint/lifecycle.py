@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from . import command, restarts
 from .cluster import coordination, identity, metricsbind, ports, prestart, raystart
 from .cluster.gcs import GcsStore
-from .cluster.processes import Stop, become_subreaper, install_stop_handlers, sweep_descendants, terminate_group
+from .cluster.processes import Stop, become_subreaper, install_stop_handlers, stop_ray, terminate_group
 from .console import say
 from .errors import NodeLost, RigError
 from .fabric import tcp as fabric_tcp
@@ -126,8 +126,7 @@ def run_head(plan: Plan) -> int:
             probe.close()
         if store is not None:
             coordination.publish_exit(store, code)
-        terminate_group(ray_proc)
-        sweep_descendants()
+        stop_ray(ray_proc)
 
 
 def node_lines(nodes: Mapping[int, dict]) -> list[str]:
@@ -179,8 +178,7 @@ def _serve_as_worker(plan: Plan, store: coordination.Store, cluster: dict[str, s
         wait_out_the_head(plan, store, s, alive)
         raise
     finally:
-        terminate_group(ray_proc)
-        sweep_descendants()
+        stop_ray(ray_proc)
 
 
 def wait_out_the_head(plan: Plan, store: coordination.Store, stop: Stop, alive: Callable[[], None]) -> None:

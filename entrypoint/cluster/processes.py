@@ -39,6 +39,27 @@ def terminate_group(proc: subprocess.Popen, grace: float = 5.0) -> int | None:
     return proc.poll()
 
 
+# Ray's daemons take their time over SIGTERM (its GCS about 2 s, the dashboard, monitors and client server about 3 s
+# on an idle node, at the end of every run) though they hold nothing of the job's by then: the command has ended and
+# the workers have read its code
+RAY_GRACE_S = 1.0
+
+
+def stop_ray(ray_proc: subprocess.Popen | None, grace: float = RAY_GRACE_S) -> int:
+    """Every process of this node's Ray, and anything else still below this one, asked to stop at once, then
+    whatever is left after `grace` seconds killed; how many were. Its process group is signalled too, for where no
+    subreaper holds Ray's daemons as our descendants."""
+    if ray_proc is not None and ray_proc.poll() is None:
+        try:
+            os.killpg(ray_proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    left = sweep_descendants(grace)
+    if ray_proc is not None:
+        terminate_group(ray_proc, grace)
+    return left
+
+
 def sweep_descendants(grace: float = 5.0) -> int:
     """TERM then KILL everything below this process; returns how many were left to kill."""
     import psutil

@@ -28,6 +28,8 @@ for env_value, gloo, ip in sorted(ray.get(refs), key=lambda t: t[2]):
 # A driver without the cluster token must be refused.
 env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN", "RLRIG_CLUSTER_TOKEN")}
 env["RAY_AUTH_TOKEN"] = "b" * 64
+# Ray's own bound on a driver's tries to reach the GCS (20 of about 1 s each): the GCS is up and answering by now
+env["RAY_gcs_server_port_wait_time_s"] = "3"
 r = subprocess.run(
     [sys.executable, "-c", "import ray; ray.init(); print('CONNECTED')"],
     env=env,

@@ -289,19 +289,16 @@ def pack(trajs: list[Trajectory], response_length: int, pad_id: int, with_logps:
     """The trajectories as one Rollout: prompts left-padded, responses (every turn) right-padded to the response
     length; attention on every token of them, the response mask on the model's own."""
     ids, mask = left_pad([t.prompt for t in trajs], pad_id)
-    B, R = len(trajs), response_length
-    resp = torch.full((B, R), pad_id, dtype=torch.long)
-    attn, rmask, logp = (
-        torch.zeros((B, R), dtype=torch.long),
-        torch.zeros((B, R), dtype=torch.long),
-        torch.zeros((B, R)),
-    )
-    for i, t in enumerate(trajs):
-        k = min(len(t.ids), R)
-        resp[i, :k] = torch.tensor(t.ids[:k], dtype=torch.long)
-        attn[i, :k] = 1
-        rmask[i, :k] = torch.tensor(t.mask[:k], dtype=torch.long)
-        logp[i, :k] = torch.tensor(t.logps[:k])
+    R = response_length
+
+    def right_padded(rows: list[list], value, dtype) -> torch.Tensor:
+        # one tensor from padded lists: a tensor a row costs more than the rows' few tokens
+        return torch.tensor([r[:R] + [value] * (R - len(r[:R])) for r in rows], dtype=dtype).reshape(len(rows), R)
+
+    resp = right_padded([t.ids for t in trajs], pad_id, torch.long)
+    attn = right_padded([[1] * len(t.ids) for t in trajs], 0, torch.long)
+    rmask = right_padded([t.mask for t in trajs], 0, torch.long)
+    logp = right_padded([t.logps for t in trajs], 0.0, torch.float32)
     attention = torch.cat([mask, attn], 1)
     routed = routed_layout([getattr(t, "routed", None) for t in trajs], attention)  # loops of your own record none
     return Rollout(

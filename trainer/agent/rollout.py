@@ -186,12 +186,16 @@ class AgentRollout:
         length; every turn that is over (the engine ended it, or the response is full) is checked, and its tool
         calls, or its interaction's turn, run."""
         loop, took = self.loop, (end - start) / 1e9
+        # read to the host once for the wave, not a row at a time (a step's rows are many and their tokens few)
+        ids, kept = ro.input_ids[:, ro.prompt_len :].tolist(), ro.response_mask.tolist()
+        logps = logp.tolist() if logp is not None else None
         for i, t in enumerate(live):
-            kept = ro.response_mask[i].bool()  # the tokens up to and including an end token
-            new = ro.input_ids[i, ro.prompt_len :][kept].tolist()[: self.R - len(t.ids)]
+            # the tokens up to and including an end token
+            new = [tok for tok, k in zip(ids[i], kept[i]) if k][: self.R - len(t.ids)]
             if t.trace is not None:
                 self.tracer.generation(t.trace, start, end, t.prompt + t.ids, new)
-            t.add(new, model=True, logps=logp[i][kept].tolist()[: len(new)] if logp is not None else None)
+            drawn = None if logps is None else [x for x, k in zip(logps[i], kept[i]) if k][: len(new)]
+            t.add(new, model=True, logps=drawn)
             routed = ro.routing_of(i)  # this call read the trajectory's every token before its last
             t.routed = routed[: len(t.prompt) + len(t.ids)] if routed is not None else t.routed
             t.turn += new

@@ -39,4 +39,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ..process_exit import leave
+
+    leave(main())

@@ -286,12 +286,10 @@ def routed_layout(routed: list, attention: torch.Tensor) -> torch.Tensor | None:
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, attention mask), both [B, longest prompt]: each prompt right-aligned, padded on the left."""
     width = max((len(p) for p in prompts), default=0)  # none: a tensor-parallel rank with no share of the prompts
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.tensor(p)
-        mask[i, width - len(p) :] = 1
-    return ids, mask
+    # built as lists and made tensors once: a tensor a row costs more than a prompt's few tokens
+    ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
+    return ids.reshape(len(prompts), width), mask.reshape(len(prompts), width)
 
 
 def left_pad_to(t: torch.Tensor, width: int, value) -> torch.Tensor:
