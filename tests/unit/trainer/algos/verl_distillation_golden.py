@@ -55,15 +55,28 @@ def r4(t: torch.Tensor) -> torch.Tensor:
     return torch.round(t * 1e4) / 1e4
 
 
-def inputs(g: torch.Generator) -> dict[str, torch.Tensor]:
+def draws(g: torch.Generator):
+    """rand(*shape, scale): normal draws from `g`, in float64, rounded as the fixture stores them."""
+
     def rand(*shape, scale=1.0):
         return r4(torch.randn(*shape, generator=g, dtype=torch.float64) * scale)
 
-    lengths = torch.randint(1, COLS + 1, (ROWS,), generator=g)
-    mask = (torch.arange(COLS)[None] < lengths[:, None]).to(torch.float64)
+    return rand
+
+
+def masked_start(g: torch.Generator, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first draws of both fixtures' inputs: the loss mask (one row without tokens, one with a hole) and the old
+    log-probs."""
+    lengths = torch.randint(1, cols + 1, (rows,), generator=g)
+    mask = (torch.arange(cols)[None] < lengths[:, None]).to(torch.float64)
     mask[1] = 0
     mask[2, 0] = 0
-    old = rand(ROWS, COLS) - 1.5
+    return mask, draws(g)(rows, cols) - 1.5
+
+
+def inputs(g: torch.Generator) -> dict[str, torch.Tensor]:
+    rand = draws(g)
+    mask, old = masked_start(g, ROWS, COLS)
     return {
         "mask": mask,
         "old_logp": old,

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))  # run as a script: its neighbours
-from verl_distillation_golden import Metric, number, r4  # noqa: E402
+from verl_distillation_golden import Metric, draws, masked_start, number, r4  # noqa: E402
 from verl_source import VerlConfig, cut, load_core_algos, wheel_show, write_fixture  # noqa: E402
 
 OUT = Path(__file__).with_name("verl_distillation_topk_golden.json")
@@ -65,14 +65,8 @@ def load(root: str) -> tuple[dict, dict]:
 
 
 def inputs(g: torch.Generator) -> dict[str, torch.Tensor]:
-    def rand(*shape, scale=1.0):
-        return r4(torch.randn(*shape, generator=g, dtype=torch.float64) * scale)
-
-    lengths = torch.randint(1, COLS + 1, (ROWS,), generator=g)
-    mask = (torch.arange(COLS)[None] < lengths[:, None]).to(torch.float64)
-    mask[1] = 0
-    mask[2, 0] = 0
-    old = rand(ROWS, COLS) - 1.5
+    rand = draws(g)
+    mask, old = masked_start(g, ROWS, COLS)
     teacher = torch.log_softmax(rand(ROWS, COLS, VOCAB, scale=2.5), -1).topk(K, dim=-1)
     return {
         "mask": mask,
