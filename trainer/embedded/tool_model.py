@@ -93,11 +93,10 @@ def warm_up(model, tokenizer, steps: int, seed: int = 0) -> None:
     response_close = tokenizer.convert_tokens_to_ids("</tool_response>")
     for _ in range(steps):
         ids, labels = [], []
-        for _ in range(32):
-            a, b = problem(rng)
-            prompt, response = trace(a, b, rng.random() < DIRECT_SHARE, tokenizer.eos_token)
-            p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-            r = tokenizer(response, add_special_tokens=False)["input_ids"]
+        traces = [trace(*problem(rng), rng.random() < DIRECT_SHARE, tokenizer.eos_token) for _ in range(32)]
+        # a call for each side of the batch, not one per text: the tokenizer's own cost is most of a call's
+        prompts, responses = (tokenizer(list(side), add_special_tokens=False)["input_ids"] for side in zip(*traces))
+        for p, r in zip(prompts, responses):
             # the tool's tokens are not the model's to learn: from <tool_response> up to, not including, the next turn
             masked, inside = [], False
             for t in r:
