@@ -11,6 +11,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import time
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -39,25 +40,51 @@ def terminate_group(proc: subprocess.Popen, grace: float = 5.0) -> int | None:
     return proc.poll()
 
 
-# Ray's daemons take their time over SIGTERM (its GCS about 2 s, the dashboard, monitors and client server about 3 s
-# on an idle node, at the end of every run) though they hold nothing of the job's by then: the command has ended and
-# the workers have read its code
-RAY_GRACE_S = 1.0
+# Ray's own daemons take their time over SIGTERM (its GCS about 2 s, the dashboard, monitors and client server about
+# 3 s on an idle node, at the end of every run) though they hold nothing of the job's by then: the command has ended
+# and the workers have read its code. They are known by where Ray installs them and by the titles Ray gives them.
+# Anything else below us (Ray's workers, the command's leftovers) is left to end on its own first: Ray ends a finished
+# job's workers through their exit handlers (a vLLM engine removing its shared memory), which a signal would cut short.
+RAY_DAEMONS = (
+    "/ray/core/src/ray/",  # gcs_server, raylet
+    "/ray/dashboard/",
+    "/ray/autoscaler/",
+    "/ray/_private/log_monitor.py",
+    "ray.util.client.server",
+    "ray-dashboard-",
+    "ray::DashboardAgent",
+    "ray::RuntimeEnvAgent",
+    "/bin/ray start",
+)
+DAEMON_GRACE_S = 1.0
 
 
-def stop_ray(ray_proc: subprocess.Popen | None, grace: float = RAY_GRACE_S) -> int:
-    """Every process of this node's Ray, and anything else still below this one, asked to stop at once, then
-    whatever is left after `grace` seconds killed; how many were. Its process group is signalled too, for where no
-    subreaper holds Ray's daemons as our descendants."""
+def stop_ray(ray_proc: subprocess.Popen | None, grace: float = 5.0) -> int:
+    """This node's Ray stopped, and everything else below this process: Ray's daemons asked at once; the rest (its
+    workers, the command's leftovers) given up to `grace` seconds to end on their own; then whatever is left is
+    swept (SIGTERM, SIGKILL a second later for Ray's daemons still stopping). How many were killed."""
+    import psutil
+
     if ray_proc is not None and ray_proc.poll() is None:
         try:
             os.killpg(ray_proc.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-    left = sweep_descendants(grace)
+    start, me = time.monotonic(), psutil.Process()
+    while time.monotonic() < start + grace:
+        procs = [p for p in me.children(recursive=True) if _running(p)]
+        if not any(not is_ray_daemon(_cmdline(p)) for p in procs) and time.monotonic() >= start + DAEMON_GRACE_S:
+            break
+        psutil.wait_procs(procs, timeout=0.1)
+    left = sweep_descendants(DAEMON_GRACE_S)
     if ray_proc is not None:
         terminate_group(ray_proc, grace)
     return left
+
+
+def is_ray_daemon(cmdline: list[str]) -> bool:
+    line = " ".join(cmdline)
+    return any(mark in line for mark in RAY_DAEMONS)
 
 
 def sweep_descendants(grace: float = 5.0) -> int:
@@ -78,6 +105,24 @@ def sweep_descendants(grace: float = 5.0) -> int:
     psutil.wait_procs(late, timeout=5)
     _reap()
     return len(alive) + len(late)
+
+
+def _running(p) -> bool:
+    import psutil
+
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _cmdline(p) -> list[str]:
+    import psutil
+
+    try:
+        return p.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return []
 
 
 def _signal_all(procs, how: str) -> None:

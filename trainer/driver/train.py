@@ -14,6 +14,7 @@ from .launch import Workers, describe_placement, start_workers
 from .modes import Mode, mode_of
 from .prepare import prepare
 from .reporting import MetricsLog, progress, rss_gb, say
+from .rollout_pool import STOP_WAIT_S
 from .stages import Prepared, Progress
 from .watchdog import Watchdog
 
@@ -163,6 +164,10 @@ def shut_down(prep: Prepared, started: Started) -> None:
     ray.get([w.shutdown.remote() for w in started.workers.stateful])
     if prep.cfg.ray_kwargs.timeline_json_file:
         ray.timeline(filename=prep.cfg.ray_kwargs.timeline_json_file)
+    # each worker's process ends as it would on its own (PoolWorker.exit), not when the job's end kills it; one that
+    # has not after STOP_WAIT_S is left to that
+    exits = [w.exit.remote() for w in started.workers.stateful]
+    ray.wait(exits, num_returns=len(exits), timeout=STOP_WAIT_S)
 
 
 def train(cfg) -> int:

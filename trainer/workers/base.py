@@ -171,6 +171,14 @@ class PoolWorker:
     def after_update(self, step: int) -> None:
         self.profiler.after_update(step)
 
+    def exit(self) -> None:
+        """This process ends normally, its exit handlers run: they free what an engine holds beyond the process (vLLM's
+        CPU engines spanning workers: their shared-memory segments, which the next such engine on the node cannot
+        start beside), which a kill at the end of the job would leave behind."""
+        import ray
+
+        ray.actor.exit_actor()
+
 
 class RankWorker(PoolWorker):
     """A rank of a data-parallel group: its config, device and process group, and micro batches every rank agrees

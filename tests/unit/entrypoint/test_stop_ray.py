@@ -43,3 +43,33 @@ def test_every_process_below_is_stopped_and_one_that_ignores_sigterm_is_killed()
     assert out["started"] == 3, out  # the stand-in, sleep, the one that ignores SIGTERM
     assert out["left"] == [], out
     assert out["killed"] == 1, out  # the one that ignores SIGTERM; the stand-in and sleep went on it
+
+
+SITE = "/venv/lib/python3.11/site-packages"
+
+
+@pytest.mark.parametrize(
+    "cmdline, daemon",
+    [
+        ([f"{SITE}/ray/core/src/ray/gcs/gcs_server", "--log_dir=/tmp/x"], True),
+        ([f"{SITE}/ray/core/src/ray/raylet/raylet", "--raylet_socket_name=/tmp/s"], True),
+        (["/venv/bin/python3", f"{SITE}/ray/dashboard/dashboard.py", "--host=127.0.0.1"], True),
+        (["/venv/bin/python3", "-u", f"{SITE}/ray/autoscaler/_private/monitor.py"], True),
+        (["/venv/bin/python3", "-u", f"{SITE}/ray/_private/log_monitor.py"], True),
+        (["/venv/bin/python3", "-m", "ray.util.client.server", "--port=10001"], True),
+        (["ray-dashboard-NodeHead-0 (/venv/bin/python3 -B -c ...)"], True),
+        (["ray::DashboardAgent"], True),
+        (["ray::RuntimeEnvAgent"], True),
+        (["/venv/bin/python3", "/venv/bin/ray", "start", "--block"], True),
+        # the job's own: Ray's workers and whatever the command started, which may be cleaning up
+        (["ray::RolloutWorker"], False),
+        (["ray::TrainingWorker.step"], False),
+        (["ray::IDLE"], False),
+        (["/venv/bin/python", "train.py", "--dashboard"], False),
+        ([], False),  # gone before it was read
+    ],
+)
+def test_ray_daemons_are_told_from_the_jobs_processes(cmdline, daemon):
+    from rlrig.entrypoint.cluster.processes import is_ray_daemon
+
+    assert is_ray_daemon(cmdline) is daemon
