@@ -113,6 +113,7 @@ def test_a_deliberate_weight_change_moves_the_output(tiny, engine):
 )
 def test_training_with_vllm_rollout_logs_probs_diff(tmp_path, extra, engine):
     run = tmp_path / "run"
+    shm = set(glob.glob("/dev/shm/*cpushm*"))  # a CPU engine spanning workers keeps its shared memory there
     r = subprocess.run(
         [
             sys.executable,
@@ -143,6 +144,9 @@ def test_training_with_vllm_rollout_logs_probs_diff(tmp_path, extra, engine):
             assert m["rollout_corr/rollout_is_ratio_fraction_high"] == 0.0, m
     if any("lora_rank" in x for x in extra):
         assert rows[-1]["actor/kl_loss"] > 1e-3, rows[-1]  # the adapters moved the policy: the merge is not the base
+    # `rlrig train` has ended: its workers exited normally, their engines' shared memory with them (a kill would leave
+    # it behind, and the next such engine on the node could not start)
+    assert set(glob.glob("/dev/shm/*cpushm*")) <= shm
 
 
 def test_embedded_default_picks_vllm_and_says_so(tmp_path):
