@@ -73,7 +73,8 @@ def stop_ray(ray_proc: subprocess.Popen | None, grace: float = 5.0) -> int:
     start, me = time.monotonic(), psutil.Process()
     while time.monotonic() < start + grace:
         procs = [p for p in me.children(recursive=True) if _running(p)]
-        if not any(not is_ray_daemon(_cmdline(p)) for p in procs) and time.monotonic() >= start + DAEMON_GRACE_S:
+        daemons_only = all(is_ray_daemon(_cmdline(p)) for p in procs)
+        if not procs or daemons_only and time.monotonic() >= start + DAEMON_GRACE_S:
             break
         psutil.wait_procs(procs, timeout=0.1)
     left = sweep_descendants(DAEMON_GRACE_S)
