@@ -84,6 +84,7 @@ def stop_ray(ray_proc: subprocess.Popen | None, grace: float = 5.0) -> int:
 
 
 def is_ray_daemon(cmdline: list[str]) -> bool:
+    """Whether a process's command line is one of Ray's own daemons (RAY_DAEMONS) rather than the job's."""
     line = " ".join(cmdline)
     return any(mark in line for mark in RAY_DAEMONS)
 
