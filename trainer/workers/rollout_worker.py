@@ -237,8 +237,4 @@ class RolloutWorker(PoolWorker):
         self.lane.shutdown()
         if dist.is_initialized():
             dist.destroy_process_group()
-        import ray
-
-        # a normal exit of this process, whose exit handlers free what the engine holds outside it (vLLM's CPU
-        # engines spanning workers: shared-memory segments, which a killed process leaves behind)
-        ray.actor.exit_actor()
+        self.exit()
