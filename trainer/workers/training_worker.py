@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import torch
@@ -66,6 +67,7 @@ class TrainingWorker(RankWorker):
         self.peers = peers = peers or Peers()
         super().__init__(cfg_dict, rank, world, master, [model_path, rm_path if peers.reward_model is None else None])
         self.report, self.global_step = PhaseReport(f"rank {rank}"), 0
+        self.releases = ExitStack()  # what the step's sources start beyond this process, closed at shutdown
         cfg, a = self.cfg, self.cfg.actor_rollout_ref
         group = ulysses.make_groups(rank, world, a.actor.ulysses_sequence_parallel_size)
         self.sp = {role: group if size > 1 else None for role, size in sequence_parallel(cfg).items()}
@@ -174,7 +176,7 @@ class TrainingWorker(RankWorker):
             critic_update=critic_update,
             actor_update=sources.ActorUpdate.of(m.actor, cfg, self._mini_batches, total, actor_forward),
             sync_engine=self._sync_engine if self.engine is not None else None,
-            teacher=teacher_source(cfg, self.device, peers.teacher, self._micro_batches),
+            teacher=teacher_source(cfg, self.device, peers.teacher, self._micro_batches, self.releases),
         )
         return StepContext(
             cfg=cfg,
@@ -321,6 +323,7 @@ class TrainingWorker(RankWorker):
             self._sync_engine()
 
     def shutdown(self) -> None:
+        self.releases.close()
         if self.rm_scorer is not None:
             self.rm_scorer.close()
         if self.agent is not None:
