@@ -58,21 +58,50 @@ def serve_vllm(conn, kw: dict, sleeps: bool, env: dict, install_hint: str, answe
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return
     conn.send(("ready", None))
-    while True:
-        try:
-            _, seqs, *more = conn.recv()
-        except EOFError:  # the parent is gone
-            return
-        try:
-            if sleeps:
-                llm.wake_up()
-            out = answer(vllm, llm, seqs, *more)
-            if sleeps:
-                llm.sleep(level=1)
-        except Exception as e:  # noqa: BLE001 - sent to the parent, which raises it in the step
-            conn.send(("error", f"{type(e).__name__}: {e}"))
-            return
-        conn.send(out)
+    try:
+        while True:
+            try:
+                _, seqs, *more = conn.recv()
+            except EOFError:  # the parent is gone
+                return
+            try:
+                if sleeps:
+                    llm.wake_up()
+                out = answer(vllm, llm, seqs, *more)
+                if sleeps:
+                    llm.sleep(level=1)
+            except Exception as e:  # noqa: BLE001 - sent to the parent, which raises it in the step
+                conn.send(("error", f"{type(e).__name__}: {e}"))
+                return
+            conn.send(out)
+    finally:
+        shut_down_vllm(llm)
+
+
+def shut_down_vllm(llm) -> None:
+    """Ends a vllm.LLM's engine (in this process: VLLM_ENABLE_V1_MULTIPROCESSING=0) and the worker processes vLLM
+    started for it, before this process ends. Left to the interpreter's exit, the workers go first and vLLM's monitor
+    logs an error about them for a clean close."""
+    llm.llm_engine.engine_core.shutdown()
+
+
+def quiet_resource_tracker() -> None:
+    """Starts this process's multiprocessing resource tracker, where none runs yet, without its warning about what it
+    unlinks. The children share it (spawn hands it down), and vLLM leaves the message queues of its worker processes
+    for it to unlink by design (process_exit.end_resource_tracker waits for that): a warning of "leaked
+    shared_memory objects" at the end of every run would say that something went wrong when nothing did."""
+    from multiprocessing import resource_tracker
+
+    # the tracker is a new interpreter that reads the warning filters from its environment as it starts
+    was = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [was, "ignore::UserWarning:multiprocessing.resource_tracker"]))
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        if was is None:
+            del os.environ["PYTHONWARNINGS"]
+        else:
+            os.environ["PYTHONWARNINGS"] = was
 
 
 class Child:
@@ -80,6 +109,7 @@ class Child:
     `target(its_pipe_end, *args)`; recv() is its next message, or ("error", why) where it exited."""
 
     def __init__(self, target, args: tuple, name: str):
+        quiet_resource_tracker()
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=target, args=(child, *args), name=name)

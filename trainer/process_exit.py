@@ -10,8 +10,11 @@ from typing import NoReturn
 def leave(code: int) -> NoReturn:
     """Exit with `code`, the interpreter's last garbage collection skipped: with torch, transformers and Ray loaded it
     takes about a second at the end of every run and frees nothing the exit does not. Only for a process's own end
-    (the `__main__` of a command), never for a function that returns to a caller that goes on."""
-    gc.freeze()
+    (the `__main__` of a command), never for a function that returns to a caller that goes on. Not where triton is
+    loaded (vLLM's installs): its nanobind bindings print every object of theirs still alive at exit as a leak, dozens
+    of lines at the end of a clean run."""
+    if "triton" not in sys.modules:
+        gc.freeze()
     sys.exit(code)
 
 

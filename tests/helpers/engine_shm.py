@@ -1,5 +1,6 @@
 """The shared memory vLLM's CPU engines hold in /dev/shm while they run: the tensor-parallel groups' segments
-(`*cpushm*`) and the message queues between an engine and its worker processes (Python's `psm_*`). vLLM unlinks
+(`*cpushm*`), the message queues between an engine and its worker processes (Python's `psm_*`) and their locks
+(`sem.mp-*`). vLLM unlinks
 them as its processes end normally; an engine killed with its worker leaves them for good (hundreds of MB each),
 and the next tensor-parallel engine on the node cannot start beside a stale group segment. A test of a run takes
 `segments()` before it and asserts `left_behind(before)` is empty after."""
@@ -9,7 +10,7 @@ from __future__ import annotations
 import glob
 import time
 
-PATTERNS = ("/dev/shm/*cpushm*", "/dev/shm/psm_*")
+PATTERNS = ("/dev/shm/*cpushm*", "/dev/shm/psm_*", "/dev/shm/sem.mp-*")
 
 
 def segments() -> set[str]:

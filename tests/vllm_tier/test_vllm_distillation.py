@@ -15,6 +15,7 @@ from rlrig.trainer.workers.teacher import load_teacher, teacher_forward
 from rlrig.trainer.workers.vllm_teacher import VLLMTeacher
 from tests.helpers import engine_shm
 from tests.integration.test_distillation import distill, mean
+from tests.integration.test_train import metrics, rlrig
 
 TEACHER = "distillation.teacher_models.teacher_model"
 
@@ -129,8 +130,9 @@ TP2 = f"{TEACHER}.inference.tensor_model_parallel_size=2"
         pytest.param([], marks=pytest.mark.long),
         # long: CI runs the pool with an engine over its worker's two devices (pool-tp2)
         pytest.param(["distillation.nnodes=1", "distillation.n_gpus_per_node=1"], marks=pytest.mark.long),
-        # verl's placement of a teacher over two devices: a pool worker holding both, one engine of tp=2
-        ["distillation.nnodes=1", "distillation.n_gpus_per_node=2", TP2],
+        # verl's placement of a teacher over two devices: a pool worker holding both, one engine of tp=2. long: CI
+        # starts it and releases it after a failed step (below)
+        pytest.param(["distillation.nnodes=1", "distillation.n_gpus_per_node=2", TP2], marks=pytest.mark.long),
         # colocated: both training workers share one engine of tp=2, started by the first
         pytest.param(["trainer.n_gpus_per_node=2", TP2], marks=pytest.mark.long),
     ],
@@ -141,10 +143,31 @@ def test_a_vllm_teacher_scores_two_steps(tmp_path, pool):
     extra += ["trainer.total_training_steps=2", f"{TEACHER}.inference.name=vllm"]
     extra += ["trainer.n_gpus_per_node=1"] if "distillation.nnodes=1" in pool else []
     shm = engine_shm.segments()
-    rows = distill(tmp_path / "run", *extra, *pool)
-    steps = [r for r in rows if "distillation/abs_loss" in r]
-    assert len(steps) == 2 and all(r["distillation/abs_loss"] > 0 for r in steps)
-    # the teacher's engine shut down with its worker: vLLM unlinked the message queues to its processes
+    run = tmp_path / "run"
+    r = rlrig("train", "--preset", "distill", "trainer.save_freq=-1", f"trainer.default_local_dir={run}", *extra, *pool,
+              timeout=900)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = [m for m in metrics(run) if "distillation/abs_loss" in m]
+    assert len(steps) == 2 and all(m["distillation/abs_loss"] > 0 for m in steps)
+    # the teacher's engine shut down with its worker, and the message queues to vLLM's processes went with it;
+    # nothing at the end says otherwise (vLLM's monitor on its workers, the tracker that unlinks, triton's bindings)
+    assert not engine_shm.left_behind(shm)
+    for noise in ("died unexpectedly", "leaked shared_memory", "nanobind: leaked"):
+        assert noise not in r.stdout + r.stderr, noise
+
+
+def test_a_failed_run_releases_its_teachers_engine(tmp_path):
+    """The first step fails (the reward function raises): the run ends with its one line, and the teacher's engine
+    over two devices in its pool is shut down on the way, vLLM's shared memory with it."""
+    reward = tmp_path / "down.py"
+    reward.write_text("def compute_score(*args, **kwargs):\n    raise ValueError('the scorer is down')\n")
+    pool = ["distillation.nnodes=1", "distillation.n_gpus_per_node=2", TP2, "trainer.n_gpus_per_node=1"]
+    pool += [f"{TEACHER}.inference.name=vllm", "trainer.val_before_train=False"]
+    shm = engine_shm.segments()
+    run = f"trainer.default_local_dir={tmp_path / 'run'}"
+    r = rlrig("train", "--preset", "distill", run, *pool, f"custom_reward_function.path={reward}", timeout=600)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "rlrig: error: reward function compute_score raised ValueError: the scorer is down" in r.stderr
     assert not engine_shm.left_behind(shm)
 
 

@@ -18,6 +18,9 @@ from .rollout_pool import STOP_WAIT_S
 from .stages import Prepared, Progress
 from .watchdog import Watchdog
 
+# after a failed run, how long the driver waits for the workers to shut down and end before it reports the failure
+FAILED_STOP_WAIT_S = 20.0
+
 
 @dataclass(frozen=True)
 class Started:
@@ -170,22 +173,47 @@ def shut_down(prep: Prepared, started: Started) -> None:
     ray.wait(exits, num_returns=len(exits), timeout=STOP_WAIT_S)
 
 
+def release_after_failure(started: Started) -> None:
+    """After the run failed: every worker that answers within FAILED_STOP_WAIT_S shuts down and ends as at a run's
+    end, so the engines it started go with their shared memory; one still in the failed step (a peer waiting in a
+    collective) is left to the job's end. What a worker raises on the way is said, not raised over the failure."""
+    import ray
+
+    started.mode.close()
+    workers = started.workers.ended_by_driver
+    shutdowns = [w.shutdown.remote() for w in workers]
+    exits = [w.exit.remote() for w in workers]  # an actor runs its calls in order: each after its shutdown
+    ray.wait(exits, num_returns=len(exits), timeout=FAILED_STOP_WAIT_S)
+    done, _ = ray.wait(shutdowns, num_returns=len(shutdowns), timeout=0)
+    for ref in done:
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError:  # a worker that had died with the failure: nothing of it to release
+            pass
+        except Exception as e:  # noqa: BLE001 - said beside the failure that ends the run
+            say(f"shutting a worker down after the failure: {type(e).__name__}: {e}")
+
+
 def train(cfg) -> int:
     mode = mode_of(cfg)
     prep = prepare(cfg, mode)
     started = start(prep, mode)
-    at = resume(prep, started)
     t, metrics_file = prep.cfg.trainer, prep.out / "metrics.jsonl"
     log = MetricsLog(prep.cfg, metrics_file)
-    started.watchdog.start()
     try:
-        if (t.val_before_train and at.step == 0 or t.val_only) and prep.val_rows:
-            m = started.mode.validate(at.step)
-            say(f"validation at step {at.step}: {m}")
-            log.log(at.step, {"training/global_step": at.step, **m})
-        stop = None if t.val_only else loop(prep, started, at, log)
-    finally:
-        started.watchdog.stop()
+        at = resume(prep, started)
+        started.watchdog.start()
+        try:
+            if (t.val_before_train and at.step == 0 or t.val_only) and prep.val_rows:
+                m = started.mode.validate(at.step)
+                say(f"validation at step {at.step}: {m}")
+                log.log(at.step, {"training/global_step": at.step, **m})
+            stop = None if t.val_only else loop(prep, started, at, log)
+        finally:
+            started.watchdog.stop()
+    except BaseException:
+        release_after_failure(started)
+        raise
     shut_down(prep, started)
     if stop is None:
         say(f"trainer.val_only: validated, not trained; metrics in {metrics_file}")

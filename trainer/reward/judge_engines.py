@@ -17,6 +17,7 @@ import torch
 
 from rlrig.entrypoint.cluster.ports import kernel_free_port
 
+from ..child_process import shut_down_vllm
 from ..rollout.engines.sglang_engine import INSTALL_HINT as SGLANG_INSTALL
 from .vllm_scorer import INSTALL_HINT as VLLM_INSTALL
 
@@ -200,6 +201,9 @@ class VLLMJudge(JudgeEngine):
     def wake(self) -> None:
         if self.spec.sleeps:
             self.llm.wake_up()
+
+    def close(self) -> None:
+        shut_down_vllm(self.llm)
 
 
 class SGLangJudge(JudgeEngine):
