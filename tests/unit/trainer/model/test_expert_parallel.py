@@ -4,6 +4,7 @@ rank's expert gradients are the single process's for its experts, and the other 
 as data parallelism averages them, are the single process's."""
 
 import copy
+import gc
 import os
 
 import pytest
@@ -16,14 +17,26 @@ pytestmark = pytest.mark.process
 _TOL = dict(rtol=1e-4, atol=1e-6)
 
 
-def _rank(rank, world, port, family):
+def _in_group(rank, world, port, check, *args):
+    """check(rank, world, *args) on a Gloo rank of `world`. What it built holds the mesh's groups: freed before the
+    groups are destroyed (as RankWorker.shutdown does), or a group's destructor at the process's exit can abort it
+    ("terminate called without an active exception")."""
+    from rlrig.trainer.model import parallel
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    check(rank, world, *args)
+    gc.collect()
+    parallel.forget_meshes()
+    dist.destroy_process_group()
+
+
+def _equal_to_one_process(rank, world, family):
     from torch.distributed.device_mesh import init_device_mesh
 
     from rlrig.trainer.model.expert_parallel import ExpertParallelExperts, gather_experts, parallelize
     from tests.helpers.tiny_moe import build
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     model, tok = build(family, seed=0)
     ep_model = copy.deepcopy(model)
     torch.manual_seed(1)
@@ -61,10 +74,9 @@ def _rank(rank, world, port, family):
     gathered = gather_experts(layer)
     assert torch.equal(gathered["gate_up_proj"], whole.gate_up_proj.detach())
     assert torch.equal(gathered["down_proj"], whole.down_proj.detach())
-    dist.destroy_process_group()
 
 
-def _sharded_rank(rank, world, port, ep):
+def _sharded_equal_to_one_process(rank, world, ep):
     """FSDP2 with expert_parallel_size=ep over `world` Gloo ranks (rows of ep ranks; world > ep: the rows replicate
     the experts) against one process on the whole batch: the loss, every gradient, the clipped norm, the full
     tensors a weight sync reads, and a checkpoint's state gathered and loaded into a fresh sharded model."""
@@ -72,8 +84,6 @@ def _sharded_rank(rank, world, port, ep):
     from rlrig.trainer.model.expert_parallel import ExpertParallelExperts, reduce_replicas
     from tests.helpers.tiny_moe import build
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     model, tok = build("qwen3_moe", seed=0)
     sharded, fresh = copy.deepcopy(model), copy.deepcopy(model)
     torch.manual_seed(1)
@@ -112,8 +122,6 @@ def _sharded_rank(rank, world, port, ep):
         for name, st in optim_sd["state"].items():
             for k, v in st.items():
                 torch.testing.assert_close(again["state"][name][k], v)
-    parallel.forget_meshes()
-    dist.destroy_process_group()
 
 
 # long: (2, 2), where CI runs (4, 2): the same rows with their experts replicated across two of them
@@ -121,14 +129,14 @@ def _sharded_rank(rank, world, port, ep):
 def test_fsdp_with_expert_parallel_ranks_equals_one_process(world, ep):
     from rlrig.entrypoint.cluster.ports import kernel_free_port
 
-    mp.spawn(_sharded_rank, args=(world, kernel_free_port(), ep), nprocs=world)
+    mp.spawn(_in_group, args=(world, kernel_free_port(), _sharded_equal_to_one_process, ep), nprocs=world)
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
 def test_two_expert_parallel_ranks_equal_one_process(family):
     from rlrig.entrypoint.cluster.ports import kernel_free_port
 
-    mp.spawn(_rank, args=(2, kernel_free_port(), family), nprocs=2)
+    mp.spawn(_in_group, args=(2, kernel_free_port(), _equal_to_one_process, family), nprocs=2)
 
 
 def test_a_model_without_fused_experts_is_refused():
