@@ -1,9 +1,8 @@
 """The shared memory vLLM's CPU engines hold in /dev/shm while they run: the tensor-parallel groups' segments
 (`*cpushm*`), the message queues between an engine and its worker processes (Python's `psm_*`) and their locks
-(`sem.mp-*`). vLLM unlinks
-them as its processes end normally; an engine killed with its worker leaves them for good (hundreds of MB each),
-and the next tensor-parallel engine on the node cannot start beside a stale group segment. A test of a run takes
-`segments()` before it and asserts `left_behind(before)` is empty after."""
+(`sem.mp-*`). vLLM unlinks them as its processes end normally; an engine killed with its worker leaves them for
+good (hundreds of MB each), and the next tensor-parallel engine on the node cannot start beside a stale group
+segment. A test of a run takes `segments()` before it and asserts `left_behind(before)` is empty after."""
 
 from __future__ import annotations
 
