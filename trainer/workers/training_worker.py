@@ -67,7 +67,7 @@ class TrainingWorker(RankWorker):
         self.peers = peers = peers or Peers()
         super().__init__(cfg_dict, rank, world, master, [model_path, rm_path if peers.reward_model is None else None])
         self.report, self.global_step = PhaseReport(f"rank {rank}"), 0
-        self.releases = ExitStack()  # what the step's sources start beyond this process, closed at shutdown
+        self.releases = ExitStack()  # what this worker starts beyond its process, closed at shutdown in reverse order
         cfg, a = self.cfg, self.cfg.actor_rollout_ref
         group = ulysses.make_groups(rank, world, a.actor.ulysses_sequence_parallel_size)
         self.sp = {role: group if size > 1 else None for role, size in sequence_parallel(cfg).items()}
@@ -102,6 +102,8 @@ class TrainingWorker(RankWorker):
         if recording is not None:  # the tool is torch, so this worker's profiler is its own (not profiling.OFF)
             self.profiler.rollout = rollout_profiling.RolloutRecorder(self.engine)
         self.agent = AgentRollout(self.engine, self.tok, cfg) if self.engine is not None else None
+        if self.agent is not None:  # closed before its engine
+            self.releases.callback(self.agent.close)
         self.context = self._step_context()
         self._kept = None  # the last step's samples, where its request asked to keep them (kept_batch)
         self.weights = ActorWeights(cfg, self.models, self.device, rank, engine_cls)
@@ -134,7 +136,9 @@ class TrainingWorker(RankWorker):
         dtype = prec.param_dtype if prec.mixed else None
         ctx = EngineContext.of(cfg, self.models.gen_module, self.tok, model_path, self.device.type, seed, dtype)
         ctx.recording = recording
-        return make_engine(engine_cls, ctx)
+        engine = make_engine(engine_cls, ctx)
+        self.releases.callback(engine.close)
+        return engine
 
     def _step_context(self) -> StepContext:
         """What the step reads, chosen here once (workers/step/context.py)."""
@@ -215,10 +219,13 @@ class TrainingWorker(RankWorker):
             from ..reward.judge import judge_spec
             from ..reward.judge_server import JudgeServer
 
-            return JudgeServer(judge_spec(rm, rm_path, self.device.type))
-        from ..reward.reward_model import make_scorer, scorer_settings
+            scorer = JudgeServer(judge_spec(rm, rm_path, self.device.type))
+        else:
+            from ..reward.reward_model import make_scorer, scorer_settings
 
-        return make_scorer(rm, rm_path, self.device, *scorer_settings(self.cfg))
+            scorer = make_scorer(rm, rm_path, self.device, *scorer_settings(self.cfg))
+        self.releases.callback(scorer.close)
+        return scorer
 
     def _sync_engine(self) -> None:
         """The actor's weights into this worker's rollout engine, if it has one that needs them."""
@@ -324,10 +331,4 @@ class TrainingWorker(RankWorker):
 
     def shutdown(self) -> None:
         self.releases.close()
-        if self.rm_scorer is not None:
-            self.rm_scorer.close()
-        if self.agent is not None:
-            self.agent.close()
-        if self.engine is not None:
-            self.engine.close()
         super().shutdown()
