@@ -9,6 +9,10 @@ from rlrig.entrypoint.fabric import tcp as fabric_tcp
 
 IP = "127.0.0.1"
 TOKEN = "t" * 64
+# Loopback on a busy two-core machine measures one node at under half another's rate now and then (seen: 8.7 against
+# 18.6 GB/s), so these protocol tests set no bandwidth floor; the floor's verdict is test_fabric_verdict's, on fixed
+# figures.
+NO_FLOOR = 0.0
 
 
 @pytest.fixture
@@ -24,19 +28,19 @@ def nodes_of(servers) -> list[dict]:
 
 
 def test_the_head_measures_every_node_and_the_ring_from_its_own_process(servers):
-    report = fabric_tcp.check(nodes_of(servers), servers[0], TOKEN, 0.5)
+    report = fabric_tcp.check(nodes_of(servers), servers[0], TOKEN, NO_FLOOR)
     assert report["verdict"] == "passed" and report["backend"] == "tcp", report
     for n in report["nodes"][1:]:
         assert n["mb_s"] > 0 and n["to_mb_s"] > 0 and n["from_mb_s"] > 0 and n["rtt_ms"] > 0, n
         assert n["gpus"] == [] and n["gpu_probe"], n  # no GPU here: NVML and amdsmi say why
     assert report["allreduce"]["seconds"] > 0 and report["allreduce"]["busbw_mb_s"] > 0, report
     assert set(report["phases_s"]) == {"start", "pairs", "allreduce"} and report["seconds"] > 0, report
-    again = fabric_tcp.check(nodes_of(servers), servers[0], TOKEN, 0.5)  # after a restart in place: same servers
+    again = fabric_tcp.check(nodes_of(servers), servers[0], TOKEN, NO_FLOOR)  # after a restart in place: same servers
     assert again["verdict"] == "passed", again
 
 
 def test_without_the_token_a_node_measures_nothing_and_the_check_names_it(servers):
-    report = fabric_tcp.check(nodes_of(servers), servers[0], "not the cluster's", 0.5)
+    report = fabric_tcp.check(nodes_of(servers), servers[0], "not the cluster's", NO_FLOOR)
     assert report["verdict"] == "failed" and [f["rank"] for f in report["failed"]] == [1, 2], report
     assert "the round trip with rank 0 failed" in report["nodes"][1]["error"], report
     assert report["allreduce"] == {"skipped": "a node failed the pairwise check"}
@@ -44,7 +48,7 @@ def test_without_the_token_a_node_measures_nothing_and_the_check_names_it(server
 
 def test_a_node_whose_probe_is_gone_fails_named(servers):
     servers[2].close()
-    report = fabric_tcp.check(nodes_of(servers), servers[0], TOKEN, 0.5)
+    report = fabric_tcp.check(nodes_of(servers), servers[0], TOKEN, NO_FLOOR)
     assert [f["rank"] for f in report["failed"]] == [2], report
     assert report["nodes"][2]["error"].startswith(f"its fabric probe at {IP}:"), report
     assert report["nodes"][1]["mb_s"] > 0
@@ -93,6 +97,6 @@ def test_a_ring_connection_left_from_an_earlier_ring_is_not_taken(servers):
     """A ring that broke can leave its connection waiting at a node; the next ring's leg takes its own."""
     key = fabric_tcp.key_of(TOKEN)
     stale = fabric_tcp.dial(servers[1].address, key, {"op": "ring-in", "ring": "an-old-ring"}, 5.0)
-    report = fabric_tcp.check(nodes_of(servers), servers[0], TOKEN, 0.5)
+    report = fabric_tcp.check(nodes_of(servers), servers[0], TOKEN, NO_FLOOR)
     assert report["verdict"] == "passed" and report["allreduce"]["seconds"] > 0, report
     stale.close()
