@@ -4,31 +4,17 @@ rank's expert gradients are the single process's for its experts, and the other 
 as data parallelism averages them, are the single process's."""
 
 import copy
-import gc
-import os
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.helpers.gloo_ranks import in_group
+
 pytestmark = pytest.mark.process
 
 _TOL = dict(rtol=1e-4, atol=1e-6)
-
-
-def _in_group(rank, world, port, check, *args):
-    """check(rank, world, *args) on a Gloo rank of `world`. What it built holds the mesh's groups: freed before the
-    groups are destroyed (as RankWorker.shutdown does), or a group's destructor at the process's exit can abort it
-    ("terminate called without an active exception")."""
-    from rlrig.trainer.model import parallel
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    check(rank, world, *args)
-    gc.collect()
-    parallel.forget_meshes()
-    dist.destroy_process_group()
 
 
 def _equal_to_one_process(rank, world, family):
@@ -129,14 +115,14 @@ def _sharded_equal_to_one_process(rank, world, ep):
 def test_fsdp_with_expert_parallel_ranks_equals_one_process(world, ep):
     from rlrig.entrypoint.cluster.ports import kernel_free_port
 
-    mp.spawn(_in_group, args=(world, kernel_free_port(), _sharded_equal_to_one_process, ep), nprocs=world)
+    mp.spawn(in_group, args=(world, kernel_free_port(), _sharded_equal_to_one_process, ep), nprocs=world)
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
 def test_two_expert_parallel_ranks_equal_one_process(family):
     from rlrig.entrypoint.cluster.ports import kernel_free_port
 
-    mp.spawn(_in_group, args=(2, kernel_free_port(), _equal_to_one_process, family), nprocs=2)
+    mp.spawn(in_group, args=(2, kernel_free_port(), _equal_to_one_process, family), nprocs=2)
 
 
 def test_a_model_without_fused_experts_is_refused():

@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rlrig.trainer.model import forward as F
+from tests.helpers.gloo_ranks import in_group
 
 pytestmark = pytest.mark.process
 
@@ -98,23 +99,20 @@ def _outputs(model, sp, fused: bool):
     return {"logp": logp.detach(), "ent": ent.detach()}, grads
 
 
-def _rank(rank, world, port, out_dir):
+def _rank(rank, world, out_dir):
     from rlrig.trainer.model import ulysses
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     outs, grads = _outputs(_model(), ulysses.make_groups(rank, world, world), fused=True)
     for g in grads.values():  # DDP's mean over the world: each rank holds its share of the group's gradient
         dist.all_reduce(g)
         g /= world
     torch.save({"outs": outs, "grads": grads}, os.path.join(out_dir, f"{rank}.pt"))
-    dist.destroy_process_group()
 
 
 def test_two_sequence_parallel_ranks_with_a_fused_head_equal_one_chunked_process(tmp_path):
     from rlrig.entrypoint.cluster.ports import kernel_free_port
 
-    mp.spawn(_rank, args=(2, kernel_free_port(), str(tmp_path)), nprocs=2)
+    mp.spawn(in_group, args=(2, kernel_free_port(), _rank, str(tmp_path)), nprocs=2)
     want_outs, want_grads = _outputs(_model(), None, fused=False)
     for r in range(2):
         got = torch.load(tmp_path / f"{r}.pt")

@@ -5,17 +5,16 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from tests.helpers.gloo_ranks import in_group
 
 pytestmark = pytest.mark.process
 
 
-def _rank(rank, world, port, out_dir, fsdp_size):
+def _rank(rank, world, out_dir, fsdp_size):
     from rlrig.trainer.model.parallel import fsdp_shard
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
     module = fsdp_shard(torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Linear(6, 2)), fsdp_size=fsdp_size)
     w = module[0].weight
@@ -23,7 +22,6 @@ def _rank(rank, world, port, out_dir, fsdp_size):
         {"mesh": tuple(w.device_mesh.shape), "local_rows": w.to_local().shape[0], "placements": str(w.placements)},
         os.path.join(out_dir, f"{rank}.pt"),
     )
-    dist.destroy_process_group()
 
 
 @pytest.mark.parametrize(
@@ -37,7 +35,7 @@ def _rank(rank, world, port, out_dir, fsdp_size):
 def test_fsdp_size_sets_the_shard_group(tmp_path, fsdp_size, mesh, local_rows, placement):
     from rlrig.entrypoint.cluster.ports import kernel_free_port
 
-    mp.spawn(_rank, args=(2, kernel_free_port(), str(tmp_path), fsdp_size), nprocs=2)
+    mp.spawn(in_group, args=(2, kernel_free_port(), _rank, str(tmp_path), fsdp_size), nprocs=2)
     for r in range(2):
         got = torch.load(tmp_path / f"{r}.pt")
         assert got["mesh"] == mesh and got["local_rows"] == local_rows and placement in got["placements"]
@@ -79,18 +77,15 @@ class _Blocks(torch.nn.Sequential):
     _no_split_modules = ["Linear"]  # each Linear a unit of its own, as a model's decoder blocks
 
 
-def _reshard_rank(rank, world, port, out_dir, fsdp_size, reshard):
+def _reshard_rank(rank, world, out_dir, fsdp_size, reshard):
     from torch.distributed.tensor import DTensor
 
     from rlrig.trainer.model.parallel import fsdp_shard
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
     module = fsdp_shard(_Blocks(torch.nn.Linear(4, 6), torch.nn.Linear(6, 2)), None, fsdp_size, reshard)
     module(torch.ones(3, 4)).sum()  # a forward with the graph kept: the backward has not run
     torch.save({"sharded": isinstance(module[0].weight, DTensor)}, os.path.join(out_dir, f"{rank}.pt"))
-    dist.destroy_process_group()
 
 
 @pytest.mark.parametrize(
@@ -104,5 +99,5 @@ def _reshard_rank(rank, world, port, out_dir, fsdp_size, reshard):
 def test_reshard_after_forward_where_the_shard_group_has_ranks_to_share_with(tmp_path, fsdp_size, reshard, sharded):
     from rlrig.entrypoint.cluster.ports import kernel_free_port
 
-    mp.spawn(_reshard_rank, args=(2, kernel_free_port(), str(tmp_path), fsdp_size, reshard), nprocs=2)
+    mp.spawn(in_group, args=(2, kernel_free_port(), _reshard_rank, str(tmp_path), fsdp_size, reshard), nprocs=2)
     assert [torch.load(tmp_path / f"{r}.pt")["sharded"] for r in range(2)] == [sharded] * 2

@@ -8,8 +8,9 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from tests.helpers.gloo_ranks import in_group
 
 pytestmark = pytest.mark.process
 
@@ -22,7 +23,7 @@ def _offloaded(module) -> list[bool]:
     return [p.offload_to_cpu for u in units for p in u._get_fsdp_state()._fsdp_param_group.fsdp_params]
 
 
-def _rank(rank, world, port, out_dir, policy):
+def _rank(rank, world, out_dir, policy):
     from transformers import AutoModelForCausalLM
 
     from rlrig.trainer.config.overrides import parse_overrides
@@ -31,8 +32,6 @@ def _rank(rank, world, port, out_dir, policy):
     from rlrig.trainer.model.build import trainable
     from rlrig.trainer.model.precision import resolve
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
     flags = [f"actor_rollout_ref.actor.fsdp_config.{k}=True" for k in ("param_offload", "optimizer_offload")]
     cfg = parse_overrides(
@@ -68,7 +67,6 @@ def _rank(rank, world, port, out_dir, policy):
         },
         os.path.join(out_dir, f"{rank}.pt"),
     )
-    dist.destroy_process_group()
 
 
 def _run(tmp_path, policy: bool) -> list[dict]:
@@ -76,7 +74,7 @@ def _run(tmp_path, policy: bool) -> list[dict]:
 
     out = tmp_path / str(policy)
     out.mkdir()
-    mp.spawn(_rank, args=(2, kernel_free_port(), str(out), policy), nprocs=2)
+    mp.spawn(in_group, args=(2, kernel_free_port(), _rank, str(out), policy), nprocs=2)
     return [torch.load(out / f"{r}.pt") for r in range(2)]
 
 

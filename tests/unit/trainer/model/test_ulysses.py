@@ -10,6 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rlrig.trainer.model import ulysses
+from tests.helpers.gloo_ranks import in_group
 
 pytestmark = pytest.mark.process
 
@@ -80,16 +81,13 @@ def _outputs(model, sp, heads, kv, value_head):
     return {k: t.detach() for k, t in outs.items()}, {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-def _rank(rank, world, port, out_dir, heads, kv, value_head, window, checkpointing):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _rank(rank, world, out_dir, heads, kv, value_head, window, checkpointing):
     sp = ulysses.make_groups(rank, world, world)
     outs, grads = _outputs(_model(heads, kv, value_head, window, checkpointing), sp, heads, kv, value_head)
     for g in grads.values():  # what DDP does over the world: each rank holds sp x its share; the mean is the whole
         dist.all_reduce(g)
         g /= world
     torch.save({"outs": outs, "grads": grads}, os.path.join(out_dir, f"{rank}.pt"))
-    dist.destroy_process_group()
 
 
 @pytest.mark.parametrize(
@@ -107,7 +105,7 @@ def test_two_ranks_equal_one_in_outputs_and_gradients(tmp_path, heads, kv, value
     from rlrig.entrypoint.cluster.ports import kernel_free_port
 
     args = (heads, kv, value_head, window, checkpointing)
-    mp.spawn(_rank, args=(2, kernel_free_port(), str(tmp_path), *args), nprocs=2)
+    mp.spawn(in_group, args=(2, kernel_free_port(), _rank, str(tmp_path), *args), nprocs=2)
     want_outs, want_grads = _outputs(_model(*args), None, heads, kv, value_head)
     for r in range(2):
         got = torch.load(tmp_path / f"{r}.pt")
