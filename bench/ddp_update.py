@@ -21,7 +21,6 @@ import argparse
 import gc
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -118,12 +117,6 @@ def rank_updates(a, exchange: bool) -> list[float]:
     return updates(a, module, train, a.batch // 2)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def child(a, method: str) -> list[float]:
     """`method` in processes of its own (thread settings do not leak): one, or two ranks (rank 0's times). A rank
     that fails ends the others, which would otherwise wait for it in a collective."""
@@ -133,7 +126,9 @@ def child(a, method: str) -> list[float]:
     if method == "one process":
         cmds = [[sys.executable, __file__, "--only", "one", *common]]
     else:
-        port, flag = free_port(), "ddp" if method == "two ranks, DDP" else "local"
+        from rlrig.entrypoint.cluster.ports import kernel_free_port
+
+        port, flag = kernel_free_port("127.0.0.1"), "ddp" if method == "two ranks, DDP" else "local"
         cmds = [[sys.executable, __file__, "--only", flag, f"--rank={r}", f"--port={port}", *common] for r in (0, 1)]
     with tempfile.TemporaryDirectory(prefix="rlrig-bench-ddp-") as d:
         outs = [(Path(d, f"{i}.out"), Path(d, f"{i}.err")) for i in range(len(cmds))]
@@ -143,8 +138,7 @@ def child(a, method: str) -> list[float]:
         ]
         deadline = time.monotonic() + CHILD_TIMEOUT_S
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-            failed = [i for i, p in enumerate(procs) if p.returncode not in (None, 0)]
-            if failed:
+            if any(p.returncode not in (None, 0) for p in procs):
                 break
             time.sleep(0.1)
         for p in procs:
