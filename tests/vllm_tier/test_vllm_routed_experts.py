@@ -20,7 +20,7 @@ def test_vllm_cpu_cannot_return_routed_experts_as_the_refusal_says(monkeypatch):
     kw = engine_kwargs(RolloutConfig(enable_rollout_routing_replay=True, enforce_eager=True), path, 64, "cpu", 0)
     with pytest.raises(ValidationError, match="Model Runner V2|Triton"):
         vllm.LLM(**kw)
-    assert "Model Runner V2, which needs Triton" in recording_refusal("k", "vllm", "cpu")
+    assert "Model Runner V2, which needs Triton" in recording_refusal("k", RolloutConfig(), "vllm", "cpu")
 
 
 @pytest.mark.long

@@ -10,6 +10,7 @@ Every statistic stays a device tensor until the step reads them all at once (`Lo
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -26,6 +27,8 @@ REPLAYABLE: dict[str, Callable[[torch.nn.Module], bool]] = {
     "qwen3_moe": lambda router: bool(router.norm_topk_prob),
     "mixtral": lambda router: True,
 }
+# a router's decoder layer, from its module's qualified name (model.layers.3.mlp.gate, under a peft or FSDP wrapper too)
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 def _pretrained(model: torch.nn.Module):
@@ -39,13 +42,16 @@ def _pretrained(model: torch.nn.Module):
 class MoeSpec:
     """An MoE model's routing, read from its config and class: `router` the module class whose output's
     `logits_index`-th element is a layer's router logits [tokens, experts] (the model's
-    `_can_record_outputs["router_logits"]`); `aux_coef` the auxiliary loss's weight where the config asks for the loss
-    (`output_router_logits=True` and `router_aux_loss_coef` not 0; else 0); `aux_loss` the model module's own
-    `load_balancing_loss_func(router_logits, num_experts, top_k, attention_mask)`."""
+    `_can_record_outputs["router_logits"]`); `num_layers` its decoder layers, dense ones included (engines record
+    routed experts for every decoder layer, and routing tensors here are laid out alike); `aux_coef` the auxiliary
+    loss's weight where the config asks for the loss (`output_router_logits=True` and `router_aux_loss_coef` not 0;
+    else 0); `aux_loss` the model module's own `load_balancing_loss_func(router_logits, num_experts, top_k,
+    attention_mask)`."""
 
     model_type: str
     num_experts: int
     top_k: int
+    num_layers: int
     router: type
     logits_index: int
     aux_coef: float
@@ -67,12 +73,23 @@ class MoeSpec:
         # the model's own module: FSDP2 makes a subclass of the model's class in a module of its own
         found = (getattr(sys.modules.get(c.__module__), "load_balancing_loss_func", None) for c in type(base).__mro__)
         fn = next((f for f in found if f is not None), None)
-        return cls(conf.model_type, int(experts), int(conf.num_experts_per_tok), recorder.target_class,
-                   recorder.index or 0, coef if fn is not None else 0.0, fn)  # fmt: skip
+        return cls(conf.model_type, int(experts), int(conf.num_experts_per_tok), int(conf.num_hidden_layers),
+                   recorder.target_class, recorder.index or 0, coef if fn is not None else 0.0, fn)  # fmt: skip
 
-    def routers(self, model: torch.nn.Module) -> list[torch.nn.Module]:
-        """The model's routers, one a layer, in layer order."""
-        return [m for m in model.modules() if isinstance(m, self.router)]
+    def routers(self, model: torch.nn.Module) -> dict[int, torch.nn.Module]:
+        """The model's routers by their decoder layer, in layer order. A model with dense layers (Qwen's
+        mlp_only_layers, decoder_sparse_step) has fewer routers than layers; where a router's name gives no layer,
+        they are taken as the model's layers in order, which only a model without dense layers can be."""
+        named = [(n, m) for n, m in model.named_modules() if isinstance(m, self.router)]
+        found = [_LAYER.search(n) for n, _ in named]
+        if all(found):
+            return {int(f.group(1)): m for f, (_, m) in zip(found, named)}
+        if len(named) != self.num_layers:
+            raise ValueError(
+                f"{self.model_type}: {len(named)} routers in {self.num_layers} layers, and their module names "
+                f"({named[0][0]}) do not say which layers they are in; routing replay cannot place them"
+            )
+        return {i: m for i, (_, m) in enumerate(named)}
 
     def replay_refusal(self) -> str | None:
         """Why this family's routing cannot be replayed, or None."""
@@ -144,14 +161,15 @@ class LoadStats:
         self.entropy: torch.Tensor | None = None
         self.tokens: torch.Tensor | None = None
 
-    def add_routed(self, routed: torch.Tensor, response_mask: torch.Tensor, num_experts: int):
-        """An engine's routed experts of the response tokens ([B, R, L, k], -1 where none), as verl counts them:
-        each sequence's last response token left out (the engine never read it)."""
+    def add_routed(self, routed: torch.Tensor, response_mask: torch.Tensor, num_experts: int, layers: list[int]):
+        """An engine's routed experts of the response tokens ([B, R, every decoder layer, k], -1 where none) in the
+        MoE `layers`, as verl counts them: each sequence's last response token left out (the engine never read it).
+        A dense layer's entries are the engine's filler, never counted."""
         with torch.no_grad():
             mask = response_mask.bool()
             pos = torch.arange(mask.shape[1], device=mask.device)
             last = torch.where(mask, pos, -1).amax(-1, keepdim=True)
-            picks = routed[mask & (pos != last)].long()  # [tokens, L, k]
+            picks = routed[mask & (pos != last)][:, layers].long()  # [tokens, L, k]
             w = (picks >= 0).float()
             counts = torch.stack([
                 torch.zeros(num_experts, device=picks.device).scatter_add(0, p.clamp_min(0).flatten(), q.flatten())
@@ -216,13 +234,15 @@ class RouterTap:
     that forward (`aux`, with its graph, where the spec has a coefficient and `with_aux`); the expert load into
     `stats` (where given); with `record`, each real token's experts, kept as `recorded` [B, S, layers, k] in the
     batch's layout (-1 where none); and routing replay, each token's experts those of `feed`'s [B, S, layers, k]
-    (model/moe.replayed). `routers`: the model's routers (MoeSpec.routers), hooked only inside `around`, so passes
-    without a tap see the model untouched. Not thread-safe: one forward at a time."""
+    (model/moe.replayed). `layers` counts every decoder layer, as the engines record routed experts: a dense layer's
+    are -1 when recorded here and never read. `routers`: the model's routers by decoder layer (MoeSpec.routers),
+    hooked only inside `around`, so passes without a tap see the model untouched. Not thread-safe: one forward at a
+    time."""
 
     def __init__(
         self,
         spec: MoeSpec,
-        routers: list[torch.nn.Module],
+        routers: dict[int, torch.nn.Module],
         with_aux: bool,
         stats: LoadStats | None,
         record: bool = False,
@@ -230,7 +250,7 @@ class RouterTap:
     ):
         self.spec, self.routers, self.with_aux, self.stats = spec, routers, with_aux and spec.aux_coef != 0, stats
         self.record, self.replay = record, replay
-        self.renorm = [REPLAYABLE[spec.model_type](r) for r in routers] if replay else []
+        self.renorm = {i: REPLAYABLE[spec.model_type](r) for i, r in routers.items()} if replay else {}
         self.aux: torch.Tensor | None = None
         self._held: list = []  # hooks a replaying forward keeps for its backward pass
         self.recorded: torch.Tensor | None = None  # the last forward's, with `record`
@@ -245,6 +265,11 @@ class RouterTap:
         """The next forward's recorded routing [B, S, layers, k] (its rows), or None: the routers' own. The last
         forward's replay ends here (see `around`)."""
         self.release()
+        if routing is not None and self.replay and routing.shape[2] != self.spec.num_layers:
+            raise ValueError(
+                f"routing replay: the recorded routing has {routing.shape[2]} layers and the model "
+                f"{self.spec.num_layers}; the engine must serve the model the actor trains"
+            )
         self.routing = routing if self.replay else None
 
     def release(self) -> None:
@@ -271,7 +296,7 @@ class RouterTap:
 
             return hook
 
-        handles = [r.register_forward_hook(hook_of(i)) for i, r in enumerate(self.routers)]
+        handles = [r.register_forward_hook(hook_of(i)) for i, r in self.routers.items()]
         # gradient checkpointing runs the routers again in the backward pass, which must route as the forward did:
         # a replaying forward with a graph leaves its hooks on until the next feed or release
         hold = routing is not None and torch.is_grad_enabled()
@@ -291,7 +316,11 @@ class RouterTap:
         if self.stats is not None:
             self.stats.add(layers, chosen, layout.real, self.spec.num_experts)
         if self.record:
-            self.recorded = layout.from_input(torch.stack([c.detach().to(torch.int16) for c in chosen], 1))
+            ids = chosen[0]
+            full = torch.full((*ids.shape[:-1], self.spec.num_layers, ids.shape[-1]), -1, dtype=torch.int16,
+                              device=ids.device)  # fmt: skip
+            full[..., sorted(picks), :] = torch.stack([c.detach().to(torch.int16) for c in chosen], -2)
+            self.recorded = layout.from_input(full)
 
     def take_aux(self) -> torch.Tensor | None:
         """The last forward's auxiliary loss (once)."""

@@ -105,7 +105,7 @@ def moe_check(cfg, model_path: str, engine: str = "hf", device: str = "cpu") -> 
         why = "the model has no mixture-of-experts routers" if spec is None else spec.replay_refusal()
         if why:
             return f"{key}: {why}"
-        return recording_refusal(recording, engine, device) if recorded else None
+        return recording_refusal(recording, a.rollout, engine, device) if recorded else None
     if spec is None or not (spec.aux_coef or a.rollout.moe_load_balance_metrics_interval > 0):
         return None
     return (
@@ -140,9 +140,9 @@ def expert_parallel_refusal(cfg, model_path: str, engine_cls) -> str | None:
     return None
 
 
-def recording_refusal(key: str, engine: str, device: str) -> str | None:
+def recording_refusal(key: str, rollout, engine: str, device: str) -> str | None:
     """rollout.enable_rollout_routing_replay: an engine that returns each token's experts (vLLM's
-    enable_return_routed_experts, SGLang's), where it can."""
+    enable_return_routed_experts, SGLang's), where it can, with the `rollout` config it is given."""
     if engine == "hf":
         return (
             f"{key}: the hf engine does not return the experts it routed each token to; use "
@@ -153,6 +153,17 @@ def recording_refusal(key: str, engine: str, device: str) -> str | None:
         return (
             f"{key}: vLLM returns routed experts only from its Model Runner V2, which needs Triton (a GPU); "
             "on CPU use actor_rollout_ref.actor.router_replay.mode=R2 without it"
+        )
+    if engine == "vllm" and not rollout.enable_prefix_caching:  # vLLM 0.32 config/vllm.py refuses it so, late
+        return f"{key}: vLLM returns routed experts only with prefix caching; set rollout.enable_prefix_caching=True"
+    if engine == "vllm" and rollout.tensor_model_parallel_size > 1:
+        # vLLM 0.32 sets its routed-experts output up on the first tensor-parallel rank only, and the scheduler of
+        # every other rank, each its own under the external launcher rlrig runs it with, fails on the missing output
+        return (
+            f"{key}: vLLM returns routed experts from one engine process only, and rlrig runs one a worker "
+            f"(rollout.tensor_model_parallel_size={rollout.tensor_model_parallel_size}); use "
+            "tensor_model_parallel_size=1 (rollout.expert_parallel_size with it), rollout.name=sglang, or "
+            "actor_rollout_ref.actor.router_replay.mode=R2 without it"
         )
     return None
 

@@ -20,8 +20,10 @@ only inside a begin_weight_update() ... end_weight_update() session.
 
 from __future__ import annotations
 
+import base64
 import os
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -105,16 +107,33 @@ def sampling_params(s: Sampling, max_new: int, eos_id: int) -> dict:
     return out
 
 
-def unpack(outputs: list[dict]) -> tuple[list[list[int]], list[list[float]], list]:
+def unpack(outputs: list[dict], routed_shape: tuple[int, int] | None = None) -> tuple[list, list, list]:
     """Token ids, their log-probs and routed experts from Engine.generate(..., return_logprob=True) results;
-    meta_info.output_token_logprobs holds (logprob, token_id, text) per generated token, meta_info.routed_experts
-    (with return_routed_experts, the tokenizer skipped) [prompt + response - 1, layers, k], as verl reads it."""
+    meta_info.output_token_logprobs holds (logprob, token_id, text) per generated token. `routed_shape`: (decoder
+    layers, experts a token) where return_routed_experts asked for meta_info.routed_experts."""
     tokens, logps, routed = [], [], []
     for o in outputs:
         tokens.append(list(o["output_ids"]))
         logps.append([float(t[0]) for t in o["meta_info"]["output_token_logprobs"]])
-        routed.append(o["meta_info"].get("routed_experts"))
+        got = o["meta_info"].get("routed_experts")
+        routed.append(None if got is None or routed_shape is None else decode_routed(got, routed_shape))
     return tokens, logps, routed
+
+
+def decode_routed(value, shape: tuple[int, int]) -> np.ndarray:
+    """One output's routed experts as [prompt + response - 1 tokens, layers, k]: SGLang's tokenizer manager sends
+    them as base64 of int32 (0.5.16 to 0.5.23; what its extract_routed_experts_from_meta_info decodes), flat."""
+    raw = np.frombuffer(base64.b64decode(value), dtype=np.int32) if isinstance(value, str) else np.asarray(value)
+    return raw.reshape(-1, *shape)
+
+
+def routed_shape(model_path: str) -> tuple[int, int]:
+    """(decoder layers, experts a token) of the MoE at `model_path`, as SGLang records its routed experts (every
+    decoder layer, the config's num_hidden_layers)."""
+    from transformers import AutoConfig
+
+    conf = AutoConfig.from_pretrained(model_path).get_text_config()
+    return int(conf.num_hidden_layers), int(conf.num_experts_per_tok)
 
 
 def tp_engine_kwargs(layout: tp_groups.NodeLayout, tp: int, dist_init_addr: str, rank: int) -> dict:
@@ -149,6 +168,7 @@ class SGLangRollout(RolloutEngine):
         self.released: list[str] = []  # memory tags given back until the next rollout or sync
         length = ctx.max_prompt_length + ctx.max_response_length
         kw = engine_kwargs(ctx.cfg, ctx.model_path, length, ctx.seed, gpu_index())
+        self.routed_shape = routed_shape(ctx.model_path) if ctx.cfg.enable_rollout_routing_replay else None
         self.group = self.me = None
         self.engine, self.leads = None, True  # leads: this worker talks to the engine
         tp = ctx.cfg.tensor_model_parallel_size
@@ -222,7 +242,7 @@ class SGLangRollout(RolloutEngine):
                 sampling_params=sampling_params(sampling or Sampling.of(self.cfg), max_new, self.tok.eos_token_id),
                 **routing,
             )
-            result[0] = unpack(outs)
+            result[0] = unpack(outs, self.routed_shape)
             if not hold:
                 self.rest(sync_follows)
         if self.group is not None:

@@ -221,7 +221,7 @@ class ActorUpdate:
         tap, interval = self.forward.tap, cfg.actor_rollout_ref.rollout.moe_load_balance_metrics_interval
         if self.rollout_load is not None and batch.routed_experts is not None:
             routed = batch.routed_experts[:, batch.prompt_len :]
-            self.rollout_load.add_routed(routed, batch.response_mask, tap.spec.num_experts)
+            self.rollout_load.add_routed(routed, batch.response_mask, tap.spec.num_experts, sorted(tap.routers))
         if tap is not None and tap.stats is not None and global_step % interval == 0:  # verl's: the interval's tokens
             out.update(tap.stats.read("actor/moe", self.batch_sum))
             if self.rollout_load is not None:

@@ -58,4 +58,17 @@ def test_the_model_and_the_engine_are_asked_at_start_up():
     assert "the hf engine does not return" in check(moe_path, "hf", "cpu", f"{MODE}=R3", f"{RECORD}=True")
     assert "Model Runner V2, which needs Triton" in check(moe_path, "vllm", "cpu", f"{MODE}=R3", f"{RECORD}=True")
     assert check(moe_path, "vllm", "cuda", f"{MODE}=R3", f"{RECORD}=True") is None
+    rollout = "actor_rollout_ref.rollout."
+    no_cache = check(moe_path, "vllm", "cuda", f"{RECORD}=True", f"{rollout}enable_prefix_caching=False")
+    assert "only with prefix caching" in no_cache
+    tp2 = check(
+        moe_path,
+        "vllm",
+        "cuda",
+        f"{RECORD}=True",
+        f"{rollout}name=vllm",
+        f"{rollout}tensor_model_parallel_size=2",
+        "trainer.n_gpus_per_node=2",
+    )
+    assert "from one engine process only" in tp2 and "\n" not in tp2
     assert check(moe_path, "sglang", "cuda", f"{RECORD}=True") is None

@@ -102,8 +102,8 @@ def test_without_a_tap_the_routers_are_not_hooked():
     tap = moe.RouterTap(spec, spec.routers(model), with_aux=False, stats=moe.LoadStats())
     ids, mask, p = _batch(model.config.vocab_size)
     with tap.around(moe.Layout.padded(mask)):
-        assert all(r._forward_hooks for r in tap.routers)
-    assert not any(r._forward_hooks for r in tap.routers)
+        assert all(r._forward_hooks for r in tap.routers.values())
+    assert not any(r._forward_hooks for r in tap.routers.values())
 
 
 def test_shared_prompts_with_the_routers_recorded_are_refused_at_start_up():
@@ -159,7 +159,8 @@ def test_another_routing_replayed_is_the_one_used_and_changes_the_logprobs(famil
     assert (logp - plain).abs().max() > 1e-3
     logp.sum().backward()  # the gates are the router's own probabilities: its weight still learns
     assert all(
-        r.weight.grad is not None and r.weight.grad.abs().sum() > 0 for r in moe.MoeSpec.of(model).routers(model)
+        r.weight.grad is not None and r.weight.grad.abs().sum() > 0
+        for r in moe.MoeSpec.of(model).routers(model).values()
     )
 
 
@@ -191,7 +192,7 @@ def test_an_engines_routed_experts_count_as_verl_counts_them():
     routed = torch.tensor([[[[0, 1]], [[0, 2]], [[3, 3]]], [[[1, 2]], [[-1, -1]], [[0, 0]]]])  # [B=2, R=3, L=1, k=2]
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
     stats = moe.LoadStats(engine=True)
-    stats.add_routed(routed, mask, 4)
+    stats.add_routed(routed, mask, 4, [0])
     # row 0: its first two tokens (the third is its last); row 1: its first (its second is its last)
     assert stats.counts.tolist() == [[2.0, 2.0, 2.0, 0.0]] and float(stats.tokens) == 3
     out = stats.read("rollout/moe")
@@ -218,6 +219,41 @@ def test_replay_holds_through_gradient_checkpointings_recompute(family):
         logp, _ = token_logprobs(model, ids, mask, p, ForwardOptions(remove_padding=True, tap=tap))
         logp.sum().backward()
         tap.release()
-        assert not any(r._forward_hooks for r in tap.routers)
+        assert not any(r._forward_hooks for r in tap.routers.values())
         grads.append(torch.cat([q.grad.flatten() for q in model.parameters() if q.grad is not None]))
     torch.testing.assert_close(grads[1], grads[0])
+
+
+def _with_a_dense_layer():
+    """A Qwen3-MoE of 3 layers whose middle one is dense (mlp_only_layers): its 2 routers sit in layers 0 and 2."""
+    from transformers import AutoModelForCausalLM
+
+    from rlrig.trainer.embedded.tiny_model import build_tokenizer
+
+    conf = tiny_moe.config("qwen3_moe", build_tokenizer())
+    conf.num_hidden_layers, conf.mlp_only_layers = 3, [1]
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(conf, dtype=torch.float32).eval()
+
+
+def test_routing_is_laid_out_by_decoder_layer_where_a_layer_is_dense():
+    """The engines record routed experts for every decoder layer (vLLM's and SGLang's [tokens, num_hidden_layers, k],
+    a dense layer's left at 0): recorded routing takes the same layout, and replay reads each router's own layer."""
+    model = _with_a_dense_layer()
+    spec = moe.MoeSpec.of(model)
+    assert sorted(spec.routers(model)) == [0, 2] and spec.num_layers == 3
+    ids, mask, p = _batch(model.config.vocab_size)
+    with torch.no_grad():
+        plain, own = _record(model, ids, mask, p, True)
+        assert own.shape == (*ids.shape, 3, 2) and (own[:, :, 1] == -1).all() and (own[:, :, [0, 2]] >= 0).any()
+        engine = torch.where(own >= 0, (own + 3) % 8, own)
+        engine[:, :, 1] = torch.where(own[:, :, 0] >= 0, 0, -1)  # the engine's filler in the dense layer
+        logp, used = _record(model, ids, mask, p, True, routing=engine)
+    assert torch.equal(used[:, :, [0, 2]], engine[:, :, [0, 2]]) and (used[:, :, 1] == -1).all()
+    assert (logp - plain).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="recorded routing has 2 layers and the model 3"):
+        moe.RouterTap(spec, spec.routers(model), False, None, replay=True).feed(engine[:, :, :2])
+    stats = moe.LoadStats(engine=True)
+    stats.add_routed(engine[:, p:], mask[:, p:], 8, sorted(spec.routers(model)))
+    assert stats.counts.shape == (2, 8)  # the dense layer's filler is not counted as expert 0's load
+    torch.testing.assert_close(stats.counts.sum(1), stats.counts.sum(1)[:1].expand(2))

@@ -255,3 +255,23 @@ def test_four_workers_on_two_nodes_drive_one_engine(tmp_path):
         "the weight sync into the engine (sglang, tensor parallel over 4 workers) failed: update_weights_from_tensor "
         "of bucket 0 (2 tensors, w .. v): SGLang said 'Parameter w not found'"
     }
+
+
+def test_sglangs_routed_experts_are_decoded_from_its_base64_into_tokens_layers_and_k():
+    """With the tokenizer skipped SGLang's tokenizer manager sends each output's routed experts as base64 of a flat
+    int32 array (0.5.16 to 0.5.23), which verl decodes with SGLang's extract_routed_experts_from_meta_info."""
+    import base64
+
+    import numpy as np
+
+    from rlrig.trainer.rollout.engines.sglang_engine import unpack
+
+    experts = np.arange(5 * 3 * 2, dtype=np.int32).reshape(5, 3, 2) % 8  # 5 tokens, 3 layers, top-2
+    meta = {"output_token_logprobs": [(-0.5, 7, None), (-1.0, 9, None)]}
+    outs = [
+        {"output_ids": [7, 9], "meta_info": {**meta, "routed_experts": base64.b64encode(experts.tobytes()).decode()}}
+    ]
+    tokens, logps, routed = unpack(outs, (3, 2))
+    assert tokens == [[7, 9]] and logps == [[-0.5, -1.0]]
+    np.testing.assert_array_equal(routed[0], experts)
+    assert unpack(outs)[2] == [None]  # not asked for: not read

@@ -86,11 +86,11 @@ def _engine_with_a_perturbed_router(w, noise: float):
     model, generate = w.models.actor.module, w.engine.generate
     spec = moe.MoeSpec.of(model)
     g = torch.Generator().manual_seed(1)
-    delta = [noise * torch.randn(r.weight.shape, generator=g) for r in spec.routers(model)]
+    delta = [noise * torch.randn(r.weight.shape, generator=g) for r in spec.routers(model).values()]
 
     def generate_perturbed(prompts, n, *args, **kwargs):
         with torch.no_grad():
-            for r, d in zip(spec.routers(model), delta):
+            for r, d in zip(spec.routers(model).values(), delta):
                 r.weight.add_(d)
             try:
                 ro = generate(prompts, n, *args, **kwargs)
@@ -100,7 +100,7 @@ def _engine_with_a_perturbed_router(w, noise: float):
                 ro.engine_logp = ro.engine_logp * ro.response_mask
                 ro.routed_experts = tap.recorded
             finally:
-                for r, d in zip(spec.routers(model), delta):
+                for r, d in zip(spec.routers(model).values(), delta):
                     r.weight.sub_(d)
         return ro
 
