@@ -12,7 +12,8 @@ samples x 512 response tokens, GRPO with a KL loss against the reference, two mi
 runs). --no-gen: random responses of the full length instead of hf generation (the update's cost is in its tokens,
 not what they say). --token-budget N: verl's use_dynamic_bsz micro batches of at most N tokens (else --micro rows).
 --strategies fsdp,ddp: the same step under each, and FSDP2's time over DDP's. --profile: one more step with its
-update under torch.profiler, and the update's GPU time by bucket (bench/gpu_profile.py). Targets: update MFU >= 35%
+update under torch.profiler, and the update's GPU time by bucket (bench/gpu_profile.py), under the first of
+--strategies. Targets: update MFU >= 35%
 at 0.5b and >= 40% at 7b in bf16; FSDP2 at most 1.15x DDP's step. bench/gpu_check.sh runs the whole GPU check.
 
     python bench/gpu_step.py [--shape 0.5b|7b|30b-a3b,30b-a3b-dense] [--precisions fp32,bf16]
@@ -179,7 +180,7 @@ def run(precision: str, strategy: str, path: str, args) -> dict:
             m = w.step(request(s))
             m["step_s"] = time.perf_counter() - t0
             rows.append(m)
-        if args.profile:
+        if args.profile and strategy == args.strategies.split(",")[0]:
             buckets = profiled_step(w, request(args.steps), w.models.actor.module.config.vocab_size)
         epochs = w.cfg.actor_rollout_ref.actor.ppo_epochs
     del w, batches  # the worker's modules sit in reference cycles (DDP, FSDP): collected before the next run
@@ -330,10 +331,10 @@ def main() -> None:
             r["shape"] = name
             report(r, peak)
             results.append(r)
+            if args.json:  # after each run: a part stopped by its time limit keeps the runs it finished
+                with open(args.json, "w") as f:
+                    json.dump({"peak_tflops": peak, "results": results}, f, indent=1)
     comparisons(results)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"peak_tflops": peak, "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":
