@@ -87,12 +87,17 @@ def phase_buckets(prof, phase: str, vocab: int) -> dict[str, float]:
         if e.device_type == DeviceType.CPU:
             (launches if e.name.startswith(RUNTIME) else ops).setdefault(e.id, e)
     out = dict.fromkeys(BUCKETS, 0.0)
-    for k in events:
-        if k.device_type != DeviceType.CUDA or not start <= k.time_range.start <= end:
+    # the kernels from the profiler's Kineto results, whose events carry the launch's correlation id in torch 2.11
+    # too (its FunctionEvent gained linked_correlation_id only in 2.13); times in the FunctionEvents' microseconds
+    results = prof.profiler.kineto_results
+    t0 = results.trace_start_ns()
+    for k in results.events():
+        at = (k.start_ns() - t0) / 1000
+        if k.device_type() != DeviceType.CUDA or not start <= at <= end:
             continue
-        owner = ops.get(k.linked_correlation_id) or launches.get(k.linked_correlation_id)
-        bucket = bucket_of(owner, k.name, vocab) if owner is not None else "elementwise"
-        out[bucket] += k.time_range.elapsed_us() / 1e6
+        owner = ops.get(k.linked_correlation_id()) or launches.get(k.linked_correlation_id())
+        bucket = bucket_of(owner, k.name(), vocab) if owner is not None else "elementwise"
+        out[bucket] += k.duration_ns() / 1e9
     wall = (end - start) / 1e6
     out["GPU idle"] = max(0.0, wall - sum(out.values()))
     return out
