@@ -150,8 +150,9 @@ def response_outputs(
     if remove_padding:
         pk = packing.pack(input_ids, attention_mask, prompt_len)
         targets = pk.input_ids.flatten()[pk.at]
+        bounds = packing.attention_kwargs(model, pk.position_ids)
         if not causal_lm:  # a value head: one number a position, cheap everywhere
-            out = model(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False).logits
+            out = model(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False, **bounds).logits
             return out.flatten(0, 1)[pk.at - 1], targets, pk.filled
         # the position before a response token is always in the same sequence
         with (
@@ -159,7 +160,7 @@ def response_outputs(
             _head(fused, model, targets) as take,
             moe.tapped(tap, lambda: moe.Layout.packed(pk, attention_mask)),
         ):
-            out = take(model(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False).logits)
+            out = take(model(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False, **bounds).logits)
         return out[0], targets, pk.filled
     resp = input_ids.shape[1] - prompt_len
     pos = (attention_mask.cumsum(-1) - 1).clamp_min(0)

@@ -2,7 +2,9 @@
 lengths, so the padded [B, P + R] layout spends much of its compute on pad. Instead the real tokens
 of several sequences share a row (first-fit, longest first, rows as wide as the padded batch), each
 sequence kept to itself by position ids that restart at 0: transformers turns those into a
-block-diagonal mask for sdpa/eager, and into varlen calls for flash-attention. Rows no wider than
+block-diagonal mask for sdpa/eager. Flash-attention finds the sequences in the position ids only in a batch of one
+row (transformers' _is_packed_sequence), and otherwise attends causally over each whole row, across its sequences:
+with several rows it is handed each sequence's bounds (`attention_kwargs`). Rows no wider than
 the padded batch keep sdpa's attention cost at most the padded one (one row for the whole batch
 made it quadratic in the batch's tokens: 2.3x slower than padded on an H100).
 The results come back in the padded [B, R] layout the losses use, zero where there is no token."""
@@ -54,6 +56,28 @@ def pack(
     pos[dest[keep]] = rank[keep]
     filled = keep[:, prompt_len:]
     return Packed(ids.view(rows, width), pos.view(rows, width), dest[:, prompt_len:][filled], filled, dest[keep])
+
+
+# transformers' attention implementations that read a packed forward's sequences from FlashAttentionKwargs
+FLASH = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
+
+
+def attention_kwargs(model, position_ids: torch.Tensor) -> dict:
+    """What a forward of packed rows (`position_ids` [rows, W]) passes the model beside its inputs: under a
+    flash-attention implementation, each sequence's bounds in the rows laid end to end (`varlen_kwargs`); nothing
+    under sdpa and eager, whose mask transformers builds from the position ids."""
+    impl = getattr(getattr(model, "module", model).config, "_attn_implementation", None)
+    return varlen_kwargs(position_ids) if impl in FLASH else {}
+
+
+def varlen_kwargs(position_ids: torch.Tensor) -> dict:
+    """transformers' FlashAttentionKwargs for the sequences of `position_ids` (each starts at 0), over all its rows
+    flattened, as its flash path flattens the batch when they are given: what its own packed path computes
+    (prepare_fa_kwargs_from_position_ids), for all the rows."""
+    from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_position_ids
+
+    (cu_q, cu_k), (max_q, max_k) = prepare_fa_kwargs_from_position_ids(position_ids)
+    return {"cu_seq_lens_q": cu_q, "cu_seq_lens_k": cu_k, "max_length_q": max_q, "max_length_k": max_k}
 
 
 def unpack(values: torch.Tensor, filled: torch.Tensor) -> torch.Tensor:

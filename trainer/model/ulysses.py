@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from . import packing
 from .parallel import group_holding
 
 
@@ -146,8 +147,11 @@ def _attention(inner, impl: str, sp: SeqParallel, full_positions: torch.Tensor, 
         masks["attended"] = True
         q, k, v = (seq_to_heads(t, sp) for t in (query, key, value))
         kwargs["position_ids"] = full_positions
-        if "flash" in impl:
-            mask = None  # flash-attention reads the packed sequences from the position ids
+        if "flash" in impl:  # each sequence's bounds over the group's rows (model/packing.py attention_kwargs)
+            if "varlen" not in masks:
+                masks["varlen"] = packing.varlen_kwargs(full_positions)
+            mask = None
+            kwargs.update(masks["varlen"])
         else:
             window = kwargs.get("sliding_window")
             if ("mask", window) not in masks:

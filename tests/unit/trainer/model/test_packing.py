@@ -98,3 +98,53 @@ def test_the_packed_forward_reaches_the_vocabulary_only_at_response_positions(ti
     finally:
         handle.remove()
     assert [tuple(r) for r in rows] == [(1, int(mask[:, P:].sum()))]  # the 16 response tokens, not the packed rows
+
+
+def _flash_contract(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    """transformers' flash-attention path on the CPU ([B, H, S, D] in, [B, S, H, D] out, no mask): given
+    cu_seq_lens_q, each sequence of the rows laid end to end attends causally within itself; without them, each row
+    attends causally over all of itself, as flash does for a batch of several rows (its _is_packed_sequence needs
+    one row)."""
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    b, h, s, d = query.shape
+    k, v = (repeat_kv(t, module.num_key_value_groups) for t in (key, value))
+    q, k, v = (t.transpose(0, 1).reshape(h, b * s, d) for t in (query, k, v))
+    cu = kwargs.get("cu_seq_lens_q")
+    bounds = zip(cu[:-1].tolist(), cu[1:].tolist()) if cu is not None else ((r * s, r * s + s) for r in range(b))
+    out = torch.zeros_like(q)
+    for lo, hi in bounds:
+        out[:, lo:hi] = torch.nn.functional.scaled_dot_product_attention(
+            q[:, lo:hi], k[:, lo:hi], v[:, lo:hi], is_causal=True, scale=scaling
+        )
+    return out.reshape(h, b, s, d).permute(1, 2, 0, 3), None
+
+
+@pytest.mark.parametrize("impl", packing.FLASH)
+def test_packed_rows_under_flash_attention_keep_each_sequence_to_itself(tiny, impl, monkeypatch):
+    """Several packed rows through a flash-attention implementation: each sequence's bounds reach it (transformers
+    would otherwise attend across the sequences of a row), so the log-probs and values equal the padded sdpa ones."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from rlrig.trainer.model.forward import ForwardOptions, token_logprobs
+    from rlrig.trainer.model.forward import values as critic_values
+
+    actor, critic = tiny
+    ids, mask, P = batch(actor.config.vocab_size, [6, 4, 2, 5, 6], [7, 3, 0, 5, 1])
+    filled = mask[:, P:].bool()
+    assert packing.pack(ids, mask, P).input_ids.shape[0] > 1  # several rows: the case flash gets wrong alone
+    with torch.no_grad():
+        padded = token_logprobs(actor, ids, mask, P, ForwardOptions())[0]
+        value = critic_values(critic, ids, mask, P)
+    seen = []
+    monkeypatch.setitem(
+        ALL_ATTENTION_FUNCTIONS._local_mapping, impl, lambda *a, **kw: seen.append(kw) or _flash_contract(*a, **kw)
+    )
+    for model in (actor, critic):
+        monkeypatch.setattr(model.config, "_attn_implementation", impl)
+    with torch.no_grad():
+        packed = token_logprobs(actor, ids, mask, P, ForwardOptions(remove_padding=True))[0]
+        packed_value = critic_values(critic, ids, mask, P, True)
+    assert seen and all("cu_seq_lens_q" in kw for kw in seen)
+    torch.testing.assert_close(packed[filled], padded[filled], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(packed_value[filled], value[filled], atol=1e-5, rtol=1e-5)
