@@ -66,8 +66,12 @@ def attention_kwargs(model, position_ids: torch.Tensor) -> dict:
     """What a forward of packed rows (`position_ids` [rows, W]) passes the model beside its inputs: under a
     flash-attention implementation, each sequence's bounds in the rows laid end to end (`varlen_kwargs`); nothing
     under sdpa and eager, whose mask transformers builds from the position ids."""
-    impl = getattr(getattr(model, "module", model).config, "_attn_implementation", None)
-    return varlen_kwargs(position_ids) if impl in FLASH else {}
+    return varlen_kwargs(position_ids) if attention_implementation(model) in FLASH else {}
+
+
+def attention_implementation(model) -> str:
+    """The attention implementation `model` (or the module a DDP wrapper holds) runs with: transformers' name."""
+    return getattr(model, "module", model).config._attn_implementation
 
 
 def varlen_kwargs(position_ids: torch.Tensor) -> dict:

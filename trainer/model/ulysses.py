@@ -191,7 +191,7 @@ def _installed(impl: str, sp: SeqParallel, full_positions: torch.Tensor, masks: 
 def attention_over_group(model, sp: SeqParallel, full_positions: torch.Tensor):
     """Inside: the model's attention implementation attends over the whole packed sequence of the group
     (`full_positions`, [rows, S]) while the model holds its slice of the columns."""
-    impl = getattr(model, "module", model).config._attn_implementation
+    impl = packing.attention_implementation(model)
     if impl not in SUPPORTED:
         raise RuntimeError(
             f"sequence parallelism needs the sdpa or flash-attention implementation; this model uses {impl!r}"
