@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# The whole GPU check, within 9 minutes on one GPU (RLRIG_GPU_CHECK_S, default 520 s, for all of it):
-# bench/gpu_step.py at the 0.5B shape, eager under FSDP2 (with the update's profile) and DDP; the same with verl's
-# kernel switches on (fused head, Liger, compiled log-prob math and blocks); the 7B shape (8 of its 28 layers,
-# gradient checkpointing, fused head) with its profile; Qwen3-30B-A3B's mixture of experts (4 of its 48 layers)
-# against the dense model of the same active parameters; then tests/gpu, the cases of these switches first. Every
-# run takes random responses of the full length (--no-gen: the update's cost is in its tokens) and verl's token-budget
-# micro batches. Each part has a limit of its own and tests/gpu the time left, so a slow or failing part leaves the
-# others theirs. Logs and JSON go to $OUT/gpu-check.tgz (else ./gpu-out/). On a machine without rlrig installed,
-# bench/gpu_bundle.sh's .gpu/site.tar.xz (carried beside the checkout) is unpacked first.
+# The GPU check, in two halves of at most 9 minutes each on one GPU (RLRIG_GPU_CHECK_S, default 520 s, for a half):
 #
-#     bash bench/gpu_bundle.sh    # where the package index is
-#     bash bench/gpu_check.sh     # on the GPU machine
+#   steps: bench/gpu_step.py at the 0.5B shape with verl's kernel switches on (fused head, Liger, compiled log-prob
+#          math), then with the fused head and compiled blocks, each with the update's profile; eager under FSDP2 and
+#          DDP (FSDP2's time over DDP's); the 7B shape (8 of its 28 layers, gradient checkpointing, fused head) with
+#          its profile; Qwen3-30B-A3B's mixture of experts (4 of its 48 layers) against the dense model of the same
+#          active parameters. Every run takes random responses of the full length (--no-gen: the update's cost is in
+#          its tokens) and verl's token-budget micro batches.
+#   tests: tests/gpu, each case at most 120 s, the embedded default's 200 learning steps last.
+#
+# With no argument both run, in one call where its limit allows; where kernel launches are slow, tests/gpu alone takes
+# minutes (the tiny model's many small kernels), so run the halves as two calls. Each part has a limit of its own,
+# so a slow or failing part leaves the others theirs. Logs and JSON go to $OUT/gpu-check.tgz (else ./gpu-out/). On a
+# machine without rlrig installed, bench/gpu_bundle.sh's .gpu/site.tar.xz (carried beside the checkout) is unpacked
+# first.
+#
+#     bash bench/gpu_bundle.sh                              # where the package index is
+#     bash bench/gpu_check.sh steps; bash bench/gpu_check.sh tests   # on the GPU machine
 set -uo pipefail
 py=${PYTHON:-python3}
 deadline=$((SECONDS + ${RLRIG_GPU_CHECK_S:-520}))
@@ -50,15 +56,27 @@ part() {  # part NAME SECONDS COMMAND...: at most SECONDS (and never past the de
     echo "=== $name (limit ${limit}s)"
     timeout "$limit" "$@" 2>&1 | grep --line-buffered -v "Loading weights\|Writing model" | tee "$out/$name.log" || rc=1
 }
-part step_0.5b 130 "$py" bench/gpu_step.py "${common[@]}" "${eager[@]}" --strategies fsdp,ddp --profile \
-    --json "$out/step_0.5b.json"
-part step_0.5b_kernels 90 "$py" bench/gpu_step.py "${common[@]}" "${fused[@]}" \
-    --override actor_rollout_ref.model.use_liger=True --strategies fsdp --json "$out/step_0.5b_kernels.json"
-part step_7b 100 "$py" bench/gpu_step.py --shape 7b --prompts 16 "${common[@]}" "${eager[@]}" "${fused[@]}" \
-    --strategies fsdp --profile --json "$out/step_7b.json"
-part step_moe 100 "$py" bench/gpu_step.py --shape 30b-a3b,30b-a3b-dense --prompts 16 "${common[@]}" "${eager[@]}" \
-    "${fused[@]}" --strategies fsdp --json "$out/step_moe.json"
-new="compiled_log_prob or liger_steps or gradient_checkpointing_recomputes or fsdp_packed or bf16_mixed"
-part tests_gpu_kernels 80 "$py" -m pytest -q -p no:cacheprovider tests/gpu -k "$new" --durations 5
-part tests_gpu_rest 400 "$py" -m pytest -q -p no:cacheprovider tests/gpu -k "not ($new)" --durations 5
+halves=${1:-steps tests}
+case " $halves " in *" steps "*)
+    part step_0.5b_kernels 100 "$py" bench/gpu_step.py "${common[@]}" "${fused[@]}" \
+        --override actor_rollout_ref.model.use_liger=True --strategies fsdp --profile --json "$out/step_0.5b_kernels.json"
+    # inductor's own fusion of the blocks' norms, rotary and SwiGLU (Liger keeps the blocks uncompiled)
+    part step_0.5b_compiled 100 "$py" bench/gpu_step.py "${common[@]}" "${fused[@]}" --strategies fsdp --profile \
+        --json "$out/step_0.5b_compiled.json"
+    part step_0.5b 120 "$py" bench/gpu_step.py "${common[@]}" "${eager[@]}" --strategies fsdp,ddp \
+        --json "$out/step_0.5b.json"
+    part step_7b 110 "$py" bench/gpu_step.py --shape 7b --prompts 16 "${common[@]}" "${eager[@]}" "${fused[@]}" \
+        --strategies fsdp --profile --json "$out/step_7b.json"
+    part step_moe 100 "$py" bench/gpu_step.py --shape 30b-a3b,30b-a3b-dense --prompts 16 "${common[@]}" \
+        "${eager[@]}" "${fused[@]}" --strategies fsdp --json "$out/step_moe.json"
+    ;;
+esac
+case " $halves " in *" tests "*)
+    # the learning run last: on slow kernel launches its 200 steps take minutes, and the other cases theirs first
+    learn=test_embedded_default_learns_on_cuda
+    tests=(-m pytest -q -p no:cacheprovider -rfEs --timeout 120 --durations 15)
+    part tests_gpu $((deadline - SECONDS - 150)) "$py" "${tests[@]}" tests/gpu -k "not $learn"
+    part tests_gpu_learning 400 "$py" "${tests[@]}" tests/gpu -k "$learn"
+    ;;
+esac
 exit $rc
