@@ -75,8 +75,8 @@ case " $halves " in *" tests "*)
     # the learning run last: on slow kernel launches its 200 steps take minutes, and the other cases theirs first
     learn=test_embedded_default_learns_on_cuda
     tests=(-m pytest -q -p no:cacheprovider -rfEs --timeout 120 --durations 15)
-    part tests_gpu $((deadline - SECONDS - 150)) "$py" "${tests[@]}" tests/gpu -k "not $learn"
-    part tests_gpu_learning 400 "$py" "${tests[@]}" tests/gpu -k "$learn"
+    part tests_gpu $((deadline - SECONDS - 220)) "$py" "${tests[@]}" tests/gpu -k "not $learn"
+    part tests_gpu_learning 400 "$py" "${tests[@]}" --timeout 380 -s tests/gpu -k "$learn"
     ;;
 esac
 exit $rc

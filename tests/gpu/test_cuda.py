@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -69,10 +70,12 @@ def run_worker(
         if not tf32:
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
         steps = steps or w.cfg.trainer.total_training_steps
-        return [
-            w.step(StepRequest(next(batches), global_step=s + 1, kl_coef=w.cfg.algorithm.kl_ctrl.kl_coef))
-            for s in range(steps)
-        ]
+        rows, t0 = [], time.perf_counter()
+        for s in range(steps):
+            rows.append(w.step(StepRequest(next(batches), global_step=s + 1, kl_coef=w.cfg.algorithm.kl_ctrl.kl_coef)))
+            if (s + 1) % 25 == 0:  # where a run stopped by a time limit got to (pytest -s)
+                print(f"step {s + 1}/{steps}: {time.perf_counter() - t0:.1f} s", flush=True)
+        return rows
 
 
 def test_fsdp_packed_and_grouped_forwards_match_ddp_on_cuda():
