@@ -627,10 +627,12 @@ EAGER = [
 ]
 
 
-def test_compiled_log_prob_math_and_blocks_match_eager_under_fsdp_on_cuda(monkeypatch):
-    """use_torch_compile (verl's default) under FSDP2: the per-chunk log-prob math compiled and each decoder block
-    compiled before it is sharded, with gradient checkpointing's recompute and packed rows of changing length; two
-    steps give the eager run's metrics (fp32, so only the kernels' reduction order differs)."""
+@pytest.mark.parametrize("head", ["plain", "fused"])
+def test_compiled_log_prob_math_and_blocks_match_eager_under_fsdp_on_cuda(monkeypatch, head):
+    """use_torch_compile (verl's default) under FSDP2: the per-chunk log-prob math compiled (on the plain head's
+    logits, or on each chunk the fused head computes) and each decoder block compiled before it is sharded, with
+    gradient checkpointing's recompute and packed rows of changing length; two steps give the eager run's metrics
+    (fp32, so only the kernels' reduction order differs)."""
     from rlrig.trainer.model import chunked_logprobs, parallel
 
     compiled_blocks = []
@@ -644,6 +646,7 @@ def test_compiled_log_prob_math_and_blocks_match_eager_under_fsdp_on_cuda(monkey
         "actor_rollout_ref.model.enable_gradient_checkpointing=True",
         "actor_rollout_ref.model.use_remove_padding=True",
         "actor_rollout_ref.actor.use_kl_loss=True",
+        f"actor_rollout_ref.model.use_fused_kernels={head == 'fused'}",
     ]
     eager = run_worker([*common, *EAGER], steps=2, tf32=False)
     assert compiled_blocks == [] and chunked_logprobs.chosen() is chunked_logprobs.EAGER

@@ -4,7 +4,8 @@
   default True), as verl's FSDP engine compiles its entropy-from-logits function with `torch.compile(fn,
   dynamic=True)`: here the whole per-chunk math of model/chunked_logprobs.py, forward (the fp32 cast, logsumexp, the
   gathered log-prob, the entropy) and backward (the softmax recompute and the gradient), so the compiler may fuse
-  the cast and the passes over a chunk instead of materialising each;
+  the cast and the passes over a chunk instead of materialising each; the fused head's (`model.use_fused_kernels`,
+  model/fused_logprobs.py) runs the same math on the logits of each chunk it computes;
 - under FSDP, each decoder block (`actor_rollout_ref.{actor,ref}.use_torch_compile`), compiled in place before it
   is sharded, as torchtitan's apply_compile does (model/parallel.py).
 
