@@ -13,8 +13,7 @@ logits instead of writing an fp32 copy and reading it again in each), with z = h
 A chunk's logits are computed in the compute dtype (under autocast its dtype, as the plain head computes them;
 otherwise the hidden states') and handed to the math as the plain head's logits are; the math computes in fp32 and
 gives the gradient of the logits back in the compute dtype, before the two products, as the plain head's backward
-takes it. The weight's gradient is summed
-over the chunks in fp32 and handed back in the weight's dtype.
+takes it. The weight's gradient is summed over the chunks in fp32 and handed back in the weight's dtype.
 """
 
 from __future__ import annotations
