@@ -40,8 +40,9 @@ def status(env) -> list[dict]:
     return json.loads(r.stdout)["runs"]
 
 
-# long: three runs at once cover what two do, in CI
-@pytest.mark.parametrize("n", [pytest.param(2, marks=pytest.mark.long), 3])
+# long: three runs at once; CI runs two, which share the host's cores and ports the same way, in two thirds of the
+# time and further from the deadline on a 2-core machine (three took 139 s of its 170 there)
+@pytest.mark.parametrize("n", [2, pytest.param(3, marks=pytest.mark.long)])
 def test_trainings_started_together_each_finish_on_their_own_cluster(tmp_path, host_env, n):
     dirs = [tmp_path / f"run{i}" for i in range(n)]
     logs = [tmp_path / f"run{i}.log" for i in range(n)]
