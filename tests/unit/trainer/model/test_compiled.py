@@ -85,39 +85,6 @@ def test_a_pass_without_math_runs_the_process_choice(monkeypatch):
     assert calls == ["forward"]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_fused_head_runs_the_chosen_math_and_its_traced_form_gives_the_eager_values(monkeypatch, dtype):
-    """model.use_fused_kernels with use_torch_compile: the fused head's chunks go through the process's math (it ran
-    its own eager fp32 passes before, whatever was compiled), and the traced math gives the eager numbers."""
-    from rlrig.trainer.model.fused_logprobs import fused_logprobs_and_entropy
-
-    monkeypatch.setattr(C, "CHUNK_ELEMENTS", 7 * 50)
-    torch._dynamo.reset()
-    g = torch.Generator().manual_seed(0)
-    hidden, weight = torch.randn(3, 9, 16, generator=g).to(dtype), (torch.randn(50, 16, generator=g) / 2).to(dtype)
-    targets = torch.randint(0, 50, (3, 9), generator=g)
-    w_logp, w_ent = torch.randn(3, 9, generator=g), torch.randn(3, 9, generator=g)
-
-    def run(math):
-        h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
-        logp, ent = fused_logprobs_and_entropy(h, w, targets, 0.7, True, True, math=math)
-        ((logp * w_logp).sum() + (ent * w_ent).sum()).backward()
-        return logp.detach(), ent.detach(), h.grad, w.grad
-
-    calls = []
-    counted = C.ChunkMath(
-        forward=lambda *a: calls.append("forward") or C.logits_forward(*a),
-        grad=lambda *a: calls.append("grad") or C.logits_grad(*a),
-    )
-    monkeypatch.setattr(C, "_chosen", counted)
-    want = run(None)
-    assert calls == ["forward"] * 4 + ["grad"] * 4  # 27 tokens, 7 a chunk
-    got = run(compiled.compiled_math("aot_eager"))
-    for a, b in zip(got, want):
-        assert a.dtype == b.dtype
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
-
-
 def test_blocks_are_compiled_under_fsdp_on_cuda_only():
     cfg = parse_overrides([])
     assert compiled.blocks_compiled(cfg, "actor", "cuda") and compiled.blocks_compiled(cfg, "ref", "cuda")

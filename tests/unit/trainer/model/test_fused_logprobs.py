@@ -29,6 +29,34 @@ def _run(fn, hidden, weight, w_logp, w_ent):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_chunks_run_the_chosen_math_and_its_traced_form_gives_the_eager_values(monkeypatch, dtype):
+    """model.use_fused_kernels with use_torch_compile: the fused head's chunks go through the process's math (it ran
+    its own eager fp32 passes before, whatever was compiled), and the traced math gives the eager numbers."""
+    from rlrig.trainer.model import compiled
+
+    monkeypatch.setattr(C, "CHUNK_ELEMENTS", 7 * V)
+    torch._dynamo.reset()
+    hidden, weight, targets, w_logp, w_ent = _inputs(dtype)
+
+    def run(math):
+        fused = lambda h, w: fused_logprobs_and_entropy(h, w, targets, 0.7, True, True, math=math)  # noqa: E731
+        return _run(fused, hidden, weight, w_logp, w_ent)
+
+    calls = []
+    counted = C.ChunkMath(
+        forward=lambda *a: calls.append("forward") or C.logits_forward(*a),
+        grad=lambda *a: calls.append("grad") or C.logits_grad(*a),
+    )
+    monkeypatch.setattr(C, "_chosen", counted)
+    want = run(None)
+    assert calls == ["forward"] * 4 + ["grad"] * 4  # 27 tokens, 7 a chunk
+    got = run(compiled.compiled_math("aot_eager"))
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("chunk_elements", [7 * V, 2**25])  # 7 tokens a chunk (uneven tail), or all at once
 @pytest.mark.parametrize("with_entropy,entropy_grad", [(True, True), (True, False), (False, True)])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
