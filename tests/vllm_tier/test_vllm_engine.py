@@ -173,6 +173,8 @@ def test_embedded_default_picks_vllm_and_says_so(tmp_path):
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "rollout engine: vllm" in r.stderr + r.stdout
+    (m,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert m["training/rollout_probs_diff_max"] < TOL, m  # the engine generated with the weights its sync handed it
 
 
 def test_what_the_unit_tests_record_is_vllms_own_api():

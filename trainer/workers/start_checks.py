@@ -1,30 +1,36 @@
 """Why a training worker could not start on a node, asked before any worker is built: the driver runs
-start_refusal as a Ray task on every node, so no worker is ever left without an engine."""
+start_refusal as a Ray task on every node, so no worker is ever left without an engine. That task is a fresh
+process, started before the workers: each check imports the model code it asks only once its feature is on, so
+that the default run's probe costs the config's imports, not the whole model stack's."""
 
 from __future__ import annotations
 
-from ..model import build, checkpoint_names, expert_parallel, forward, kernels, lora, moe, ulysses
 from ..model.micro_batches import sequence_parallel
 from ..rollout.engines import engine_class
-from . import teacher
 
 
-def layout_refusal(model_path: str, load_kwargs: dict, engine_cls) -> str | None:
+def layout_refusal(model_cfg, model_path: str, engine_cls) -> str | None:
     """An engine whose loader reads checkpoints takes the actor's weights reverted to the checkpoint's layout by
     transformers' own conversion (model/checkpoint_names.py): an architecture it cannot revert is refused here."""
     if not engine_cls.checkpoint_layout:
         return None
     from transformers import AutoConfig
 
-    why = checkpoint_names.refusal(AutoConfig.from_pretrained(model_path, **load_kwargs))
+    from ..model import build, checkpoint_names
+
+    why = checkpoint_names.refusal(AutoConfig.from_pretrained(model_path, **build.load_kwargs(model_cfg)))
     return f"{why}, which {engine_cls.name} loads; use actor_rollout_ref.rollout.name=hf" if why else None
 
 
 def sequence_parallel_refusal(cfg, model_path: str) -> str | None:
     """Why the actor's or critic's model cannot split its attention heads over its sequence-parallel group."""
+    a, c, sizes = cfg.actor_rollout_ref, cfg.critic, sequence_parallel(cfg)
+    if all(size <= 1 for size in sizes.values()):
+        return None
     from transformers import AutoConfig
 
-    a, c, sizes = cfg.actor_rollout_ref, cfg.critic, sequence_parallel(cfg)
+    from ..model import build, ulysses
+
     for key, size, path, model in (
         ("actor_rollout_ref.actor", sizes["actor"], model_path, a.model),
         ("critic", sizes["critic"], c.model.path or model_path, c.model if c.model.path else a.model),
@@ -52,6 +58,8 @@ def fused_head_check(cfg, model_path: str) -> str | None:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from ..model import build, forward, lora
+
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(build.model_kwargs(a.model, model_path)["config"])
     if a.model.uses_lora:
@@ -65,9 +73,13 @@ def fused_head_check(cfg, model_path: str) -> str | None:
 def liger_check(cfg, model_path: str, device: str) -> str | None:
     """model.use_liger, the actor's (and reference's) and the critic's: a GPU, liger-kernel installed and a model
     type Liger has kernels for (model/kernels.py)."""
+    a, c = cfg.actor_rollout_ref, cfg.critic
+    if not (a.model.use_liger or c.model.use_liger):
+        return None
     from transformers import AutoConfig
 
-    a, c = cfg.actor_rollout_ref, cfg.critic
+    from ..model import build, kernels
+
     for key, on, path, model in (
         ("actor_rollout_ref.model.use_liger", a.model.use_liger, model_path, a.model),
         (
@@ -95,6 +107,8 @@ def moe_check(cfg, model_path: str, engine: str = "hf", device: str = "cpu") -> 
         return None
     import torch
     from transformers import AutoModelForCausalLM
+
+    from ..model import build, moe
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(build.model_kwargs(a.model, model_path)["config"])
@@ -130,6 +144,8 @@ def expert_parallel_refusal(cfg, model_path: str, engine_cls) -> str | None:
         )
     import torch
     from transformers import AutoModelForCausalLM
+
+    from ..model import build, expert_parallel
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(build.model_kwargs(a.model, model_path)["config"])
@@ -177,7 +193,7 @@ def start_refusal(cfg_dict: dict, model_path: str, device: str) -> str | None:
     cfg = from_dict(cfg_dict)
     a = cfg.actor_rollout_ref
     cls = engine_class(a.rollout.name)
-    why = cls.unavailable(device) or layout_refusal(model_path, build.load_kwargs(a.model), cls)
+    why = cls.unavailable(device) or layout_refusal(a.model, model_path, cls)
     if why:
         return f"actor_rollout_ref.rollout.name={a.rollout.name}: {why}"
     return (
@@ -186,5 +202,14 @@ def start_refusal(cfg_dict: dict, model_path: str, device: str) -> str | None:
         or liger_check(cfg, model_path, device)
         or moe_check(cfg, model_path, cls.name, device)
         or expert_parallel_refusal(cfg, model_path, cls)
-        or teacher.tokenizer_refusal(cfg, model_path)
+        or teachers_tokenizer_refusal(cfg, model_path)
     )
+
+
+def teachers_tokenizer_refusal(cfg, model_path: str) -> str | None:
+    """Distillation: a teacher whose tokenizer is not the student's (workers/teacher.py)."""
+    if not cfg.distillation.enabled:
+        return None
+    from .teacher import tokenizer_refusal
+
+    return tokenizer_refusal(cfg, model_path)

@@ -1,15 +1,12 @@
-"""transformers' generate as the rollout engine (`hf`)."""
+"""transformers' generate as the rollout engine (`hf`). Its key/value caches (hf_cache.py) are imported when an engine
+is built: config validation and the start-up checks import this module for the class's properties, and
+transformers' generation code is seconds of import that those processes never run."""
 
 from __future__ import annotations
 
-import functools
-
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import CacheLayerMixin, DynamicLayer
 
 from ...errors import ConfigError
-from ...model.transformers_api import CACHE_ARG
 from .base import (
     EngineContext,
     Rollout,
@@ -21,39 +18,6 @@ from .base import (
 from .recording import TorchRecording
 
 
-def repeatable(cache) -> bool:
-    """Whether every layer of the cache can be repeated for a prompt's samples (keys and values, not a recurrent
-    state)."""
-    return all(hasattr(layer, "batch_repeat_interleave") for layer in cache.layers)
-
-
-class _StoresIn(CacheLayerMixin):  # a mixin of the layers' base: their layout, so a layer can take it
-    """A cache layer that keeps keys and values in store_dtype. Under autocast the rotary embedding takes
-    the dtype of the fp32 residual stream, so keys (and, concatenated with them, values) would be cached in
-    fp32: twice the memory of a bf16 cache. Attention casts them to the autocast dtype in any case (SDPA and
-    matmul are autocast ops), so storing them cast changes no number."""
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        return super().update(key_states.to(self.store_dtype), value_states.to(self.store_dtype), *args, **kwargs)
-
-
-@functools.cache
-def _storing(layer_cls: type) -> type:
-    return type(f"{layer_cls.__name__}Cast", (_StoresIn, layer_cls), {})
-
-
-def new_cache(config, dtype: torch.dtype | None):
-    """A cache built from the model's config (every layer's kind known before the forward), its key/value
-    layers storing in `dtype` (None: as computed). Linear-attention layers keep their recurrent state as is."""
-    cache = DynamicCache(config=config)
-    if dtype is not None:
-        for layer in cache.layers:
-            if isinstance(layer, DynamicLayer):
-                layer.__class__ = _storing(type(layer))
-                layer.store_dtype = dtype
-    return cache
-
-
 class HFRollout(RolloutEngine):
     """transformers' generate on the actor's module (DDP: the very one, so syncing copies nothing) or,
     under FSDP, on a full copy of it that sync_weights refreshes."""
@@ -63,6 +27,9 @@ class HFRollout(RolloutEngine):
     generates_with_actor_module = True  # transformers' generate cannot step a sharded module in lockstep
 
     def __init__(self, ctx: EngineContext):
+        from . import hf_cache
+
+        self.caches = hf_cache
         self.model, self.tok, self.cfg, self.max_new = ctx.module, ctx.tokenizer, ctx.cfg, ctx.max_response_length
         self.dtype = ctx.compute_dtype  # mixed precision: the fp32 master weights, matrix products in bf16
         self._landing = None  # where weight transfers land in place (rollout/weight_sync.py Landing)
@@ -115,12 +82,12 @@ class HFRollout(RolloutEngine):
         with torch.autocast(dev.type, dtype=self.dtype, enabled=self.dtype is not None):
             cache = self.shared_prefill(ids, mask, n) if self.cfg.enable_prefix_caching and n > 1 else None
             if cache is None and self.dtype is not None:
-                cache = new_cache(self.model.config, self.dtype)  # generate's own would store fp32 keys
+                cache = self.caches.new_cache(self.model.config, self.dtype)  # generate's own would store fp32 keys
             ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
             out = self.model.generate(
                 input_ids=ids,
                 attention_mask=mask,
-                **{CACHE_ARG: cache},
+                **{self.caches.CACHE_ARG: cache},
                 max_new_tokens=max_new,
                 do_sample=sample,
                 temperature=sampling.temperature if sample else None,
@@ -150,15 +117,15 @@ class HFRollout(RolloutEngine):
         (linear-attention layers keep a recurrent state instead of keys and values)."""
         if ids.shape[1] < 2:
             return None
-        cache = new_cache(self.model.config, self.dtype)
-        if not repeatable(cache):
+        cache = self.caches.new_cache(self.model.config, self.dtype)
+        if not self.caches.repeatable(cache):
             return None
         pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
         self.model(
             input_ids=ids[:, :-1],
             attention_mask=mask[:, :-1],
             position_ids=pos[:, :-1],
-            **{CACHE_ARG: cache},
+            **{self.caches.CACHE_ARG: cache},
             use_cache=True,
             logits_to_keep=1,
         )

@@ -151,6 +151,7 @@ def one_way_mapping(monkeypatch):
 def test_start_up_refuses_only_an_architecture_that_cannot_be_reverted_and_names_it(
     tmp_path, monkeypatch, engine, mappable
 ):
+    from rlrig.trainer.config.schema import ModelConfig
     from rlrig.trainer.rollout import engines
     from rlrig.trainer.workers.start_checks import layout_refusal
 
@@ -159,7 +160,7 @@ def test_start_up_refuses_only_an_architecture_that_cannot_be_reverted_and_names
         one_way_mapping(monkeypatch)
     cls = engines.ENGINES[engine]
     assert cls.checkpoint_layout == (engine != "hf")  # hf generates with transformers' own module: no reversion
-    why = layout_refusal(str(tmp_path), {}, cls)
+    why = layout_refusal(ModelConfig(), str(tmp_path), cls)
     if mappable or engine == "hf":
         assert why is None
         return

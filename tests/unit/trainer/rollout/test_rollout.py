@@ -15,7 +15,7 @@ import torch
 from rlrig.trainer.config.schema import RolloutConfig
 from rlrig.trainer.rollout import engines
 from rlrig.trainer.rollout.engines import base as rollout
-from rlrig.trainer.rollout.engines import hf_engine
+from rlrig.trainer.rollout.engines import hf_cache, hf_engine
 from rlrig.trainer.rollout.engines import sglang_engine as sglang_rollout
 from rlrig.trainer.rollout.engines import vllm_engine as vllm_rollout
 from rlrig.trainer.workers.step.metrics import probs_diff
@@ -440,13 +440,13 @@ def test_hf_under_autocast_caches_keys_and_values_in_the_compute_dtype_and_draws
     model, tok = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path)
     caches = []
     generate = model.generate
-    monkeypatch.setattr(model, "generate", lambda **kw: caches.append(kw[hf_engine.CACHE_ARG]) or generate(**kw))
+    monkeypatch.setattr(model, "generate", lambda **kw: caches.append(kw[hf_cache.CACHE_ARG]) or generate(**kw))
     prompts, outs = [[5, 6, 7, 8, 9, 10], [11], [12, 13, 14]], []
     for cast in (True, False):
         if (
             not cast
         ):  # the cache transformers builds: keys take the fp32 residual stream's dtype from the rotary embedding
-            monkeypatch.setattr(hf_engine, "new_cache", lambda config, dtype: DynamicCache(config=config))
+            monkeypatch.setattr(hf_cache, "new_cache", lambda config, dtype: DynamicCache(config=config))
         cfg = RolloutConfig(enable_prefix_caching=prefix_caching)
         engine = hf_engine.HFRollout(engines.EngineContext(model, tok, cfg, 16, 6, "/m", "cpu", 0, torch.bfloat16))
         torch.manual_seed(3)
