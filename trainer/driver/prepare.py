@@ -113,7 +113,7 @@ def start_ray(cfg) -> None:
 
 def load_model_side(cfg, model_path: str) -> tuple[object, dict | None]:
     """The tokenizer, and the LoRA adapter's shape (None without LoRA), after the checks that read the model."""
-    from ..model.build import import_external_lib, load_kwargs, load_tokenizer
+    from ..model.loading import import_external_lib, load_kwargs, load_tokenizer
 
     model_cfg = cfg.actor_rollout_ref.model
     import_external_lib(model_cfg)

@@ -17,7 +17,7 @@ def single_worker(overrides: list[str], model_path: str | None = None):
     from ..data.datasets import load_rows
     from ..embedded.tiny_model import ensure_tiny_model
     from ..errors import ConfigError
-    from ..model.build import load_tokenizer
+    from ..model.loading import load_tokenizer
     from ..workers.training_worker import TrainingWorker
     from .prepare import with_runtime
 

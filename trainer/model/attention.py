@@ -1,5 +1,5 @@
 """The attention implementation a model loads with: `model.override_config.attn_implementation`, which verl passes
-to transformers' from_pretrained (model/build.model_kwargs does the same; unset, transformers' default, sdpa, where
+to transformers' from_pretrained (model/loading.model_kwargs does the same; unset, transformers' default, sdpa, where
 verl's default is flash_attention_2, which needs the flash-attn package). Checked at start-up, so that a name
 transformers does not know, or a flash-attention kernel on a CPU run or without its package, is one line before any
 worker starts instead of an error inside each."""

@@ -11,7 +11,7 @@ import torch
 
 from ..model import micro_batches as batching
 from ..model import offload
-from ..model.build import import_external_lib, model_kwargs
+from ..model.loading import import_external_lib, model_kwargs
 
 
 def resolve_path(rm_cfg) -> str:

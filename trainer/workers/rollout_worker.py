@@ -23,7 +23,7 @@ from ..agent import partial as agent_partial
 from ..agent.own_partial import OwnPartials
 from ..agent.rollout import AgentRollout
 from ..config.schema import from_dict
-from ..model import build
+from ..model import loading
 from ..model.checkpoint_names import CheckpointLayout
 from ..model.forward import ForwardOptions, token_outputs
 from ..model.precision import resolve
@@ -79,7 +79,7 @@ class RolloutWorker(PoolWorker):
             world_size=world,
             timeout=collective_timeout(a.nccl_timeout),
         )
-        self.tok = build.load_tokenizer(cfg, model_path)
+        self.tok = loading.load_tokenizer(cfg, model_path)
         self.tok.padding_side = "left"
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
@@ -90,7 +90,7 @@ class RolloutWorker(PoolWorker):
         if cls.generates_with_actor_module:
             from transformers import AutoModelForCausalLM
 
-            kw = build.model_kwargs(a.model, model_path)
+            kw = loading.model_kwargs(a.model, model_path)
             self.module = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype, **kw).to(self.device)
             self.module.eval().requires_grad_(False)  # it never trains; weight transfers land in its parameters
         # compute_dtype None: the module is held in its compute dtype already
@@ -104,7 +104,7 @@ class RolloutWorker(PoolWorker):
         self.recorded = StepWindows.of(cfg).steps
         # the weights arrive as the actor holds them (an MoE's experts fused: fewer, larger transfers) and are
         # converted here for an engine that reads checkpoints
-        config = build.model_kwargs(a.model, model_path)["config"] if cls.checkpoint_layout else None
+        config = loading.model_kwargs(a.model, model_path)["config"] if cls.checkpoint_layout else None
         self.layout = CheckpointLayout.of(config) if config is not None else None
         self.agent = AgentRollout(self.engine, self.tok, cfg)
         # loops of your own that a weight sync halts stay here between calls (fully async with partial rollouts)

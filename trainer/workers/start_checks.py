@@ -16,9 +16,9 @@ def layout_refusal(model_cfg, model_path: str, engine_cls) -> str | None:
         return None
     from transformers import AutoConfig
 
-    from ..model import build, checkpoint_names
+    from ..model import checkpoint_names, loading
 
-    why = checkpoint_names.refusal(AutoConfig.from_pretrained(model_path, **build.load_kwargs(model_cfg)))
+    why = checkpoint_names.refusal(AutoConfig.from_pretrained(model_path, **loading.load_kwargs(model_cfg)))
     return f"{why}, which {engine_cls.name} loads; use actor_rollout_ref.rollout.name=hf" if why else None
 
 
@@ -29,7 +29,7 @@ def sequence_parallel_refusal(cfg, model_path: str) -> str | None:
         return None
     from transformers import AutoConfig
 
-    from ..model import build, ulysses
+    from ..model import loading, ulysses
 
     for key, size, path, model in (
         ("actor_rollout_ref.actor", sizes["actor"], model_path, a.model),
@@ -43,7 +43,7 @@ def sequence_parallel_refusal(cfg, model_path: str) -> str | None:
                 f"{key}.ulysses_sequence_parallel_size={size}: attn_implementation={impl} (override_config) cannot "
                 f"attend over a sequence-parallel group; use one of {', '.join(ulysses.SUPPORTED)}"
             )
-        why = ulysses.head_refusal(AutoConfig.from_pretrained(path, **build.load_kwargs(model)), size)
+        why = ulysses.head_refusal(AutoConfig.from_pretrained(path, **loading.load_kwargs(model)), size)
         if why:
             return f"{key}.ulysses_sequence_parallel_size={size}: {why}"
     return None
@@ -58,10 +58,10 @@ def fused_head_check(cfg, model_path: str) -> str | None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ..model import build, forward, lora
+    from ..model import forward, loading, lora
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(build.model_kwargs(a.model, model_path)["config"])
+        model = AutoModelForCausalLM.from_config(loading.model_kwargs(a.model, model_path)["config"])
     if a.model.uses_lora:
         from peft import get_peft_model
 
@@ -78,7 +78,7 @@ def liger_check(cfg, model_path: str, device: str) -> str | None:
         return None
     from transformers import AutoConfig
 
-    from ..model import build, kernels
+    from ..model import kernels, loading
 
     for key, on, path, model in (
         ("actor_rollout_ref.model.use_liger", a.model.use_liger, model_path, a.model),
@@ -90,7 +90,7 @@ def liger_check(cfg, model_path: str, device: str) -> str | None:
         ),
     ):
         if on:
-            model_type = AutoConfig.from_pretrained(path, **build.load_kwargs(model)).model_type
+            model_type = AutoConfig.from_pretrained(path, **loading.load_kwargs(model)).model_type
             why = kernels.liger_refusal(key, model_type, device)
             if why:
                 return why
@@ -108,10 +108,10 @@ def moe_check(cfg, model_path: str, engine: str = "hf", device: str = "cpu") -> 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ..model import build, moe
+    from ..model import loading, moe
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(build.model_kwargs(a.model, model_path)["config"])
+        model = AutoModelForCausalLM.from_config(loading.model_kwargs(a.model, model_path)["config"])
     spec = moe.MoeSpec.of(model)
     recording = "actor_rollout_ref.rollout.enable_rollout_routing_replay=True"
     if replay or recorded:
@@ -145,10 +145,10 @@ def expert_parallel_refusal(cfg, model_path: str, engine_cls) -> str | None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ..model import build, expert_parallel
+    from ..model import expert_parallel, loading
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(build.model_kwargs(a.model, model_path)["config"])
+        model = AutoModelForCausalLM.from_config(loading.model_kwargs(a.model, model_path)["config"])
     for role, size in sizes.items():
         why = expert_parallel.refusal(model, size) if size > 1 else None
         if why:

@@ -28,8 +28,9 @@ from ..config.schema import from_dict
 from ..config.teachers import Teacher, route_refusal, teachers
 from ..errors import ConfigError
 from ..model import micro_batches as batching
-from ..model.build import load_kwargs, load_reference
+from ..model.build import load_reference
 from ..model.forward import ForwardOptions, in_micro_batches, topk_token_logprobs
+from ..model.loading import load_kwargs
 from .base import PoolWorker, ensure_local_embedded_model, single_device, whole_model_logprobs
 from .step.sources import LocalLogProbs
 

@@ -20,7 +20,7 @@ from ..agent.rollout import AgentRollout
 from ..algos import estimators
 from ..batch.split_groups import peer_group, whole_batch_advantages
 from ..batch.verl_names import verl_fields
-from ..model import build, offload, ulysses
+from ..model import build, loading, offload, ulysses
 from ..model.forward import ForwardOptions
 from ..model.micro_batches import sequence_parallel, splits_groups
 from ..reward.scoring import score
@@ -74,7 +74,7 @@ class TrainingWorker(RankWorker):
         # where a prompt's samples may be on other workers, the ranks that hold distinct samples compute the advantages
         split = splits_groups(cfg)
         self.dp_peers = peer_group(rank, world, a.actor.ulysses_sequence_parallel_size) if split else None
-        self.tok = build.load_tokenizer(cfg, model_path)
+        self.tok = loading.load_tokenizer(cfg, model_path)
         self.tok.padding_side = "left"
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token

@@ -16,7 +16,7 @@ def test_the_model_loads_with_the_implementation_named(impl):
     from transformers import AutoModelForCausalLM
 
     from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
-    from rlrig.trainer.model.build import model_kwargs
+    from rlrig.trainer.model.loading import model_kwargs
 
     cfg = parse_overrides([f"{KEY}={impl}"])
     path = ensure_tiny_model()

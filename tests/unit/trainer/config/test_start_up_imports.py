@@ -9,9 +9,9 @@ import pytest
 
 pytestmark = pytest.mark.process
 
-# transformers' model and generation code, and what loads with it; `transformers` itself (its lazy top level, for
+# transformers' model and generation code, and peft; `transformers` itself (its lazy top level, for
 # AutoConfig) is allowed
-HEAVY = ("transformers.modeling_utils", "transformers.generation.utils", "peft", "accelerate")
+HEAVY = ("transformers.modeling_utils", "transformers.generation.utils", "peft")
 
 CONFIG_CHECK = """
 from rlrig.entrypoint import cli
@@ -30,10 +30,26 @@ cfg = parse_overrides(["actor_rollout_ref.rollout.name=hf"])
 assert start_refusal(cfg.to_dict(), "/no/model/read/by/the/default/checks", "cpu") is None
 """
 
+# what the probe asks of a model for an engine that loads checkpoints (vLLM, SGLang): its config's layout
+LAYOUT_CHECK = """
+import sys
+from rlrig.trainer.config.schema import ModelConfig
+from rlrig.trainer.rollout.engines import ENGINES
+from rlrig.trainer.workers.start_checks import layout_refusal
 
-@pytest.mark.parametrize("code", [CONFIG_CHECK, START_PROBE], ids=["config-check", "start-probe"])
+assert layout_refusal(ModelConfig(), sys.argv[1], ENGINES["vllm"]) is None
+"""
+
+
+@pytest.mark.parametrize(
+    "code", [CONFIG_CHECK, START_PROBE, LAYOUT_CHECK], ids=["config-check", "start-probe", "checkpoint-layout"]
+)
 def test_leaves_transformers_model_code_unimported(code):
+    from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
+
     report = f"\nimport sys\nprint(sorted(m for m in {HEAVY!r} if m in sys.modules))"
-    r = subprocess.run([sys.executable, "-c", code + report], capture_output=True, text=True, timeout=120)
+    model = ensure_tiny_model()  # built here, where building it imports the model code
+    cmd = [sys.executable, "-c", code + report, model]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout

@@ -87,7 +87,7 @@ def test_override_config_and_trust_remote_code_reach_from_pretrained():
 
     from rlrig.trainer.config.schema import ModelConfig
     from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
-    from rlrig.trainer.model.build import load_kwargs, model_kwargs
+    from rlrig.trainer.model.loading import load_kwargs, model_kwargs
 
     assert load_kwargs(ModelConfig(path="/m", trust_remote_code=True)) == {"trust_remote_code": True}
     path = ensure_tiny_model()
@@ -98,7 +98,7 @@ def test_override_config_and_trust_remote_code_reach_from_pretrained():
 
 def test_external_lib_is_imported_or_refused(tmp_path, monkeypatch):
     from rlrig.trainer.config.schema import ModelConfig
-    from rlrig.trainer.model.build import import_external_lib
+    from rlrig.trainer.model.loading import import_external_lib
 
     (tmp_path / "my_model_lib.py").write_text("LOADED = True\n")
     monkeypatch.syspath_prepend(str(tmp_path))
