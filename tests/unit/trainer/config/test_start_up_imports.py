@@ -9,9 +9,10 @@ import pytest
 
 pytestmark = pytest.mark.process
 
-# transformers' model and generation code, and peft; `transformers` itself (its lazy top level, for
-# AutoConfig) is allowed
-HEAVY = ("transformers.modeling_utils", "transformers.generation.utils", "peft")
+# transformers' model and generation code, and what loads with it; `transformers` itself (its lazy top level, for
+# AutoConfig) is allowed, and for the checkpoint layout its weight conversion, which loads accelerate
+HEAVY = ("transformers.modeling_utils", "transformers.generation.utils", "peft", "accelerate")
+MODEL_CODE = HEAVY[:-1]
 
 CONFIG_CHECK = """
 from rlrig.entrypoint import cli
@@ -42,12 +43,14 @@ assert layout_refusal(ModelConfig(), sys.argv[1], ENGINES["vllm"]) is None
 
 
 @pytest.mark.parametrize(
-    "code", [CONFIG_CHECK, START_PROBE, LAYOUT_CHECK], ids=["config-check", "start-probe", "checkpoint-layout"]
+    ("code", "unimported"),
+    [(CONFIG_CHECK, HEAVY), (START_PROBE, HEAVY), (LAYOUT_CHECK, MODEL_CODE)],
+    ids=["config-check", "start-probe", "checkpoint-layout"],
 )
-def test_leaves_transformers_model_code_unimported(code):
+def test_leaves_transformers_model_code_unimported(code, unimported):
     from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
 
-    report = f"\nimport sys\nprint(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    report = f"\nimport sys\nprint(sorted(m for m in {unimported!r} if m in sys.modules))"
     model = ensure_tiny_model()  # built here, where building it imports the model code
     cmd = [sys.executable, "-c", code + report, model]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
