@@ -27,9 +27,9 @@ class HFRollout(RolloutEngine):
     generates_with_actor_module = True  # transformers' generate cannot step a sharded module in lockstep
 
     def __init__(self, ctx: EngineContext):
-        from . import hf_cache
+        from .hf_cache import CACHE_ARG, new_cache, repeatable
 
-        self.caches = hf_cache
+        self.cache_arg, self.new_cache, self.repeatable = CACHE_ARG, new_cache, repeatable
         self.model, self.tok, self.cfg, self.max_new = ctx.module, ctx.tokenizer, ctx.cfg, ctx.max_response_length
         self.dtype = ctx.compute_dtype  # mixed precision: the fp32 master weights, matrix products in bf16
         self._landing = None  # where weight transfers land in place (rollout/weight_sync.py Landing)
@@ -82,12 +82,12 @@ class HFRollout(RolloutEngine):
         with torch.autocast(dev.type, dtype=self.dtype, enabled=self.dtype is not None):
             cache = self.shared_prefill(ids, mask, n) if self.cfg.enable_prefix_caching and n > 1 else None
             if cache is None and self.dtype is not None:
-                cache = self.caches.new_cache(self.model.config, self.dtype)  # generate's own would store fp32 keys
+                cache = self.new_cache(self.model.config, self.dtype)  # generate's own would store fp32 keys
             ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
             out = self.model.generate(
                 input_ids=ids,
                 attention_mask=mask,
-                **{self.caches.CACHE_ARG: cache},
+                **{self.cache_arg: cache},
                 max_new_tokens=max_new,
                 do_sample=sample,
                 temperature=sampling.temperature if sample else None,
@@ -117,15 +117,15 @@ class HFRollout(RolloutEngine):
         (linear-attention layers keep a recurrent state instead of keys and values)."""
         if ids.shape[1] < 2:
             return None
-        cache = self.caches.new_cache(self.model.config, self.dtype)
-        if not self.caches.repeatable(cache):
+        cache = self.new_cache(self.model.config, self.dtype)
+        if not self.repeatable(cache):
             return None
         pos = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
         self.model(
             input_ids=ids[:, :-1],
             attention_mask=mask[:, :-1],
             position_ids=pos[:, :-1],
-            **{self.caches.CACHE_ARG: cache},
+            **{self.cache_arg: cache},
             use_cache=True,
             logits_to_keep=1,
         )
