@@ -9,6 +9,18 @@ from ..model.micro_batches import sequence_parallel
 from ..rollout.engines import engine_class
 
 
+def weightless(model_cfg, model_path: str):
+    """The model with its config as the workers load it (model.override_config set), on the meta device: what the
+    checks of its structure ask."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ..model import loading
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(loading.model_kwargs(model_cfg, model_path)["config"])
+
+
 def layout_refusal(model_cfg, model_path: str, engine_cls) -> str | None:
     """An engine whose loader reads checkpoints takes the actor's weights reverted to the checkpoint's layout by
     transformers' own conversion (model/checkpoint_names.py): an architecture it cannot revert is refused here."""
@@ -55,13 +67,9 @@ def fused_head_check(cfg, model_path: str) -> str | None:
     a = cfg.actor_rollout_ref
     if not a.model.use_fused_kernels:
         return None
-    import torch
-    from transformers import AutoModelForCausalLM
+    from ..model import forward, lora
 
-    from ..model import forward, loading, lora
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(loading.model_kwargs(a.model, model_path)["config"])
+    model = weightless(a.model, model_path)
     if a.model.uses_lora:
         from peft import get_peft_model
 
@@ -105,13 +113,9 @@ def moe_check(cfg, model_path: str, engine: str = "hf", device: str = "cpu") -> 
     replay, recorded = a.actor.router_replay.mode != "disabled", a.rollout.enable_rollout_routing_replay
     if not (a.actor.use_prefix_grouper or replay or recorded):
         return None
-    import torch
-    from transformers import AutoModelForCausalLM
+    from ..model import moe
 
-    from ..model import loading, moe
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(loading.model_kwargs(a.model, model_path)["config"])
+    model = weightless(a.model, model_path)
     spec = moe.MoeSpec.of(model)
     recording = "actor_rollout_ref.rollout.enable_rollout_routing_replay=True"
     if replay or recorded:
@@ -142,13 +146,9 @@ def expert_parallel_refusal(cfg, model_path: str, engine_cls) -> str | None:
             f"actor_rollout_ref.actor.fsdp_config.expert_parallel_size={sizes['actor']}: the {engine_cls.name} engine "
             "generates with a whole copy of the actor's modules; use actor_rollout_ref.rollout.name=vllm or sglang"
         )
-    import torch
-    from transformers import AutoModelForCausalLM
+    from ..model import expert_parallel
 
-    from ..model import expert_parallel, loading
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(loading.model_kwargs(a.model, model_path)["config"])
+    model = weightless(a.model, model_path)
     for role, size in sizes.items():
         why = expert_parallel.refusal(model, size) if size > 1 else None
         if why:
