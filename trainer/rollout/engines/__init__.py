@@ -15,6 +15,7 @@ from .base import (
     Rollout,
     RolloutEngine,
     Sampling,
+    installed_release,
 )
 from .hf_engine import HFRollout
 from .sglang_engine import SGLangRollout
@@ -35,6 +36,7 @@ __all__ = [
     "RolloutEngine",
     "Sampling",
     "engine_class",
+    "installed_release",
     "make_engine",
 ]
 
@@ -44,10 +46,8 @@ def engine_class(name: str) -> type[RolloutEngine]:
     auto choose hf: an installed vLLM that fails to start is an error with its own cause."""
     if name != AUTO:
         return ENGINES[name]
-    try:
-        import vllm  # noqa: F401
-    except ImportError as e:
-        print(f"rlrig: rollout engine auto -> hf: vLLM is not installed ({e})", file=sys.stderr, flush=True)
+    if installed_release(VLLMRollout.package[0]) is None:  # asked without the import, which the engine makes
+        print("rlrig: rollout engine auto -> hf: vLLM is not installed", file=sys.stderr, flush=True)
         return HFRollout
     return VLLMRollout
 

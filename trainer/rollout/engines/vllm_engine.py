@@ -27,6 +27,7 @@ from .base import (
     EngineUnavailable,
     RolloutEngine,
     Sampling,
+    installed_release,
     pack_responses,
 )
 
@@ -54,6 +55,13 @@ def takes_weights_in_memory(device: str = "cpu") -> bool:
         except ImportError:  # a vLLM without Model Runner V2
             pass
     return all(_reloads_from_iterator(r) for r in runners)
+
+
+def no_weights_in_memory(version: str) -> EngineUnavailable:
+    return EngineUnavailable(
+        f"vLLM {version} cannot take the actor's weights in memory (its reload_weights has no weights_iterator); "
+        f"install vLLM {MIN_VERSION} or newer, or set actor_rollout_ref.rollout.name=hf"
+    )
 
 
 def _older(version: str, than: str) -> bool:
@@ -236,19 +244,13 @@ class VLLMRollout(RolloutEngine):
 
     @classmethod
     def unavailable(cls, device: str) -> EngineUnavailable | None:
-        """RolloutEngine.unavailable, and a vLLM too old to take weights in memory."""
+        """RolloutEngine.unavailable, and a vLLM older than the first release that takes weights in memory (the
+        constructor, which imports vLLM, asks its model runners themselves: takes_weights_in_memory)."""
         why = super().unavailable(device)
         if why:
             return why
-        import vllm
-
-        if not takes_weights_in_memory(device):
-            return EngineUnavailable(
-                f"vLLM {vllm.__version__} cannot take the actor's weights in memory (its reload_weights has "
-                f"no weights_iterator); install vLLM {MIN_VERSION} or newer, or set "
-                "actor_rollout_ref.rollout.name=hf"
-            )
-        return None
+        version = installed_release(cls.package[0])
+        return no_weights_in_memory(version) if _older(version, MIN_VERSION) else None
 
     def __init__(self, ctx: EngineContext):
         cfg, device = ctx.cfg, ctx.device
@@ -265,6 +267,8 @@ class VLLMRollout(RolloutEngine):
             raise why
         import vllm
 
+        if not takes_weights_in_memory(device):
+            raise no_weights_in_memory(vllm.__version__)
         self.vllm = vllm
         self.tok, self.cfg, self.max_new, self.device = ctx.tokenizer, cfg, ctx.max_response_length, device
         self.tp_group = None

