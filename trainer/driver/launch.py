@@ -99,8 +99,8 @@ def start_workers(cfg, model_path: str, rm_path: str | None) -> Workers:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from ..workers import profiling, start_checks
-    from ..workers.base import node_address
     from ..workers.critic_worker import CriticWorker
+    from ..workers.group_address import node_address
     from ..workers.training_worker import Peers, TrainingWorker
 
     t, use_gpu, cfg_dict = cfg.trainer, cfg.trainer.device == "cuda", cfg.to_dict()

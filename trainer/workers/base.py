@@ -16,8 +16,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rlrig.entrypoint.cluster.ports import kernel_free_port
-
 from .. import determinism
 from ..batch.step_batch import StepBatch
 from ..config.schema import Config, from_dict
@@ -34,13 +32,6 @@ from .ppo_update import mean_stats, update_critic
 # how long a worker's end waits for its resource tracker to unlink what its engines' processes left
 # (process_exit.end_resource_tracker): the tracker ends at once when they have
 RESOURCE_TRACKER_WAIT_S = 10.0
-
-
-def node_address() -> tuple[str, int]:
-    """Where a process group's rank 0 listens: run as a Ray task in rank 0's bundle."""
-    import ray
-
-    return ray.util.get_node_ip_address(), kernel_free_port()
 
 
 def ensure_local_embedded_model(path: str) -> None:

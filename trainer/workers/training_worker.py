@@ -238,7 +238,7 @@ class TrainingWorker(RankWorker):
     # --- the rollout pool's weights (hybrid_engine=False): rank 0 broadcasts, the rollout workers receive ---
 
     def weight_sync_address(self) -> tuple[str, int]:
-        from .base import node_address
+        from .group_address import node_address
 
         return node_address()
 
