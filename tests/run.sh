@@ -73,11 +73,14 @@ if [ "${RLRIG_SKIP_VLLM:-0}" != 1 ]; then
   vllm_venv >"$reports/vllm-venv.log" 2>&1 &
   vllm_pid=$!
 fi
-# the unit and process tiers in two pytest processes (pytest-xdist): their tests are independent, and the process
-# tier's wait on the children they start; the integration and vLLM tiers' trainings already fill both cores
+# two tests at a time (pytest-xdist) in the unit, process and integration tiers: each test's processes leave the
+# cores idle part of the time (imports, a cluster forming, a child awaited). Integration tests that share machine-wide
+# state (Slurm's munged and /etc/hosts, a count of the MCP servers running) carry an xdist_group and run one after
+# another. The vLLM tier runs one test at a time: its tests assert that nothing of vLLM is left in /dev/shm, which
+# another engine running beside them would fill
 tier unit .venv/bin/python -n 2 -m "not long and not process and not integration" tests/unit tests/gpu "$@"
 tier process .venv/bin/python -n 2 -m "process and not long" tests/unit "$@"
-tier integration .venv/bin/python -m "not long" tests/integration "$@"
+tier integration .venv/bin/python -n 2 --dist loadgroup -m "not long" tests/integration "$@"
 if [ "${RLRIG_SKIP_VLLM:-0}" != 1 ]; then
   if wait "$vllm_pid"; then
     PATH="$PWD/.venv-vllm/bin:$PATH" tier vllm .venv-vllm/bin/python -m "not long" -rs tests/vllm_tier "$@"

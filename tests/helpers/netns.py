@@ -8,11 +8,14 @@ stepped over: two bridges on one subnet would send the host's replies out of the
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
 import uuid
 from dataclasses import dataclass, field
+
+SUBNET_LOCK = "/tmp/rlrig-test-subnets.lock"
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -67,10 +70,14 @@ class Netns:
         return f"10.{self.subnet}.0.254"
 
     def __enter__(self) -> Netns:
-        self.subnet = free_subnet(self.subnet)
-        _ip("link", "add", self.bridge, "type", "bridge")
-        _ip("addr", "add", f"{self.bridge_ip}/24", "dev", self.bridge)
-        _ip("link", "set", self.bridge, "up")
+        # chosen and routed under a lock: tests run side by side (pytest-xdist) would otherwise both find a subnet
+        # free and each put a bridge on it
+        with open(SUBNET_LOCK, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.subnet = free_subnet(self.subnet)
+            _ip("link", "add", self.bridge, "type", "bridge")
+            _ip("addr", "add", f"{self.bridge_ip}/24", "dev", self.bridge)
+            _ip("link", "set", self.bridge, "up")
         for i in range(self.n):
             name = f"rln{self.tag}{i}"
             self.names.append(name)
@@ -90,6 +97,10 @@ class Netns:
 
     def run_in(self, i: int, cmd: list[str]) -> subprocess.CompletedProcess:
         return subprocess.run(self.prefix(i) + cmd, check=True, capture_output=True, text=True)
+
+    def pids(self) -> list[int]:
+        """Every process in these hosts' namespaces: what a test started there, not what tests beside it did."""
+        return [int(p) for name in self.names for p in _ip("netns", "pids", name, check=False).stdout.split()]
 
     def cut(self, i: int) -> None:
         """Take node i off the network, as a dead host looks to the others."""

@@ -13,7 +13,8 @@ import pytest
 from tests.integration.test_multi_turn import STEPS, check_it_learned
 from tests.integration.test_train import metrics, rlrig
 
-pytestmark = pytest.mark.integration
+# one after another (pytest-xdist's loadgroup): a test counts the calculator servers running on the machine
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("mcp-calculator")]
 
 
 CALCULATOR = "rlrig.trainer.agent.tools.calculator_server"

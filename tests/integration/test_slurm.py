@@ -10,7 +10,8 @@ import pytest
 from tests.helpers.cluster import TOKEN
 from tests.helpers.crashlog import excerpt
 
-pytestmark = pytest.mark.integration
+# one after another (pytest-xdist's loadgroup): every Slurm here shares the host's munged and /etc/hosts
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("slurm")]
 CHECK = str(Path(__file__).with_name("check_cluster.py"))
 RLRIG = str(Path(sys.executable).with_name("rlrig"))
 

@@ -4,6 +4,7 @@ the phase's limit + 30 s, naming the stuck rank, its node and phase, with its st
 worker's in the run directory; with --max-restarts 1 the run resumes from its last checkpoint and logs every step
 once; a node that hangs twice is not restarted on (the run stops naming it); no worker process is left."""
 
+import contextlib
 import json
 import os
 import re
@@ -49,12 +50,14 @@ def steps_logged(run: Path) -> list[int]:
     return [json.loads(line)["training/global_step"] for line in path.read_text().splitlines()]
 
 
-def workers_left() -> list[str]:
+def workers_left(ns) -> list[str]:
+    """The training workers still running on the test's hosts."""
     found = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if cmd.startswith("ray::TrainingWorker"):
-            found.append(f"{p.pid} {cmd}")
+    for pid in ns.pids():
+        with contextlib.suppress(psutil.Error):
+            cmd = " ".join(psutil.Process(pid).cmdline())
+            if cmd.startswith("ray::TrainingWorker"):
+                found.append(f"{pid} {cmd}")
     return found
 
 
@@ -138,6 +141,6 @@ def test_a_hung_rank_is_named_with_its_stack_and_the_run_ends(cluster_hosts, tmp
         assert head.wait(60) == 5, excerpt(head.output, 4000)
     assert worker.wait(60) == (0 if finishes else 5), worker.output[-3000:]
     deadline = time.monotonic() + 30
-    while workers_left() and time.monotonic() < deadline:
+    while workers_left(ns) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not workers_left()
+    assert not workers_left(ns)
