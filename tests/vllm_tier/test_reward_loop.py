@@ -3,8 +3,10 @@ scores what transformers scores, its engine process goes when the scorer does, a
 workers hold both vLLM's rollout engine and the reward model's engine learns from the model's scores."""
 
 import json
+import os
 import subprocess
 import sys
+import uuid
 
 import psutil
 import pytest
@@ -56,6 +58,8 @@ def test_vllm_scores_what_transformers_scores_and_its_process_ends_with_it():
 def test_training_with_vllm_rollout_and_the_reward_loop(tmp_path, extra):
     run = tmp_path / "run"
     shm = engine_shm.segments()
+    # on this run's processes, which inherit it (Ray's workers and the engines they spawn), and on no other test's
+    marker = {"RLRIG_TEST_RUN": uuid.uuid4().hex}
     r = subprocess.run(
         [
             sys.executable,
@@ -75,6 +79,7 @@ def test_training_with_vllm_rollout_and_the_reward_loop(tmp_path, extra):
         capture_output=True,
         text=True,
         timeout=900,
+        env={**os.environ, **marker},
     )
     assert r.returncode == 0, r.stderr[-4000:]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -87,6 +92,9 @@ def test_training_with_vllm_rollout_and_the_reward_loop(tmp_path, extra):
         assert "val-core/rlrig/arithmetic/reward/mean@1" in rows[1]
     # every reward engine's process ended with its worker
     assert not [
-        p for p in psutil.process_iter(["cmdline"]) if "multiprocessing.spawn" in " ".join(p.info["cmdline"] or [])
+        p
+        for p in psutil.process_iter(["cmdline", "environ"])
+        if "multiprocessing.spawn" in " ".join(p.info["cmdline"] or [])
+        and marker.items() <= (p.info["environ"] or {}).items()
     ]
     assert not engine_shm.left_behind(shm)  # and vLLM's shared memory with them
