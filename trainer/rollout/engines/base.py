@@ -153,7 +153,13 @@ class RolloutEngine:
                 return EngineNotInstalled(f"{cls.package[1]} is not installed ({e}); {cls.package[2]}")
             if version is None:
                 return EngineNotInstalled(f"{cls.package[1]} is not installed; {cls.package[2]}")
-            return unsupported_release(cls, version)
+            return unsupported_release(cls, version) or cls.release_refusal(version)
+        return None
+
+    @classmethod
+    def release_refusal(cls, version: str) -> EngineUnavailable | None:
+        """Why this installed release of the engine's package cannot serve it beyond `supported` (a floor read from
+        the package's API, say), or None; given the release unavailable() read."""
         return None
 
     def generate(

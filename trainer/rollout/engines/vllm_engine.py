@@ -27,7 +27,6 @@ from .base import (
     EngineUnavailable,
     RolloutEngine,
     Sampling,
-    installed_release,
     pack_responses,
 )
 
@@ -243,13 +242,9 @@ class VLLMRollout(RolloutEngine):
     package = ("vllm", "vLLM", INSTALL_HINT)
 
     @classmethod
-    def unavailable(cls, device: str) -> EngineUnavailable | None:
-        """RolloutEngine.unavailable, and a vLLM older than the first release that takes weights in memory (the
-        constructor, which imports vLLM, asks its model runners themselves: takes_weights_in_memory)."""
-        why = super().unavailable(device)
-        if why:
-            return why
-        version = installed_release(cls.package[0])
+    def release_refusal(cls, version: str) -> EngineUnavailable | None:
+        """A vLLM older than the first release that takes weights in memory (the constructor, which imports vLLM,
+        asks its model runners themselves: takes_weights_in_memory)."""
         return no_weights_in_memory(version) if _older(version, MIN_VERSION) else None
 
     def __init__(self, ctx: EngineContext):
