@@ -4,8 +4,8 @@ Head:   ray start --head -> publish env (several nodes, run/train: and where its
         head: start the fabric check over Ray, fabric/driver.py) -> wait for nnodes -> compare versions -> the
         fabric check's verdict (a head without a GPU: measured from here, fabric/tcp.py) -> run CMD while
         watching nodes (command.py; `rlrig up`: serve submitted jobs, jobs/standing.py) -> publish exit code -> stop.
-Worker: wait for the head's GCS -> read env -> (several nodes: its fabric probe) -> ray start --address -> wait for
-        the head's exit code (or notice the head is gone) -> stop.
+Worker: wait for the head's GCS -> read env -> (several nodes: its fabric probe) -> ray start --address until its
+        node registers -> wait for the head's exit code (or notice the head is gone) -> stop.
 What runs again after a failure (--max-restarts) is restarts.py; what is said to whom through the head's store is
 cluster/coordination.py; this module owns the processes.
 """
@@ -155,10 +155,54 @@ def serve_as_worker(plan: Plan, deadline: float) -> int:
             probe.close()
 
 
+# Ray's own start gives a joining raylet a fixed 30 s to appear in the GCS's node table and exits when it is later:
+# a GCS busy with many nodes joining at once, or a node slow to start its daemons, fails a healthy node that way
+WORKER_START_TRIES = 3
+
+
+class _StartExited(RigError):
+    pass
+
+
+def start_worker_ray(
+    plan: Plan, store: coordination.Store, env: dict[str, str], cluster: dict[str, str], deadline: float
+) -> subprocess.Popen:
+    """This node's Ray, started until the head's GCS lists it alive: a `ray start` that exits before that (Ray's
+    message is on stderr above) is started again, up to WORKER_START_TRIES times within --timeout."""
+    rank = plan.spec.node_rank
+
+    def running(proc: subprocess.Popen) -> Callable[[], None]:
+        def check() -> None:
+            if proc.poll() is not None:
+                raise _StartExited(f"`ray start` exited with code {proc.returncode} before this node registered")
+
+        return check
+
+    attempt = 1
+    while True:
+        ray_proc = start_ray(plan, plan.worker_start_command(env), env, cluster)
+        try:
+            coordination.wait_for_rank(store, rank, deadline, running(ray_proc))
+            return ray_proc
+        except _StartExited as e:
+            stop_ray(ray_proc)
+            if attempt == WORKER_START_TRIES:
+                raise RigError(
+                    f"this node's Ray did not join {plan.gcs_address} in {attempt} tries: {e}; Ray's reason is in its "
+                    "output above"
+                ) from None
+            attempt += 1
+            say(f"{e}; starting it again ({attempt}/{WORKER_START_TRIES})")
+        except BaseException:
+            stop_ray(ray_proc)
+            raise
+
+
 def _serve_as_worker(plan: Plan, store: coordination.Store, cluster: dict[str, str]) -> int:
     spec, address = plan.spec, plan.gcs_address
     env = plan.worker_ray_env(cluster)
-    ray_proc = start_ray(plan, plan.worker_start_command(env), env, cluster)
+    # its own --timeout: a head that took most of the first to come up leaves this node the whole of it to join
+    ray_proc = start_worker_ray(plan, store, env, cluster, time.monotonic() + plan.wait_timeout)
     phase(plan, "running")
 
     def alive() -> None:

@@ -1,0 +1,66 @@
+"""A worker's `ray start` that exits before its node registers with the head (Ray gives a joining raylet a fixed
+30 s, which a GCS busy with many nodes joining can exceed) is started again, up to three times within --timeout;
+what each try started is stopped, and the last failure says how many tries it took."""
+
+import time
+
+import psutil
+import pytest
+
+from rlrig.entrypoint import lifecycle
+from rlrig.entrypoint.detect.nodespec import NodeSpec
+from rlrig.entrypoint.errors import RigError
+from rlrig.entrypoint.plan import Plan
+from tests.helpers.entrypoint_fakes import MemoryStore
+
+pytestmark = pytest.mark.process
+
+# a stand-in for `ray start --block`: the first `fails` starts exit 1 as Ray's does on its startup timeout; a later
+# one registers (when `registers`) and keeps running as a node does
+START = (
+    "n=$(($(cat {d}/tries 2>/dev/null || echo 0) + 1)); echo $n > {d}/tries; "
+    "[ $n -gt {fails} ] || exit 1; {reg} exec sleep 60"
+)
+
+
+class JoiningStore(MemoryStore):
+    """Ray's node table as the GCS keeps it: rank 1 is listed once its raylet has started (the stand-in's mark)."""
+
+    def __init__(self, mark):
+        super().__init__()
+        self.mark = mark
+
+    def nodes(self, timeout: float = 2.0) -> dict[int, dict]:
+        if self.mark.exists() and 1 not in self.table:
+            self.join(1, "10.0.0.2")
+        return super().nodes(timeout)
+
+
+@pytest.mark.parametrize(
+    "fails, registers, tries, error",
+    [
+        (0, True, 1, None),
+        (2, True, 3, None),
+        (3, True, 3, "did not join 10.0.0.1:6379 in 3 tries: `ray start` exited with code 1 before this node"),
+        (0, False, 1, "rank 1's Ray node did not register with the GCS in time"),  # --timeout still bounds the wait
+    ],
+)
+def test_a_start_that_exits_before_the_node_registers_is_tried_again(
+    monkeypatch, tmp_path, capsys, fails, registers, tries, error
+):
+    start = START.format(d=tmp_path, fails=fails, reg=f"touch {tmp_path}/registered;" if registers else "")
+    monkeypatch.setattr(Plan, "worker_start_command", lambda self, env: ["bash", "-c", start])
+    plan = Plan(NodeSpec("dstack", 1, 2, "10.0.0.2", head_address="10.0.0.1"), ["true"], {}, temp_dir=str(tmp_path))
+    store = JoiningStore(tmp_path / "registered")
+    deadline = time.monotonic() + 4
+    if error is None:
+        proc = lifecycle.start_worker_ray(plan, store, {}, {}, deadline)
+        assert proc.poll() is None and store.nodes()[1]["alive"]
+        lifecycle.stop_ray(proc)
+    else:
+        with pytest.raises(RigError, match=error):
+            lifecycle.start_worker_ray(plan, store, {}, {}, deadline)
+    assert int((tmp_path / "tries").read_text()) == tries
+    said = capsys.readouterr().err
+    assert [f"starting it again ({n}/3)" in said for n in (2, 3)] == [n <= tries for n in (2, 3)]
+    assert not [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
