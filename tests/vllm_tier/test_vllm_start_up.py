@@ -1,6 +1,6 @@
-"""Where vLLM is installed, what a run asks before its workers exist reads vLLM's release from its metadata: the
-start-up probe (a fresh process on every node) and rollout.name=auto's choice leave vLLM unimported, whose import
-costs as much as the rest of the probe. The engine's constructor imports it and asks its model runners."""
+"""Where vLLM is installed, rollout.name=auto's choice (in the driver, which never generates) and the start-up
+checks read vLLM's release from its metadata and leave vLLM unimported; the engine's constructor imports it and asks
+its model runners."""
 
 import subprocess
 import sys
@@ -21,7 +21,7 @@ print(sorted(m for m in sys.modules if m == "vllm" or m.startswith("vllm.")))
 
 
 @pytest.mark.parametrize("name", ["auto", "vllm"])
-def test_the_start_up_probe_passes_vllm_without_importing_it(name):
+def test_the_start_up_checks_pass_vllm_without_importing_it(name):
     from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
 
     r = subprocess.run(

@@ -1,5 +1,5 @@
-"""Starting the trainer's workers: their placement groups, a check on every node that the rollout engine can
-run there, then the workers themselves, each whole or not at all.
+"""Starting the trainer's workers: their placement groups, then the workers themselves; each worker that holds the
+rollout engine first asks whether it can run there (workers/start_checks.py), and the run ends at the first refusal.
 
 The training workers hold the actor and its rollout engine, and the reference, critic and reward model unless
 those have pools of their own (critic.enable_resource_pool, ...: OpenRLHF's separate nodes); each training
@@ -93,12 +93,13 @@ def whole_model_worker(cfg, prefix: str, model_path: str, rm_path: str | None) -
 
 
 def start_workers(cfg, model_path: str, rm_path: str | None) -> Workers:
-    """Every worker of the run, started. `cfg.trainer.device` is resolved (cuda or cpu). Raises ConfigError,
-    before any worker exists, when the rollout engine cannot run on a node."""
+    """Every worker of the run, started. `cfg.trainer.device` is resolved (cuda or cpu). Raises ConfigError when
+    a worker that holds the rollout engine is refused (workers/start_checks.py): it built nothing, and the others
+    end with the run."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from ..workers import profiling, start_checks
+    from ..workers import profiling
     from ..workers.critic_worker import CriticWorker
     from ..workers.group_address import node_address
     from ..workers.training_worker import Peers, TrainingWorker
@@ -120,13 +121,8 @@ def start_workers(cfg, model_path: str, rm_path: str | None) -> Workers:
             ),
         )
 
-    probe = ray.remote(start_checks.start_refusal)
-    # every node the engine runs on: the training pool's, or the rollout pool's (the last) with hybrid_engine=False
+    # the rollout pool is the last one (hybrid_engine=False)
     engines = 0 if cfg.actor_rollout_ref.hybrid_engine else len(pools) - 1
-    nodes = range(0, pools[engines].nnodes * pools[engines].per_node, pools[engines].per_node)
-    refusals = ray.get([probe.options(**opts(engines, i)).remote(cfg_dict, model_path, t.device) for i in nodes])
-    if any(refusals):
-        raise ConfigError(next(r for r in refusals if r))
     side = {}
     for k, prefix in enumerate(cfg.own_pools(), start=1):
         n = pools[k].nnodes * pools[k].per_node
@@ -168,7 +164,26 @@ def start_workers(cfg, model_path: str, rm_path: str | None) -> Workers:
         training.append(
             actor.options(**opts(0, r), **nsight).remote(cfg_dict, r, world, master, model_path, rm_path, peers)
         )
-    return Workers(training, side)
+    workers = Workers(training, side)
+    why = first_refusal(workers.every)
+    if why:
+        raise ConfigError(why)
+    return workers
+
+
+def first_refusal(workers: list) -> str | None:
+    """The first refusal a worker reports (PoolWorker.refusal), or None once every worker has started. A refused
+    worker answers at once, while the others may wait on it in a collective until killed, so the answers are read
+    as they come, not in order."""
+    import ray
+
+    pending = [w.refusal.remote() for w in workers]
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        why = ray.get(done[0])
+        if why:
+            return why
+    return None
 
 
 def where(workers) -> str:

@@ -24,9 +24,13 @@ def single_worker(overrides: list[str], model_path: str | None = None):
     cfg = parse_overrides([*overrides, "trainer.n_gpus_per_node=1", "trainer.nnodes=1"])
     path = model_path or cfg.actor_rollout_ref.model.path or ensure_tiny_model()
     rows, _ = load_rows(cfg, load_tokenizer(cfg, path), tool_schemas(cfg.data.tool_config_path))
-    cfg = with_runtime(
-        cfg, cfg.trainer.total_training_steps or len(rows) // cfg.data.train_batch_size, cfg.trainer.device
+    import torch
+
+    # trainer.device=auto resolved as the driver does for its workers, here from this process's own devices
+    device = (
+        "cuda" if cfg.trainer.device == "cuda" or cfg.trainer.device == "auto" and torch.cuda.is_available() else "cpu"
     )
+    cfg = with_runtime(cfg, cfg.trainer.total_training_steps or len(rows) // cfg.data.train_batch_size, device)
     sampler = make_sampler(cfg.data, rows, cfg.data.train_batch_size)
     if sampler.curriculum:  # its update needs the driver's step (driver/curriculum.py)
         raise ConfigError("data.sampler: a curriculum sampler runs under rlrig train, not the single worker")
@@ -38,6 +42,8 @@ def single_worker(overrides: list[str], model_path: str | None = None):
 
     rm_path = resolve_path(cfg.reward_model) if cfg.reward_model.enable else None  # colocated: scored in this process
     w = TrainingWorker(cfg.to_dict(), 0, 1, ("127.0.0.1", kernel_free_port()), path, rm_path)
+    if w.refused is not None:
+        raise ConfigError(w.refused)
 
     def batches():
         while True:

@@ -142,6 +142,14 @@ def whole_model_logprobs(model, precision, forward, device, batch: StepBatch, mi
 
 class PoolWorker:
     profiler = profiling.OFF  # a worker that holds a profiled role sets its own (profiling.worker_profiler)
+    # why this worker could not start, in one line (workers/start_checks.py), set by the constructor of a worker that
+    # holds the rollout engine, which then builds nothing; None: it started
+    refused: str | None = None
+
+    def refusal(self) -> str | None:
+        """Why this worker could not start, or None once it has: the driver's first call to every worker, which it
+        answers as soon as its constructor has returned (driver/launch.py first_refusal)."""
+        return self.refused
 
     def node_ip(self) -> str:
         import ray

@@ -31,6 +31,7 @@ from ..reward.scoring import RewardSource, score
 from ..rollout.engines import EngineContext, Rollout, Sampling, engine_class, make_engine
 from ..rollout.partial import OWN, TOKENS, TURNS, Progress, go_on, packed
 from ..rollout.weight_sync import SyncGroup
+from . import start_checks
 from .base import PoolWorker, collective_timeout, engine_seed, ensure_local_embedded_model, single_device
 from .phase_report import PhaseReport
 from .profiling import StepWindows
@@ -56,8 +57,13 @@ def on_engine_thread(method):
 class RolloutWorker(PoolWorker):
     def __init__(self, cfg_dict: dict, index: int, world: int, master: tuple[str, int], model_path: str, use_gpu: bool):
         """index of world: this worker's place in the pool, whose process group (at master) an engine spanning
-        rollout.tensor_model_parallel_size workers is made in, as in the training workers."""
+        rollout.tensor_model_parallel_size workers is made in, as in the training workers. The start-up refusals
+        are asked first; a worker they refuse builds nothing and says why (refusal)."""
         self.cfg = cfg = from_dict(cfg_dict)
+        ensure_local_embedded_model(model_path)  # the checks read its config
+        self.refused = start_checks.start_refusal(cfg_dict, model_path, cfg.trainer.device)
+        if self.refused is not None:
+            return
         a = cfg.actor_rollout_ref
         # the workers of one tensor-parallel engine sample the same tokens only from the same seed
         replica = index // a.rollout.tensor_model_parallel_size
@@ -69,7 +75,6 @@ class RolloutWorker(PoolWorker):
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         determinism.engine_env(cfg, self.device.type)
-        ensure_local_embedded_model(model_path)
         # the pool's own group: vLLM's external launcher reads its rank, and a tensor-parallel engine's groups are
         # made in it (the training workers have theirs; the weight-sync group spans both)
         dist.init_process_group(

@@ -1,7 +1,7 @@
-"""Why a training worker could not start on a node, asked before any worker is built: the driver runs
-start_refusal as a Ray task on every node, so no worker is ever left without an engine. That task is a fresh
-process, started before the workers: each check imports the model code it asks only once its feature is on, so
-that the default run's probe costs the config's imports, not the whole model stack's."""
+"""Why a worker that holds the rollout engine could not start where it runs, in one line, asked by its constructor
+before it builds anything (workers/training_worker.py, rollout_worker.py): the engine, the model's layout for it,
+and the features the model must support. The driver reads the answers first and ends the run at the first refusal
+(driver/launch.py). Each check imports the model code it asks only once its feature is on."""
 
 from __future__ import annotations
 
@@ -185,9 +185,8 @@ def recording_refusal(key: str, rollout, engine: str, device: str) -> str | None
 
 
 def start_refusal(cfg_dict: dict, model_path: str, device: str) -> str | None:
-    """Why a training worker could not start on this node (its rollout engine; its model's heads under sequence
-    parallelism), in one line, or None. The driver runs it as a task on every node before it builds any worker, so
-    no worker is ever left without an engine."""
+    """Why a worker that holds the rollout engine could not start in this process (the engine; the model's heads
+    under sequence parallelism, ...), in one line, or None."""
     from ..config.schema import from_dict
 
     cfg = from_dict(cfg_dict)

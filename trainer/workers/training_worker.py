@@ -20,14 +20,15 @@ from ..agent.rollout import AgentRollout
 from ..algos import estimators
 from ..batch.split_groups import peer_group, whole_batch_advantages
 from ..batch.verl_names import verl_fields
+from ..config.schema import from_dict
 from ..model import build, loading, offload, ulysses
 from ..model.forward import ForwardOptions
 from ..model.micro_batches import sequence_parallel, splits_groups
 from ..reward.scoring import score
 from ..rollout.engines import EngineContext, Sampling, engine_class, make_engine
-from . import checkpoint_state, profiling, rollout_profiling
+from . import checkpoint_state, profiling, rollout_profiling, start_checks
 from .actor_weights import ActorWeights
-from .base import RankWorker, engine_seed
+from .base import RankWorker, engine_seed, ensure_local_embedded_model
 from .phase_report import PhaseReport
 from .ppo_update import entropy_in_update
 from .step import dynamic_sampling, sources
@@ -63,7 +64,15 @@ class TrainingWorker(RankWorker):
         rm_path: str | None = None,
         peers: Peers | None = None,
     ):
-        """rm_path: the reward model (reward_model.enable), held here unless peers.reward_model scores for it."""
+        """rm_path: the reward model (reward_model.enable), held here unless peers.reward_model scores for it.
+        Where this worker holds the rollout engine (hybrid_engine), the start-up refusals are asked first; a worker
+        they refuse builds nothing and says why (refusal)."""
+        cfg = from_dict(cfg_dict)
+        if cfg.actor_rollout_ref.hybrid_engine:
+            ensure_local_embedded_model(model_path)  # the checks read its config
+            self.refused = start_checks.start_refusal(cfg_dict, model_path, cfg.trainer.device)
+            if self.refused is not None:
+                return
         self.peers = peers = peers or Peers()
         super().__init__(cfg_dict, rank, world, master, [model_path, rm_path if peers.reward_model is None else None])
         self.report, self.global_step = PhaseReport(f"rank {rank}"), 0

@@ -137,14 +137,13 @@ class RolloutEngine:
     @classmethod
     def unavailable(cls, device: str) -> EngineUnavailable | None:
         """Why the engine cannot run on `device` here (a device it does not run on, its package missing or a release
-        outside `supported`), or None, read from the package's metadata without importing it: the driver asks on
-        every node before it builds any worker, in a process of its own, where importing vLLM or SGLang would cost as
-        much as the rest of that check. A constructor asks again, then imports the package, whose own import error
-        is its own."""
+        outside `supported`), or None, read from the package's metadata without importing it: asked by the start-up
+        checks (workers/start_checks.py) and by rollout.name=auto's choice in the driver, which never imports vLLM
+        or SGLang. A constructor asks again, then imports the package, whose own import error is its own. The
+        reason carries no config key: the caller names it."""
         if device not in cls.devices:
             return EngineUnavailable(
-                f"actor_rollout_ref.rollout.name={cls.name} runs on {' or '.join(cls.devices)}, "
-                f"not {device}; use another engine (hf runs everywhere)"
+                f"{cls.name} runs on {' or '.join(cls.devices)}, not {device}; use another engine (hf runs everywhere)"
             )
         if cls.package is not None:
             try:

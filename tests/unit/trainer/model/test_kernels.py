@@ -76,9 +76,11 @@ def test_the_worker_applies_liger_to_the_actor_reference_and_critic(monkeypatch)
     """Every model verl's engines build from a section with use_liger: the actor and the reference
     (actor_rollout_ref.model) and the critic (critic.model), each once, right after it loads."""
     from rlrig.trainer.driver.single_process import single_worker
+    from rlrig.trainer.workers import start_checks
 
     applied = []
     monkeypatch.setattr(kernels, "liger_device_refusal", lambda key, device: None)  # the CPU stands in for the GPU
+    monkeypatch.setattr(start_checks, "liger_check", lambda *args: None)  # and stands in for Liger, not installed
     monkeypatch.setattr(kernels, "apply_liger", lambda m, key, device: applied.append((type(m).__name__, key)))
     overrides = [
         "data.train_batch_size=4",
