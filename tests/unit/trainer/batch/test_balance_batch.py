@@ -5,12 +5,11 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from rlrig.trainer.batch import balance as bb
 from rlrig.trainer.batch.step_batch import StepBatch
 from rlrig.trainer.rollout.engines import Rollout
+from tests.helpers import gloo_ranks
 
 pytestmark = pytest.mark.process
 
@@ -106,11 +105,7 @@ WORKERS = [
 ]
 
 
-def _balance_worker(rank, world, port, out_dir):
-    from rlrig.trainer.workers import training_worker as worker  # noqa: F401  (before the group exists: see test_trainer_passes)
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _balance_worker(rank, world, out_dir):
     b2, metrics = bb.balance(_worker_samples(*WORKERS[rank], N, seed=rank), N, PAD)
     torch.save(
         {
@@ -121,13 +116,10 @@ def _balance_worker(rank, world, port, out_dir):
         },
         os.path.join(out_dir, f"{rank}.pt"),
     )
-    dist.destroy_process_group()
 
 
 def test_two_workers_trade_whole_groups_to_even_out_tokens(tmp_path):
-    from rlrig.entrypoint.cluster.ports import kernel_free_port
-
-    mp.spawn(_balance_worker, args=(2, kernel_free_port(), str(tmp_path)), nprocs=2)
+    gloo_ranks.run(2, _balance_worker, str(tmp_path))
     got = [torch.load(tmp_path / f"{r}.pt") for r in range(2)]
     before = [_as_samples(_worker_samples(*WORKERS[r], N, seed=r)) for r in range(2)]
     # every sample once, unchanged, in whole groups of N, and equally many on each worker

@@ -9,11 +9,11 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from rlrig.trainer.algos.core_algos import local
 from rlrig.trainer.algos.estimators import ESTIMATORS
 from rlrig.trainer.algos.estimators.registry import AdvantageInput
+from tests.helpers import gloo_ranks
 
 pytestmark = pytest.mark.process
 
@@ -60,11 +60,9 @@ def _summed(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _worker(rank, world, sp, port, out_dir):
+def _worker(rank, world, sp, out_dir):
     from rlrig.trainer.batch.split_groups import peer_group, whole_batch_advantages
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     peers = peer_group(rank, world, sp)
     groups = world // sp
     mine = ORDER.reshape(groups, -1)[rank // sp]
@@ -73,14 +71,11 @@ def _worker(rank, world, sp, port, out_dir):
     x = dataclasses.replace(_rows(_whole_batch(), mine), allreduce=lambda t: _summed(t) / sp)
     out = {name: whole_batch_advantages(e.fn, x, peers) for name, e in sorted(ESTIMATORS.items())}
     torch.save({"rows": mine, "out": out}, os.path.join(out_dir, f"{rank}.pt"))
-    dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("world, sp", [(3, 1), (4, 2)])
 def test_every_estimator_over_a_batch_split_between_workers_equals_it_over_the_whole_batch(tmp_path, world, sp):
-    from rlrig.entrypoint.cluster.ports import kernel_free_port
-
-    mp.spawn(_worker, args=(world, sp, kernel_free_port(), str(tmp_path)), nprocs=world)
+    gloo_ranks.run(world, _worker, sp, str(tmp_path))
     whole = _whole_batch()
     expected = {name: e.fn(whole) for name, e in ESTIMATORS.items()}
     alone_differs = False

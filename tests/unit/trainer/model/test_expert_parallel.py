@@ -8,9 +8,8 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from tests.helpers.gloo_ranks import in_group
+from tests.helpers import gloo_ranks
 
 pytestmark = pytest.mark.process
 
@@ -113,16 +112,12 @@ def _sharded_equal_to_one_process(rank, world, ep):
 # long: (2, 2), where CI runs (4, 2): the same rows with their experts replicated across two of them
 @pytest.mark.parametrize("world, ep", [pytest.param(2, 2, marks=pytest.mark.long), (4, 2)])
 def test_fsdp_with_expert_parallel_ranks_equals_one_process(world, ep):
-    from rlrig.entrypoint.cluster.ports import kernel_free_port
-
-    mp.spawn(in_group, args=(world, kernel_free_port(), _sharded_equal_to_one_process, ep), nprocs=world)
+    gloo_ranks.run(world, _sharded_equal_to_one_process, ep)
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
 def test_two_expert_parallel_ranks_equal_one_process(family):
-    from rlrig.entrypoint.cluster.ports import kernel_free_port
-
-    mp.spawn(in_group, args=(2, kernel_free_port(), _equal_to_one_process, family), nprocs=2)
+    gloo_ranks.run(2, _equal_to_one_process, family)
 
 
 def test_a_model_without_fused_experts_is_refused():

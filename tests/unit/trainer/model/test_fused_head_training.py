@@ -8,10 +8,9 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from rlrig.trainer.model import forward as F
-from tests.helpers.gloo_ranks import in_group
+from tests.helpers import gloo_ranks
 
 pytestmark = pytest.mark.process
 
@@ -110,9 +109,7 @@ def _rank(rank, world, out_dir):
 
 
 def test_two_sequence_parallel_ranks_with_a_fused_head_equal_one_chunked_process(tmp_path):
-    from rlrig.entrypoint.cluster.ports import kernel_free_port
-
-    mp.spawn(in_group, args=(2, kernel_free_port(), _rank, str(tmp_path)), nprocs=2)
+    gloo_ranks.run(2, _rank, str(tmp_path))
     want_outs, want_grads = _outputs(_model(), None, fused=False)
     for r in range(2):
         got = torch.load(tmp_path / f"{r}.pt")

@@ -5,9 +5,8 @@ import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from tests.helpers.gloo_ranks import in_group
+from tests.helpers import gloo_ranks
 
 pytestmark = pytest.mark.process
 
@@ -33,9 +32,7 @@ def _rank(rank, world, out_dir, fsdp_size):
     ],
 )
 def test_fsdp_size_sets_the_shard_group(tmp_path, fsdp_size, mesh, local_rows, placement):
-    from rlrig.entrypoint.cluster.ports import kernel_free_port
-
-    mp.spawn(in_group, args=(2, kernel_free_port(), _rank, str(tmp_path), fsdp_size), nprocs=2)
+    gloo_ranks.run(2, _rank, str(tmp_path), fsdp_size)
     for r in range(2):
         got = torch.load(tmp_path / f"{r}.pt")
         assert got["mesh"] == mesh and got["local_rows"] == local_rows and placement in got["placements"]
@@ -97,7 +94,5 @@ def _reshard_rank(rank, world, out_dir, fsdp_size, reshard):
     ],
 )
 def test_reshard_after_forward_where_the_shard_group_has_ranks_to_share_with(tmp_path, fsdp_size, reshard, sharded):
-    from rlrig.entrypoint.cluster.ports import kernel_free_port
-
-    mp.spawn(in_group, args=(2, kernel_free_port(), _reshard_rank, str(tmp_path), fsdp_size, reshard), nprocs=2)
+    gloo_ranks.run(2, _reshard_rank, str(tmp_path), fsdp_size, reshard)
     assert [torch.load(tmp_path / f"{r}.pt")["sharded"] for r in range(2)] == [sharded] * 2

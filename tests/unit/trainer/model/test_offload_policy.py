@@ -8,9 +8,8 @@ import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from tests.helpers.gloo_ranks import in_group
+from tests.helpers import gloo_ranks
 
 pytestmark = pytest.mark.process
 
@@ -70,11 +69,9 @@ def _rank(rank, world, out_dir, policy):
 
 
 def _run(tmp_path, policy: bool) -> list[dict]:
-    from rlrig.entrypoint.cluster.ports import kernel_free_port
-
     out = tmp_path / str(policy)
     out.mkdir()
-    mp.spawn(in_group, args=(2, kernel_free_port(), _rank, str(out), policy), nprocs=2)
+    gloo_ranks.run(2, _rank, str(out), policy)
     return [torch.load(out / f"{r}.pt") for r in range(2)]
 
 

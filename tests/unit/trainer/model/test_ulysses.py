@@ -7,10 +7,9 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from rlrig.trainer.model import ulysses
-from tests.helpers.gloo_ranks import in_group
+from tests.helpers import gloo_ranks
 
 pytestmark = pytest.mark.process
 
@@ -102,10 +101,8 @@ def _rank(rank, world, out_dir, heads, kv, value_head, window, checkpointing):
     ],
 )
 def test_two_ranks_equal_one_in_outputs_and_gradients(tmp_path, heads, kv, value_head, window, checkpointing):
-    from rlrig.entrypoint.cluster.ports import kernel_free_port
-
     args = (heads, kv, value_head, window, checkpointing)
-    mp.spawn(in_group, args=(2, kernel_free_port(), _rank, str(tmp_path), *args), nprocs=2)
+    gloo_ranks.run(2, _rank, str(tmp_path), *args)
     want_outs, want_grads = _outputs(_model(*args), None, heads, kv, value_head)
     for r in range(2):
         got = torch.load(tmp_path / f"{r}.pt")

@@ -110,28 +110,18 @@ def _prompt_widths_differ(rank: int):
     return StepBatch.from_rollout(pack_responses(prompts, 1, [[3, 3, 3]], None, 3, PAD, EOS, routed), 1, rank)
 
 
-def _exchange_worker(rank, world, port, out_dir):
-    import os
-
-    import torch.distributed as dist
-
+def _exchange_worker(rank, world, out_dir):
     from rlrig.trainer.batch.exchange import exchange
-    from rlrig.trainer.workers import training_worker as worker  # noqa: F401  (before the group exists)
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     swapped = exchange(_prompt_widths_differ(rank), torch.tensor([1 - rank]), PAD)  # each takes the other's sample
     torch.save({"routing": swapped.routed_experts, "attention": swapped.attention_mask}, f"{out_dir}/{rank}.pt")
-    dist.destroy_process_group()
 
 
 @pytest.mark.process
 def test_samples_moved_between_workers_keep_each_tokens_routing(tmp_path):
-    import torch.multiprocessing as mp
+    from tests.helpers import gloo_ranks
 
-    from rlrig.entrypoint.cluster.ports import kernel_free_port
-
-    mp.spawn(_exchange_worker, args=(2, kernel_free_port(), str(tmp_path)), nprocs=2)
+    gloo_ranks.run(2, _exchange_worker, str(tmp_path))
     for rank in range(2):
         got = torch.load(tmp_path / f"{rank}.pt")
         sent = _prompt_widths_differ(1 - rank)

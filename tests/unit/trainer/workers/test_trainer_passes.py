@@ -8,8 +8,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from rlrig.trainer.algos import core_algos as A
 from rlrig.trainer.algos.estimators import AdvantageInput, get
@@ -18,6 +16,7 @@ from rlrig.trainer.config.schema import FsdpConfig, MixedPrecisionConfig, OptimC
 from rlrig.trainer.model import lr_schedule, precision
 from rlrig.trainer.workers.step.request import StepRequest
 from rlrig.trainer.workers.timing import Phases
+from tests.helpers import gloo_ranks
 from tests.helpers.model_hooks import embedded_tokens
 
 pytestmark = pytest.mark.process
@@ -38,13 +37,8 @@ def _advantages(name, rewards, values, mask, allreduce):
     return get(name).fn(x)[0]
 
 
-def _shard_worker(rank, world, port, out_dir):
-    # Imported before the group exists: torch.distributed.fsdp, imported after, keeps the default group alive
-    # past destroy_process_group, and its Gloo threads then abort the process as it exits (1 run in ~15).
+def _shard_worker(rank, world, out_dir):
     from rlrig.trainer.workers.step.context import allreduce_sum
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
 
     rewards, values, mask = _batch()
     half = len(mask) // world
@@ -54,14 +48,11 @@ def _shard_worker(rank, world, port, out_dir):
         for name in ("gae", "reinforce_plus_plus")
     }
     torch.save(res, os.path.join(out_dir, f"{rank}.pt"))
-    dist.destroy_process_group()
 
 
 def test_batch_whitening_is_the_same_on_one_or_two_workers(tmp_path):
     """GAE and REINFORCE++ whiten over the whole batch (verl), so sharding it over workers changes nothing."""
-    from rlrig.entrypoint.cluster.ports import kernel_free_port
-
-    mp.spawn(_shard_worker, args=(2, kernel_free_port(), str(tmp_path)), nprocs=2)
+    gloo_ranks.run(2, _shard_worker, str(tmp_path))
     rewards, values, mask = _batch()
     parts = [torch.load(tmp_path / f"{r}.pt") for r in range(2)]
     for name in ("gae", "reinforce_plus_plus"):
