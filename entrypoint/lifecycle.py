@@ -31,14 +31,12 @@ from .plan import Plan
 from .preflight import resources
 
 
-def _ray_died(proc: subprocess.Popen, what: str) -> RigError:
-    return RigError(f"{what}: `ray start` exited with code {proc.returncode}; see its output above")
+def raises_once_exited(proc: subprocess.Popen, error: Callable[[int], RigError]) -> Callable[[], None]:
+    """A check for the waits of coordination.py: raises error(exit code) once this node's `ray start` has exited."""
 
-
-def _head_ray_alive(proc: subprocess.Popen) -> Callable[[], None]:
     def check() -> None:
         if proc.poll() is not None:
-            raise _ray_died(proc, "head")
+            raise error(proc.returncode)
 
     return check
 
@@ -79,7 +77,9 @@ def run_head(plan: Plan) -> int:
     )
     ports.refuse_taken(plan.ports)  # before `ray start`: its GCS would fail, and this head would reach another's
     ray_proc = start_ray(plan, plan.start_command, plan.ray_env, plan.cluster_env)
-    alive = _head_ray_alive(ray_proc)
+    alive = raises_once_exited(
+        ray_proc, lambda code: RigError(f"head: `ray start` exited with code {code}; see its output above")
+    )
     store = None
     code = 1
     t0 = time.monotonic()
@@ -171,18 +171,14 @@ def start_worker_ray(
     message is on stderr above) is started again, up to WORKER_START_TRIES times within --timeout."""
     rank = plan.spec.node_rank
 
-    def running(proc: subprocess.Popen) -> Callable[[], None]:
-        def check() -> None:
-            if proc.poll() is not None:
-                raise _StartExited(f"`ray start` exited with code {proc.returncode} before this node registered")
-
-        return check
+    def exited(code: int) -> RigError:
+        return _StartExited(f"`ray start` exited with code {code} before this node registered")
 
     attempt = 1
     while True:
         ray_proc = start_ray(plan, plan.worker_start_command(env), env, cluster)
         try:
-            coordination.wait_for_rank(store, rank, deadline, running(ray_proc))
+            coordination.wait_for_rank(store, rank, deadline, raises_once_exited(ray_proc, exited))
             return ray_proc
         except _StartExited as e:
             stop_ray(ray_proc)
@@ -205,9 +201,9 @@ def _serve_as_worker(plan: Plan, store: coordination.Store, cluster: dict[str, s
     ray_proc = start_worker_ray(plan, store, env, cluster, time.monotonic() + plan.wait_timeout)
     phase(plan, "running")
 
-    def alive() -> None:
-        if ray_proc.poll() is not None:
-            raise NodeLost(f"this node's Ray exited with code {ray_proc.returncode} (head gone or node evicted)")
+    alive = raises_once_exited(
+        ray_proc, lambda code: NodeLost(f"this node's Ray exited with code {code} (head gone or node evicted)")
+    )
 
     try:
         code = coordination.wait_for_exit(

@@ -2,30 +2,22 @@
 refused, builds nothing and says why; the driver reads every worker's answer as it comes and ends the run at the
 first refusal, in one line, without waiting on the workers still starting."""
 
-import subprocess
-import sys
 import time
 
 import pytest
 
 from rlrig.trainer.driver.launch import first_refusal
+from tests.integration.test_train import rlrig
 
 pytestmark = pytest.mark.process
 
 
 def test_an_engine_that_cannot_run_here_ends_the_run_in_one_line(tmp_path):
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rlrig.entrypoint.cli",
-            "train",
-            "actor_rollout_ref.rollout.name=sglang",  # a GPU engine, on CPU
-            "trainer.total_training_steps=1",
-            f"trainer.default_local_dir={tmp_path / 'run'}",
-        ],
-        capture_output=True,
-        text=True,
+    r = rlrig(
+        "train",
+        "actor_rollout_ref.rollout.name=sglang",  # a GPU engine, on CPU
+        "trainer.total_training_steps=1",
+        f"trainer.default_local_dir={tmp_path / 'run'}",
         timeout=300,
     )
     assert r.returncode == 2, r.stderr[-3000:]
