@@ -155,9 +155,12 @@ def serve_as_worker(plan: Plan, deadline: float) -> int:
             probe.close()
 
 
-# Ray's own start gives a joining raylet a fixed 30 s to appear in the GCS's node table and exits when it is later:
-# a GCS busy with many nodes joining at once, or a node slow to start its daemons, fails a healthy node that way
-WORKER_START_TRIES = 3
+# Ray's own start gives a joining raylet a fixed 30 s (ray/_private/node.py, no setting) to appear in the GCS's node
+# table, and the raylet registers only once its Python dashboard agent is up: on a node whose CPUs are busy, or with a
+# GCS busy with many nodes joining, a healthy node fails that way. A try that lasted that long was slow, not broken, and
+# is tried again while --timeout allows; one that exits sooner (a refused token, another Ray version) counts to 3.
+RAY_REGISTRATION_WAIT_S = 30.0
+QUICK_START_TRIES = 3
 
 
 class _StartExited(RigError):
@@ -165,30 +168,40 @@ class _StartExited(RigError):
 
 
 def start_worker_ray(
-    plan: Plan, store: coordination.Store, env: dict[str, str], cluster: dict[str, str], deadline: float
+    plan: Plan,
+    store: coordination.Store,
+    env: dict[str, str],
+    cluster: dict[str, str],
+    deadline: float,
+    slow_after: float = RAY_REGISTRATION_WAIT_S,
 ) -> subprocess.Popen:
     """This node's Ray, started until the head's GCS lists it alive: a `ray start` that exits before that (Ray's
-    message is on stderr above) is started again, up to WORKER_START_TRIES times within --timeout."""
+    message is on stderr above) is started again: while --timeout allows when it ran past `slow_after` (Ray's own
+    registration wait), else up to QUICK_START_TRIES times."""
     rank = plan.spec.node_rank
 
     def exited(code: int) -> RigError:
         return _StartExited(f"`ray start` exited with code {code} before this node registered")
 
-    attempt = 1
+    tries = quick = 0
     while True:
+        tries += 1
+        began = time.monotonic()
         ray_proc = start_ray(plan, plan.worker_start_command(env), env, cluster)
         try:
             coordination.wait_for_rank(store, rank, deadline, raises_once_exited(ray_proc, exited))
             return ray_proc
         except _StartExited as e:
             stop_ray(ray_proc)
-            if attempt == WORKER_START_TRIES:
+            now = time.monotonic()
+            quick += now - began < slow_after
+            if quick == QUICK_START_TRIES or now >= deadline:
+                why = "" if quick == QUICK_START_TRIES else " within --timeout"
                 raise RigError(
-                    f"this node's Ray did not join {plan.gcs_address} in {attempt} tries: {e}; Ray's reason is in its "
-                    "output above"
+                    f"this node's Ray did not join {plan.gcs_address} in {tries} tries{why}: {e}; Ray's reason is in "
+                    "its output above"
                 ) from None
-            attempt += 1
-            say(f"{e}; starting it again ({attempt}/{WORKER_START_TRIES})")
+            say(f"{e}; starting it again (try {tries + 1})")
         except BaseException:
             stop_ray(ray_proc)
             raise
