@@ -50,8 +50,7 @@ def rlrig(tmp_path: Path, hard: bool, *extra: str) -> subprocess.CompletedProces
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
 
-# long: CI fills the batch through vLLM (tests/vllm_tier/test_vllm_dynamic_sampling.py) and keeps the run past
-# max_num_gen_batches below
+# long: CI fills the batch through vLLM (tests/vllm_tier/test_vllm_dynamic_sampling.py)
 @pytest.mark.long
 def test_dropped_groups_are_replaced_until_the_batch_is_full(tmp_path):
     r = rlrig(tmp_path, False, "trainer.save_freq=2")
@@ -79,6 +78,9 @@ def test_dropped_groups_are_replaced_until_the_batch_is_full(tmp_path):
     assert (trainer["epoch"], trainer["pos"]) == (0, 4 * sum(m["train/num_gen_batches"] for m in rows))
 
 
+# long: CI checks verl's line in one process (tests/unit/trainer/driver/test_dynamic_sampling.py) and a failure
+# inside a step ending `rlrig train` in one line with exit 2 (tests/integration/test_mcp_tools.py)
+@pytest.mark.long
 def test_a_step_past_max_num_gen_batches_stops_the_run_in_one_line(tmp_path):
     r = rlrig(tmp_path, True, "algorithm.filter_groups.max_num_gen_batches=2")
     assert r.returncode == 2, r.stderr[-3000:]

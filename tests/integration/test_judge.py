@@ -17,6 +17,8 @@ pytestmark = pytest.mark.integration
 SCORE, JUDGED, RULE = "critic/score/mean", "reward/judge/score/mean", "val-aux/rlrig/arithmetic/rule_score/mean@1"
 QUICK = ["trainer.val_before_train=False", "trainer.test_freq=0", "trainer.save_freq=0"]
 SAMPLES = 32 * 8  # the embedded preset's prompts x samples a step
+SMALL = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]  # a quarter of its prompts
+SMALL_SAMPLES = 8 * 8
 
 # verl 0.9's GenRM example (docs/advance/reward_loop.rst, tests/experimental/reward_loop/reward_fn.py), as a user
 # copies it; only the prompt speaks the embedded judge's language
@@ -106,12 +108,12 @@ def test_a_colocated_judge_scores_every_sample_and_counts_what_it_cannot_read(tm
         "+custom_reward_function.reward_kwargs.verdict='x(\\d)'",
         "+custom_reward_function.reward_kwargs.unparsed_score=-1",
     ]
-    rows, out = judge_run(tmp_path / "run", *QUICK, *judge, steps=1, preset="embedded")
+    rows, out = judge_run(tmp_path / "run", *QUICK, *SMALL, *judge, steps=1, preset="embedded")
     assert f"reward_model ({ensure_tiny_model()})" in out  # colocated with the actor
     (m,) = rows
-    assert m["reward/judge/requests"] == SAMPLES and m["reward/judge/failures"] == 0
-    assert 0 < m["reward/judge/completion_tokens"] <= 2 * SAMPLES
-    assert m["reward/judge/parse_failures"] == SAMPLES and m[SCORE] == -1.0 and m[JUDGED] == -1.0
+    assert m["reward/judge/requests"] == SMALL_SAMPLES and m["reward/judge/failures"] == 0
+    assert 0 < m["reward/judge/completion_tokens"] <= 2 * SMALL_SAMPLES
+    assert m["reward/judge/parse_failures"] == SMALL_SAMPLES and m[SCORE] == -1.0 and m[JUDGED] == -1.0
 
 
 def test_verl_09s_genrm_function_runs_unchanged_against_a_judge_on_its_own_pool(tmp_path):
@@ -128,9 +130,9 @@ def test_verl_09s_genrm_function_runs_unchanged_against_a_judge_on_its_own_pool(
         "reward.custom_reward_function.name=compute_score_gsm8k",
         "trainer.n_gpus_per_node=1",  # one training worker and the judge's: the machine's two CPUs
     ]
-    rows, out = judge_run(tmp_path / "run", *QUICK, *verl_keys, steps=2, preset="embedded")
+    rows, out = judge_run(tmp_path / "run", *QUICK, *SMALL, *verl_keys, steps=2, preset="embedded")
     assert f"; reward_model ({ensure_tiny_model()}) on " in out  # a pool of its own
-    assert [m["reward/judge/requests"] for m in rows] == [SAMPLES, SAMPLES]
+    assert [m["reward/judge/requests"] for m in rows] == [SMALL_SAMPLES, SMALL_SAMPLES]
     assert all(m["reward/judge/failures"] == 0 and m[SCORE] >= 0 for m in rows)  # int(reply), else 0
 
 

@@ -164,6 +164,7 @@ def test_a_failed_run_releases_its_teachers_engine(tmp_path):
     reward.write_text("def compute_score(*args, **kwargs):\n    raise ValueError('the scorer is down')\n")
     pool = ["distillation.nnodes=1", "distillation.n_gpus_per_node=2", TP2, "trainer.n_gpus_per_node=1"]
     pool += [f"{TEACHER}.inference.name=vllm", "trainer.val_before_train=False"]
+    pool += ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]  # fails at its first scoring
     shm = engine_shm.segments()
     run = f"trainer.default_local_dir={tmp_path / 'run'}"
     r = rlrig("train", "--preset", "distill", run, *pool, f"custom_reward_function.path={reward}", timeout=600)

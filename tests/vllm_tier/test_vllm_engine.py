@@ -98,7 +98,8 @@ def test_a_deliberate_weight_change_moves_the_output(tiny, engine):
         (
             [
                 "actor_rollout_ref.actor.strategy=fsdp",
-                "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+                "data.train_batch_size=8",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=8",
                 "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
                 "actor_rollout_ref.model.lora_rank=4",
                 "actor_rollout_ref.model.lora_alpha=8",
@@ -148,6 +149,9 @@ def test_training_with_vllm_rollout_logs_probs_diff(tmp_path, extra, engine):
     assert not engine_shm.left_behind(shm)
 
 
+# long: CI runs the embedded preset with vLLM picked by `auto` and checks the engine against the actor in
+# test_vllm_dynamic_sampling.py
+@pytest.mark.long
 def test_embedded_default_picks_vllm_and_says_so(tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "rlrig.entrypoint.cli", "train", "--print-config"],
@@ -196,13 +200,13 @@ def test_what_the_unit_tests_record_is_vllms_own_api():
     assert CompilationConfig(**passes).pass_config.fuse_allreduce_rms is False
 
 
-# a weight version per update of the embedded batch's 16-prompt mini batch, 3 of them (rollout.test_freq validates
-# the last)
+# a weight version per update of an 8-prompt mini batch, 3 of them (rollout.test_freq validates the last)
 FULLY_ASYNC = [
     "data.train_batch_size=0",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=8",
     "async_training.trigger_parameter_sync_step=1",
     "async_training.staleness_threshold=0.5",
-    "rollout.total_rollout_steps=48",
+    "rollout.total_rollout_steps=24",
     "rollout.test_freq=3",
 ]
 
