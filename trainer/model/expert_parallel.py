@@ -24,7 +24,6 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import Shard, distribute_tensor
 
 
 def _fused_experts(module: nn.Module) -> bool:
@@ -77,6 +76,8 @@ class ExpertParallelExperts(nn.Module):
     there are none), whose gradients reduce_replicas sums."""
 
     def __init__(self, experts: nn.Module, mesh, grad_divisor: float = 1.0, replicas=None):
+        from torch.distributed.tensor import Shard, distribute_tensor  # where used: model/parallel.py says why
+
         super().__init__()
         ep, rank = mesh.size(), mesh.get_local_rank()
         total = int(experts.num_experts)

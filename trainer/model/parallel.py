@@ -12,20 +12,13 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.tensor.experimental import implicit_replication
 
 from . import expert_parallel
 
+# torch.distributed's DTensor, FSDP2 and checkpoint state dicts (seconds of import) are imported where they are used:
+# the driver imports the worker modules for their classes alone, and the workers import these when they first need
+# them
 STRATEGIES = ("ddp", "fsdp")
-_GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)  # rank 0 gets the tensors, the others {}
-_SCATTER = StateDictOptions(full_state_dict=True)  # every rank passes the full state; each keeps its shard
 
 
 def group_holding(rank: int, partition: list[list[int]]) -> tuple[object, list[int]]:
@@ -200,6 +193,8 @@ def grad_norm_tensor(module: torch.nn.Module, max_norm: float) -> torch.Tensor:
     # each mesh's norm reduced over its own ranks, then combined; torch's clipping takes one mesh at a time
     norms = [on_mesh_device(torch.nn.utils.get_total_norm([p.grad for p in ps])) for ps in meshes.values()]
     gn = torch.stack([n.full_tensor() if hasattr(n, "full_tensor") else n for n in norms]).norm()
+    from torch.distributed.tensor.experimental import implicit_replication
+
     with implicit_replication():
         for ps in meshes.values():
             torch.nn.utils.clip_grads_with_norm_(ps, max_norm, gn)
@@ -215,8 +210,11 @@ def gather_state(
 ) -> tuple[dict | None, dict | None]:
     """Full model and optimizer state on rank 0 ({} elsewhere; None for one not asked for). A collective: every rank
     calls it with the same arguments."""
-    model_sd = get_model_state_dict(module, options=_GATHER) if model else None
-    optim_sd = get_optimizer_state_dict(module, opt, options=_GATHER) if optim else None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    gather = StateDictOptions(full_state_dict=True, cpu_offload=True)  # rank 0 gets the tensors, the others {}
+    model_sd = get_model_state_dict(module, options=gather) if model else None
+    optim_sd = get_optimizer_state_dict(module, opt, options=gather) if optim else None
     return model_sd, optim_sd
 
 
@@ -225,7 +223,10 @@ def load_state(
 ) -> None:
     """Every rank passes the same full state (read from the checkpoint; None: that part is not loaded); sharded
     modules keep their part."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    scatter = StateDictOptions(full_state_dict=True)  # every rank passes the full state; each keeps its shard
     if model_sd is not None:
-        set_model_state_dict(module, model_sd, options=_SCATTER)
+        set_model_state_dict(module, model_sd, options=scatter)
     if optim_sd is not None:
-        set_optimizer_state_dict(module, opt, optim_sd, options=_SCATTER)
+        set_optimizer_state_dict(module, opt, optim_sd, options=scatter)

@@ -20,9 +20,8 @@ from contextlib import contextmanager
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
-from transformers.modeling_layers import GradientCheckpointingLayer
 
-from .transformers_api import CACHE_ARG
+from .transformers_api import cache_arg
 
 KEY = "actor_rollout_ref.actor.use_prefix_grouper"
 
@@ -68,6 +67,9 @@ def check(model_path: str, load_kwargs: dict) -> None:
 
 @contextmanager
 def _caches_kept_under_checkpointing(model):
+    # seconds to import, and forward.py (which the driver imports for the workers' classes) imports this module
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
     for m in layers:
         m._can_checkpoint_with_cache = True
@@ -94,7 +96,7 @@ def response_logits(model, input_ids, attention_mask, prompt_len) -> list[tuple[
             input_ids=uniq[:, :P],
             attention_mask=uniq[:, P:],
             position_ids=(uniq[:, P:].cumsum(-1) - 1).clamp_min(0),
-            **{CACHE_ARG: record},
+            **{cache_arg(): record},
             use_cache=False,
             logits_to_keep=1,
         ).logits
@@ -109,7 +111,7 @@ def response_logits(model, input_ids, attention_mask, prompt_len) -> list[tuple[
                 input_ids=input_ids[:, P:-1],
                 attention_mask=attention_mask[:, :-1],
                 position_ids=pos[:, P:-1],
-                **{CACHE_ARG: read},
+                **{cache_arg(): read},
                 use_cache=False,
             ).logits
             pieces.append((rest, targets[:, 1:]))

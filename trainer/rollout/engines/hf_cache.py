@@ -9,9 +9,11 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin, DynamicLayer
 
-from ...model.transformers_api import CACHE_ARG
+from ...model.transformers_api import cache_arg
 
 __all__ = ["CACHE_ARG", "new_cache", "repeatable"]
+
+CACHE_ARG = cache_arg()  # this module is imported with the hf engine, which calls generate
 
 
 def repeatable(cache) -> bool:
