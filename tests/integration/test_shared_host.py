@@ -58,9 +58,13 @@ def test_trainings_started_together_each_finish_on_their_own_cluster(tmp_path, h
     seen: dict[int, dict] = {}
     try:
         deadline = time.monotonic() + 170
+        pids = {p.pid for p in procs}
+        # listed until each run is seen training: each `rlrig status` is a process of its own on the same cores
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
             for r in status(host_env):
                 seen[r["pid"]] = r
+            if {pid for pid, r in seen.items() if r["phase"] == "running"} == pids:
+                break
             time.sleep(1)
         codes = [p.wait(timeout=max(1, deadline - time.monotonic())) for p in procs]
     finally:

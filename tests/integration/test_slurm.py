@@ -72,7 +72,8 @@ def test_two_jobs_on_the_same_nodes_each_form_their_own_cluster(slurm_cluster):
         for _ in range(2)
     ]
     try:
-        outs = [j.communicate(timeout=240)[0] for j in jobs]
+        # past rlrig's own --timeout (300 s), which bounds a loaded node's tries to join
+        outs = [j.communicate(timeout=420)[0] for j in jobs]
     finally:
         for j in jobs:
             j.kill()
