@@ -155,11 +155,12 @@ def serve_as_worker(plan: Plan, deadline: float) -> int:
             probe.close()
 
 
-# Ray's own start gives a joining raylet a fixed 30 s (ray/_private/node.py, no setting) to appear in the GCS's node
-# table, and the raylet registers only once its Python dashboard agent is up: on a node whose CPUs are busy, or with a
-# GCS busy with many nodes joining, a healthy node fails that way. A try that lasted that long was slow, not broken, and
-# is tried again while --timeout allows; one that exits sooner (a refused token, another Ray version) counts to 3.
-RAY_REGISTRATION_WAIT_S = 30.0
+# A joining node's raylet waits a fixed 15 s for its Python dashboard agent to write its ports (and exits when they
+# come later), then Ray's start waits a fixed 30 s for the raylet to register with the GCS (ray/_private/node.py;
+# neither has a setting). A node whose CPUs are busy, or a GCS busy with many nodes joining, fails a healthy node
+# either way. A try that lasted SLOW_START_S was slow, not broken, and is tried again while --timeout allows; one
+# that exits sooner (a refused token, another Ray version) counts to QUICK_START_TRIES.
+SLOW_START_S = 15.0
 QUICK_START_TRIES = 3
 
 
@@ -173,11 +174,11 @@ def start_worker_ray(
     env: dict[str, str],
     cluster: dict[str, str],
     deadline: float,
-    slow_after: float = RAY_REGISTRATION_WAIT_S,
+    slow_after: float = SLOW_START_S,
 ) -> subprocess.Popen:
     """This node's Ray, started until the head's GCS lists it alive: a `ray start` that exits before that (Ray's
     message is on stderr above) is started again: while --timeout allows when it ran past `slow_after` (Ray's own
-    registration wait), else up to QUICK_START_TRIES times."""
+    waits), else up to QUICK_START_TRIES times."""
     rank = plan.spec.node_rank
 
     def exited(code: int) -> RigError:

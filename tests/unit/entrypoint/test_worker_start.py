@@ -1,7 +1,7 @@
 """A worker's `ray start` that exits before its node registers with the head is started again: while --timeout allows
-when the try lasted Ray's own registration wait (30 s, which a node with busy CPUs or a GCS busy with many nodes
-joining can exceed), three times when it exited sooner; what each try started is stopped, and the last failure says
-how many tries it took."""
+when the try lasted as long as Ray's own fixed waits (15 s for the dashboard agent, 30 s to register, which a node
+with busy CPUs or a GCS busy with many nodes joining can exceed), three times when it exited sooner; what each try
+started is stopped, and the last failure says how many tries it took."""
 
 import time
 
