@@ -14,8 +14,9 @@ from rlrig.trainer.rollout.engines import ENGINES, engine_class
 from rlrig.trainer.workers.start_checks import start_refusal
 
 cfg = parse_overrides([f"actor_rollout_ref.rollout.name={sys.argv[2]}"])
-assert engine_class(cfg.actor_rollout_ref.rollout.name) is ENGINES["vllm"]
-assert start_refusal(cfg.to_dict(), sys.argv[1], "cpu") is None
+engine = engine_class(cfg.actor_rollout_ref.rollout.name)
+assert engine is ENGINES["vllm"]
+assert start_refusal(cfg, sys.argv[1], "cpu", engine) is None
 print(sorted(m for m in sys.modules if m == "vllm" or m.startswith("vllm.")))
 """
 

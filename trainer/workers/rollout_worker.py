@@ -61,7 +61,8 @@ class RolloutWorker(PoolWorker):
         are asked first; a worker they refuse builds nothing and says why (refusal)."""
         self.cfg = cfg = from_dict(cfg_dict)
         ensure_local_embedded_model(model_path)  # the checks read its config
-        self.refused = start_checks.start_refusal(cfg_dict, model_path, cfg.trainer.device)
+        cls = engine_class(cfg.actor_rollout_ref.rollout.name)
+        self.refused = start_checks.start_refusal(cfg, model_path, cfg.trainer.device, cls)
         if self.refused is not None:
             return
         a = cfg.actor_rollout_ref
@@ -88,7 +89,6 @@ class RolloutWorker(PoolWorker):
         self.tok.padding_side = "left"
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
-        cls = engine_class(a.rollout.name)
         prec = resolve(a.actor.fsdp_config, self.device.type, a.actor.strategy, "actor")
         self.dtype = prec.param_dtype  # the engine's copy in the dtype the actor computes in (bf16 on GPUs)
         self.module = None

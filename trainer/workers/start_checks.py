@@ -6,7 +6,6 @@ and the features the model must support. The driver reads the answers first and 
 from __future__ import annotations
 
 from ..model.micro_batches import sequence_parallel
-from ..rollout.engines import engine_class
 
 
 def weightless(model_cfg, model_path: str):
@@ -184,23 +183,20 @@ def recording_refusal(key: str, rollout, engine: str, device: str) -> str | None
     return None
 
 
-def start_refusal(cfg_dict: dict, model_path: str, device: str) -> str | None:
-    """Why a worker that holds the rollout engine could not start in this process (the engine; the model's heads
-    under sequence parallelism, ...), in one line, or None."""
-    from ..config.schema import from_dict
-
-    cfg = from_dict(cfg_dict)
+def start_refusal(cfg, model_path: str, device: str, engine_cls) -> str | None:
+    """Why a worker that holds the rollout engine `engine_cls` (its rollout.name's class, which the worker chose once)
+    could not start in this process (the engine; the model's heads under sequence parallelism, ...), in one line, or
+    None."""
     a = cfg.actor_rollout_ref
-    cls = engine_class(a.rollout.name)
-    why = cls.unavailable(device) or layout_refusal(a.model, model_path, cls)
+    why = engine_cls.unavailable(device) or layout_refusal(a.model, model_path, engine_cls)
     if why:
         return f"actor_rollout_ref.rollout.name={a.rollout.name}: {why}"
     return (
         sequence_parallel_refusal(cfg, model_path)
         or fused_head_check(cfg, model_path)
         or liger_check(cfg, model_path, device)
-        or moe_check(cfg, model_path, cls.name, device)
-        or expert_parallel_refusal(cfg, model_path, cls)
+        or moe_check(cfg, model_path, engine_cls.name, device)
+        or expert_parallel_refusal(cfg, model_path, engine_cls)
         or teachers_tokenizer_refusal(cfg, model_path)
     )
 

@@ -68,9 +68,12 @@ class TrainingWorker(RankWorker):
         Where this worker holds the rollout engine (hybrid_engine), the start-up refusals are asked first; a worker
         they refuse builds nothing and says why (refusal)."""
         cfg = from_dict(cfg_dict)
-        if cfg.actor_rollout_ref.hybrid_engine:
+        # hybrid_engine=False: the engines are the rollout pool's (workers/rollout_worker.py), none here
+        a = cfg.actor_rollout_ref
+        engine_cls = engine_class(a.rollout.name) if a.hybrid_engine else None
+        if engine_cls is not None:
             ensure_local_embedded_model(model_path)  # the checks read its config
-            self.refused = start_checks.start_refusal(cfg_dict, model_path, cfg.trainer.device)
+            self.refused = start_checks.start_refusal(cfg, model_path, cfg.trainer.device, engine_cls)
             if self.refused is not None:
                 return
         self.peers = peers = peers or Peers()
@@ -87,8 +90,6 @@ class TrainingWorker(RankWorker):
         self.tok.padding_side = "left"
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
-        # hybrid_engine=False: the engines are the rollout pool's (workers/rollout_worker.py), none here
-        engine_cls = engine_class(a.rollout.name) if a.hybrid_engine else None
         needs_critic = estimators.get(cfg.algorithm.adv_estimator).needs_critic and peers.critic is None
         # before the models: torch_memory records their allocations too
         self.profiler = profiling.worker_profiler(cfg, rank, self._profiled_roles(needs_critic), "e2e", self.device)

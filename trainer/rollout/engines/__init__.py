@@ -4,7 +4,6 @@ else hf."""
 
 from __future__ import annotations
 
-import functools
 import sys
 
 from ...model.precision import tf32_kept
@@ -47,13 +46,7 @@ def engine_class(name: str) -> type[RolloutEngine]:
     auto choose hf: an installed vLLM that fails to start is an error with its own cause."""
     if name != AUTO:
         return ENGINES[name]
-    return _auto_choice(installed_release(VLLMRollout.package[0]) is not None)  # without the import the engine makes
-
-
-@functools.cache
-def _auto_choice(vllm_installed: bool) -> type[RolloutEngine]:
-    """Said once in a process: a worker asks for its start-up checks and again for its engine."""
-    if not vllm_installed:
+    if installed_release(VLLMRollout.package[0]) is None:  # asked without the import, which the engine makes
         print("rlrig: rollout engine auto -> hf: vLLM is not installed", file=sys.stderr, flush=True)
         return HFRollout
     return VLLMRollout

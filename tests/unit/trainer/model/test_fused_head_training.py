@@ -139,7 +139,9 @@ def test_two_sequence_parallel_ranks_with_a_fused_head_equal_one_chunked_process
 def test_the_start_up_check_refuses_a_head_the_fused_pass_cannot_replace(overrides, refused):
     from rlrig.trainer.config.overrides import parse_overrides
     from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
+    from rlrig.trainer.rollout.engines import engine_class
     from rlrig.trainer.workers.start_checks import start_refusal
 
     cfg = parse_overrides([*overrides, "actor_rollout_ref.model.use_fused_kernels=True"])
-    assert start_refusal(cfg.to_dict(), ensure_tiny_model(), "cpu") == refused
+    engine = engine_class(cfg.actor_rollout_ref.rollout.name)
+    assert start_refusal(cfg, ensure_tiny_model(), "cpu", engine) == refused

@@ -143,18 +143,20 @@ def test_a_model_whose_heads_do_not_split_is_refused_before_any_worker_starts():
     # the embedded model has 2 attention heads: 4 ranks cannot each take a whole one
     from rlrig.trainer.config.overrides import parse_overrides
     from rlrig.trainer.embedded.tiny_model import ensure_tiny_model
+    from rlrig.trainer.rollout.engines import engine_class
     from rlrig.trainer.workers.start_checks import start_refusal
 
     path = ensure_tiny_model()
     base = ["trainer.n_gpus_per_node=4", "actor_rollout_ref.model.use_remove_padding=True", "trainer.device=cpu"]
     four = parse_overrides([*base, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=4"])
-    why = start_refusal(four.to_dict(), path, "cpu")
+    engine = engine_class(four.actor_rollout_ref.rollout.name)  # as the worker chooses it
+    why = start_refusal(four, path, "cpu", engine)
     assert why == (
         "actor_rollout_ref.actor.ulysses_sequence_parallel_size=4: the model's 2 attention heads do not split over "
         "ulysses_sequence_parallel_size=4"
     )
     two = parse_overrides([*base, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"])
-    assert start_refusal(two.to_dict(), path, "cpu") is None
+    assert start_refusal(two, path, "cpu", engine) is None
     eager = parse_overrides(
         [
             *base,
@@ -162,7 +164,7 @@ def test_a_model_whose_heads_do_not_split_is_refused_before_any_worker_starts():
             "+actor_rollout_ref.model.override_config.attn_implementation=eager",
         ]
     )
-    assert "attn_implementation=eager (override_config) cannot attend" in start_refusal(eager.to_dict(), path, "cpu")
+    assert "attn_implementation=eager (override_config) cannot attend" in start_refusal(eager, path, "cpu", engine)
 
 
 SP2 = "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"
