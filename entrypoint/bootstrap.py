@@ -159,7 +159,7 @@ def plan(options: PlanOptions, env: Mapping[str, str] | None = None) -> Plan:
                 f"Ray already runs here (RAY_ADDRESS={spec.existing_ray}): there is nothing to bring up; "
                 "submit to that cluster with `rlrig submit`, or unset RAY_ADDRESS"
             )
-        return Plan(spec=spec, command=o.command, base_env=env)
+        return Plan(spec=spec, command=o.command, base_env=env, grace_period=o.grace_period)
     token, source = auth.resolve_token(env, spec.nnodes, shared=o.standing)
     node_debug = debugmode.debug_env(o.debug)
     # the head sends its --debug with the cluster environment, so every node starts Ray with it

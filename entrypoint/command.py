@@ -44,6 +44,7 @@ def run_command(
     checked for a node lost up to `settle` seconds after it, since the command may see a peer die (a collective
     breaks) before Ray declares that node dead."""
     before = coordination.members(store)
+    patience = coordination.Patience()
     child = subprocess.Popen(cmd, env=dict(env), start_new_session=True)
     try:
         next_check = time.monotonic() + 1.0
@@ -52,11 +53,13 @@ def run_command(
             if time.monotonic() < next_check:
                 continue
             next_check = time.monotonic() + 1.0
-            _check_members(store, ray_proc, before)
+            with patience:
+                _check_members(store, ray_proc, before)
         if child.returncode != 0 and settle > 0:
             end = time.monotonic() + settle
             while time.monotonic() < end:
-                _check_members(store, ray_proc, before)
+                with patience:
+                    _check_members(store, ray_proc, before)
                 time.sleep(POLL)
         return child.returncode
     except Stop as s:

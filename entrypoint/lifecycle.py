@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from . import command, restarts
 from .cluster import coordination, identity, metricsbind, ports, prestart, raystart
 from .cluster.gcs import GcsStore
-from .cluster.processes import Stop, become_subreaper, install_stop_handlers, stop_ray, terminate_group
+from .cluster.processes import Stop, become_subreaper, install_stop_handlers, pass_on, stop_ray, terminate_group
 from .console import say
 from .errors import NodeLost, RigError
 from .fabric import tcp as fabric_tcp
@@ -253,6 +253,9 @@ def wait_out_the_head(plan: Plan, store: coordination.Store, stop: Stop, alive: 
 
 
 def run_existing(plan: Plan) -> int:
+    """The command on a Ray this process did not start (inside a Ray job, RAY_ADDRESS set): a stop signal is passed
+    on to it with --grace-period to finish, as on a cluster of rlrig's own, so that stopping the job stops the run
+    (the command runs in a session of its own, out of reach of a signal sent to this process's group)."""
     address, env = plan.spec.existing_ray, plan.base_env
     say(f"Ray already runs here ({address}); starting nothing")
     child = subprocess.Popen(
@@ -260,6 +263,11 @@ def run_existing(plan: Plan) -> int:
     )
     try:
         return child.wait()
+    except Stop as s:
+        if plan.grace_period > 0:
+            say(f"{s}: passed to the command; up to {plan.grace_period:g}s for it to finish (--grace-period)")
+        pass_on(s, child, plan.grace_period)
+        return s.code
     finally:
         terminate_group(child)
 
@@ -271,14 +279,14 @@ def phase(plan: Plan, what: str) -> None:
 
 
 def main(plan: Plan) -> int:
-    if plan.spec.existing_ray:
-        return run_existing(plan)
-    say(f"token from {plan.token_source}")
     install_stop_handlers()
-    # Our own GCS client reads the token from this process's environment.
-    os.environ.update({k: plan.ray_env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN") if k in plan.ray_env})
-    become_subreaper()
     try:
+        if plan.spec.existing_ray:
+            return run_existing(plan)
+        say(f"token from {plan.token_source}")
+        # Our own GCS client reads the token from this process's environment.
+        os.environ.update({k: plan.ray_env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN") if k in plan.ray_env})
+        become_subreaper()
         return run_head(plan) if plan.spec.is_head else restarts.run_worker(plan, serve_as_worker)
     except Stop as s:
         say(f"stopped by {s}; everything rlrig started is stopped")

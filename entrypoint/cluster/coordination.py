@@ -221,6 +221,36 @@ def node_changes(before: dict[int, bool], now: dict[int, dict]) -> tuple[list[in
     return sorted(lost), back
 
 
+# as long as a worker bears a head that does not answer (Plan.head_loss_timeout)
+GCS_SILENT_S = 30.0
+
+
+class Patience:
+    """How long the head bears its own GCS not answering while it watches its nodes (running the command, serving
+    jobs), used as `with patience:` around one poll. A call the GCS misses (its 2 s deadline passes when the head's
+    cores are busy) ends that poll only, and the next one asks again; a GCS silent for `silent_s` stops the job as a
+    lost node does (NodeLost, exit 3), since nothing can then tell whether the nodes are there."""
+
+    def __init__(self, silent_s: float = GCS_SILENT_S, clock: Callable[[], float] = time.monotonic):
+        self.silent_s, self.clock = silent_s, clock
+        self.answered = clock()
+
+    def __enter__(self) -> Patience:
+        return self
+
+    def __exit__(self, kind, error, tb) -> bool:
+        if kind is None:
+            self.answered = self.clock()
+            return False
+        if not issubclass(kind, Unreachable):
+            return False
+        if self.clock() - self.answered > self.silent_s:
+            raise NodeLost(
+                f"the head's GCS has not answered for {self.silent_s:g}s ({error}); stopped the job"
+            ) from error
+        return True
+
+
 def members(store: Store) -> dict[int, str]:
     """rank -> the id of the Ray node serving it, for the alive ranks: what `lost_since` compares against."""
     return {r: n.get("id", "") for r, n in store.nodes().items() if n["alive"]}

@@ -54,46 +54,48 @@ def serve(
     """Returns 0 when `rlrig down` asked; signals arrive as processes.Stop. `api` connects on first use."""
     alive = {r: n["alive"] for r, n in store.nodes().items()}
     failures, drained = NodeFailures(), set()  # drained: the nodes' IPs, so that one that rejoins is drained again
+    patience = coordination.Patience()
     while True:
         check_alive()
-        if store.get(coordination.DOWN) is not None:
-            say("rlrig down: stopping the cluster")
-            return 0
-        now = store.nodes()
-        lost, back = coordination.node_changes(alive, now)
-        known = coordination.facts(store) if lost or back else {}
-        for r in back:
-            say(f"node {coordination.describe(r, known, now[r]['ip'])} rejoined")
-            for line in coordination.version_mismatches(known):
-                say(f"warn: {line}")
-            if now[r]["ip"] in drained:
-                drain(store, r, now, known, f"{coordination.describe(r, known, now[r]['ip'])} failed twice before")
-        for r in lost:
-            name = coordination.describe(r, known, now.get(r, {}).get("ip", ""))
-            if now.get(r, {}).get("ip") in drained:  # Ray stopped it once idle: no job of it to stop
-                say(f"drained node {name} left the cluster")
-                continue
-            say(f"lost node {name}; the cluster keeps serving, and the node may rejoin with its `rlrig up`")
-            reason = f"{LOST_PREFIX} {name} while the job ran; rlrig stopped the job"
-            try:
-                failed = fail_running_jobs(api(), mark_failed, reason)
-            except (Unreachable, RigError) as e:
-                say(f"warn: could not stop the running jobs through the job API: {e}")
-                continue
-            if failed:
-                say(f"stopped and failed job(s) {', '.join(failed)}: node {name} was lost")
-        for r, what in [(r, "lost while the cluster served") for r in lost] + failures.hangs(store, now):
-            ip = now.get(r, {}).get("ip")
-            if ip in drained:
-                continue
-            facts = coordination.facts(store)
-            twice = failures.count(r, {r: {**now.get(r, {}), **facts.get(r, {})}}, what)
-            if twice and r == 0:
-                say(f"{twice}; not draining the head, which would end the cluster: replace its machine next time")
-            elif twice:
-                drained.add(ip)
-                drain(store, r, now, facts, twice)
-        alive = {r: n["alive"] for r, n in now.items()}
+        with patience:  # a poll the GCS misses under load is tried again at the next poll
+            if store.get(coordination.DOWN) is not None:
+                say("rlrig down: stopping the cluster")
+                return 0
+            now = store.nodes()
+            lost, back = coordination.node_changes(alive, now)
+            known = coordination.facts(store) if lost or back else {}
+            for r in back:
+                say(f"node {coordination.describe(r, known, now[r]['ip'])} rejoined")
+                for line in coordination.version_mismatches(known):
+                    say(f"warn: {line}")
+                if now[r]["ip"] in drained:
+                    drain(store, r, now, known, f"{coordination.describe(r, known, now[r]['ip'])} failed twice before")
+            for r in lost:
+                name = coordination.describe(r, known, now.get(r, {}).get("ip", ""))
+                if now.get(r, {}).get("ip") in drained:  # Ray stopped it once idle: no job of it to stop
+                    say(f"drained node {name} left the cluster")
+                    continue
+                say(f"lost node {name}; the cluster keeps serving, and the node may rejoin with its `rlrig up`")
+                reason = f"{LOST_PREFIX} {name} while the job ran; rlrig stopped the job"
+                try:
+                    failed = fail_running_jobs(api(), mark_failed, reason)
+                except (Unreachable, RigError) as e:
+                    say(f"warn: could not stop the running jobs through the job API: {e}")
+                    continue
+                if failed:
+                    say(f"stopped and failed job(s) {', '.join(failed)}: node {name} was lost")
+            for r, what in [(r, "lost while the cluster served") for r in lost] + failures.hangs(store, now):
+                ip = now.get(r, {}).get("ip")
+                if ip in drained:
+                    continue
+                facts = coordination.facts(store)
+                twice = failures.count(r, {r: {**now.get(r, {}), **facts.get(r, {})}}, what)
+                if twice and r == 0:
+                    say(f"{twice}; not draining the head, which would end the cluster: replace its machine next time")
+                elif twice:
+                    drained.add(ip)
+                    drain(store, r, now, facts, twice)
+            alive = {r: n["alive"] for r, n in now.items()}
         time.sleep(poll)
 
 

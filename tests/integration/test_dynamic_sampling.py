@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import shared_ray
+
 pytestmark = pytest.mark.integration
 
 # The embedded arithmetic rows carry their index: an even one's samples all score 1 (no signal: dropped), an odd
@@ -47,7 +49,7 @@ def rlrig(tmp_path: Path, hard: bool, *extra: str) -> subprocess.CompletedProces
     own = [f"custom_reward_function.path={reward}", "custom_reward_function.name=compute_score"]
     args = ["train", *RUN, *own, f"trainer.default_local_dir={tmp_path / 'run'}", *extra]
     cmd = [sys.executable, "-m", "rlrig.entrypoint.cli", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=shared_ray.env())
 
 
 # long: CI fills the batch through vLLM (tests/vllm_tier/test_vllm_dynamic_sampling.py)

@@ -112,6 +112,7 @@ def test_a_loop_that_raises_ends_the_run_in_one_line_naming_it(tmp_path):
         "trainer.val_before_train=False",
         f"trainer.default_local_dir={run}",
         env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        own_cluster=True,  # the workers import the loop from PYTHONPATH, which their cluster gives them
     )
     assert r.returncode == 2
     line = f"rlrig: error: agent loop broken (broken_loop.Broken) raised KeyError: 'missing_key' at {tmp_path}"

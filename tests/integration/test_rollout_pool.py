@@ -12,6 +12,7 @@ import time
 import pytest
 
 from rlrig.trainer.driver import checkpoint
+from tests.helpers import shared_ray
 from tests.integration.test_train import TINY, metrics, rlrig
 
 pytestmark = pytest.mark.integration
@@ -34,6 +35,7 @@ def stopped_by_sigterm(args: list[str], run) -> str:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env=shared_ray.env(),
     )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not ((run / "metrics.jsonl").exists() and len(metrics(run)) >= 3):
@@ -80,6 +82,7 @@ def test_a_rollout_worker_that_hangs_is_named_by_the_watchdog(tmp_path):
         "trainer.total_training_steps=5",
         f"trainer.default_local_dir={run}",
         env={**os.environ, "RLRIG_FAULT_HANG": "0:rollout_gen:3"},
+        own_cluster=True,  # the fault is read by the workers, from the environment their cluster gives them
         timeout=300,
     )
     assert r.returncode == 5, r.stderr[-3000:]

@@ -9,6 +9,8 @@ from collections import Counter
 
 import pytest
 
+from tests.helpers import shared_ray
+
 pytestmark = pytest.mark.integration
 
 # each scored sample: the worker's process and the prompt's row
@@ -41,7 +43,11 @@ def test_one_prompt_is_generated_by_both_workers(tmp_path):
         f"trainer.default_local_dir={tmp_path / 'run'}",
     ]
     r = subprocess.run(
-        [sys.executable, "-m", "rlrig.entrypoint.cli", "train", *args], capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "rlrig.entrypoint.cli", "train", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=shared_ray.env(),
     )
     assert r.returncode == 0, r.stderr[-3000:]
     scored = [json.loads(line) for line in log.read_text().splitlines()]

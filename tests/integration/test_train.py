@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import shared_ray
 from tests.helpers.cluster import dstack_env
 from tests.helpers.crashlog import excerpt
 
@@ -20,7 +21,12 @@ TINY = [
 ]
 
 
-def rlrig(*args, timeout=600, **kw):
+def rlrig(*args, timeout=600, own_cluster=False, **kw):
+    """`rlrig ARGS`, its output captured. A `train` joins this test process's shared cluster (tests/helpers/
+    shared_ray.py) unless `own_cluster`: for a test of the cluster the run forms, or whose workers need the
+    environment it is given."""
+    if args[0] == "train" and not own_cluster:
+        kw["env"] = shared_ray.env(kw.get("env"))
     return subprocess.run(
         [sys.executable, "-m", "rlrig.entrypoint.cli", *args], capture_output=True, text=True, timeout=timeout, **kw
     )

@@ -147,8 +147,9 @@ def test_a_vllm_teacher_scores_two_steps(tmp_path, pool):
     extra += ["trainer.n_gpus_per_node=1"] if "distillation.nnodes=1" in pool else []
     shm = engine_shm.segments()
     run = tmp_path / "run"
+    # on a cluster of its own, gone with the run: what the engine left in /dev/shm is then what no process holds
     r = rlrig("train", "--preset", "distill", "trainer.save_freq=-1", f"trainer.default_local_dir={run}", *extra, *pool,
-              timeout=900)  # fmt: skip
+              timeout=900, own_cluster=True)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     steps = [m for m in metrics(run) if "distillation/abs_loss" in m]
     assert len(steps) == 2 and all(m["distillation/abs_loss"] > 0 for m in steps)
@@ -167,7 +168,8 @@ def test_a_failed_run_releases_its_teachers_engine(tmp_path):
     pool += ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]  # fails at its first scoring
     shm = engine_shm.segments()
     run = f"trainer.default_local_dir={tmp_path / 'run'}"
-    r = rlrig("train", "--preset", "distill", run, *pool, f"custom_reward_function.path={reward}", timeout=600)
+    reward_fn = f"custom_reward_function.path={reward}"
+    r = rlrig("train", "--preset", "distill", run, *pool, reward_fn, timeout=600, own_cluster=True)
     assert r.returncode == 2, r.stderr[-3000:]
     assert "rlrig: error: reward function compute_score raised ValueError: the scorer is down" in r.stderr
     assert not engine_shm.left_behind(shm)

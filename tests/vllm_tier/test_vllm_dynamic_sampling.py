@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from tests.helpers import shared_ray
 from tests.integration.test_dynamic_sampling import REWARD, RUN
 
 TOL = 1e-3  # float32 engine vs float32 actor on CPU: seen ~7e-7
@@ -20,7 +21,11 @@ def test_kept_groups_keep_the_engine_log_probs(tmp_path):
     own = [f"custom_reward_function.path={reward}", "custom_reward_function.name=compute_score"]
     args = ["train", *RUN, *own, f"trainer.default_local_dir={run}"]
     r = subprocess.run(
-        [sys.executable, "-m", "rlrig.entrypoint.cli", *args], capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "rlrig.entrypoint.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=shared_ray.env(),
     )
     assert r.returncode == 0, r.stderr[-4000:]
     assert "rollout engine: vllm" in r.stderr + r.stdout

@@ -16,7 +16,7 @@ from rlrig.trainer.config.schema import RolloutConfig
 from rlrig.trainer.model.checkpoint_names import CheckpointLayout
 from rlrig.trainer.model.forward import token_logprobs
 from rlrig.trainer.rollout.engines import ENGINES, EngineContext, make_engine
-from tests.helpers import tiny_moe
+from tests.helpers import shared_ray, tiny_moe
 
 TOL = 1e-3  # float32 engine vs float32 actor on CPU, as the dense model's tests
 QUESTIONS = ("12+7=", "3+4=", "20-5=")
@@ -115,6 +115,7 @@ def train(run, family: str, *extra: str, steps: int = 3) -> tuple[list[dict], st
         capture_output=True,
         text=True,
         timeout=600,
+        env=shared_ray.env(),
     )
     assert r.returncode == 0, r.stderr[-4000:]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -4,7 +4,7 @@ against vLLM itself, so the refusal goes when vLLM's CPU build learns it."""
 
 import pytest
 
-from tests.helpers import tiny_moe
+from tests.helpers import shared_ray, tiny_moe
 
 
 def test_vllm_cpu_cannot_return_routed_experts_as_the_refusal_says(monkeypatch):
@@ -49,6 +49,6 @@ def test_r2_the_aux_loss_and_the_load_metrics_train_with_vllm_and_r3_is_refused_
         [sys.executable, "-m", "rlrig.trainer.driver.main", "--", "ray_kwargs.ray_init.num_cpus=2",
          f"actor_rollout_ref.model.path={tiny_moe.ensure('qwen3_moe')}", "actor_rollout_ref.rollout.name=vllm", *r3,
          f"trainer.default_local_dir={tmp_path / 'r3'}"],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True, text=True, timeout=600, env=shared_ray.env(),
     )  # fmt: skip
     assert r.returncode != 0 and "Model Runner V2, which needs Triton" in r.stderr, r.stderr[-3000:]

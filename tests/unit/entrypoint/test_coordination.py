@@ -195,6 +195,33 @@ def test_worker_stops_when_its_own_ray_dies():
         co.wait_for_exit(MemoryStore(), 1, ADDRESS, head_loss_timeout=3, check_alive=ray_died, poll=0.01)
 
 
+# polls as (seconds since the last answer, what the poll raised): the head's watch over its nodes
+PATIENCE = [
+    ("a missed poll is asked again", [(1.0, Unreachable("deadline"))], None),
+    ("misses up to the bound", [(10.0, Unreachable("deadline")), (29.0, Unreachable("deadline"))], None),
+    ("silent past the bound: the job stops", [(31.0, Unreachable("deadline"))], NodeLost),
+    ("an answer restarts the count", [(29.0, None), (58.0, Unreachable("deadline"))], None),
+    ("anything else is not a missed poll", [(1.0, KeyError("bug"))], KeyError),
+]
+
+
+@pytest.mark.parametrize("polls, raises", [r[1:] for r in PATIENCE], ids=[r[0] for r in PATIENCE])
+def test_the_head_bears_a_silent_gcs_up_to_its_bound(polls, raises):
+    now = [0.0]
+    patience = co.Patience(silent_s=30.0, clock=lambda: now[0])
+    seen = None
+    for at, error in polls:
+        now[0] = at
+        try:
+            with patience:
+                if error is not None:
+                    raise error
+        except (NodeLost, KeyError) as e:
+            seen = type(e)
+            assert at == polls[-1][0]
+    assert seen is raises
+
+
 def test_publish_exit_gives_up_quietly_when_the_gcs_is_gone():
     store = MemoryStore()
     store.down = True

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 
+import psutil
 import pytest
 
 from rlrig.entrypoint import command, lifecycle
@@ -89,3 +90,31 @@ def test_a_worker_keeps_ray_up_until_the_head_is_done_or_the_grace_is_over(head_
         with pytest.raises(Stop):
             lifecycle.wait_out_the_head(plan, store, stop, lambda: None)
         assert time.monotonic() - started >= 3
+
+
+@pytest.mark.parametrize("grace, finished, code", [(30, True, 143), (0, False, 143)])
+def test_on_a_ray_rlrig_did_not_start_the_signal_reaches_the_command(tmp_path, grace, finished, code):
+    """`rlrig run` inside a Ray job (RAY_ADDRESS set; a standing cluster's job, a KubeRay pod) starts no Ray and runs
+    the command in a session of its own: a SIGTERM to rlrig is passed on with the grace period, and no command is
+    left running after rlrig exits."""
+    mark = tmp_path / "checkpointed"
+    env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:1"}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "rlrig.entrypoint.cli", "run", "--grace-period", str(grace), "--"]
+        + ["bash", "-c", COMMAND.format(mark=mark), "cmd", "done"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    seen = ""
+    for line in p.stdout:  # the command runs once rlrig says it starts nothing
+        seen += line
+        if "starting nothing" in line:
+            break
+    time.sleep(0.5)
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == code, seen + out
+    assert mark.exists() is finished, seen + out
+    assert not [q for q in psutil.process_iter(["cmdline"]) if str(mark) in " ".join(q.info["cmdline"] or [])]

@@ -62,6 +62,14 @@ def test_a_node_restarted_faster_than_ray_notices_still_stops_the_command(ray_st
     assert time.monotonic() - started < 5
 
 
+def test_a_gcs_that_misses_polls_while_the_command_runs_does_not_stop_it(ray_stand_in):
+    """The head's GCS answers no poll for 2.5 s (its calls time out on busy cores): the command runs to its end."""
+    store = two_nodes()
+    threading.Timer(0.5, setattr, (store, "down", True)).start()
+    threading.Timer(3.0, setattr, (store, "down", False)).start()
+    assert command.run_command(["sleep", "4"], {}, store, ray_stand_in) == 0
+
+
 def plan(rank: int, max_restarts: int = 1, rejoin_timeout: float = 2.0) -> Plan:
     return Plan(
         NodeSpec("dstack", rank, 2, "10.0.0.1", head_address="10.0.0.1"),

@@ -88,3 +88,23 @@ def test_a_drained_node_leaves_and_another_machine_in_its_rank_does_not():
         coordination.wait_for_exit(store, 1, "10.0.0.1:6379", head_loss_timeout=5, poll=0.01, ip="10.0.0.2")
     store.put(coordination.EXIT, 0)
     assert coordination.wait_for_exit(store, 1, "10.0.0.1:6379", head_loss_timeout=5, poll=0.01, ip="10.0.0.7") == 0
+
+
+def test_a_gcs_that_misses_polls_leaves_the_cluster_serving():
+    """The head's GCS answers no poll for a while (its calls time out on busy cores): the cluster serves on, and
+    `rlrig down` afterwards still ends it with 0."""
+    store = MemoryStore()
+    store.join(0, "10.0.0.1")
+    ended = []
+    t = threading.Thread(
+        target=lambda: ended.append(standing.serve(store, lambda: None, NoJobs, lambda *a: True, 0.01))
+    )
+    t.start()
+    time.sleep(0.1)
+    store.down = True
+    time.sleep(0.3)  # some thirty polls missed
+    store.down = False
+    assert t.is_alive()
+    store.put(coordination.DOWN, 1)
+    t.join(5)
+    assert ended == [0]
