@@ -76,20 +76,18 @@ def run_head(plan: Plan) -> int:
         f"{pf.num_cpus} CPU, {pf.num_gpus} GPU, temp {plan.temp_dir}"
     )
     ports.refuse_taken(plan.ports)  # before `ray start`: its GCS would fail, and this head would reach another's
-    ray_proc = start_ray(plan, plan.start_command, plan.ray_env, plan.cluster_env)
+    t0 = time.monotonic()
+    ray_proc, store = start_head_ray(plan, t0 + plan.wait_timeout)
     alive = raises_once_exited(
         ray_proc, lambda code: RigError(f"head: `ray start` exited with code {code}; see its output above")
     )
-    store = None
     code = 1
-    t0 = time.monotonic()
     command_env = {**plan.ray_env, "RAY_ADDRESS": address}
     # a head without a GPU makes the check's backend TCP whatever the workers have: measured from this process
     probe = probe_server(plan, pf.num_gpus == 0)
     early = None  # the fabric check on the Ray path, started while the nodes join
     try:
         deadline = t0 + plan.wait_timeout
-        store = coordination.connect(lambda: GcsStore.open(address), deadline, "head", address, alive)
         identity.claim(store, plan.run, address)
         coordination.publish_head(store, plan.cluster_env, my_facts(plan, probe))
         phase(plan, "waiting for nodes")
@@ -203,6 +201,42 @@ def start_worker_ray(
                     "its output above"
                 ) from None
             say(f"{e}; starting it again (try {tries + 1})")
+        except BaseException:
+            stop_ray(ray_proc)
+            raise
+
+
+def start_head_ray(
+    plan: Plan,
+    deadline: float,
+    slow_after: float = SLOW_START_S,
+    open_store: Callable[[str], coordination.Store] = GcsStore.open,
+) -> tuple[subprocess.Popen, coordination.Store]:
+    """The head's Ray and its GCS. On a single node, a `ray start` that exits before its node registers after
+    running past `slow_after` (Ray's own fixed waits, which busy cores exceed) is started again while --timeout
+    allows, as a worker's is: no other node holds that GCS yet. A multi-node head starts once, since its workers may
+    already be joining the GCS it started."""
+    address, tries = plan.gcs_address, 0
+
+    def exited(code: int) -> RigError:
+        return _StartExited(f"head: `ray start` exited with code {code}; see its output above")
+
+    while True:
+        tries += 1
+        began = time.monotonic()
+        ray_proc = start_ray(plan, plan.start_command, plan.ray_env, plan.cluster_env)
+        alive = raises_once_exited(ray_proc, exited)
+        try:
+            store = coordination.connect(lambda: open_store(address), deadline, "head", address, alive)
+            if plan.spec.nnodes == 1:
+                coordination.wait_for_rank(store, 0, deadline, alive)
+            return ray_proc, store
+        except _StartExited as e:
+            stop_ray(ray_proc)
+            now = time.monotonic()
+            if plan.spec.nnodes > 1 or now - began < slow_after or now >= deadline:
+                raise RigError(f"{e}" + (f" (try {tries})" if tries > 1 else "")) from None
+            say(f"{e} before its node registered; starting it again (try {tries + 1})")
         except BaseException:
             stop_ray(ray_proc)
             raise

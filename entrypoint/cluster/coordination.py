@@ -161,23 +161,34 @@ def wait_for_nodes(
     hint: str = "check those nodes' logs or raise --timeout",
     error: type[RigError] = RigError,
 ) -> dict[int, dict]:
-    """Alive nodes once all `nnodes` joined; on timeout `error` naming the missing ranks, then `hint`."""
+    """Alive nodes once all `nnodes` joined; on timeout `error` naming the missing ranks, then `hint`. A GCS that
+    misses a poll (busy starting, or on busy cores) is asked again at the next, up to the deadline."""
     while True:
         check_alive()
-        nodes = {r: n for r, n in store.nodes().items() if n["alive"]}
-        if len(nodes) >= nnodes:
-            return nodes
-        if time.monotonic() > deadline:
-            raise error(_missing_message(store, nodes, nnodes, hint))
+        try:
+            nodes = {r: n for r, n in store.nodes().items() if n["alive"]}
+            if len(nodes) >= nnodes:
+                return nodes
+            if time.monotonic() > deadline:
+                raise error(_missing_message(store, nodes, nnodes, hint))
+        except Unreachable as e:
+            if time.monotonic() > deadline:
+                raise error(f"the head's GCS did not answer in time ({e}); {hint}") from None
         time.sleep(poll)
 
 
 def wait_for_rank(
     store: Store, rank: int, deadline: float, check_alive: Callable[[], None] = _nothing, poll: float = POLL
 ) -> None:
-    """Until `rank`'s Ray node is alive (the head's own: a Ray driver started on the head attaches to it)."""
-    while not store.nodes().get(rank, {}).get("alive"):
+    """Until `rank`'s Ray node is alive (the head's own: a Ray driver started on the head attaches to it); a poll the
+    GCS misses is asked again, up to the deadline."""
+    while True:
         check_alive()
+        try:
+            if store.nodes().get(rank, {}).get("alive"):
+                return
+        except Unreachable:
+            pass
         if time.monotonic() > deadline:
             raise RigError(
                 f"rank {rank}'s Ray node did not register with the GCS in time; see the Ray logs in the temp dir"

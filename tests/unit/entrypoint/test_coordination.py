@@ -222,6 +222,24 @@ def test_the_head_bears_a_silent_gcs_up_to_its_bound(polls, raises):
     assert seen is raises
 
 
+@pytest.mark.parametrize("silent_s, ok", [(0.3, True), (None, False)])
+def test_the_head_waiting_for_its_nodes_asks_a_silent_gcs_again_until_the_deadline(silent_s, ok):
+    """A GCS busy starting (or on busy cores) misses polls: the wait goes on; silent to the deadline, one line."""
+    store = MemoryStore()
+    store.join(0, "10.0.0.1")
+    store.down = True
+    if silent_s:
+        threading.Timer(silent_s, setattr, (store, "down", False)).start()
+    if ok:
+        assert set(co.wait_for_nodes(store, 1, time.monotonic() + 5, poll=0.01)) == {0}
+        co.wait_for_rank(store, 0, time.monotonic() + 5, poll=0.01)
+    else:
+        with pytest.raises(RigError, match="the head's GCS did not answer in time"):
+            co.wait_for_nodes(store, 1, time.monotonic() + 0.3, poll=0.01)
+        with pytest.raises(RigError, match="did not register with the GCS in time"):
+            co.wait_for_rank(store, 0, time.monotonic() + 0.3, poll=0.01)
+
+
 def test_publish_exit_gives_up_quietly_when_the_gcs_is_gone():
     store = MemoryStore()
     store.down = True

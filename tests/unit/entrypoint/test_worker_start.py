@@ -74,3 +74,47 @@ def test_a_start_that_exits_before_the_node_registers_is_tried_again(
     again = range(2, made + 2)  # each try but the first is announced, and no try past the last
     assert [f"starting it again (try {n})" in said for n in again] == [n <= made for n in again]
     assert not [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+
+
+class HeadStore(JoiningStore):
+    """The head's own GCS: rank 0 is listed once its raylet has started."""
+
+    def nodes(self, timeout: float = 2.0) -> dict[int, dict]:
+        if self.mark.exists() and 0 not in self.table:
+            self.join(0, "10.0.0.1")
+        return MemoryStore.nodes(self, timeout)
+
+
+@pytest.mark.parametrize(
+    "fails, nnodes, slow_after, tries, error",
+    [
+        (0, 1, QUICK, 1, None),
+        (2, 1, SLOW, 3, None),  # one node: a slow start is started again, as a worker's is
+        (1, 1, QUICK, 1, r"head: `ray start` exited with code 1"),  # a quick failure is Ray's answer: not again
+        # several nodes: started once (its workers may be joining that GCS), the start's exit left to the head's watch
+        (1, 2, SLOW, 1, None),
+    ],
+)
+def test_a_single_nodes_head_whose_start_exits_slow_is_started_again(
+    tmp_path, capsys, fails, nnodes, slow_after, tries, error
+):
+    start = START.format(d=tmp_path, fails=fails, reg=f"touch {tmp_path}/registered;")
+    spec = NodeSpec("dstack", 0, nnodes, "10.0.0.1", head_address="10.0.0.1")
+    plan = Plan(spec, ["true"], {}, temp_dir=str(tmp_path), start_command=["bash", "-c", start])
+    store = HeadStore(tmp_path / "registered")
+    deadline = time.monotonic() + 30
+    if error is None:
+        proc, got = lifecycle.start_head_ray(plan, deadline, slow_after, lambda address: store)
+        assert got is store
+        while not (tmp_path / "tries").exists():  # several nodes: returned once the GCS answered, before its start ran
+            time.sleep(0.05)
+        lifecycle.stop_ray(proc)
+    else:
+        with pytest.raises(RigError, match=error):
+            lifecycle.start_head_ray(plan, deadline, slow_after, lambda address: store)
+    assert int((tmp_path / "tries").read_text()) == tries
+    said = capsys.readouterr().err
+    assert [f"starting it again (try {n})" in said for n in range(2, tries + 2)] == [
+        n <= tries for n in range(2, tries + 2)
+    ]
+    assert not [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
