@@ -63,12 +63,17 @@ def run_command(
                 time.sleep(POLL)
         return child.returncode
     except Stop as s:
-        if grace > 0:
-            say(f"{s}: passed to the command; up to {grace:g}s for it to finish (--grace-period)")
-        pass_on(s, child, grace)
+        hand_over(s, child, grace)
         raise
     finally:
         terminate_group(child)
+
+
+def hand_over(stop: Stop, child: subprocess.Popen, grace: float) -> None:
+    """The stop signal passed on to the command, said when it gets `grace` seconds to finish (processes.pass_on)."""
+    if grace > 0:
+        say(f"{stop}: passed to the command; up to {grace:g}s for it to finish (--grace-period)")
+    pass_on(stop, child, grace)
 
 
 def _check_members(store: coordination.Store, ray_proc: subprocess.Popen, before: dict[int, str]) -> None:

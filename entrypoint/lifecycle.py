@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from . import command, restarts
 from .cluster import coordination, identity, metricsbind, ports, prestart, raystart
 from .cluster.gcs import GcsStore
-from .cluster.processes import Stop, become_subreaper, install_stop_handlers, pass_on, stop_ray, terminate_group
+from .cluster.processes import Stop, become_subreaper, install_stop_handlers, stop_ray, terminate_group
 from .console import say
 from .errors import NodeLost, RigError
 from .fabric import tcp as fabric_tcp
@@ -298,9 +298,7 @@ def run_existing(plan: Plan) -> int:
     try:
         return child.wait()
     except Stop as s:
-        if plan.grace_period > 0:
-            say(f"{s}: passed to the command; up to {plan.grace_period:g}s for it to finish (--grace-period)")
-        pass_on(s, child, plan.grace_period)
+        command.hand_over(s, child, plan.grace_period)
         return s.code
     finally:
         terminate_group(child)

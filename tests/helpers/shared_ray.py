@@ -29,7 +29,7 @@ HOLD = (
 START_S = 180.0
 OWN_CLUSTERS = "RLRIG_TEST_OWN_CLUSTERS"  # =1: every run starts a cluster of its own, as before this helper
 
-_held: tuple[subprocess.Popen, dict[str, str], Path] | None = None
+_held: tuple[subprocess.Popen, dict[str, str]] | None = None
 
 
 def env(base: dict[str, str] | None = None) -> dict[str, str]:
@@ -47,7 +47,7 @@ def env(base: dict[str, str] | None = None) -> dict[str, str]:
     return {**(os.environ if base is None else base), **_held[1]}
 
 
-def _start() -> tuple[subprocess.Popen, dict[str, str], Path]:
+def _start() -> tuple[subprocess.Popen, dict[str, str]]:
     log = Path(tempfile.mkstemp(prefix="rlrig-shared-ray-", suffix=".log")[1])
     own = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_MODE")}
     with open(log, "w") as out:
@@ -63,7 +63,7 @@ def _start() -> tuple[subprocess.Popen, dict[str, str], Path]:
     while time.monotonic() < end and proc.poll() is None:
         said = [line for line in log.read_text().splitlines() if line.startswith(SAYS)]
         if said:
-            return proc, json.loads(said[0][len(SAYS) :]), log
+            return proc, json.loads(said[0][len(SAYS) :])
         time.sleep(0.2)
     proc.kill()
     raise RuntimeError(f"the shared cluster did not come up within {START_S:g}s: {log.read_text()[-3000:]}")
