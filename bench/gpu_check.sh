@@ -9,7 +9,8 @@
 #          its tokens) and verl's token-budget micro batches.
 #   tests: tests/gpu, each case at most 120 s, the embedded default's 200 learning steps last.
 #
-# With no argument both run, in one call where its limit allows; where kernel launches are slow, tests/gpu alone takes
+# With no argument both run, in one call where its limit allows; arguments name halves or single parts (`bash
+# bench/gpu_check.sh step_0.5b_compiled tests_gpu`), for a short time on a GPU; where kernel launches are slow, tests/gpu alone takes
 # minutes (the tiny model's many small kernels), so run the halves as two calls. Each part has a limit of its own,
 # so a slow or failing part leaves the others theirs. Logs and JSON go to $OUT/gpu-check.tgz (else ./gpu-out/). On a
 # machine without rlrig installed, bench/gpu_bundle.sh's .gpu/site.tar.xz (carried beside the checkout) is unpacked
@@ -48,6 +49,9 @@ part() {  # part NAME SECONDS COMMAND...: at most SECONDS (and never past the de
     local name=$1 limit=$2 left=$((deadline - SECONDS))
     shift 2
     ((limit > left)) && limit=$left
+    local half=${name%%_*}
+    [[ $half == step ]] && half=steps
+    case " $chosen " in *" $name "* | *" $half "*) ;; *) return ;; esac
     if ((limit < 20)); then
         echo "=== $name: skipped, ${left}s left"
         rc=1
@@ -56,8 +60,8 @@ part() {  # part NAME SECONDS COMMAND...: at most SECONDS (and never past the de
     echo "=== $name (limit ${limit}s)"
     timeout "$limit" "$@" 2>&1 | grep --line-buffered -v "Loading weights\|Writing model" | tee "$out/$name.log" || rc=1
 }
-halves=${1:-steps tests}
-case " $halves " in *" steps "*)
+chosen=${*:-steps tests}
+case " $chosen " in *" step"*)
     part step_0.5b_kernels 100 "$py" bench/gpu_step.py "${common[@]}" "${fused[@]}" \
         --override actor_rollout_ref.model.use_liger=True --strategies fsdp --profile --json "$out/step_0.5b_kernels.json"
     # inductor's own fusion of the blocks' norms, rotary and SwiGLU (Liger keeps the blocks uncompiled)
@@ -71,11 +75,13 @@ case " $halves " in *" steps "*)
         "${eager[@]}" "${fused[@]}" --strategies fsdp --json "$out/step_moe.json"
     ;;
 esac
-case " $halves " in *" tests "*)
+case " $chosen " in *" tests"*)
     # the learning run last: on slow kernel launches its 200 steps take minutes, and the other cases theirs first
     learn=test_embedded_default_learns_on_cuda
     tests=(-m pytest -q -p no:cacheprovider -rfEs --timeout 120 --durations 15)
-    part tests_gpu $((deadline - SECONDS - 220)) "$py" "${tests[@]}" tests/gpu -k "not $learn"
+    reserve=220
+    case " $chosen " in *" tests "* | *" tests_gpu_learning "*) ;; *) reserve=0 ;; esac
+    part tests_gpu $((deadline - SECONDS - reserve)) "$py" "${tests[@]}" tests/gpu -k "not $learn"
     part tests_gpu_learning 400 "$py" "${tests[@]}" --timeout 380 -s tests/gpu -k "$learn"
     ;;
 esac

@@ -60,6 +60,9 @@ RUNTIME = ("cuda", "cu", "Command Buffer", "Lazy Function", "Memcpy", "Memset")
 # kernel. The device timeline also holds user annotations (each record_function range, the phase's own included,
 # spanning the kernels inside it) and, on some drivers, the host's waits; counted, they would count time twice.
 GPU_WORK = (3, 4, 5)
+# torch 2.11's Kineto events carry no activity type (2.13's do): there, the device timeline's events that are not the
+# GPU's work are told by what Kineto names them (libkineto's CUDA sync activities) besides the user annotations.
+HOST_WAITS = ("Event Sync", "Stream Sync", "Context Sync", "Stream Wait Event", "Command Buffer Full")
 
 
 @dataclass(frozen=True)
@@ -132,8 +135,14 @@ def gpu_work(results) -> list[Kernel]:
             k.name(), (k.start_ns() - t0) / 1000, k.duration_ns() / 1e9, k.linked_correlation_id(), k.correlation_id()
         )
         for k in results.events()
-        if k.device_type() == DeviceType.CUDA and k.activity_type() in GPU_WORK and not k.is_user_annotation()
+        if k.device_type() == DeviceType.CUDA and not k.is_user_annotation() and _is_work(k)
     ]
+
+
+def _is_work(k) -> bool:
+    if hasattr(k, "activity_type"):
+        return k.activity_type() in GPU_WORK
+    return k.name() not in HOST_WAITS
 
 
 def phase_buckets(prof, phase: str, vocab: int) -> dict[str, float]:
