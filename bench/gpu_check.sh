@@ -10,11 +10,11 @@
 #   tests: tests/gpu, each case at most 120 s, the embedded default's 200 learning steps last.
 #
 # With no argument both run, in one call where its limit allows; arguments name halves or single parts (`bash
-# bench/gpu_check.sh step_0.5b_compiled tests_gpu`), for a short time on a GPU; where kernel launches are slow, tests/gpu alone takes
-# minutes (the tiny model's many small kernels), so run the halves as two calls. Each part has a limit of its own,
-# so a slow or failing part leaves the others theirs. Logs and JSON go to $OUT/gpu-check.tgz (else ./gpu-out/). On a
-# machine without rlrig installed, bench/gpu_bundle.sh's .gpu/site.tar.xz (carried beside the checkout) is unpacked
-# first.
+# bench/gpu_check.sh step_0.5b_compiled tests_gpu`), for a short time on a GPU. Where kernel launches are slow,
+# tests/gpu alone takes minutes (the tiny model's many small kernels), so run the halves as two calls. Each part has a
+# limit of its own, so a slow or failing part leaves the others theirs. Logs and JSON go to $OUT/gpu-check.tgz (else
+# ./gpu-out/). On a machine without rlrig installed, bench/gpu_bundle.sh's .gpu/site.tar.xz (carried beside the
+# checkout) is unpacked first.
 #
 #     bash bench/gpu_bundle.sh                              # where the package index is
 #     bash bench/gpu_check.sh steps; bash bench/gpu_check.sh tests   # on the GPU machine
