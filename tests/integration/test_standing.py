@@ -164,6 +164,9 @@ def test_jobs_need_the_token_and_the_cluster_stays_until_down(cluster_hosts):
     assert "# HELP" in r.stdout
 
     before = [p for n in nodes for p in tree(n)]
+    # what the worker prints from here on is its stop's: a `ray start` that rlrig starts again on busy cores prints
+    # Ray's own traceback while the node joins, which is not the stop's
+    started = len(nodes[1].lines)
     r = rlrig(ns, 2, "down", "--address", f"http://{ns.ip(0)}:8265")  # the dashboard is on loopback: no way in
     assert r.returncode == 2 and "no cluster answers" in r.stderr, r.stderr
     r = rlrig(ns, 0, "down")
@@ -171,8 +174,8 @@ def test_jobs_need_the_token_and_the_cluster_stays_until_down(cluster_hosts):
     assert [n.wait(60) for n in nodes] == [0, 0], nodes[1].output[-2000:]
     # a normal stop is quiet. A worker's Ray that asked the head's GCS to drain it on SIGTERM raced the GCS's own
     # shutdown: a traceback (RpcError: Cancelling all calls) when it lost, so no drain is asked for at all
-    assert "Traceback" not in nodes[1].output, nodes[1].output[-3000:]
-    assert "Draining" not in nodes[1].output, nodes[1].output[-3000:]
+    stop = "\n".join(nodes[1].lines[started:])
+    assert "Traceback" not in stop and "Draining" not in stop, stop[-3000:]
     time.sleep(1)
     assert not left_running(before)
 
