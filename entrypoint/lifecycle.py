@@ -77,10 +77,7 @@ def run_head(plan: Plan) -> int:
     )
     ports.refuse_taken(plan.ports)  # before `ray start`: its GCS would fail, and this head would reach another's
     t0 = time.monotonic()
-    ray_proc, store = start_head_ray(plan, t0 + plan.wait_timeout)
-    alive = raises_once_exited(
-        ray_proc, lambda code: RigError(f"head: `ray start` exited with code {code}; see its output above")
-    )
+    ray_proc, store, alive = start_head_ray(plan, t0 + plan.wait_timeout)
     code = 1
     command_env = {**plan.ray_env, "RAY_ADDRESS": address}
     # a head without a GPU makes the check's backend TCP whatever the workers have: measured from this process
@@ -211,11 +208,11 @@ def start_head_ray(
     deadline: float,
     slow_after: float = SLOW_START_S,
     open_store: Callable[[str], coordination.Store] = GcsStore.open,
-) -> tuple[subprocess.Popen, coordination.Store]:
-    """The head's Ray and its GCS. On a single node, a `ray start` that exits before its node registers after
-    running past `slow_after` (Ray's own fixed waits, which busy cores exceed) is started again while --timeout
-    allows, as a worker's is: no other node holds that GCS yet. A multi-node head starts once, since its workers may
-    already be joining the GCS it started."""
+) -> tuple[subprocess.Popen, coordination.Store, Callable[[], None]]:
+    """The head's Ray, its GCS, and the check that raises once that Ray exits. On a single node, a `ray start` that
+    exits before its node registers after running past `slow_after` (Ray's own fixed waits, which busy cores exceed)
+    is started again while --timeout allows, as a worker's is: no other node holds that GCS yet. A multi-node head
+    starts once, since its workers may already be joining the GCS it started."""
     address, tries = plan.gcs_address, 0
 
     def exited(code: int) -> RigError:
@@ -230,7 +227,7 @@ def start_head_ray(
             store = coordination.connect(lambda: open_store(address), deadline, "head", address, alive)
             if plan.spec.nnodes == 1:
                 coordination.wait_for_rank(store, 0, deadline, alive)
-            return ray_proc, store
+            return ray_proc, store, alive
         except _StartExited as e:
             stop_ray(ray_proc)
             now = time.monotonic()

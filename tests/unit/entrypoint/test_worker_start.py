@@ -104,7 +104,7 @@ def test_a_single_nodes_head_whose_start_exits_slow_is_started_again(
     store = HeadStore(tmp_path / "registered")
     deadline = time.monotonic() + 30
     if error is None:
-        proc, got = lifecycle.start_head_ray(plan, deadline, slow_after, lambda address: store)
+        proc, got, _ = lifecycle.start_head_ray(plan, deadline, slow_after, lambda address: store)
         assert got is store
         while not (tmp_path / "tries").exists():  # several nodes: returned once the GCS answered, before its start ran
             time.sleep(0.05)
