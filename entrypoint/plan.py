@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .cluster import auth, debugmode, raystart
+from .cluster.coordination import GCS_SILENT_S
 from .cluster.runs import Record
 from .detect.addresses import format_hostport
 from .detect.nodespec import NodeSpec
@@ -26,7 +27,7 @@ class Plan:
     )  # `ray start`'s environment (a worker's lacks the head's cluster env)
     start_command: list[str] = field(default_factory=list)
     wait_timeout: float = 300.0  # head: for all nodes to join; worker: for the head to come up
-    head_loss_timeout: float = 30.0  # worker: GCS unreachable this long = head lost
+    head_loss_timeout: float = GCS_SILENT_S  # worker: GCS unreachable this long = head lost
     grace_period: float = 120.0  # on a stop signal: how long the command (head) and Ray (workers) may take to finish
     max_restarts: int = 0  # head: run the command again this many times after a node's loss; workers: rejoin
     rejoin_timeout: float = 300.0  # how long a restart waits for the lost ranks (head) or a new head (worker)

@@ -232,18 +232,26 @@ def node_changes(before: dict[int, bool], now: dict[int, dict]) -> tuple[list[in
     return sorted(lost), back
 
 
-# as long as a worker bears a head that does not answer (Plan.head_loss_timeout)
+# how long a GCS may not answer before the node asking it stops: a worker its head's (Plan.head_loss_timeout), the
+# head its own
 GCS_SILENT_S = 30.0
 
 
 class Patience:
-    """How long the head bears its own GCS not answering while it watches its nodes (running the command, serving
-    jobs), used as `with patience:` around one poll. A call the GCS misses (its 2 s deadline passes when the head's
-    cores are busy) ends that poll only, and the next one asks again; a GCS silent for `silent_s` stops the job as a
-    lost node does (NodeLost, exit 3), since nothing can then tell whether the nodes are there."""
+    """How long a node bears the GCS not answering while it polls it (the head watching its nodes as the command runs
+    or the cluster serves; a worker waiting for its head's exit code), used as `with patience:` around one poll. A
+    call the GCS misses (its 2 s deadline passes when the cores are busy) ends that poll only, and the next one asks
+    again; a GCS silent for `silent_s` raises NodeLost (exit 3), worded by `lost` (given the last miss), since
+    nothing can then tell whether the nodes are there."""
 
-    def __init__(self, silent_s: float = GCS_SILENT_S, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        silent_s: float = GCS_SILENT_S,
+        clock: Callable[[], float] = time.monotonic,
+        lost: Callable[[Exception], str] | None = None,
+    ):
         self.silent_s, self.clock = silent_s, clock
+        self.lost = lost or (lambda e: f"the head's GCS has not answered for {silent_s:g}s ({e}); stopped the job")
         self.answered = clock()
 
     def __enter__(self) -> Patience:
@@ -256,9 +264,7 @@ class Patience:
         if not issubclass(kind, Unreachable):
             return False
         if self.clock() - self.answered > self.silent_s:
-            raise NodeLost(
-                f"the head's GCS has not answered for {self.silent_s:g}s ({error}); stopped the job"
-            ) from error
+            raise NodeLost(self.lost(error)) from None
         return True
 
 
@@ -325,19 +331,16 @@ def wait_for_exit(
 ) -> int:
     """The head's exit code, acknowledged; NodeLost when the head stops answering for too long, or drained this
     node (`ip`: this node's address): Ray would stop it only once idle, which it may never tell."""
-    last_ok = time.monotonic()
+    patience = Patience(
+        head_loss_timeout, lost=lambda e: f"lost the head {address}: no answer for {head_loss_timeout:.0f}s"
+    )
     while True:
         check_alive()
-        try:
-            code = store.get(EXIT, timeout=2)
-            drained = store.get(drained_key(ip)) if ip else None
-            last_ok = time.monotonic()
-            if drained is not None:
-                raise NodeLost(f"the head drained this node: {drained}; it is left out of the cluster")
-        except Unreachable:
-            code = None
-            if time.monotonic() - last_ok > head_loss_timeout:
-                raise NodeLost(f"lost the head {address}: no answer for {head_loss_timeout:.0f}s") from None
+        code = drained = None
+        with patience:
+            code, drained = store.get(EXIT, timeout=2), (store.get(drained_key(ip)) if ip else None)
+        if drained is not None:
+            raise NodeLost(f"the head drained this node: {drained}; it is left out of the cluster")
         if code is not None:
             try:
                 store.put(ack_key(rank), True)
