@@ -11,6 +11,7 @@ driver's.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
@@ -49,6 +50,7 @@ def env(base: dict[str, str] | None = None) -> dict[str, str]:
 
 def _start() -> tuple[subprocess.Popen, dict[str, str]]:
     log = Path(tempfile.mkstemp(prefix="rlrig-shared-ray-", suffix=".log")[1])
+    atexit.register(log.unlink, missing_ok=True)  # read while the cluster starts; its output after that is not read
     own = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_MODE")}
     with open(log, "w") as out:
         proc = subprocess.Popen(
