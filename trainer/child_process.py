@@ -9,6 +9,7 @@ up, then answers each message with one (kind, value) until the pipe closes.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 
@@ -57,6 +58,7 @@ def serve_vllm(conn, kw: dict, sleeps: bool, env: dict, install_hint: str, answe
     except Exception as e:  # noqa: BLE001 - the parent reports it as the reason the engine did not start
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return
+    segments = engine_segments()
     conn.send(("ready", None))
     try:
         while True:
@@ -75,14 +77,32 @@ def serve_vllm(conn, kw: dict, sleeps: bool, env: dict, install_hint: str, answe
                 return
             conn.send(out)
     finally:
-        shut_down_vllm(llm)
+        shut_down_vllm(llm, segments)
 
 
-def shut_down_vllm(llm) -> None:
+def engine_segments() -> set[str]:
+    """The shared memory of the engine's tensor-parallel group on CPU (vLLM's `*cpushm*` files in /dev/shm), read once
+    the engine is up from what this process's descendants, its worker processes, map."""
+    import psutil
+
+    found = set()
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(OSError), open(f"/proc/{proc.pid}/maps") as maps:
+            found.update(line.split(maxsplit=5)[5].strip() for line in maps if "/dev/shm/" in line and "cpushm" in line)
+    return found
+
+
+def shut_down_vllm(llm, segments: set[str]) -> None:
     """Ends a vllm.LLM's engine (in this process: VLLM_ENABLE_V1_MULTIPROCESSING=0) and the worker processes vLLM
-    started for it, before this process ends. Left to the interpreter's exit, the workers go first and vLLM's monitor
-    logs an error about them for a clean close."""
+    started for it, before this process ends (left to the interpreter's exit, the workers go first and vLLM's monitor
+    logs an error about them for a clean close); then unlinks what of the engine's `segments` (engine_segments) is
+    still there. vLLM's workers unlink them only when they exit within its grace period
+    (VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS); one killed after it (a loaded machine, a run failing while the engine
+    starts) leaves them for good, hundreds of MB each."""
     llm.llm_engine.engine_core.shutdown()
+    for path in segments:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def quiet_resource_tracker() -> None:

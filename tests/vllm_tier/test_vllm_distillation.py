@@ -120,6 +120,31 @@ def test_a_teacher_engine_over_two_devices_gives_one_devices_log_probs():
     assert (served[2][b.response_mask.bool()] < 0).all()
 
 
+def test_an_engine_whose_workers_are_ended_by_signal_leaves_no_shared_memory(monkeypatch):
+    """vLLM's tensor-parallel workers on CPU unlink their group's shared memory only where they exit within vLLM's
+    grace period; on a loaded machine, or when a run fails while the engine is still starting, they are killed after
+    it. Here the workers are stopped before the close, so that vLLM's shutdown kills them (after no grace:
+    VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS=0), and the engine's child unlinks what they leave."""
+    monkeypatch.setenv("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", "0")  # the child, spawned, takes this environment
+    path = ensure_tiny_model()
+    over = ["distillation.enabled=True", f"{TEACHER}.model_path={path}", f"{TEACHER}.inference.name=vllm"]
+    cfg = parse_overrides([*over, "distillation.nnodes=1", "distillation.n_gpus_per_node=2", TP2])
+    before = engine_shm.segments()
+    teacher = VLLMTeacher(cfg, path, torch.device("cpu"), holds_devices=True)
+    try:
+        made = {p for p in engine_shm.segments() - before if "cpushm" in p}
+        workers = [p for p in psutil.Process(teacher.child.proc.pid).children(recursive=True) if "Worker" in p.name()]
+        assert len(workers) == 2, workers
+        for worker in workers:
+            worker.suspend()
+    finally:
+        teacher.close()
+    assert made, "the engine over two processes made no tensor-parallel segment: nothing was checked"
+    # the killed workers' message queues are the resource tracker's, which unlinks them as it ends (a run's worker
+    # waits for it: process_exit.end_resource_tracker); the group's segments have no such keeper
+    assert not {p for p in engine_shm.left_behind(before) if "cpushm" in p}
+
+
 # colocated: long (tests/e2e/long_runs.sh), as the learning run below holds its teacher colocated
 TP2 = f"{TEACHER}.inference.tensor_model_parallel_size=2"
 # what the end of a run through a vLLM teacher must not print, none of it a failure: vLLM's monitor on its worker

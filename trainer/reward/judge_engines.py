@@ -17,7 +17,7 @@ import torch
 
 from rlrig.entrypoint.cluster.ports import kernel_free_port
 
-from ..child_process import shut_down_vllm
+from ..child_process import engine_segments, shut_down_vllm
 from ..rollout.engines.sglang_engine import INSTALL_HINT as SGLANG_INSTALL
 from .vllm_scorer import INSTALL_HINT as VLLM_INSTALL
 
@@ -179,6 +179,7 @@ class VLLMJudge(JudgeEngine):
             kw.update(gpu_memory_utilization=r["gpu_memory_utilization"], enable_sleep_mode=spec.sleeps)
         kw.update(r["engine_kwargs"].get("vllm", {}))  # the user's word is last
         self.llm = vllm.LLM(**kw)
+        self.segments = engine_segments()
         self.sleep()
 
     def generate(self, requests: list[JudgeRequest]) -> list[JudgeOutput]:
@@ -203,7 +204,7 @@ class VLLMJudge(JudgeEngine):
             self.llm.wake_up()
 
     def close(self) -> None:
-        shut_down_vllm(self.llm)
+        shut_down_vllm(self.llm, self.segments)
 
 
 class SGLangJudge(JudgeEngine):
