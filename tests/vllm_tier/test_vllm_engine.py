@@ -300,3 +300,26 @@ def test_vllm_stopped_at_a_token_boundary_goes_on_to_the_generation_it_would_hav
     for it, ref in zip(parts, whole):
         assert it.finished and it.tokens == ref.tokens
         assert torch.allclose(torch.tensor(it.logps[0]), torch.tensor(ref.logps[0]), atol=1e-4)
+
+
+def test_cpu_tensor_parallel_engines_name_their_shared_memory_after_their_workers_group(monkeypatch):
+    """Under the external launcher every engine's rendezvous is `env://`, from which vLLM names a CPU tensor-parallel
+    group's shared memory `//-tp:0-[0-1]-cpushm`: a second such engine on the host (another run's) could not start
+    ("create shm in SHMManager failed. errno: 17"). Named after each run's workers' group, two runs' names differ."""
+    from types import SimpleNamespace
+
+    from vllm.distributed.device_communicators.cpu_communicator import _CPUSHMDistributed
+
+    from rlrig.trainer.rollout.engines.base import GROUP_ENV
+    from rlrig.trainer.rollout.engines.vllm_engine import name_cpu_groups_after_the_workers_group
+
+    # vLLM's own naming is put back after the test
+    monkeypatch.setattr(_CPUSHMDistributed, "make_group_name", _CPUSHMDistributed.__dict__["make_group_name"])
+    name_cpu_groups_after_the_workers_group()
+    communicator = SimpleNamespace(unique_name="tp:0", ranks=[0, 1])
+    names = []
+    for group in ("127.0.0.1:40001", "127.0.0.1:40002"):
+        monkeypatch.setenv("VLLM_DIST_IDENT", "//")  # what vLLM's CPU worker sets under the external launcher
+        monkeypatch.setenv(GROUP_ENV, group)
+        names.append(_CPUSHMDistributed.make_group_name(communicator))
+    assert names == ["rlrig-127.0.0.1:40001-tp:0-[0-1]-cpushm", "rlrig-127.0.0.1:40002-tp:0-[0-1]-cpushm"]

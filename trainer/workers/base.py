@@ -25,6 +25,7 @@ from ..model import micro_batches as batching
 from ..model.build import Trainable
 from ..model.forward import in_micro_batches, token_logprobs
 from ..model.forward import values as critic_values
+from ..rollout.engines.base import GROUP_ENV
 from . import profiling
 from .phase_report import install_stack_dump
 from .ppo_update import mean_stats, update_critic
@@ -99,7 +100,15 @@ def start_rank(
     for path in model_paths:
         if path:
             ensure_local_embedded_model(path)  # before the process group: see there
-    timeout = collective_timeout(cfg.actor_rollout_ref.nccl_timeout)
+    join_group(device, master, rank, world, collective_timeout(cfg.actor_rollout_ref.nccl_timeout))
+    return device
+
+
+def join_group(device: torch.device, master: tuple[str, int], rank: int, world: int, timeout: timedelta) -> None:
+    """This process's default group (Gloo on CPU, NCCL on GPU), met at `master`, rank 0's store; its address is
+    left in GROUP_ENV: the same on every rank of the group, and while the group lives no other group on the host has
+    it (the store holds the port), so what the ranks make together on the host can be named after it."""
+    os.environ[GROUP_ENV] = f"{master[0]}:{master[1]}"
     dist.init_process_group(
         "nccl" if device.type == "cuda" else "gloo",
         init_method=f"tcp://{master[0]}:{master[1]}",
@@ -107,7 +116,6 @@ def start_rank(
         world_size=world,
         timeout=timeout,
     )
-    return device
 
 
 def collective_timeout(seconds: float) -> timedelta:

@@ -32,7 +32,7 @@ from ..rollout.engines import EngineContext, Rollout, Sampling, engine_class, ma
 from ..rollout.partial import OWN, TOKENS, TURNS, Progress, go_on, packed
 from ..rollout.weight_sync import SyncGroup
 from . import start_checks
-from .base import PoolWorker, collective_timeout, engine_seed, ensure_local_embedded_model, single_device
+from .base import PoolWorker, collective_timeout, engine_seed, ensure_local_embedded_model, join_group, single_device
 from .phase_report import PhaseReport
 from .profiling import StepWindows
 from .rollout_profiling import RolloutRecorder, engine_recording
@@ -78,13 +78,7 @@ class RolloutWorker(PoolWorker):
         determinism.engine_env(cfg, self.device.type)
         # the pool's own group: vLLM's external launcher reads its rank, and a tensor-parallel engine's groups are
         # made in it (the training workers have theirs; the weight-sync group spans both)
-        dist.init_process_group(
-            "nccl" if self.device.type == "cuda" else "gloo",
-            init_method=f"tcp://{master[0]}:{master[1]}",
-            rank=index,
-            world_size=world,
-            timeout=collective_timeout(a.nccl_timeout),
-        )
+        join_group(self.device, master, index, world, collective_timeout(a.nccl_timeout))
         self.tok = loading.load_tokenizer(cfg, model_path)
         self.tok.padding_side = "left"
         if self.tok.pad_token_id is None:

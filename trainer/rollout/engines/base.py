@@ -79,6 +79,11 @@ class Sampling:
 GREEDY = Sampling(0.0, 1.0, -1, False)
 
 
+# the address (host:port) of the worker's default process group, which workers/base.join_group leaves here: the same on
+# every rank of an engine over several workers, and no other group on the host has it while it lives
+GROUP_ENV = "RLRIG_GROUP_RENDEZVOUS"
+
+
 @dataclass
 class EngineContext:
     """Everything an engine is built from: one constructor signature for all engines."""

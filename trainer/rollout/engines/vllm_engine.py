@@ -23,6 +23,7 @@ import torch.distributed as dist
 from ...devices import gpu_index
 from ...errors import ConfigError
 from .base import (
+    GROUP_ENV,
     EngineContext,
     EngineUnavailable,
     RolloutEngine,
@@ -112,6 +113,29 @@ def external_launcher(cfg, device: str) -> bool:
     GPU wherever workers see all of their node's GPUs (the ROCm image, RAY_EXPERIMENTAL_NOSET_*_VISIBLE_DEVICES);
     on CPU for tensor parallelism."""
     return device == "cuda" or cfg.tensor_model_parallel_size > 1
+
+
+def name_cpu_groups_after_the_workers_group() -> None:
+    """vLLM names a CPU tensor-parallel group's shared memory (/dev/shm/<ident>-tp:0-[0-1]-cpushm_<rank>) after the
+    engine's rendezvous, which under the external launcher is `env://` for every engine: each has the ident `//`, and
+    a second such engine on the host (another run's, another pool's) cannot start ("create shm in SHMManager failed.
+    errno: 17"). Its groups are named after the workers' own group instead (workers/base.join_group), which every rank
+    of the engine shares and no other group on the host has. vLLM 0.32: cpu_worker.init_device sets VLLM_DIST_IDENT
+    from the rendezvous just before cpu_communicator._CPUSHMDistributed.make_group_name reads it."""
+    from vllm.distributed.device_communicators import cpu_communicator
+
+    shm = getattr(cpu_communicator, "_CPUSHMDistributed", None)
+    original = getattr(shm, "make_group_name", None)
+    if original is None or getattr(original, "names_after_the_workers_group", False):
+        return
+
+    def make_group_name(communicator) -> str:
+        if os.environ.get("VLLM_DIST_IDENT") == "//" and GROUP_ENV in os.environ:
+            os.environ["VLLM_DIST_IDENT"] = f"rlrig-{os.environ[GROUP_ENV]}"
+        return original(communicator)
+
+    make_group_name.names_after_the_workers_group = True
+    shm.make_group_name = staticmethod(make_group_name)
 
 
 # vLLM's all-reduce backends that map peer GPUs' memory, on by default for tensor-parallel groups (0.32 envs.py):
@@ -270,6 +294,8 @@ class VLLMRollout(RolloutEngine):
         if external_launcher(cfg, device):
             local_gpu = gpu_index() if device == "cuda" else 0
             os.environ.update(launcher_env(cfg, device, dist.get_rank(), dist.get_world_size(), local_gpu))
+            if device == "cpu":
+                name_cpu_groups_after_the_workers_group()
         # any failure to start (out of memory, a bug) is an error that shows its own cause, never a fallback
         try:
             self.llm = vllm.LLM(
