@@ -39,7 +39,11 @@ class NodeProc:
         raise AssertionError(f"no {text!r} within {timeout}s:\n{self.output}")
 
     def wait(self, timeout: float) -> int:
-        code = self.proc.wait(timeout=timeout)
+        """The node's exit code; an AssertionError with what it printed where it has not ended within `timeout`."""
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"not ended within {timeout}s:\n{self.output}") from None
         self.thread.join(5)
         return code
 

@@ -151,6 +151,19 @@ PartitionName=rl Nodes={self.nodelist} Default=YES MaxTime=INFINITE State=UP Ove
             list(args), env={**self.env, **kw.pop("env", {})}, capture_output=True, text=True, timeout=timeout, **kw
         )
 
+    def _kill_step_daemons(self) -> None:
+        """The slurmstepd processes of this cluster's job steps, by the SLURM_CONF they inherited: a step whose srun was
+        killed (a test past its timeout) outlives scancel and its slurmd, which no longer hears of it."""
+        import psutil
+
+        conf = self.env["SLURM_CONF"]
+        for proc in psutil.process_iter(["name"]):
+            try:
+                if (proc.info["name"] or "").startswith("slurmstepd") and proc.environ().get("SLURM_CONF") == conf:
+                    proc.kill()
+            except psutil.Error:
+                pass
+
     def __exit__(self, *exc) -> None:
         subprocess.run(["scancel", "--full", "-p", "rl"], env=self.env, capture_output=True)
         for p in self.procs:
@@ -160,6 +173,7 @@ PartitionName=rl Nodes={self.nodelist} Default=YES MaxTime=INFINITE State=UP Ove
                 p.wait(20)
             except subprocess.TimeoutExpired:
                 p.kill()
+        self._kill_step_daemons()
         if self.munged:
             self.munged.terminate()
             self.munged.wait(10)

@@ -74,6 +74,11 @@ def test_two_jobs_on_the_same_nodes_each_form_their_own_cluster(slurm_cluster):
     try:
         # past rlrig's own --timeout (300 s), which bounds a loaded node's tries to join
         outs = [j.communicate(timeout=420)[0] for j in jobs]
+    except subprocess.TimeoutExpired:
+        for j in jobs:
+            j.kill()
+        said = "\n----\n".join(excerpt(j.communicate()[0] or "", 4000) for j in jobs)  # each job's output to the kill
+        pytest.fail(f"the two jobs did not both end within 420 s:\n{said}\n{s.logs()}")
     finally:
         for j in jobs:
             j.kill()
