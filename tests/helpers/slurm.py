@@ -156,12 +156,16 @@ PartitionName=rl Nodes={self.nodelist} Default=YES MaxTime=INFINITE State=UP Ove
         killed (a test past its timeout) outlives scancel and its slurmd, which no longer hears of it."""
         import psutil
 
-        conf = self.env["SLURM_CONF"]
+        mine = f"SLURM_CONF={self.env['SLURM_CONF']}".encode()
         for proc in psutil.process_iter(["name"]):
             try:
-                if (proc.info["name"] or "").startswith("slurmstepd") and proc.environ().get("SLURM_CONF") == conf:
-                    proc.kill()
-            except psutil.Error:
+                if (proc.info["name"] or "").startswith("slurmstepd"):
+                    # read raw: slurmstepd writes its title over the start of its environment, where psutil's
+                    # environ() then finds no SLURM_CONF
+                    environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+                    if mine in environ:
+                        proc.kill()
+            except (psutil.Error, OSError):
                 pass
 
     def __exit__(self, *exc) -> None:
