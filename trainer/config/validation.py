@@ -169,6 +169,12 @@ def _expert_parallel(cfg: Config, prefix: str, ep: int, workers: int | None) -> 
             "with Ulysses sequence parallelism is not in rlrig; set ulysses_sequence_parallel_size=1",
         ),
         (a.model.uses_lora, "with LoRA is not in rlrig; set actor_rollout_ref.model.lora_rank=0"),
+        (
+            prefix in fsdp_configs(cfg) and fsdp_configs(cfg)[prefix].offload_policy,
+            "with FSDP2's offload policy is not in rlrig: FSDP leaves the experts alone, so they would stay on the "
+            "GPU beside shards in host memory, which its state dicts refuse to load; set offload_policy=False "
+            "(param_offload moves the whole model out between phases)",
+        ),
     )
     why = next((why for refused, why in refusals if refused), None)
     if why:

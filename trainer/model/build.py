@@ -112,6 +112,24 @@ def generation_copy(module: torch.nn.Module, prec: Precision) -> torch.nn.Module
     return gen
 
 
+def routers_tapped_by_config(module: torch.nn.Module) -> bool:
+    """Whether the model's own config asks for its auxiliary loss (output_router_logits), which the update records
+    with hooks on the routers that compiled blocks would not run (compiled.eager_block_reasons, for the keys a run
+    sets): its blocks then stay eager, which rank 0 says once."""
+    from . import moe
+
+    spec = moe.MoeSpec.of(module)
+    if spec is None or not spec.aux_coef:
+        return False
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+        print(
+            "rlrig: actor_rollout_ref.actor.use_torch_compile=True: the decoder blocks run uncompiled with the MoE's "
+            "auxiliary loss (output_router_logits in the model's config)",
+            flush=True,
+        )
+    return True
+
+
 def build(
     cfg, path: str, device: torch.device, needs_critic: bool, engine_needs_full_module: bool, remote_ref: bool = False
 ) -> Models:
@@ -136,7 +154,7 @@ def build(
     if with_lora:
         module = lora.apply(module, a.model)
     compiled.choose_math(cfg, "actor", device.type)
-    if compiled.blocks_compiled(cfg, "actor", device.type):
+    if compiled.blocks_compiled(cfg, "actor", device.type) and not routers_tapped_by_config(module):
         parallel.compile_blocks(module)
     actor = trainable(module, device, prec, a.actor.optim, a.model, a.actor.fsdp_config)
     ref = ref_prec = None

@@ -74,6 +74,15 @@ def eager_block_reasons(cfg) -> list[str]:
         # Liger's Triton kernels inside a compiled block: dynamo fails to trace them on torch 2.11 (CompilationError in
         # Liger's RMSNorm, measured on an H200) and falls back, and they are fused kernels already
         ("actor_rollout_ref.model.use_liger", a.model.use_liger),
+        # an MoE's router hooks (model/moe.py RouterTap): torch.compile guards on no module's hooks
+        # (skip_nnmodule_hook_guards), and the blocks of a model share one compiled code, so a block compiled in a
+        # forward without the hooks (the reference's) would run every later forward without them
+        ("actor_rollout_ref.actor.router_replay.mode", a.actor.router_replay.mode != "disabled"),
+        (
+            "actor_rollout_ref.rollout.moe_load_balance_metrics_interval",
+            a.rollout.moe_load_balance_metrics_interval > 0,
+        ),
+        ("an MoE's auxiliary loss (output_router_logits)", bool(a.model.override_config.get("output_router_logits"))),
     )
     return [name for name, on in features if on]
 

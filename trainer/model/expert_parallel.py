@@ -7,12 +7,14 @@ router's gates and summed per token as transformers' experts forward does.
 
 The all-to-alls are torch.distributed.nn.functional's, which are differentiable: an expert's gradient on its owner
 is the sum over every rank's tokens routed to it. With each rank's loss the mean of its own batch (data parallelism's
-convention), that sum is `ep` times the gradient the data-parallel average gives the other parameters; `parallelize`
-divides expert gradients by `grad_divisor` (the data-parallel world that averages the others) so the two agree.
+convention), that sum is `ep` times the gradient the data-parallel average gives the other parameters;
+`finish_grads` divides expert gradients by `grad_divisor` (the data-parallel world that averages the others) so the
+two agree. It does so after the backward rather than in a gradient hook: moving the module (param_offload) swaps its
+parameters' tensors, and a hook on a tensor does not survive the swap.
 
 In training (`fsdp_config.expert_parallel_size`, model/parallel.py fsdp_shard) the world is a (replicas, ep) mesh of
 consecutive ranks, as torchtitan lays out expert parallelism: each row of `ep` ranks splits the experts, and the ranks
-holding the same experts (one per row) sum their gradients (`reduce_replicas`) before the optimizer steps. An expert
+holding the same experts (one per row) sum their gradients (`finish_grads`) before the optimizer steps. An expert
 shard is a DTensor sharded on the expert dimension over its row, so full tensors (weight sync, checkpoints), the
 gradient norm and state dicts see the whole layer; FSDP2 shards every other parameter and leaves these alone.
 """
@@ -26,9 +28,17 @@ import torch.distributed as dist
 from torch import nn
 
 
+def _default_gate(module: nn.Module) -> bool:
+    """Whether the module gates as transformers' default does (act_fn(gate) * up over the halves of gate_up), which
+    ExpertParallelExperts computes; a family with its own `_apply_gate` (a clamp, another split) is not split here."""
+    from transformers.integrations.moe import _default_apply_gate
+
+    return getattr(type(module), "_apply_gate", _default_apply_gate) is _default_apply_gate
+
+
 def _fused_experts(module: nn.Module) -> bool:
-    """True for an experts module in transformers' fused layout this file can shard (gated, concatenated,
-    not transposed, no bias, no post-expert norm)."""
+    """True for an experts module in transformers' fused layout this file can shard (gated as transformers' default,
+    concatenated, not transposed, no bias, no post-expert norm)."""
     return (
         isinstance(getattr(module, "gate_up_proj", None), nn.Parameter)
         and isinstance(getattr(module, "down_proj", None), nn.Parameter)
@@ -38,6 +48,7 @@ def _fused_experts(module: nn.Module) -> bool:
         and not getattr(module, "is_transposed", False)
         and not getattr(module, "has_bias", False)
         and not getattr(module, "has_post_expert_norm", False)
+        and _default_gate(module)
     )
 
 
@@ -73,7 +84,7 @@ class ExpertParallelExperts(nn.Module):
     index outside [0, num_experts) (transformers' marker of a token routed nowhere) contributes nothing.
     `gate_up_proj` and `down_proj` are DTensors sharded on the expert dimension over `mesh` (1-D, the row), their
     local shards this rank's experts. `replicas`: the process group of the ranks holding the same experts (None:
-    there are none), whose gradients reduce_replicas sums."""
+    there are none), whose gradients finish_grads sums after dividing them by `grad_divisor`."""
 
     def __init__(self, experts: nn.Module, mesh, grad_divisor: float = 1.0, replicas=None):
         from torch.distributed.tensor import Shard, distribute_tensor  # where used: model/parallel.py says why
@@ -86,24 +97,24 @@ class ExpertParallelExperts(nn.Module):
                 f"{total} experts do not split evenly over {ep} expert-parallel ranks; "
                 "choose an expert-parallel size that divides the expert count"
             )
-        self.group, self.replicas = mesh.get_group(), replicas
+        self.group, self.replicas, self.grad_divisor = mesh.get_group(), replicas, grad_divisor
         self.ep, self.num_experts, self.local = ep, total, total // ep
         self.first = rank * self.local
         self.act_fn = experts.act_fn
         for name in ("gate_up_proj", "down_proj"):
-            whole = getattr(experts, name).detach()
-            setattr(self, name, nn.Parameter(distribute_tensor(whole, mesh, [Shard(0)], src_data_rank=None)))
-        if grad_divisor != 1.0:
-            for p in (self.gate_up_proj, self.down_proj):
-                p.register_hook(lambda g, d=grad_divisor: g / d)
+            was = getattr(experts, name)
+            shard = distribute_tensor(was.detach(), mesh, [Shard(0)], src_data_rank=None)
+            setattr(self, name, nn.Parameter(shard, requires_grad=was.requires_grad))  # a frozen reference stays so
 
     def _local(self, x: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
         """Each row of `x` through the local expert `expert[row]` (ungated: the gates apply on the sender), in x's
         dtype (FSDP's policy casts the other weights, not these)."""
         gate_up, down = self.gate_up_proj.to_local(), self.down_proj.to_local()
         # every local expert in the graph, tokens or not: each rank then holds a gradient for every shard, and the
-        # collectives over them (reduce_replicas, the gradient norm) see the same tensors on every rank
-        out = x.new_zeros((x.shape[0], down.shape[1])) + 0.0 * (gate_up.sum() + down.sum()).to(x.dtype)
+        # collectives over them (finish_grads, the gradient norm) see the same tensors on every rank. `x` too, even
+        # with no rows: the backward must reach the all-to-all that brought them, which every other rank's backward
+        # waits in (a rank no token was routed to would otherwise skip it and leave the others hanging)
+        out = x.new_zeros((x.shape[0], down.shape[1])) + 0.0 * (gate_up.sum() + down.sum() + x.sum()).to(x.dtype)
         for e in torch.unique(expert).tolist():
             rows = torch.where(expert == e)[0]
             gate, up = nn.functional.linear(x[rows], gate_up[e].to(x.dtype)).chunk(2, dim=-1)
@@ -178,13 +189,21 @@ def shard_experts(model: nn.Module, ep: int, device_type: str) -> set[nn.Paramet
     return {p for m in model.modules() if isinstance(m, ExpertParallelExperts) for p in m.parameters()}
 
 
-def reduce_replicas(model: nn.Module) -> None:
-    """Sum each expert shard's gradient over the ranks that hold the same experts (one per row of the mesh), as FSDP
-    reduces the other parameters' over every rank; nothing where the experts are not replicated."""
+def finish_grads(model: nn.Module) -> None:
+    """After the backward, before the gradient norm: each expert shard's gradient divided by its grad_divisor and
+    summed over the ranks that hold the same experts (one per row of the mesh), as FSDP averages the other
+    parameters' over every rank; nothing for a model without expert-parallel modules."""
     for m in model.modules():
-        if isinstance(m, ExpertParallelExperts) and m.replicas is not None:
-            for p in m.parameters():
-                dist.all_reduce(p.grad.to_local(), group=m.replicas)
+        if not isinstance(m, ExpertParallelExperts):
+            continue
+        for p in m.parameters():
+            if p.grad is None:
+                continue
+            local = p.grad.to_local()
+            if m.grad_divisor != 1.0:
+                local.div_(m.grad_divisor)
+            if m.replicas is not None:
+                dist.all_reduce(local, group=m.replicas)
 
 
 def gather_experts(module: ExpertParallelExperts) -> dict[str, torch.Tensor]:

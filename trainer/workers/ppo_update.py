@@ -139,7 +139,7 @@ def update_actor(
                         mini.setdefault(k, []).append(v.detach() if torch.is_tensor(v) else v)  # bypass: floats too
                 for k, vals in mini.items():
                     stats.setdefault(k, []).extend([sum(vals)] if glob and k in GLOBAL_SUMS else vals)
-                expert_parallel.reduce_replicas(t.module)
+                expert_parallel.finish_grads(t.module)
                 stats.setdefault("actor/grad_norm", []).append(parallel.grad_norm_tensor(t.module, a.optim.clip_grad))
                 with offload.optimizer_on(t.opt, t.device, t.optimizer_offload):
                     t.opt.step()

@@ -22,15 +22,19 @@ def weightless(model_cfg, model_path: str):
 
 def layout_refusal(model_cfg, model_path: str, engine_cls) -> str | None:
     """An engine whose loader reads checkpoints takes the actor's weights reverted to the checkpoint's layout by
-    transformers' own conversion (model/checkpoint_names.py): an architecture it cannot revert is refused here."""
+    transformers' own conversion (model/checkpoint_names.py): an architecture it cannot revert is refused here, and
+    a model the engine's loader cannot take the weights of (the engine's model_refusal)."""
     if not engine_cls.checkpoint_layout:
         return None
     from transformers import AutoConfig
 
     from ..model import checkpoint_names, loading
 
-    why = checkpoint_names.refusal(AutoConfig.from_pretrained(model_path, **loading.load_kwargs(model_cfg)))
-    return f"{why}, which {engine_cls.name} loads; use actor_rollout_ref.rollout.name=hf" if why else None
+    config = AutoConfig.from_pretrained(model_path, **loading.load_kwargs(model_cfg))
+    why = checkpoint_names.refusal(config)
+    if why:
+        return f"{why}, which {engine_cls.name} loads; use actor_rollout_ref.rollout.name=hf"
+    return engine_cls.model_refusal(config)
 
 
 def sequence_parallel_refusal(cfg, model_path: str) -> str | None:
@@ -177,7 +181,7 @@ def recording_refusal(key: str, rollout, engine: str, device: str) -> str | None
         return (
             f"{key}: vLLM returns routed experts from one engine process only, and rlrig runs one a worker "
             f"(rollout.tensor_model_parallel_size={rollout.tensor_model_parallel_size}); use "
-            "tensor_model_parallel_size=1 (rollout.expert_parallel_size with it), rollout.name=sglang, or "
+            "tensor_model_parallel_size=1, rollout.name=sglang, or "
             "actor_rollout_ref.actor.router_replay.mode=R2 without it"
         )
     return None

@@ -99,6 +99,9 @@ class EngineContext:
     compute_dtype: torch.dtype | None = None  # autocast dtype for engines that run the actor's module
     # the rollout profiler's settings where it records this worker's engine (workers/rollout_profiling.py), else None
     recording: EngineRecording | None = None
+    # model.trust_remote_code: an engine that builds the model from model_path may run the model's own code, as verl
+    # tells vLLM and SGLang
+    trust_remote_code: bool = False
 
     @classmethod
     def of(cls, cfg, module, tokenizer, model_path: str, device: str, seed: int, compute_dtype=None) -> EngineContext:
@@ -113,7 +116,22 @@ class EngineContext:
             device=device,
             seed=seed,
             compute_dtype=compute_dtype,
+            trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
         )
+
+
+def quantized_refusal(config, engine: str) -> str | None:
+    """A checkpoint stored quantized (config.json's quantization_config: gpt-oss's MXFP4, FP8 blocks): the engine
+    builds quantized layers from it, which the actor's dequantized weights cannot be loaded into."""
+    quant = getattr(config, "quantization_config", None)
+    if not quant:
+        return None
+    method = quant.get("quant_method", "?") if isinstance(quant, dict) else getattr(quant, "quant_method", "?")
+    return (
+        f"the model's config.json has a quantization_config ({method}): {engine} would build quantized layers that "
+        "the trained weights, which rlrig hands over unquantized, cannot be loaded into; point model.path at a "
+        "dequantized copy (for MXFP4: load it with transformers' Mxfp4Config(dequantize=True) and save_pretrained)"
+    )
 
 
 class RolloutEngine:
@@ -158,6 +176,13 @@ class RolloutEngine:
             if version is None:
                 return EngineNotInstalled(f"{cls.package[1]} is not installed; {cls.package[2]}")
             return unsupported_release(cls, version) or cls.release_refusal(version)
+        return None
+
+    @classmethod
+    def model_refusal(cls, config) -> str | None:
+        """Why the engine cannot take the actor's weights of a model with this transformers config (its loader would
+        leave them unloaded or misread them, say), in words that name the model and the fix, or None; asked at
+        start-up (workers/start_checks.py) of engines with checkpoint_layout. No config key: the caller names it."""
         return None
 
     @classmethod

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 
 import numpy as np
 import torch
@@ -36,6 +37,7 @@ from .base import (
     RolloutEngine,
     Sampling,
     pack_responses,
+    quantized_refusal,
 )
 
 INSTALL_HINT = "pip install 'rlrig[sglang]' on a CUDA machine"
@@ -44,20 +46,52 @@ BUCKET_BYTES = 512 * 2**20
 KV, WEIGHTS = "kv_cache", "weights"  # SGLang's memory tags (sglang.srt.constants)
 
 
+# everything up to a decoder layer's index (`model.layers.3.`), and an experts module's tensors
+LAYER, EXPERTS = re.compile(r"^(.*?\.\d+)\."), re.compile(r"\.experts\.")
+
+
+def unit(name: str) -> str:
+    """What a bucket must not end inside of: the tensors of one layer outside its experts. Each bucket is one
+    update_weights_from_tensor call, thus one call of the model's load_weights, and some of SGLang's loaders join
+    tensors of a layer only within one call (DeepSeek's MLA fuses q_a_proj with kv_a_proj_with_mqa through a cache
+    of the call, and drops a lone half without a word: sglang 0.5.23 deepseek_weight_loader); an expert's tensors
+    load one by one (FusedMoE's weight_loader by shard), so a layer's experts may span buckets."""
+    m = LAYER.match(name)
+    return name if m is None or EXPERTS.search(name) else m.group(1)
+
+
 def buckets(weights, dtype, limit: int = BUCKET_BYTES):
-    """(name, tensor) pairs cast to the engine's dtype, grouped into lists of at most `limit` bytes
-    (a tensor larger than the limit goes alone)."""
+    """(name, tensor) pairs cast to the engine's dtype, grouped into lists of at most `limit` bytes that end only
+    between units (a unit larger than the limit goes alone)."""
     out, size = [], 0
-    for name, t in weights:
-        t = t.to(dtype) if dtype is not None else t
-        nbytes = t.numel() * t.element_size()
+    for part in units(weights, dtype):
+        nbytes = sum(t.numel() * t.element_size() for _, t in part)
         if out and size + nbytes > limit:
             yield out
             out, size = [], 0
-        out.append((name, t))
+        out += part
         size += nbytes
     if out:
         yield out
+
+
+def units(weights, dtype):
+    """The (name, tensor) pairs in the engine's dtype, as lists of one unit each. Each tensor is a copy: some
+    loaders write into what they are handed (gpt-oss zeroes its down_proj_bias on every tensor-parallel rank but
+    the first, sglang 0.5.23 models/gpt_oss.py), which must not be the actor's own parameter (a bf16 DDP actor's
+    cast copies nothing)."""
+    part, at = [], None
+    for name, t in weights:
+        cast = t.to(dtype) if dtype is not None else t
+        cast = cast.clone() if cast.data_ptr() == t.data_ptr() else cast
+        key = unit(name)
+        if part and key != at:
+            yield part
+            part = []
+        at = key
+        part.append((name, cast))
+    if part:
+        yield part
 
 
 def engine_dtype(cfg) -> str:
@@ -65,12 +99,16 @@ def engine_dtype(cfg) -> str:
     return "bfloat16" if cfg.dtype == "auto" else cfg.dtype
 
 
-def engine_kwargs(cfg, model_path: str, max_model_len: int, seed: int, gpu: int = 0) -> dict:
+def engine_kwargs(
+    cfg, model_path: str, max_model_len: int, seed: int, gpu: int = 0, trust_remote_code: bool = False
+) -> dict:
     """sglang.Engine arguments from actor_rollout_ref.rollout.*, rollout.engine_kwargs.sglang last. gpu: the worker's
     own among those it sees (devices.gpu_index; under a NOSET flag it sees all of its node's), where SGLang starts a
-    one-GPU engine (base_gpu_id): the same numbering on both sides, so the tensors' handles name the same GPU."""
+    one-GPU engine (base_gpu_id): the same numbering on both sides, so the tensors' handles name the same GPU.
+    trust_remote_code: model.trust_remote_code."""
     kw = dict(
         model_path=model_path,
+        trust_remote_code=trust_remote_code,
         base_gpu_id=gpu,
         skip_tokenizer_init=True,
         dtype=engine_dtype(cfg),
@@ -127,12 +165,13 @@ def decode_routed(value, shape: tuple[int, int]) -> np.ndarray:
     return raw.reshape(-1, *shape)
 
 
-def routed_shape(model_path: str) -> tuple[int, int]:
+def routed_shape(model_path: str, trust_remote_code: bool = False) -> tuple[int, int]:
     """(decoder layers, experts a token) of the MoE at `model_path`, as SGLang records its routed experts (every
-    decoder layer, the config's num_hidden_layers)."""
+    decoder layer, the config's num_hidden_layers): the config SGLang reads, with the model's own code where it
+    has some (model.trust_remote_code)."""
     from transformers import AutoConfig
 
-    conf = AutoConfig.from_pretrained(model_path).get_text_config()
+    conf = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code).get_text_config()
     return int(conf.num_hidden_layers), int(conf.num_experts_per_tok)
 
 
@@ -156,6 +195,11 @@ class SGLangRollout(RolloutEngine):
     package = ("sglang", "SGLang", INSTALL_HINT)
     supported = SUPPORTED
 
+    @classmethod
+    def model_refusal(cls, config) -> str | None:
+        """A quantized checkpoint (base.quantized_refusal)."""
+        return quantized_refusal(config, "SGLang")
+
     def __init__(self, ctx: EngineContext):
         why = self.unavailable("cuda")  # the device was checked by make_engine; the package may be missing
         if why:
@@ -167,8 +211,9 @@ class SGLangRollout(RolloutEngine):
         self.dtype = getattr(torch, engine_dtype(ctx.cfg))  # what the engine holds its weights in
         self.released: list[str] = []  # memory tags given back until the next rollout or sync
         length = ctx.max_prompt_length + ctx.max_response_length
-        kw = engine_kwargs(ctx.cfg, ctx.model_path, length, ctx.seed, gpu_index())
-        self.routed_shape = routed_shape(ctx.model_path) if ctx.cfg.enable_rollout_routing_replay else None
+        kw = engine_kwargs(ctx.cfg, ctx.model_path, length, ctx.seed, gpu_index(), ctx.trust_remote_code)
+        trust = ctx.trust_remote_code
+        self.routed_shape = routed_shape(ctx.model_path, trust) if ctx.cfg.enable_rollout_routing_replay else None
         self.group = self.me = None
         self.engine, self.leads = None, True  # leads: this worker talks to the engine
         tp = ctx.cfg.tensor_model_parallel_size

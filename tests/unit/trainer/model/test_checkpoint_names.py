@@ -169,6 +169,47 @@ def test_start_up_refuses_only_an_architecture_that_cannot_be_reverted_and_names
     assert "\n" not in why
 
 
+def _gpt_oss_config():
+    from transformers import GptOssConfig
+
+    return GptOssConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+    )  # fmt: skip
+
+
+def _fp8_qwen_config():
+    config = tiny_moe.build("qwen3_moe")[0].config
+    config.quantization_config = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    return config
+
+
+# the engine's own word on models whose weights its loader cannot take (model_refusal): None, or words it says
+@pytest.mark.parametrize(
+    "config, refusals",
+    [
+        (_gpt_oss_config, {"vllm": "vLLM's gpt-oss loader writes its experts", "sglang": None, "hf": None}),
+        (
+            _fp8_qwen_config,
+            {
+                "vllm": "quantization_config (fp8): vLLM would build quantized layers",
+                "sglang": "quantization_config (fp8): SGLang would build quantized layers",
+                "hf": None,
+            },
+        ),
+    ],
+)
+def test_start_up_refuses_a_model_the_engines_loader_cannot_take(tmp_path, config, refusals):
+    from rlrig.trainer.config.schema import ModelConfig
+    from rlrig.trainer.rollout import engines
+    from rlrig.trainer.workers.start_checks import layout_refusal
+
+    config().save_pretrained(tmp_path)
+    for engine, words in refusals.items():
+        why = layout_refusal(ModelConfig(), str(tmp_path), engines.ENGINES[engine])
+        assert (why is None) if words is None else (words in why and "\n" not in why), (engine, why)
+
+
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "hf", None])
 def test_what_the_weight_sync_yields_for_each_engine(tmp_path, engine):
     """workers/actor_weights.py, the stream a colocated sync takes: for an engine that reads checkpoints, the saved

@@ -98,6 +98,32 @@ def test_blocks_are_compiled_under_fsdp_on_cuda_only():
     assert not compiled.blocks_compiled(grouped, "actor", "cuda")
 
 
+@pytest.mark.parametrize(
+    "override, named",
+    [
+        ("actor_rollout_ref.actor.router_replay.mode=R2", "router_replay.mode"),
+        ("actor_rollout_ref.rollout.moe_load_balance_metrics_interval=1", "moe_load_balance_metrics_interval"),
+        ("+actor_rollout_ref.model.override_config.output_router_logits=True", "auxiliary loss (output_router_logits)"),
+    ],
+)
+def test_an_moe_whose_routers_are_hooked_keeps_eager_blocks_and_says_so(override, named):
+    # torch.compile guards on no module's hooks: a block compiled without the routers' would drop them later
+    cfg = parse_overrides(["trainer.device=cuda", *GPU_MICRO, override])
+    assert not compiled.blocks_compiled(cfg, "actor", "cuda")
+    assert named in compiled.start_notice(cfg)
+
+
+def test_an_moe_whose_config_asks_for_its_auxiliary_loss_keeps_eager_blocks(capsys):
+    from rlrig.trainer.model.build import routers_tapped_by_config
+    from tests.helpers.tiny_moe import build
+
+    model, _ = build("qwen3_moe")
+    assert not routers_tapped_by_config(model)
+    model.config.output_router_logits = True
+    assert routers_tapped_by_config(model)
+    assert "uncompiled with the MoE's auxiliary loss" in capsys.readouterr().out
+
+
 def test_compile_blocks_compiles_each_block_in_place_keeping_the_state_dict():
     from rlrig.trainer.embedded.tiny_model import build_model, build_tokenizer
     from rlrig.trainer.model import parallel

@@ -19,7 +19,7 @@ _TOL = dict(rtol=1e-4, atol=1e-6)
 def _equal_to_one_process(rank, world, family):
     from torch.distributed.device_mesh import init_device_mesh
 
-    from rlrig.trainer.model.expert_parallel import ExpertParallelExperts, gather_experts, parallelize
+    from rlrig.trainer.model.expert_parallel import ExpertParallelExperts, finish_grads, gather_experts, parallelize
     from tests.helpers.tiny_moe import build
 
     model, tok = build(family, seed=0)
@@ -32,9 +32,12 @@ def _equal_to_one_process(rank, world, family):
 
     names = parallelize(ep_model, init_device_mesh("cpu", (world,)), grad_divisor=world)
     assert len(names) == 2  # one experts module per layer
+    # moved as param_offload moves it: its parameters' tensors swapped, which drops any hook on them
+    ep_model.double().float()
     half = ids.chunk(world)[rank]
     ep_loss = ep_model(input_ids=half, labels=half).loss
     ep_loss.backward()
+    finish_grads(ep_model)
 
     mean_loss = ep_loss.detach().clone()
     dist.all_reduce(mean_loss)
@@ -66,7 +69,7 @@ def _sharded_equal_to_one_process(rank, world, ep):
     the experts) against one process on the whole batch: the loss, every gradient, the clipped norm, the full
     tensors a weight sync reads, and a checkpoint's state gathered and loaded into a fresh sharded model."""
     from rlrig.trainer.model import parallel
-    from rlrig.trainer.model.expert_parallel import ExpertParallelExperts, reduce_replicas
+    from rlrig.trainer.model.expert_parallel import ExpertParallelExperts, finish_grads
     from tests.helpers.tiny_moe import build
 
     model, tok = build("qwen3_moe", seed=0)
@@ -80,7 +83,7 @@ def _sharded_equal_to_one_process(rank, world, ep):
     assert sum(isinstance(m, ExpertParallelExperts) for m in sharded.modules()) == 2
     mine = ids.chunk(world)[rank]
     sharded(input_ids=mine, labels=mine).loss.backward()
-    reduce_replicas(sharded)
+    finish_grads(sharded)
     torch.testing.assert_close(parallel.grad_norm_tensor(sharded, max_norm=1e9), norm, **_TOL)
     full = dict(model.named_parameters())
     for name, p in sharded.named_parameters():
@@ -107,6 +110,62 @@ def _sharded_equal_to_one_process(rank, world, ep):
         for name, st in optim_sd["state"].items():
             for k, v in st.items():
                 torch.testing.assert_close(again["state"][name][k], v)
+
+
+def _no_tokens_for_one_rank(rank, world):
+    """Every token of every rank routed to rank 0's experts, so rank 1's receive none: rank 1's backward still
+    meets rank 0's in the all-to-all that brought rank 0 its tokens (it skipped it and left rank 0 waiting), and
+    every gradient is the single process's on the whole batch."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from rlrig.trainer.model.expert_parallel import ExpertParallelExperts, experts_modules, finish_grads
+    from tests.helpers.tiny_moe import build
+
+    model, _ = build("qwen3_moe", seed=0)
+    whole = next(m for _, m in experts_modules(model))
+    ep = ExpertParallelExperts(copy.deepcopy(whole), init_device_mesh("cpu", (world,)))
+    assert ep.local >= 2  # experts 0 and 1 are both rank 0's
+    torch.manual_seed(1)
+    hidden = torch.randn(6 * world, whole.gate_up_proj.shape[-1], requires_grad=True)
+    index = torch.tensor([[0, 1]] * hidden.shape[0])
+    weights = torch.full(index.shape, 0.5)
+    whole(hidden, index, weights).sum().backward()
+
+    mine = slice(rank * 6, rank * 6 + 6)
+    h = hidden.detach()[mine].clone().requires_grad_(True)
+    ep(h, index[mine], weights[mine]).sum().backward()
+    finish_grads(ep)
+    torch.testing.assert_close(h.grad, hidden.grad[mine], **_TOL)
+    own = slice(ep.first, ep.first + ep.local)
+    for name in ("gate_up_proj", "down_proj"):
+        torch.testing.assert_close(getattr(ep, name).grad.to_local(), getattr(whole, name).grad[own], **_TOL)
+
+
+def test_a_rank_whose_experts_get_no_tokens_joins_the_backward():
+    gloo_ranks.run(2, _no_tokens_for_one_rank)
+
+
+class _ClampedExperts(torch.nn.Module):
+    """An experts module in the fused layout whose family gates its own way (as step3p7's clamp)."""
+
+    num_experts = 2
+
+    def __init__(self):
+        super().__init__()
+        self.gate_up_proj = torch.nn.Parameter(torch.zeros(2, 4, 3))
+        self.down_proj = torch.nn.Parameter(torch.zeros(2, 3, 2))
+
+    def _apply_gate(self, gate_up_out):
+        gate, up = gate_up_out.chunk(2, dim=-1)
+        return gate.clamp(max=7.0) * up
+
+
+def test_experts_that_gate_their_own_way_are_not_split():
+    from rlrig.trainer.model.expert_parallel import experts_modules, refusal
+
+    model = torch.nn.Sequential(_ClampedExperts())
+    assert list(experts_modules(model)) == []
+    assert "no experts module in transformers' fused layout" in refusal(model, 2)
 
 
 # long: (2, 2), where CI runs (4, 2): the same rows with their experts replicated across two of them
@@ -146,6 +205,10 @@ EP = "actor_rollout_ref.actor.fsdp_config.expert_parallel_size"
         (
             [*FSDP2, f"{EP}=2", "actor_rollout_ref.model.lora_rank=4"],
             f"{EP}=2: with LoRA is not in rlrig; set actor_rollout_ref.model.lora_rank=0",
+        ),
+        (
+            [*FSDP2, f"{EP}=2", "actor_rollout_ref.actor.fsdp_config.offload_policy=True"],
+            f"{EP}=2: with FSDP2's offload policy is not in rlrig: .*set offload_policy=False",
         ),
         (
             [

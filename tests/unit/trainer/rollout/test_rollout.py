@@ -356,6 +356,53 @@ def test_sglang_weights_go_in_bounded_buckets_of_its_dtype():
     assert all(t.dtype == torch.bfloat16 for b in out for _, t in b)
 
 
+@pytest.mark.parametrize("trust", [True, False])
+def test_the_engines_that_build_the_model_run_its_own_code_where_the_model_section_lets_them(trust):
+    """model.trust_remote_code reaches vLLM and SGLang, as verl passes it (a remote-code model would not load)."""
+    from rlrig.trainer.config.overrides import parse_overrides
+
+    cfg = parse_overrides([f"actor_rollout_ref.model.trust_remote_code={trust}"])
+    ctx = engines.EngineContext.of(cfg, None, None, "/m", "cpu", 0)
+    assert ctx.trust_remote_code is trust
+    r = cfg.actor_rollout_ref.rollout
+    assert (
+        vllm_rollout.engine_kwargs(r, "/m", 48, "cpu", 0, trust_remote_code=ctx.trust_remote_code)["trust_remote_code"]
+        is trust
+    )
+    assert (
+        sglang_rollout.engine_kwargs(r, "/m", 48, 0, trust_remote_code=ctx.trust_remote_code)["trust_remote_code"]
+        is trust
+    )
+
+
+def test_sglang_buckets_end_between_a_layers_attention_tensors_never_inside():
+    """DeepSeek's MLA: SGLang fuses q_a_proj with kv_a_proj_with_mqa only when one update call holds both, and
+    drops a lone half silently. In the checkpoint layout's order other attention tensors lie between the two; the
+    experts, loaded one by one, may be cut anywhere."""
+    layer = "model.layers.3."
+    names = [f"{layer}mlp.experts.{e}.{w}.weight" for e in range(2) for w in ("down_proj", "gate_proj")]
+    names += [f"{layer}mlp.gate.weight", f"{layer}self_attn.kv_a_proj_with_mqa.weight", f"{layer}self_attn.kv_b_proj"]
+    names += [f"{layer}self_attn.q_a_proj.weight", "model.layers.4.input_layernorm.weight", "model.norm.weight"]
+    weights = [(n, torch.zeros(4)) for n in names]  # 8 bytes each in bf16
+    out = [[n.removeprefix(layer) for n, _ in b] for b in sglang_rollout.buckets(iter(weights), torch.bfloat16, 16)]
+    assert out == [
+        ["mlp.experts.0.down_proj.weight", "mlp.experts.0.gate_proj.weight"],
+        ["mlp.experts.1.down_proj.weight", "mlp.experts.1.gate_proj.weight"],
+        # one unit of 32 bytes, over the limit: alone, whole
+        ["mlp.gate.weight", "self_attn.kv_a_proj_with_mqa.weight", "self_attn.kv_b_proj", "self_attn.q_a_proj.weight"],
+        ["model.layers.4.input_layernorm.weight", "model.norm.weight"],
+    ]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, None])
+def test_sglang_is_never_handed_the_actors_own_tensors(dtype):
+    # SGLang's gpt-oss loader zeroes the down_proj_bias it is handed on tensor-parallel ranks but the first
+    own = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    (got,) = sum(sglang_rollout.buckets(iter([("model.layers.0.mlp.experts.down_proj_bias", own.detach())]), dtype), [])
+    got[1].zero_()
+    assert torch.equal(own.detach(), torch.ones(4, dtype=torch.bfloat16))
+
+
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_do_sample_false_decodes_greedily(engine):
     s = engines.Sampling.of(RolloutConfig(temperature=0.7, top_p=0.9, do_sample=False))
