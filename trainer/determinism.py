@@ -59,7 +59,9 @@ def enable(seed: int) -> None:
     torch.backends.cudnn.enabled = False
 
 
-def _engines_asked(cfg) -> bool:
+def engines_asked(cfg) -> bool:
+    """Whether the run asks its engines for full determinism: the rollout's, or the enabled reward model's (a
+    worker's engines then start batch invariant on a GPU, engine_env)."""
     r, rm = cfg.actor_rollout_ref.rollout, cfg.reward_model
     return r.full_determinism or (rm.enable and rm.rollout.full_determinism)
 
@@ -68,7 +70,7 @@ def run_env_vars(cfg) -> dict[str, str]:
     """The environment every worker of the run starts with (verl's main_ppo) where rollout.full_determinism is set,
     or the enabled reward model's: verl's flag and a fixed hash seed (rollout.seed; trainer.seed in its place when
     unset, as the engines' seeds). Empty otherwise."""
-    if not _engines_asked(cfg):
+    if not engines_asked(cfg):
         return {}
     seed = cfg.actor_rollout_ref.rollout.seed
     return {"VERL_FULL_DETERMINISM": "1", "PYTHONHASHSEED": str(cfg.trainer.seed if seed is None else seed)}
@@ -77,5 +79,5 @@ def run_env_vars(cfg) -> dict[str, str]:
 def engine_env(cfg, device_type: str) -> None:
     """VLLM_BATCH_INVARIANT=1 in this worker's environment, for the vLLM engines it starts here or in child
     processes, where run_env_vars applies and the worker has a GPU."""
-    if device_type == "cuda" and _engines_asked(cfg):
+    if device_type == "cuda" and engines_asked(cfg):
         os.environ["VLLM_BATCH_INVARIANT"] = "1"

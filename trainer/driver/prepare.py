@@ -17,6 +17,7 @@ from ..config.validation import (
 from ..data.custom_sampler import make_sampler
 from ..errors import ConfigError
 from ..model import compiled, lora
+from ..rollout import weight_sync
 from . import checkpoint, curriculum, faults, preemption
 from .launch import uses_gpu
 from .modes import Mode
@@ -85,13 +86,14 @@ def ray_init_kwargs(cfg, environ=None) -> dict:
     """ray.init's arguments from ray_kwargs.ray_init, as verl's main_ppo passes them: num_cpus (not when joining a
     cluster at RAY_ADDRESS, whose size is its own) and runtime_env (env_vars, working_dir, py_executable, pip, ...),
     its unset (null) fields left out and env_vars' values as text, which Ray requires. Under full determinism verl's
-    variables come first (determinism.run_env_vars), and the user's env_vars over them, as verl merges them."""
+    variables come first (determinism.run_env_vars), with a rollout pool of its own the weight sync's
+    (weight_sync.env_vars), and the user's env_vars over them, as verl merges them."""
     init, environ = cfg.ray_kwargs.ray_init, os.environ if environ is None else environ
     kwargs: dict = {"log_to_driver": True}
     if init.num_cpus is not None and not environ.get("RAY_ADDRESS"):
         kwargs["num_cpus"] = init.num_cpus
     runtime_env = {k: v for k, v in init.runtime_env.items() if v is not None}
-    env = determinism.run_env_vars(cfg)
+    env = {**determinism.run_env_vars(cfg), **weight_sync.env_vars(cfg, environ)}
     if isinstance(runtime_env.get("env_vars"), dict):
         env.update({str(k): _env_text(v) for k, v in runtime_env["env_vars"].items()})
     if env:

@@ -110,18 +110,22 @@ class LoopScorer(ChatScorer):
     def __init__(self, rm_cfg, path: str, device: torch.device, default_max_length: int, budget: int | None):
         from transformers import AutoConfig
 
+        from ..devices import showing
         from ..rollout import tp_groups
         from .vllm_scorer import VLLMEngineScorer, max_length
 
         m, r = rm_cfg.model, rm_cfg.rollout
         conf = AutoConfig.from_pretrained(path, **({"trust_remote_code": True} if m.trust_remote_code else {}))
         super().__init__(m, path, max_length(r, getattr(conf, "max_position_embeddings", None)))
-        start = lambda: VLLMEngineScorer(r, path, device.type, self.max_length, m.trust_remote_code)
+        trust = m.trust_remote_code
+        start = lambda visible=None: VLLMEngineScorer(r, path, device.type, self.max_length, trust, visible)
         k, self.engine, self.shared = r.tensor_model_parallel_size, None, None
         if k == 1:
             self.engine = start()
             return
-        spawn = lambda gpus: tp_groups.with_devices(gpus, start)
+        # the child's own variables name the group's GPUs: under a NOSET flag its environment would otherwise show
+        # it only this worker's (child_env), whatever this process's are
+        spawn = lambda gpus: start(showing(gpus) if gpus else None)
         key = "reward_model.rollout.tensor_model_parallel_size"
         self.shared = tp_groups.SharedEngine(k, device.type == "cuda", spawn, key)
 

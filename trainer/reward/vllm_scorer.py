@@ -68,10 +68,13 @@ def scores(vllm, llm, seqs: list[list[int]]) -> tuple[str, list[float]]:
 class VLLMEngineScorer:
     """score_ids(token lists) -> floats, by the engine in the child process."""
 
-    def __init__(self, r, path: str, device: str, max_model_len: int, trust_remote_code: bool = False):
+    def __init__(self, r, path: str, device: str, max_model_len: int, trust_remote_code: bool = False, visible=None):
+        """visible: the variables that show the child the GPUs of an engine over several workers (devices.showing);
+        None: this worker's GPU only."""
         kw = engine_kwargs(r, path, device, max_model_len, trust_remote_code)
         sleeps = device == "cuda" and r.free_cache_engine
-        self.child = Child(serve_vllm, (kw, sleeps, child_env(device), INSTALL_HINT, scores), "rlrig-reward-vllm")
+        env = child_env(device, visible)
+        self.child = Child(serve_vllm, (kw, sleeps, env, INSTALL_HINT, scores), "rlrig-reward-vllm")
         kind, value = self.child.recv()
         if kind != "ready":
             self.close()

@@ -97,21 +97,27 @@ def gather_share(group, me: int, size: int, items: list) -> tuple[list, slice]:
 
 
 def with_devices(devices: str | None, start):
-    """start() with CUDA_VISIBLE_DEVICES=devices (None: as it is) for the processes it spawns, then restored, so
-    what this worker starts later sees its own GPU again."""
+    """start() with the processes it spawns shown the GPUs `devices` (None: as they are), then this worker's own
+    variables restored, so what it starts later sees its own GPU again. The variables are devices.showing's:
+    CUDA_VISIBLE_DEVICES and each one a NOSET flag leaves naming the node's GPUs (ROCm's HIP_VISIBLE_DEVICES, which
+    its engines refuse to differ from CUDA_VISIBLE_DEVICES)."""
     import os
+
+    from ..devices import showing
 
     if devices is None:
         return start()
-    own = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = devices
+    shown = showing(devices)
+    own = {var: os.environ.get(var) for var in shown}
+    os.environ.update(shown)
     try:
         return start()
     finally:
-        if own is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = own
+        for var, value in own.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
 
 
 def where() -> tuple[str, str]:

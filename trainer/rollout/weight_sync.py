@@ -38,6 +38,21 @@ DIRECT_BYTES = 2**20  # a tensor this large is a transfer of its own: packing it
 IN_FLIGHT = 2
 
 
+# NCCL's cuMem allocation set alike on every member of the sync's communicator: mixed, same-node peer transfers fail
+# ("transport/p2p.cc: Cuda failure 'invalid argument'"), and SGLang's Engine turns it off in its worker's process
+CUMEM = "NCCL_CUMEM_ENABLE"
+
+
+def env_vars(cfg, environ) -> dict[str, str]:
+    """The environment every worker of the run gets (Ray's runtime_env) where the rollout engines have a pool of
+    their own (hybrid_engine=False), whose weight sync is one NCCL communicator across training rank 0 and the
+    engines' workers: NCCL_CUMEM_ENABLE=0, as verl's runtime env sets it for every worker, unless the environment
+    the run starts from sets it (the workers inherit that)."""
+    if cfg.actor_rollout_ref.hybrid_engine or CUMEM in environ:
+        return {}
+    return {CUMEM: "0"}
+
+
 def settle(device: torch.device) -> None:
     """The host waits until the work queued on `device` (the sync's transfers, NCCL's stream among it) is done;
     nothing on CPU, where Gloo's wait has blocked already."""

@@ -8,6 +8,7 @@ import torch
 
 from ..model import lora, offload, parallel
 from ..model.checkpoint_names import CheckpointLayout
+from ..rollout.weight_sync import settle
 
 
 class ActorWeights:
@@ -70,3 +71,5 @@ class ActorWeights:
         with offload.module_on(actor.module, self.device, actor.param_offload):
             for _ in parallel.full_tensors(actor.module):
                 pass
+        # as rank 0's sync does: its phase ends with its all-gathers done on the host's clock, not merely queued
+        settle(self.device)

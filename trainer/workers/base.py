@@ -267,12 +267,16 @@ class RankWorker(PoolWorker):
         )
         return {"critic/lr": lr, **mean_stats(update_critic(critic, batch, self.cfg, plan, self.sp["critic"]))}
 
-    def shutdown(self) -> None:
-        # DDP's reducer holds a reference to the process group: freed after the group was destroyed, the Gloo group's
-        # destructor can deadlock (torch 2.13), so the models go first, their reference cycles with them
+    def release_models(self) -> None:
+        """The models dropped, their reference cycles collected and the meshes forgotten, while the process group is
+        still there: DDP's reducer holds a reference to the group, and freed after the group was destroyed, the Gloo
+        group's destructor can deadlock (torch 2.13)."""
         for name in self.holds_models:
             setattr(self, name, None)
         gc.collect()
         parallel.forget_meshes()
+
+    def shutdown(self) -> None:
+        self.release_models()
         if dist.is_initialized():
             dist.destroy_process_group()

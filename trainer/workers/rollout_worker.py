@@ -96,7 +96,12 @@ class RolloutWorker(PoolWorker):
         recording = engine_recording(cfg, index)
         ctx = EngineContext.of(cfg, self.module, self.tok, model_path, self.device.type, seed)
         ctx.recording = recording
-        self.lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-engine")
+        # a thread's current CUDA device is its own: the engine's thread takes this worker's, as this one did (under a
+        # NOSET flag its default, device 0, is another worker's GPU)
+        on_device = (torch.cuda.set_device, (self.device,)) if self.device.type == "cuda" else (None, ())
+        self.lane = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="rollout-engine", initializer=on_device[0], initargs=on_device[1]
+        )
         self.engine = self.lane.submit(make_engine, cls, ctx).result()
         # the rollout profiler: the generations for the steps of global_profiler.steps, by the step they are for
         self.recorder = RolloutRecorder(self.engine) if recording is not None else None

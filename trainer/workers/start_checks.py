@@ -187,6 +187,32 @@ def recording_refusal(key: str, rollout, engine: str, device: str) -> str | None
     return None
 
 
+def batch_invariance_refusal(cfg, device: str, engine_cls) -> str | None:
+    """rollout.full_determinism with vLLM in the training workers' own processes (hybrid_engine) on an Ampere or
+    ROCm GPU: vLLM makes its matrix products batch invariant there by replacing PyTorch's own aten::mm, addmm,
+    matmul and linear for the whole process (vLLM 0.32 model_executor/determinism/batch_invariant.py), so the
+    training's forwards would run them too, and aten::linear's replacement has no backward (torch then raises
+    "Could not run 'aten::linear_backward'"). On Hopper and later vLLM changes only split-k settings and its
+    softmax, log_softmax, mean and bmm kernels, whose backward PyTorch's own formulas serve."""
+    from .. import determinism
+
+    a = cfg.actor_rollout_ref
+    if engine_cls.name != "vllm" or device != "cuda" or not a.hybrid_engine or not determinism.engines_asked(cfg):
+        return None
+    import torch
+
+    if torch.version.hip is None and torch.cuda.get_device_capability()[0] != 8:
+        return None
+    gpu = "a ROCm GPU" if torch.version.hip is not None else "an Ampere GPU (compute capability 8.x)"
+    rm = "reward_model.rollout.full_determinism"
+    key = "actor_rollout_ref.rollout.full_determinism" if a.rollout.full_determinism else rm
+    return (
+        f"{key}=True: on {gpu} vLLM replaces PyTorch's own matrix products in its process, which are the training's "
+        "too here (the replaced linear has no backward); give the rollout engines a pool of their own "
+        "(actor_rollout_ref.hybrid_engine=False) or set full_determinism=False"
+    )
+
+
 def start_refusal(cfg, model_path: str, device: str, engine_cls) -> str | None:
     """Why a worker that holds the rollout engine `engine_cls` (its rollout.name's class, which the worker chose once)
     could not start in this process (the engine; the model's heads under sequence parallelism, ...), in one line, or
@@ -196,7 +222,8 @@ def start_refusal(cfg, model_path: str, device: str, engine_cls) -> str | None:
     if why:
         return f"actor_rollout_ref.rollout.name={a.rollout.name}: {why}"
     return (
-        sequence_parallel_refusal(cfg, model_path)
+        batch_invariance_refusal(cfg, device, engine_cls)
+        or sequence_parallel_refusal(cfg, model_path)
         or fused_head_check(cfg, model_path)
         or liger_check(cfg, model_path, device)
         or moe_check(cfg, model_path, engine_cls.name, device)

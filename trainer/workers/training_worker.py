@@ -340,5 +340,8 @@ class TrainingWorker(RankWorker):
             self._sync_engine()
 
     def shutdown(self) -> None:
+        # the models before the engine: closing a vLLM engine destroys the default process group (vLLM 0.32's
+        # EngineCore.shutdown ends in cleanup_dist_env_and_memory), which they must outlive (release_models)
+        self.release_models()
         self.releases.close()
         super().shutdown()

@@ -175,3 +175,58 @@ def test_two_identical_runs_with_it_on_are_bit_identical(tmp_path):
     assert all(torch.equal(on[0]["state"][k], on[1]["state"][k]) for k in on[0]["state"])
     # its seeding is the process's own seed: the same run as one seeded alike without it
     assert all(torch.equal(a, b) for a, b in zip(on[0]["losses"], off["losses"]))
+
+
+_ROLLOUT_FD = ["actor_rollout_ref.rollout.full_determinism=True"]
+
+
+@pytest.mark.parametrize(
+    "asked, hip, capability, hybrid, engine, refused",
+    [
+        (_ROLLOUT_FD, None, (8, 0), True, "vllm", "on an Ampere GPU (compute capability 8.x) vLLM replaces PyTorch's"),
+        (_ROLLOUT_FD, None, (8, 6), True, "vllm", "on an Ampere GPU"),
+        (_ROLLOUT_FD, "6.4", (9, 4), True, "vllm", "on a ROCm GPU"),
+        # the reward model's asks the worker's engines too (determinism.engine_env), the rollout's among them
+        ([*_RM, "reward.reward_model.rollout.full_determinism=True"], None, (8, 0), True, "vllm", "reward_model."),
+        (_ROLLOUT_FD, None, (9, 0), True, "vllm", None),  # Hopper: vLLM leaves the matrix products to cuBLAS
+        (_ROLLOUT_FD, None, (8, 0), False, "vllm", None),  # the engines' own pool: no training in their processes
+        (_ROLLOUT_FD, None, (8, 0), True, "sglang", None),  # SGLang runs in processes of its own
+    ],
+)
+def test_full_determinism_is_refused_where_vllm_would_replace_the_trainings_matrix_products(
+    monkeypatch, asked, hip, capability, hybrid, engine, refused
+):
+    """vLLM's batch-invariant mode replaces aten::linear for its whole process on Ampere and ROCm, and the replaced
+    linear has no backward: the actor's training beside an in-process engine would fail at its first backward."""
+    from rlrig.trainer.rollout import engines
+    from rlrig.trainer.workers.start_checks import batch_invariance_refusal
+
+    monkeypatch.setattr(torch.version, "hip", hip)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: capability)
+    cfg = parse_overrides([*asked, f"actor_rollout_ref.hybrid_engine={hybrid}"])
+    why = batch_invariance_refusal(cfg, "cuda", engines.ENGINES[engine])
+    assert why is None if refused is None else (refused in why and "hybrid_engine=False" in why), why
+    on = parse_overrides([f"actor_rollout_ref.hybrid_engine={hybrid}"])
+    assert batch_invariance_refusal(on, "cuda", engines.ENGINES[engine]) is None  # full_determinism off
+
+
+@pytest.mark.parametrize(
+    "overrides, environ, env",
+    [
+        ([], {}, {}),  # colocated engines: no communicator across processes for the weights
+        (["actor_rollout_ref.hybrid_engine=False"], {}, {"NCCL_CUMEM_ENABLE": "0"}),
+        (["actor_rollout_ref.hybrid_engine=False"], {"NCCL_CUMEM_ENABLE": "1"}, {}),  # the workers inherit the user's
+        (
+            ["actor_rollout_ref.hybrid_engine=False", "+ray_kwargs.ray_init.runtime_env.env_vars.NCCL_CUMEM_ENABLE=1"],
+            {},
+            {"NCCL_CUMEM_ENABLE": "1"},
+        ),
+    ],
+)
+def test_a_rollout_pools_weight_sync_has_nccls_cumem_set_alike_on_every_worker(overrides, environ, env):
+    """SGLang's Engine turns NCCL_CUMEM_ENABLE off in its worker's process, and a communicator whose members differ
+    fails its same-node transfers: every worker of a run with a rollout pool gets it off, as verl's runtime env."""
+    from rlrig.trainer.driver.prepare import ray_init_kwargs
+
+    got = ray_init_kwargs(parse_overrides(overrides), environ).get("runtime_env", {}).get("env_vars", {})
+    assert got == env

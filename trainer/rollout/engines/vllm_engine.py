@@ -220,7 +220,9 @@ def engine_kwargs(
     kw.update(compiled_passes(cfg, device, pass_fields))
     if recording is not None:  # only where it records, as verl configures only the replicas it profiles
         kw["profiler_config"] = recording.vllm_config()
-    kw.update(cfg.engine_kwargs.get("vllm", {}))  # rollout.engine_kwargs.vllm.*: the user's word is last
+    # rollout.engine_kwargs.vllm.*: the user's word is last, merged into the dicts set above (a compilation_config
+    # of the user's keeps the all-reduce fusion off unless it says otherwise)
+    kw = merged(kw, cfg.engine_kwargs.get("vllm", {}))
     if external_launcher(cfg, device):
         kw["distributed_executor_backend"] = "external_launcher"
     if cfg.tensor_model_parallel_size > 1 and device == "cuda":
@@ -230,6 +232,15 @@ def engine_kwargs(
         kw["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         kw["enable_sleep_mode"] = cfg.free_cache_engine
     return kw
+
+
+def merged(ours: dict, theirs: dict) -> dict:
+    """`ours` with `theirs` over it, nested dicts merged key by key (theirs winning), other values replaced."""
+    out = dict(ours)
+    for key, value in theirs.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = merged(out[key], value) if both else value
+    return out
 
 
 def sampling_kwargs(s: Sampling, n: int, max_new: int, eos_id: int, seed: int | None = None) -> dict:

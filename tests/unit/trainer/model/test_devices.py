@@ -1,6 +1,8 @@
 """Which GPU a worker takes: Ray's default narrows the visible devices to it (index 0); under a NOSET flag (the ROCm
 image sets the HIP one) every worker sees the node's GPUs and must take the one Ray assigned it."""
 
+import os
+
 import pytest
 
 from rlrig.trainer.devices import gpu_index
@@ -90,3 +92,26 @@ def test_an_engine_over_several_workers_sees_the_groups_gpus():
     assert showing("2,3", {"CUDA_VISIBLE_DEVICES": "2"}) == {"CUDA_VISIBLE_DEVICES": "2,3"}
     hip = {"RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "0,1,2,3"}
     assert showing("2,3", hip) == {"CUDA_VISIBLE_DEVICES": "2,3", "HIP_VISIBLE_DEVICES": "2,3"}
+
+
+@pytest.mark.parametrize(
+    "env, shown",
+    [
+        ({"CUDA_VISIBLE_DEVICES": "2"}, {"CUDA_VISIBLE_DEVICES": "2,3"}),
+        # ROCm's engines refuse HIP_VISIBLE_DEVICES differing from CUDA_VISIBLE_DEVICES: both name the group's GPUs
+        (
+            {"RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "0,1,2,3"},
+            {"CUDA_VISIBLE_DEVICES": "2,3", "HIP_VISIBLE_DEVICES": "2,3"},
+        ),
+    ],
+)
+def test_an_engine_started_over_a_groups_gpus_sees_them_and_the_worker_its_own_after(monkeypatch, env, shown):
+    from rlrig.trainer.rollout.tp_groups import with_devices
+
+    for var in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    seen = with_devices("2,3", lambda: {var: os.environ.get(var) for var in shown})
+    assert seen == shown
+    assert {var: os.environ.get(var) for var in shown} == {var: env.get(var) for var in shown}

@@ -244,8 +244,16 @@ def test_vllm_drops_its_weights_only_when_a_sync_follows(gpu_vllm):
 def test_vllm_allreduce_fusion_is_off_for_compiled_tensor_parallel_gpu_engines(device, tp, eager, fields, passes):
     cfg = RolloutConfig(tensor_model_parallel_size=tp, enforce_eager=eager)
     assert vllm_rollout.engine_kwargs(cfg, "/m", 48, device, 3, frozenset(fields)).get("compilation_config") == passes
-    mine = RolloutConfig(tensor_model_parallel_size=tp, engine_kwargs={"vllm": {"compilation_config": {"mode": 0}}})
-    assert vllm_rollout.engine_kwargs(mine, "/m", 48, device, 3, frozenset(fields))["compilation_config"] == {"mode": 0}
+    # a compilation_config of the user's is merged over it, key by key: the fusion stays off unless it says otherwise
+    for theirs in ({"mode": 3}, {"pass_config": {"fuse_allreduce_rms": True}}):
+        kwargs = {"vllm": {"compilation_config": theirs}}
+        mine = RolloutConfig(tensor_model_parallel_size=tp, enforce_eager=eager, engine_kwargs=kwargs)
+        got = vllm_rollout.engine_kwargs(mine, "/m", 48, device, 3, frozenset(fields))["compilation_config"]
+        assert got == vllm_rollout.merged(passes or {}, theirs)
+    assert vllm_rollout.merged({"pass_config": {"a": False, "b": 1}}, {"pass_config": {"a": True}, "mode": 3}) == {
+        "pass_config": {"a": True, "b": 1},
+        "mode": 3,
+    }
 
 
 @pytest.mark.parametrize(
