@@ -89,6 +89,10 @@ def own_gpus_only(env: Mapping[str, str] | None = None, assigned: Sequence[str] 
 
 def showing(gpus: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The variables that show a child process the GPUs `gpus` (node device ids, comma-separated) of an engine over
-    several workers: CUDA_VISIBLE_DEVICES, and each variable a NOSET flag leaves naming all of the node's GPUs."""
+    several workers: each variable a NOSET flag leaves naming all of the node's GPUs, and CUDA_VISIBLE_DEVICES beside
+    them as own_gpu_only sets it. Not beside ROCR_VISIBLE_DEVICES alone: ROCm numbers CUDA_VISIBLE_DEVICES within
+    the devices ROCR exposes, where node ids name the wrong ones."""
     env = os.environ if env is None else env
-    return {var: gpus for var in sorted(set(_noset_vars(env)) | {"CUDA_VISIBLE_DEVICES"})}
+    flagged = set(_noset_vars(env))
+    rocr_only = flagged == {"ROCR_VISIBLE_DEVICES"}
+    return {var: gpus for var in sorted(flagged | (set() if rocr_only else {"CUDA_VISIBLE_DEVICES"}))}

@@ -93,7 +93,7 @@ def ray_init_kwargs(cfg, environ=None) -> dict:
     if init.num_cpus is not None and not environ.get("RAY_ADDRESS"):
         kwargs["num_cpus"] = init.num_cpus
     runtime_env = {k: v for k, v in init.runtime_env.items() if v is not None}
-    env = {**determinism.run_env_vars(cfg), **weight_sync.env_vars(cfg, environ)}
+    env = {**determinism.run_env_vars(cfg), **weight_sync.env_vars(cfg)}
     if isinstance(runtime_env.get("env_vars"), dict):
         env.update({str(k): _env_text(v) for k, v in runtime_env["env_vars"].items()})
     if env:

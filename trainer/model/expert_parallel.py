@@ -113,8 +113,10 @@ class ExpertParallelExperts(nn.Module):
         # every local expert in the graph, tokens or not: each rank then holds a gradient for every shard, and the
         # collectives over them (finish_grads, the gradient norm) see the same tensors on every rank. `x` too, even
         # with no rows: the backward must reach the all-to-all that brought them, which every other rank's backward
-        # waits in (a rank no token was routed to would otherwise skip it and leave the others hanging)
-        out = x.new_zeros((x.shape[0], down.shape[1])) + 0.0 * (gate_up.sum() + down.sum() + x.sum()).to(x.dtype)
+        # waits in (a rank no token was routed to would otherwise skip it and leave the others hanging); through an
+        # empty slice of it, so that no value of x (an inf) reaches another row
+        tied = gate_up.sum() + down.sum() + x[:0].sum()
+        out = x.new_zeros((x.shape[0], down.shape[1])) + 0.0 * tied.to(x.dtype)
         for e in torch.unique(expert).tolist():
             rows = torch.where(expert == e)[0]
             gate, up = nn.functional.linear(x[rows], gate_up[e].to(x.dtype)).chunk(2, dim=-1)

@@ -43,14 +43,13 @@ IN_FLIGHT = 2
 CUMEM = "NCCL_CUMEM_ENABLE"
 
 
-def env_vars(cfg, environ) -> dict[str, str]:
-    """The environment every worker of the run gets (Ray's runtime_env) where the rollout engines have a pool of
-    their own (hybrid_engine=False), whose weight sync is one NCCL communicator across training rank 0 and the
-    engines' workers: NCCL_CUMEM_ENABLE=0, as verl's runtime env sets it for every worker, unless the environment
-    the run starts from sets it (the workers inherit that)."""
-    if cfg.actor_rollout_ref.hybrid_engine or CUMEM in environ:
-        return {}
-    return {CUMEM: "0"}
+def env_vars(cfg) -> dict[str, str]:
+    """The environment every worker of the run gets (Ray's runtime_env, under the user's env_vars) where the rollout
+    engines have a pool of their own (hybrid_engine=False), whose weight sync is one NCCL communicator across
+    training rank 0 and the engines' workers: NCCL_CUMEM_ENABLE=0, as verl's runtime env sets it for every worker.
+    Whatever the launching shell holds would not do: a cluster the run joins does not inherit it, and 1 is what
+    SGLang's processes differ from."""
+    return {} if cfg.actor_rollout_ref.hybrid_engine else {CUMEM: "0"}
 
 
 def settle(device: torch.device) -> None:

@@ -52,7 +52,7 @@ class Peers:
 
 
 class TrainingWorker(RankWorker):
-    holds_models = ("context", "models", "engine")
+    holds_models = ("context", "models", "engine", "weights")  # weights: ActorWeights holds the models too
 
     def __init__(
         self,

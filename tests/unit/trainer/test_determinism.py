@@ -215,7 +215,8 @@ def test_full_determinism_is_refused_where_vllm_would_replace_the_trainings_matr
     [
         ([], {}, {}),  # colocated engines: no communicator across processes for the weights
         (["actor_rollout_ref.hybrid_engine=False"], {}, {"NCCL_CUMEM_ENABLE": "0"}),
-        (["actor_rollout_ref.hybrid_engine=False"], {"NCCL_CUMEM_ENABLE": "1"}, {}),  # the workers inherit the user's
+        # the launching shell's is not what a joined cluster's workers see, nor what SGLang's processes hold
+        (["actor_rollout_ref.hybrid_engine=False"], {"NCCL_CUMEM_ENABLE": "1"}, {"NCCL_CUMEM_ENABLE": "0"}),
         (
             ["actor_rollout_ref.hybrid_engine=False", "+ray_kwargs.ray_init.runtime_env.env_vars.NCCL_CUMEM_ENABLE=1"],
             {},
@@ -225,7 +226,8 @@ def test_full_determinism_is_refused_where_vllm_would_replace_the_trainings_matr
 )
 def test_a_rollout_pools_weight_sync_has_nccls_cumem_set_alike_on_every_worker(overrides, environ, env):
     """SGLang's Engine turns NCCL_CUMEM_ENABLE off in its worker's process, and a communicator whose members differ
-    fails its same-node transfers: every worker of a run with a rollout pool gets it off, as verl's runtime env."""
+    fails its same-node transfers: every worker of a run with a rollout pool gets it off, as verl's runtime env, the
+    user's env_vars over it."""
     from rlrig.trainer.driver.prepare import ray_init_kwargs
 
     got = ray_init_kwargs(parse_overrides(overrides), environ).get("runtime_env", {}).get("env_vars", {})

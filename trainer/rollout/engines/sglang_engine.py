@@ -6,8 +6,8 @@ group's prompts are generated at once and each worker keeps its own; for a weigh
 over CUDA IPC handles of its own full tensors, and SGLang's TP rank i opens those of worker i.
 
 Weights reach the engine with `update_weights_from_tensor` (CUDA IPC handles, no disk), in buckets of at most
-rollout.checkpoint_engine.update_weights_bucket_megabytes in the engine's dtype, so the whole model is never
-materialised twice on the GPU.
+rollout.checkpoint_engine.update_weights_bucket_megabytes in the engine's dtype (a layer's attention, which one
+call must hold whole, goes alone where it is larger), so the whole model is never materialised twice on the GPU.
 Between rollouts `release_memory_occupation` hands the KV cache back to training when free_cache_engine is on,
 and the weights too when the caller syncs new ones before the next rollout (generate's sync_follows): SGLang drops
 released weights with no host copy, so they are released only where the sync overwrites them anyway.
@@ -46,18 +46,18 @@ BUCKET_BYTES = 512 * 2**20
 KV, WEIGHTS = "kv_cache", "weights"  # SGLang's memory tags (sglang.srt.constants)
 
 
-# everything up to a decoder layer's index (`model.layers.3.`), and an experts module's tensors
-LAYER, EXPERTS = re.compile(r"^(.*?\.\d+)\."), re.compile(r"\.experts\.")
+# a decoder layer's attention: everything up to `model.layers.3.self_attn`
+ATTENTION = re.compile(r"^(.*?\.\d+\.self_attn)\.")
 
 
 def unit(name: str) -> str:
-    """What a bucket must not end inside of: the tensors of one layer outside its experts. Each bucket is one
-    update_weights_from_tensor call, thus one call of the model's load_weights, and some of SGLang's loaders join
-    tensors of a layer only within one call (DeepSeek's MLA fuses q_a_proj with kv_a_proj_with_mqa through a cache
-    of the call, and drops a lone half without a word: sglang 0.5.23 deepseek_weight_loader); an expert's tensors
-    load one by one (FusedMoE's weight_loader by shard), so a layer's experts may span buckets."""
-    m = LAYER.match(name)
-    return name if m is None or EXPERTS.search(name) else m.group(1)
+    """What a bucket must not end inside of: one layer's attention tensors. Each bucket is one
+    update_weights_from_tensor call, thus one call of the model's load_weights, and some of SGLang's loaders join a
+    layer's attention tensors only within one call (DeepSeek's MLA fuses q_a_proj with kv_a_proj_with_mqa through a
+    cache of the call, and drops a lone half without a word: sglang 0.5.23 deepseek_weight_loader); every other
+    tensor loads by itself (experts by shard, through FusedMoE's weight_loader)."""
+    m = ATTENTION.match(name)
+    return m.group(1) if m else name
 
 
 def buckets(weights, dtype, limit: int = BUCKET_BYTES):

@@ -221,8 +221,11 @@ def engine_kwargs(
     if recording is not None:  # only where it records, as verl configures only the replicas it profiles
         kw["profiler_config"] = recording.vllm_config()
     # rollout.engine_kwargs.vllm.*: the user's word is last, merged into the dicts set above (a compilation_config
-    # of the user's keeps the all-reduce fusion off unless it says otherwise)
-    kw = merged(kw, cfg.engine_kwargs.get("vllm", {}))
+    # of the user's keeps the all-reduce fusion off unless it says otherwise; a bare number is vLLM's mode)
+    theirs = dict(cfg.engine_kwargs.get("vllm", {}))
+    if isinstance(theirs.get("compilation_config"), int):
+        theirs["compilation_config"] = {"mode": theirs["compilation_config"]}
+    kw = merged(kw, theirs)
     if external_launcher(cfg, device):
         kw["distributed_executor_backend"] = "external_launcher"
     if cfg.tensor_model_parallel_size > 1 and device == "cuda":

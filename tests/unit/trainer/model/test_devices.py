@@ -92,6 +92,9 @@ def test_an_engine_over_several_workers_sees_the_groups_gpus():
     assert showing("2,3", {"CUDA_VISIBLE_DEVICES": "2"}) == {"CUDA_VISIBLE_DEVICES": "2,3"}
     hip = {"RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "0,1,2,3"}
     assert showing("2,3", hip) == {"CUDA_VISIBLE_DEVICES": "2,3", "HIP_VISIBLE_DEVICES": "2,3"}
+    # CUDA_VISIBLE_DEVICES counts within what ROCR exposes: node ids there would name devices that are not there
+    rocr = {"RAY_EXPERIMENTAL_NOSET_ROCR_VISIBLE_DEVICES": "1", "ROCR_VISIBLE_DEVICES": "0,1,2,3"}
+    assert showing("2,3", rocr) == {"ROCR_VISIBLE_DEVICES": "2,3"}
 
 
 @pytest.mark.parametrize(

@@ -245,11 +245,11 @@ def test_vllm_allreduce_fusion_is_off_for_compiled_tensor_parallel_gpu_engines(d
     cfg = RolloutConfig(tensor_model_parallel_size=tp, enforce_eager=eager)
     assert vllm_rollout.engine_kwargs(cfg, "/m", 48, device, 3, frozenset(fields)).get("compilation_config") == passes
     # a compilation_config of the user's is merged over it, key by key: the fusion stays off unless it says otherwise
-    for theirs in ({"mode": 3}, {"pass_config": {"fuse_allreduce_rms": True}}):
+    for theirs in ({"mode": 3}, {"pass_config": {"fuse_allreduce_rms": True}}, 3):
         kwargs = {"vllm": {"compilation_config": theirs}}
         mine = RolloutConfig(tensor_model_parallel_size=tp, enforce_eager=eager, engine_kwargs=kwargs)
         got = vllm_rollout.engine_kwargs(mine, "/m", 48, device, 3, frozenset(fields))["compilation_config"]
-        assert got == vllm_rollout.merged(passes or {}, theirs)
+        assert got == vllm_rollout.merged(passes or {}, {"mode": 3} if theirs == 3 else theirs)
     assert vllm_rollout.merged({"pass_config": {"a": False, "b": 1}}, {"pass_config": {"a": True}, "mode": 3}) == {
         "pass_config": {"a": True, "b": 1},
         "mode": 3,
@@ -396,8 +396,9 @@ def test_sglang_buckets_end_between_a_layers_attention_tensors_never_inside():
     assert out == [
         ["mlp.experts.0.down_proj.weight", "mlp.experts.0.gate_proj.weight"],
         ["mlp.experts.1.down_proj.weight", "mlp.experts.1.gate_proj.weight"],
-        # one unit of 32 bytes, over the limit: alone, whole
-        ["mlp.gate.weight", "self_attn.kv_a_proj_with_mqa.weight", "self_attn.kv_b_proj", "self_attn.q_a_proj.weight"],
+        ["mlp.gate.weight"],
+        # the layer's attention, 24 bytes, over the limit: alone, whole
+        ["self_attn.kv_a_proj_with_mqa.weight", "self_attn.kv_b_proj", "self_attn.q_a_proj.weight"],
         ["model.layers.4.input_layernorm.weight", "model.norm.weight"],
     ]
 
